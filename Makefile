@@ -1,0 +1,49 @@
+# Everything runs from .venv, which the first target that needs it creates.
+# `constraints.txt` pins every package the tests depend on (regenerate with `make constraints`).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test unit integration lint typecheck e2e bench constraints clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ipam-bridge demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+e2e: $(STAMP)
+	$(BIN)/python -m pytest tests/e2e
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+constraints: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^ipam-bridge' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

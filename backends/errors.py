@@ -1,0 +1,77 @@
+"""The errors every backend raises, whatever its IPAM.
+
+Each error says whether retrying the same call soon can help (`retryable`): the retry
+policies in `backends.retry` retry exactly those. `bridge` maps the classes to condition
+reasons in one place (`bridge.errors`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationFailedError",
+    "BackendError",
+    "BackendUnavailableError",
+    "ConflictError",
+    "InvalidRequestError",
+    "SubnetExhaustedError",
+    "SubnetNotFoundError",
+]
+
+
+class BackendError(Exception):
+    """Base of every error a backend raises.
+
+    Parameters
+    ----------
+    message:
+        Human-readable text, safe to show in a condition or event: it never contains a
+        password, token or session cookie.
+    status:
+        The HTTP status of the answer that caused it, or None when there was no answer
+        (connection refused, timeout).
+    """
+
+    #: Whether the same call may succeed if repeated soon (see `backends.retry`).
+    retryable: bool = False
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class BackendUnavailableError(BackendError):
+    """The IPAM could not be reached or answered with a transient failure.
+
+    Raised for connection errors, timeouts, HTTP 5xx other than the known permanent ones,
+    429, and answers that are not the API's envelope (an HTML error page from a proxy).
+    """
+
+    retryable = True
+
+
+class ConflictError(BackendError):
+    """A write lost a race on the IPAM side (another writer took the same address).
+
+    phpIPAM answers a lost first-free race with 409 "IP address already exists" or
+    500 "Duplicate entry ... sid_ip_unique"; repeating the allocation computes a new
+    first free address, so this is retried.
+    """
+
+    retryable = True
+
+
+class AuthenticationFailedError(BackendError):
+    """The credentials were refused (wrong user or password, invalid app token, no permission)."""
+
+
+class SubnetNotFoundError(BackendError):
+    """The subnet or network the pool names does not exist in the IPAM."""
+
+
+class SubnetExhaustedError(BackendError):
+    """The subnet has no free address left."""
+
+
+class InvalidRequestError(BackendError):
+    """The IPAM rejected the request as invalid (bad field, bad value, unsupported call)."""

@@ -1,0 +1,103 @@
+"""The retry policies every backend call goes through (tenacity).
+
+What is retried is decided by the error (`BackendError.retryable`): connection errors,
+timeouts, transient 5xx, 429 and lost allocation races. Wrong credentials, unknown
+subnets, exhausted subnets and invalid requests are not retried here: a person has to fix
+them, so they go back to the operator, which retries them much later (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import tenacity
+
+from backends.errors import BackendError
+
+__all__ = ["RetryPolicy", "is_retryable"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Return True when ``exc`` is a `BackendError` that a prompt repeat may cure."""
+    return isinstance(exc, BackendError) and exc.retryable
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff with jitter for one backend.
+
+    Attributes
+    ----------
+    attempts:
+        Total tries of one call, the first included (>= 1).
+    initial_delay_seconds:
+        The first wait; each further wait doubles, plus up to the same again of jitter.
+    max_delay_seconds:
+        The longest single wait.
+    total_seconds:
+        No new attempt starts once this much time has passed since the first.
+    sleep:
+        The function that waits (tests pass a no-op).
+    """
+
+    attempts: int = 5
+    initial_delay_seconds: float = 0.2
+    max_delay_seconds: float = 5.0
+    total_seconds: float = 30.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+
+    def call(self, operation: str, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` under this policy and return its result.
+
+        Parameters
+        ----------
+        operation:
+            A short name for logs (``"phpipam allocate"``); never include secrets.
+        fn:
+            The call to make; it raises `BackendError` subclasses.
+
+        Raises
+        ------
+        BackendError
+            The last error, unchanged, when it is not retryable or the attempts or the
+            time budget are used up.
+        """
+        retrying = tenacity.Retrying(
+            sleep=self.sleep,
+            stop=(
+                tenacity.stop_after_attempt(max(1, self.attempts))
+                | tenacity.stop_after_delay(self.total_seconds)
+            ),
+            wait=tenacity.wait_exponential_jitter(
+                initial=self.initial_delay_seconds,
+                max=self.max_delay_seconds,
+                jitter=self.initial_delay_seconds,
+            ),
+            retry=tenacity.retry_if_exception(is_retryable),
+            before_sleep=_log_retry(operation),
+            reraise=True,
+        )
+        return retrying(fn)
+
+
+def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "%s failed (attempt %d): %s; retrying in %.2fs",
+            operation,
+            state.attempt_number,
+            exc,
+            delay,
+        )
+
+    return before_sleep

@@ -1,0 +1,84 @@
+"""Operator settings, read from the environment (prefix ``IPAM_BRIDGE_``) by pydantic-settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from backends.retry import RetryPolicy
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Every knob of the operator; each maps to ``IPAM_BRIDGE_<NAME>`` (see README, "Settings").
+
+    Durations are in seconds. Credentials are never settings: they come from the Secret each
+    pool names.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="IPAM_BRIDGE_", extra="ignore")
+
+    namespace: str = Field(
+        "", description="Watch only this namespace; empty watches all namespaces."
+    )
+    workers: int = Field(
+        10, ge=1, le=200, description="Claims and pools handled at the same time."
+    )
+    backend_timeout_seconds: float = Field(
+        10.0, gt=0, description="Connect and read timeout of each backend HTTP request."
+    )
+    retry_attempts: int = Field(
+        5, ge=1, description="Tries of one backend call before the error goes to the object."
+    )
+    retry_max_delay_seconds: float = Field(
+        5.0, gt=0, description="Longest wait between two tries of one backend call."
+    )
+    retry_total_seconds: float = Field(
+        30.0, gt=0, description="Time budget of one backend call, all tries included."
+    )
+    pool_refresh_seconds: float = Field(
+        60.0, gt=0, description="How often each pool's status (usage, readiness) is refreshed."
+    )
+    requeue_seconds: float = Field(
+        10.0, gt=0, description="Delay before an object is retried after a transient failure."
+    )
+    requeue_config_error_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Delay before retrying after an error a person must fix "
+        "(missing Secret, wrong credentials, unknown subnet).",
+    )
+    requeue_exhausted_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often a claim waiting on an exhausted pool looks at the pool's "
+        "status again (no backend call while the pool reports no free address).",
+    )
+    metrics_port: int = Field(
+        8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
+    )
+    health_port: int = Field(
+        8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    peering_name: str = Field(
+        "ipam-bridge",
+        description="kopf peering object used so that only one replica is active at a time.",
+    )
+    standalone: bool = Field(
+        False, description="Run without peering (a single replica, or tests)."
+    )
+
+    def retry_policy(self) -> RetryPolicy:
+        """Return the backend retry policy these settings describe."""
+        return RetryPolicy(
+            attempts=self.retry_attempts,
+            max_delay_seconds=self.retry_max_delay_seconds,
+            total_seconds=self.retry_total_seconds,
+        )

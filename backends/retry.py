@@ -77,7 +77,7 @@ class RetryPolicy:
                 | tenacity.stop_after_delay(self.total_seconds)
             ),
             wait=tenacity.wait_exponential_jitter(
-                initial=self.initial_delay_seconds,
+                multiplier=self.initial_delay_seconds,
                 max=self.max_delay_seconds,
                 jitter=self.initial_delay_seconds,
             ),

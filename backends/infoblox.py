@@ -1,0 +1,847 @@
+"""Infoblox NIOS WAPI client: one pool's network, host records or fixed addresses."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from http.cookiejar import Cookie, CookieJar
+from types import MappingProxyType
+from typing import Any, Literal, cast
+from urllib.parse import quote
+
+import requests
+from requests.auth import AuthBase, HTTPBasicAuth
+
+from backends.base import Allocation, SubnetInfo
+from backends.errors import (
+    AuthenticationFailedError,
+    BackendError,
+    BackendUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    SubnetExhaustedError,
+    SubnetNotFoundError,
+)
+from backends.retry import RetryPolicy
+
+__all__ = ["InfobloxBackend", "InfobloxConfig"]
+
+log = logging.getLogger(__name__)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: The session cookie the grid sets after a successful HTTP Basic login (WAPI guide,
+#: "Transport and Authentication").
+AUTH_COOKIE = "ibapauth"
+#: MAC address of a fixed address that is a plain reservation (infoblox-go-client ``MACADDR_ZERO``).
+ZERO_MAC = "00:00:00:00:00:00"
+#: WAPI's ``record:host.comment`` and ``fixedaddress.comment`` hold at most 256 characters.
+MAX_COMMENT = 256
+#: Page size of paged searches (WAPI's default ``_max_results`` is -1000: an error above 1000).
+PAGE_SIZE = 1000
+#: Namespace of the deterministic DUID-UUID (RFC 6355) given to IPv6 fixed addresses.
+_DUID_NAMESPACE = uuid.UUID("4a6f1c52-7b0e-4d5c-9a43-6d1f0b2c8e11")
+
+_EXHAUSTED_RE = re.compile(r"cannot find \d+ available ip", re.IGNORECASE)
+_UNKNOWN_EA_RE = re.compile(r"unknown extensible attribute:?\s*(?P<name>[^\n]*)", re.IGNORECASE)
+_NETWORK_MISSING_RE = re.compile(
+    r"(cannot|can not|unable to) find (the )?(ipv6)?network"
+    r"|no (such )?(ipv6)?network"
+    r"|(ipv6)?network [^ ]+ (was )?(not found|does not exist)",
+    re.IGNORECASE,
+)
+_UNSUPPORTED_VERSION_RE = re.compile(r"version\s+\S+\s+not supported", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class InfobloxConfig:
+    """Where and how to reach one Infoblox network (the ``InfobloxIPPool`` spec plus its Secret).
+
+    Attributes
+    ----------
+    endpoint:
+        Grid master URL, e.g. ``"https://gm.example.com"``; requests go to
+        ``<endpoint>/wapi/v<wapi_version>/...``.
+    subnet:
+        CIDR of an existing WAPI ``network`` (IPv4) or ``ipv6network`` (IPv6) in
+        ``network_view``. Normalised (``"2001:DB8::/64"`` -> ``"2001:db8::/64"``).
+    username, password:
+        Credentials of a WAPI user (HTTP Basic). The password is hidden from ``repr``.
+    wapi_version:
+        WAPI version in the URL (default ``"2.12"``); a grid that lacks it answers 400.
+    network_view:
+        WAPI network view that holds the network (default ``"default"``).
+    record_type:
+        ``"host"`` (default): a ``record:host``; ``"fixedaddress"``: a ``fixedaddress``
+        (IPv6: ``ipv6fixedaddress``) reservation.
+    dns_view:
+        DNS view of host records created in DNS (only used together with ``dns_zone``).
+    dns_zone:
+        With a zone (host records only) the record is ``<hostname>.<zone>`` with
+        ``configure_for_dns: true`` in ``dns_view``; without, ``configure_for_dns: false``
+        and the record lives only in ``network_view``.
+    extensible_attributes:
+        Extensible attributes (EA name -> value) stamped on every record; each EA must be
+        defined in the grid.
+    verify:
+        TLS verification: True (default), False, or the path of a CA bundle (PEM).
+    timeout_seconds:
+        Connect and read timeout of every HTTP request, in seconds.
+    retry:
+        Retry policy every call goes through (`backends.retry.RetryPolicy`).
+
+    Raises
+    ------
+    ValueError
+        From the constructor when ``subnet`` is not a CIDR, ``record_type`` is unknown,
+        ``dns_zone`` is set with ``record_type="fixedaddress"``, or ``timeout_seconds`` is
+        not positive.
+
+    """
+
+    endpoint: str
+    subnet: str
+    username: str
+    password: str = field(repr=False)
+    wapi_version: str = "2.12"
+    network_view: str = "default"
+    record_type: Literal["host", "fixedaddress"] = "host"
+    dns_view: str = "default"
+    dns_zone: str | None = None
+    extensible_attributes: Mapping[str, str] = field(default_factory=dict)
+    verify: bool | str = True
+    timeout_seconds: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        try:
+            network = ipaddress.ip_network(self.subnet, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"subnet {self.subnet!r} is not a CIDR: {exc}") from exc
+        if self.record_type not in ("host", "fixedaddress"):
+            raise ValueError(
+                f"record_type must be 'host' or 'fixedaddress', not {self.record_type!r}"
+            )
+        if self.dns_zone and self.record_type != "host":
+            raise ValueError("dns_zone applies to host records only (record_type 'host')")
+        if self.timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
+        object.__setattr__(self, "subnet", str(network))
+        object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
+        object.__setattr__(self, "dns_zone", (self.dns_zone or "").strip(".") or None)
+        object.__setattr__(
+            self, "extensible_attributes", MappingProxyType(dict(self.extensible_attributes))
+        )
+
+
+class _RefNotFoundError(InvalidRequestError):
+    """A WAPI ``_ref`` that no longer exists (404 / ``AdmConDataNotFoundError``)."""
+
+
+class _UnknownEAError(InvalidRequestError):
+    """The pool names an extensible attribute the grid has not defined."""
+
+
+class _NoAuth(AuthBase):
+    """Send no Authorization header (and keep requests from falling back to ~/.netrc)."""
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        return r
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One address registered under a hostname, as a search found it."""
+
+    address: IPAddr
+    ref: str
+    #: For host records: the whole record (to rewrite its address lists on release).
+    record: Mapping[str, Any] | None = None
+
+
+class InfobloxBackend:
+    """`backends.base.IPAMBackend` for one Infoblox NIOS network over WAPI (``requests``).
+
+    Host mode (``record_type="host"``) keeps one ``record:host`` per hostname; fixed-address
+    mode keeps one ``fixedaddress`` (``ipv6fixedaddress`` for IPv6) per hostname. Addresses
+    come from ``func:nextavailableip:<cidr>,<network view>`` inside the create request, so
+    WAPI picks and writes the address in one step (backends.md B.5; never the racy
+    ``_function=next_available_ip`` followed by a create, ansible#45218).
+
+    Authentication is HTTP Basic on the first request; afterwards the ``ibapauth`` session
+    cookie the grid sets is sent instead. A 401 drops the cookie and repeats the request
+    once with Basic auth; a second 401 raises `AuthenticationFailedError`.
+
+    Parameters
+    ----------
+    config:
+        The pool's settings and credentials.
+    session:
+        The HTTP session to use (tests pass one); by default a new `requests.Session`.
+        The backend owns it and closes it in `close`.
+
+    Notes
+    -----
+    Thread-safe: the session's cookie jar is only changed under a lock, and the cached
+    gateway is read and written atomically. Every public method runs under
+    ``config.retry`` and raises only `backends.errors.BackendError` subclasses.
+
+    """
+
+    def __init__(self, config: InfobloxConfig, session: requests.Session | None = None) -> None:
+        self.config = config
+        self._network: IPNetwork = ipaddress.ip_network(config.subnet)
+        self._v6 = self._network.version == 6
+        self._session = session or requests.Session()
+        self._basic = HTTPBasicAuth(config.username, config.password)
+        self._auth_lock = threading.Lock()
+        self._gateway_lock = threading.Lock()
+        self._gateway_known = False
+        self._gateway: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"InfobloxBackend(endpoint={self.config.endpoint!r}, subnet={self.config.subnet!r}, "
+            f"network_view={self.config.network_view!r}, record_type={self.config.record_type!r})"
+        )
+
+    # ----------------------------------------------------------------- public API
+
+    def describe_subnet(self) -> SubnetInfo:
+        """Return the network's CIDR, prefix, gateway and live usage.
+
+        Reads ``GET network`` (``ipv6network``) with ``_return_fields=network,network_view,
+        options`` and counts the used addresses with paged
+        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``.
+
+        Returns
+        -------
+        SubnetInfo
+            ``prefix`` comes from the CIDR; ``gateway`` is the first value of the DHCP
+            option ``routers`` (option 3) on the network, or None when the network does not
+            set it (inherited options are not resolved); ``total`` is ``2**(bits - prefix)``
+            minus network and broadcast for IPv4 prefixes below /31; ``used`` counts
+            addresses WAPI reports ``USED``, excluding the network and broadcast addresses;
+            ``free = max(total - used, 0)``.
+
+        Raises
+        ------
+        SubnetNotFoundError
+            When no such network exists in the network view.
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+
+        """
+        return self.config.retry.call("infoblox describe_subnet", self._describe_once)
+
+    def find(self, hostname: str) -> Allocation | None:
+        """Return the address registered under ``hostname`` in the pool's network, or None.
+
+        Host mode: ``GET record:host?name=<fqdn>&view=<dns view>`` when the pool has a DNS
+        zone, else ``GET record:host?name=<hostname>&network_view=<view>`` (records outside
+        DNS have no DNS view, WAPI reports ``view: " "``). Fixed-address mode:
+        ``GET fixedaddress?name=<hostname>&network_view=<view>&network=<cidr>``. Only
+        addresses inside the pool's CIDR count; of several, the lowest address wins (WAPI
+        exposes no creation order for them).
+
+        Parameters
+        ----------
+        hostname:
+            The claim's key (without the DNS zone).
+
+        Returns
+        -------
+        Allocation or None
+            ``hostname`` is the key given; ``ref`` is the WAPI ``_ref`` of the record.
+
+        Raises
+        ------
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+            And `SubnetNotFoundError` when the network is gone (the gateway is read from it).
+
+        """
+        return self.config.retry.call("infoblox find", lambda: self._find_once(hostname))
+
+    def allocate(self, hostname: str, description: str) -> Allocation:
+        """Register the next available address of the network under ``hostname``.
+
+        Looks the hostname up first and returns the existing entry (adoption, and a repeat
+        after a lost answer never creates a second entry). Otherwise sends ONE create:
+        ``POST record:host`` with ``ipv4addrs``/``ipv6addrs`` ``[{"ipv4addr":
+        "func:nextavailableip:<cidr>,<view>", "configure_for_dhcp": false}]``, or
+        ``POST fixedaddress``/``ipv6fixedaddress`` with the function as the address, MAC
+        ``00:00:00:00:00:00`` (IPv6: a DUID derived from the hostname), ``comment`` (the
+        description, cut to 256 characters) and ``extattrs``; ``_return_fields`` brings the
+        address back in the same answer.
+
+        Parameters
+        ----------
+        hostname:
+            The claim's key; with a DNS zone the record is ``<hostname>.<zone>``.
+        description:
+            Provenance, stored as the record's ``comment``.
+
+        Returns
+        -------
+        Allocation
+            The address, prefix, gateway, ``hostname`` and the record's ``_ref``.
+
+        Raises
+        ------
+        SubnetExhaustedError
+            WAPI answered ``Cannot find 1 available IP address(es) in this network``.
+        SubnetNotFoundError
+            The network does not exist in the network view.
+        InvalidRequestError
+            An undefined extensible attribute, or (host mode) the name is already used in
+            the view by a record that holds no address of this network: a person must
+            rename or remove that record.
+        ConflictError
+            A lost race for an address (retried by the policy, which looks up again first).
+        AuthenticationFailedError, BackendUnavailableError
+
+        """
+        return self.config.retry.call(
+            "infoblox allocate", lambda: self._allocate_once(hostname, description)
+        )
+
+    def release(self, hostname: str) -> bool:
+        """Remove every address registered under ``hostname`` in the pool's network.
+
+        ``DELETE <_ref>`` of each matching fixed address or host record. A host record that
+        also holds addresses outside the network (one a person registered) is not deleted:
+        only this network's addresses are removed from it with ``PUT <_ref>``. A 404 /
+        ``AdmConDataNotFoundError`` (already gone) is success.
+
+        Returns
+        -------
+        bool
+            True when something was registered (and is now gone), False when nothing was.
+
+        Raises
+        ------
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+
+        """
+        return self.config.retry.call("infoblox release", lambda: self._release_once(hostname))
+
+    def close(self) -> None:
+        """Log out (``POST logout``, best effort, with a session cookie only); close the session."""
+        try:
+            if self._auth_cookie() is not None:
+                self._session.post(
+                    self._url("logout"),
+                    auth=_NoAuth(),
+                    timeout=self.config.timeout_seconds,
+                    verify=self.config.verify,
+                )
+        except requests.RequestException as exc:
+            log.debug("infoblox logout failed: %s", type(exc).__name__)
+        finally:
+            self._session.close()
+
+    # ----------------------------------------------------------------- operations
+
+    def _describe_once(self) -> SubnetInfo:
+        record = self._get_network()
+        gateway = _gateway_from_options(record.get("options"))
+        with self._gateway_lock:
+            self._gateway, self._gateway_known = gateway, True
+        total = _capacity(self._network)
+        used = self._count_used()
+        return SubnetInfo(
+            cidr=self.config.subnet,
+            prefix=self._network.prefixlen,
+            gateway=gateway,
+            total=total,
+            used=used,
+            free=max(total - used, 0),
+        )
+
+    def _find_once(self, hostname: str) -> Allocation | None:
+        entries = self._search(hostname)
+        if not entries:
+            return None
+        return self._allocation(hostname, min(entries, key=lambda e: e.address))
+
+    def _allocate_once(self, hostname: str, description: str) -> Allocation:
+        existing = self._find_once(hostname)
+        if existing is not None:
+            log.debug("infoblox: %s already holds %s", hostname, existing.address)
+            return existing
+        try:
+            entry = self._create(hostname, description)
+        except ConflictError as exc:
+            if self.config.record_type != "host":
+                raise  # fixedaddress names are not unique: this is a lost address race
+            again = self._find_once(hostname)
+            if again is not None:
+                return again  # another writer registered the same name meanwhile
+            name = self._record_name(hostname)
+            if name.lower() in exc.message.lower():
+                raise InvalidRequestError(
+                    f"the name {name!r} is already used by another record in "
+                    f"{self._view_description()} that holds no address of "
+                    f"{self.config.subnet}; rename or remove that record ({exc.message})",
+                    status=exc.status,
+                ) from exc
+            raise
+        except InvalidRequestError as exc:
+            if isinstance(exc, _RefNotFoundError | _UnknownEAError) or not self._network_missing():
+                raise
+            raise self._subnet_not_found() from exc
+        allocation = self._allocation(hostname, entry)
+        log.info(
+            "infoblox: allocated %s to %s in %s", allocation.address, hostname, self.config.subnet
+        )
+        return allocation
+
+    def _release_once(self, hostname: str) -> bool:
+        entries = self._search(hostname)
+        by_ref: dict[str, list[_Entry]] = {}
+        for entry in entries:
+            by_ref.setdefault(entry.ref, []).append(entry)
+        for ref, group in by_ref.items():
+            record = group[0].record
+            if record is not None and self._has_other_addresses(record):
+                self._remove_addresses(ref, record)
+            else:
+                self._delete(ref)
+            log.info(
+                "infoblox: released %s from %s",
+                ", ".join(str(e.address) for e in group),
+                hostname,
+            )
+        return bool(entries)
+
+    # ----------------------------------------------------------------- WAPI objects
+
+    def _search(self, hostname: str) -> list[_Entry]:
+        if self.config.record_type == "host":
+            params: list[tuple[str, str]] = [("name", self._record_name(hostname))]
+            if self.config.dns_zone:
+                params.append(("view", self.config.dns_view))
+            else:
+                params.append(("network_view", self.config.network_view))
+            params.append(("_return_fields", "name,view,ipv4addrs,ipv6addrs"))
+            records = self._get_list("record:host", params)
+            return [
+                _Entry(address=address, ref=str(record["_ref"]), record=record)
+                for record in records
+                for address in self._host_addresses(record)
+                if address in self._network
+            ]
+        addr_field = "ipv6addr" if self._v6 else "ipv4addr"
+        records = self._get_list(
+            self._fixed_type,
+            [
+                ("name", hostname),
+                ("network_view", self.config.network_view),
+                ("network", self.config.subnet),
+                ("_return_fields", f"name,{addr_field},network,network_view"),
+            ],
+        )
+        entries = []
+        for record in records:
+            address = _parse_address(record.get(addr_field))
+            if address is not None and address in self._network:
+                entries.append(_Entry(address=address, ref=str(record["_ref"])))
+        return entries
+
+    def _create(self, hostname: str, description: str) -> _Entry:
+        nextavailable = f"func:nextavailableip:{self.config.subnet},{self.config.network_view}"
+        body: dict[str, Any] = {
+            "name": self._record_name(hostname),
+            "comment": description[:MAX_COMMENT],
+        }
+        if self.config.record_type == "host":
+            family = "ipv6" if self._v6 else "ipv4"
+            body[f"{family}addrs"] = [{f"{family}addr": nextavailable, "configure_for_dhcp": False}]
+            if self.config.dns_zone:
+                body["configure_for_dns"] = True
+                body["view"] = self.config.dns_view
+            else:
+                body["configure_for_dns"] = False
+                body["network_view"] = self.config.network_view
+            obj_type, return_fields = "record:host", f"name,{family}addrs"
+        else:
+            obj_type = self._fixed_type
+            body["network_view"] = self.config.network_view
+            if self._v6:
+                body["ipv6addr"] = nextavailable
+                body["duid"] = _duid_for(hostname)
+                return_fields = "name,ipv6addr,network_view"
+            else:
+                body["ipv4addr"] = nextavailable
+                body["mac"] = ZERO_MAC
+                return_fields = "name,ipv4addr,network_view"
+        if self.config.extensible_attributes:
+            body["extattrs"] = {
+                name: {"value": value} for name, value in self.config.extensible_attributes.items()
+            }
+        answer = self._call_json(
+            "POST", obj_type, params=[("_return_fields", return_fields)], json=body
+        )
+        if (
+            isinstance(answer, dict)
+            and "_ref" not in answer
+            and isinstance(answer.get("result"), dict | str)
+        ):
+            answer = answer["result"]  # _return_as_object=1 shape
+        if isinstance(answer, str):
+            # A grid that ignored _return_fields answered with the bare _ref: read it back.
+            answer = self._call_json("GET", answer, params=[("_return_fields", return_fields)])
+        if not isinstance(answer, dict) or "_ref" not in answer:
+            raise BackendUnavailableError(
+                f"WAPI answered the {obj_type} create with an unexpected body"
+            )
+        if self.config.record_type == "host":
+            addresses = [a for a in self._host_addresses(answer) if a in self._network]
+        else:
+            address = _parse_address(answer.get("ipv6addr" if self._v6 else "ipv4addr"))
+            addresses = [address] if address is not None and address in self._network else []
+        if not addresses:
+            raise BackendUnavailableError(
+                f"WAPI created {answer['_ref']!r} but returned no address of {self.config.subnet}"
+            )
+        return _Entry(address=addresses[0], ref=str(answer["_ref"]), record=answer)
+
+    def _delete(self, ref: str) -> None:
+        try:
+            self._call_json("DELETE", ref)
+        except _RefNotFoundError:
+            log.debug("infoblox: %s was already gone", ref)
+
+    def _remove_addresses(self, ref: str, record: Mapping[str, Any]) -> None:
+        family = "ipv6" if self._v6 else "ipv4"
+        kept = []
+        for item in record.get(f"{family}addrs") or []:
+            address = _parse_address(item.get(f"{family}addr"))
+            if address is not None and address in self._network:
+                continue
+            kept.append({k: v for k, v in item.items() if k not in ("_ref", "host")})
+        try:
+            self._call_json("PUT", ref, json={f"{family}addrs": kept})
+        except _RefNotFoundError:
+            log.debug("infoblox: %s was already gone", ref)
+
+    def _get_network(self) -> dict[str, Any]:
+        records = self._get_list(
+            self._network_type,
+            [
+                ("network", self.config.subnet),
+                ("network_view", self.config.network_view),
+                ("_return_fields", "network,network_view,options"),
+            ],
+        )
+        if not records:
+            raise self._subnet_not_found()
+        return records[0]
+
+    def _network_missing(self) -> bool:
+        try:
+            self._get_network()
+        except SubnetNotFoundError:
+            return True
+        except BackendError:
+            return False
+        return False
+
+    def _count_used(self) -> int:
+        params = [
+            ("network", self.config.subnet),
+            ("network_view", self.config.network_view),
+            ("status", "USED"),
+            ("_return_fields", "ip_address,types"),
+        ]
+        skip = {"NETWORK", "BROADCAST"}
+        return sum(
+            1
+            for item in self._paged(self._address_type, params)
+            if not skip.intersection(item.get("types") or ())
+        )
+
+    def _paged(self, obj_type: str, params: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+        """Yield every result of a search, page by page (``_paging=1``, ``next_page_id``)."""
+        paging = [
+            ("_paging", "1"),
+            ("_max_results", str(PAGE_SIZE)),
+            ("_return_as_object", "1"),
+        ]
+        page_id: str | None = None
+        while True:
+            query = params + paging + ([("_page_id", page_id)] if page_id else [])
+            answer = self._call_json("GET", obj_type, params=query)
+            if not isinstance(answer, dict) or not isinstance(answer.get("result"), list):
+                raise BackendUnavailableError(f"WAPI answered a paged {obj_type} search oddly")
+            yield from (item for item in answer["result"] if isinstance(item, dict))
+            next_id = answer.get("next_page_id")
+            if not next_id or next_id == page_id:
+                return
+            page_id = str(next_id)
+
+    def _get_list(self, obj_type: str, params: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        answer = self._call_json("GET", obj_type, params=params)
+        if isinstance(answer, dict) and isinstance(answer.get("result"), list):
+            answer = answer["result"]
+        if not isinstance(answer, list):
+            raise BackendUnavailableError(f"WAPI answered a {obj_type} search with a non-list")
+        return [item for item in answer if isinstance(item, dict) and "_ref" in item]
+
+    # ----------------------------------------------------------------- helpers
+
+    @property
+    def _fixed_type(self) -> str:
+        return "ipv6fixedaddress" if self._v6 else "fixedaddress"
+
+    @property
+    def _network_type(self) -> str:
+        return "ipv6network" if self._v6 else "network"
+
+    @property
+    def _address_type(self) -> str:
+        return "ipv6address" if self._v6 else "ipv4address"
+
+    def _record_name(self, hostname: str) -> str:
+        if self.config.record_type == "host" and self.config.dns_zone:
+            return f"{hostname}.{self.config.dns_zone}"
+        return hostname
+
+    def _view_description(self) -> str:
+        if self.config.dns_zone:
+            return f"DNS view {self.config.dns_view!r}"
+        return f"network view {self.config.network_view!r}"
+
+    def _host_addresses(self, record: Mapping[str, Any]) -> list[IPAddr]:
+        family = "ipv6" if self._v6 else "ipv4"
+        found = []
+        for item in record.get(f"{family}addrs") or []:
+            address = _parse_address(item.get(f"{family}addr") if isinstance(item, dict) else None)
+            if address is not None:
+                found.append(address)
+        return found
+
+    def _has_other_addresses(self, record: Mapping[str, Any]) -> bool:
+        for family in ("ipv4", "ipv6"):
+            for item in record.get(f"{family}addrs") or []:
+                address = _parse_address(item.get(f"{family}addr"))
+                if address is None or address not in self._network:
+                    return True
+        return False
+
+    def _subnet_not_found(self) -> SubnetNotFoundError:
+        return SubnetNotFoundError(
+            f"no {self._network_type} {self.config.subnet} in network view "
+            f"{self.config.network_view!r}"
+        )
+
+    def _allocation(self, hostname: str, entry: _Entry) -> Allocation:
+        return Allocation(
+            address=str(entry.address),
+            prefix=self._network.prefixlen,
+            gateway=self._cached_gateway(),
+            hostname=hostname,
+            ref=entry.ref,
+        )
+
+    def _cached_gateway(self) -> str | None:
+        with self._gateway_lock:
+            if self._gateway_known:
+                return self._gateway
+        gateway = _gateway_from_options(self._get_network().get("options"))
+        with self._gateway_lock:
+            self._gateway, self._gateway_known = gateway, True
+        return gateway
+
+    # ----------------------------------------------------------------- transport
+
+    def _url(self, path: str) -> str:
+        return f"{self.config.endpoint}/wapi/v{self.config.wapi_version}/{quote(path, safe='/:')}"
+
+    def _cookies(self) -> list[Cookie]:
+        # RequestsCookieJar is an http.cookiejar.CookieJar: iterating it yields Cookie objects.
+        return list(cast(CookieJar, self._session.cookies))
+
+    def _auth_cookie(self) -> str | None:
+        for cookie in self._cookies():
+            if cookie.name == AUTH_COOKIE:
+                return cookie.value
+        return None
+
+    def _drop_auth_cookie(self, sent: str | None) -> None:
+        with self._auth_lock:
+            for cookie in self._cookies():
+                if cookie.name == AUTH_COOKIE and (sent is None or cookie.value == sent):
+                    self._session.cookies.clear(cookie.domain, cookie.path, cookie.name)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: list[tuple[str, str]] | None = None,
+        json: Any = None,
+    ) -> requests.Response:
+        """Send one request; re-authenticate once on 401. Raise on transport failures."""
+        url = self._url(path)
+        for attempt in (1, 2):
+            with self._auth_lock:
+                cookie = self._auth_cookie()
+            auth: AuthBase = self._basic if cookie is None or attempt == 2 else _NoAuth()
+            try:
+                response = self._session.request(
+                    method,
+                    url,
+                    params=params,
+                    json=json,
+                    auth=auth,
+                    timeout=self.config.timeout_seconds,
+                    verify=self.config.verify,
+                )
+            except requests.Timeout as exc:
+                raise BackendUnavailableError(
+                    f"WAPI {method} {path.split('/')[0]} timed out after "
+                    f"{self.config.timeout_seconds}s"
+                ) from exc
+            except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
+                raise InvalidRequestError(f"invalid WAPI URL {url!r}: {exc}") from exc
+            except requests.RequestException as exc:
+                raise BackendUnavailableError(
+                    f"cannot reach the grid at {self.config.endpoint}: {type(exc).__name__}"
+                ) from exc
+            if response.status_code != 401:
+                return response
+            log.info("infoblox: HTTP 401 on %s %s; re-authenticating", method, path.split("/")[0])
+            self._drop_auth_cookie(cookie)
+        raise AuthenticationFailedError(
+            f"the grid at {self.config.endpoint} refused the credentials of user "
+            f"{self.config.username!r} (HTTP 401)",
+            status=401,
+        )
+
+    def _call_json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: list[tuple[str, str]] | None = None,
+        json: Any = None,
+    ) -> Any:
+        """Send a request and return its decoded JSON body, or raise the classified error."""
+        response = self._send(method, path, params=params, json=json)
+        if 200 <= response.status_code < 300:
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise BackendUnavailableError(
+                    f"WAPI {method} {path.split('/')[0]} answered HTTP "
+                    f"{response.status_code} with a body that is not JSON",
+                    status=response.status_code,
+                ) from exc
+        raise _classify(response, self.config.wapi_version)
+
+
+# --------------------------------------------------------------------- pure helpers
+
+
+def _classify(response: requests.Response, wapi_version: str) -> BackendError:
+    """Map a failed WAPI answer to a `BackendError`, by its ``code``/``text`` first.
+
+    The WAPI error body is ``{"Error": ..., "code": ..., "text": ...}`` (backends.md B.6);
+    401/403 bodies are HTML and an unsupported version is plain text, so the body is only
+    trusted when it decodes to that shape.
+    """
+    status = response.status_code
+    error = code = text = ""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = str(body.get("Error") or "")
+        code = str(body.get("code") or "")
+        text = str(body.get("text") or error)
+    raw = "" if body is not None else (response.text or "").strip()[:200]
+    detail = text or raw or f"HTTP {status}"
+
+    if status == 403:
+        return AuthenticationFailedError(
+            f"the WAPI user lacks permission (HTTP 403): {text or 'forbidden'}", status=status
+        )
+    if status == 429 or status >= 500:
+        return BackendUnavailableError(f"WAPI answered HTTP {status}: {detail}", status=status)
+    if (
+        status == 404
+        or code == "Client.Ibap.Data.NotFound"
+        or error.startswith("AdmConDataNotFoundError")
+    ):
+        return _RefNotFoundError(f"WAPI object not found: {detail}", status=status)
+    if body is None and _UNSUPPORTED_VERSION_RE.search(raw):
+        return InvalidRequestError(
+            f"the grid does not support WAPI version {wapi_version}: {raw}", status=status
+        )
+    if _EXHAUSTED_RE.search(text):
+        return SubnetExhaustedError(f"no free address: {text}", status=status)
+    if match := _UNKNOWN_EA_RE.search(text):
+        name = match.group("name").strip() or "?"
+        return _UnknownEAError(
+            f"extensible attribute {name!r} is not defined in the grid; define it or remove "
+            f"it from the pool's extensibleAttributes ({text})",
+            status=status,
+        )
+    if code.startswith("Client.Ibap.Data.Conflict") or "IBDataConflictError" in error:
+        return ConflictError(f"WAPI conflict: {text}", status=status)
+    if _NETWORK_MISSING_RE.search(text) and not _EXHAUSTED_RE.search(text):
+        return SubnetNotFoundError(f"network not found: {text}", status=status)
+    return InvalidRequestError(
+        f"WAPI rejected the request (HTTP {status}): {detail}", status=status
+    )
+
+
+def _parse_address(value: object) -> IPAddr | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None
+
+
+def _gateway_from_options(options: object) -> str | None:
+    """Return the first address of DHCP option ``routers`` (3) in a WAPI ``options`` list."""
+    if not isinstance(options, list):
+        return None
+    for option in options:
+        if not isinstance(option, dict):
+            continue
+        if option.get("name") != "routers" and option.get("num") != 3:
+            continue
+        if option.get("use_option") is False:
+            continue
+        first = str(option.get("value") or "").split(",")[0].strip()
+        address = _parse_address(first)
+        if address is not None:
+            return str(address)
+    return None
+
+
+def _capacity(network: IPNetwork) -> int:
+    """Addresses that can be handed out (IPv4 loses network and broadcast below /31)."""
+    if network.version == 4 and network.prefixlen < 31:
+        return network.num_addresses - 2
+    return network.num_addresses
+
+
+def _duid_for(hostname: str) -> str:
+    """Return a deterministic DUID-UUID (RFC 6355, type 4) for an IPv6 fixed address.
+
+    WAPI requires a ``duid`` on ``ipv6fixedaddress``; deriving it from the hostname keeps it
+    unique per claim and identical on every retry.
+    """
+    raw = b"\x00\x04" + uuid.uuid5(_DUID_NAMESPACE, hostname).bytes
+    return ":".join(f"{byte:02x}" for byte in raw)

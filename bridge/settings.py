@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPAM_BRIDGE_", extra="ignore")
 
     namespace: str = Field(
-        "", description="Watch only this namespace; empty watches all namespaces."
+        "", description="Watch only these namespaces (comma-separated); empty watches all."
     )
     workers: int = Field(
         10, ge=1, le=200, description="Claims and pools handled at the same time."
@@ -54,8 +54,13 @@ class Settings(BaseSettings):
     requeue_exhausted_seconds: float = Field(
         5.0,
         gt=0,
-        description="How often a claim waiting on an exhausted pool looks at the pool's "
-        "status again (no backend call while the pool reports no free address).",
+        description="How often a claim waiting on an exhausted pool tries again; within "
+        "this time of a pool being found exhausted its claims wait without asking the IPAM.",
+    )
+    requeue_paused_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often a paused claim (or a claim of a paused Cluster) looks again.",
     )
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
@@ -74,6 +79,11 @@ class Settings(BaseSettings):
     standalone: bool = Field(
         False, description="Run without peering (a single replica, or tests)."
     )
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        """The watched namespaces (``namespace`` split on commas); empty means all."""
+        return tuple(ns.strip() for ns in self.namespace.split(",") if ns.strip())
 
     def retry_policy(self) -> RetryPolicy:
         """Return the backend retry policy these settings describe."""

@@ -1,0 +1,344 @@
+"""The CAPI IPAM contract as data: names, claim parsing, IPAddress bodies, conditions.
+
+Pure functions only (no I/O). Shapes follow the CAPI API types
+(``api/ipam/v1beta2/ipaddressclaim_types.go``, ``ipaddress_types.go`` and their v1beta1
+counterparts) and the contract in the CAPI book (``docs/book/src/developer/providers/
+contracts/ipam.md``); see ``shared/reference/capi-ipam-contract.md`` sections 1 and 2.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ADDRESS_FINALIZER",
+    "CLAIM_FINALIZER",
+    "CLUSTER_GROUP",
+    "CLUSTER_NAME_LABEL",
+    "GROUP",
+    "HOSTNAME_ANNOTATION",
+    "PAUSED_ANNOTATION",
+    "POOL_FINALIZER",
+    "POOL_KINDS",
+    "SUPPORTED_VERSIONS",
+    "Claim",
+    "PoolRef",
+    "Reason",
+    "build_ip_address",
+    "claim_status",
+    "hostname_for",
+    "is_paused",
+    "ready_condition",
+    "ready_of",
+]
+
+#: API group of claims, addresses and our pools.
+GROUP = "ipam.cluster.x-k8s.io"
+#: Group of the CAPI Cluster object (pause).
+CLUSTER_GROUP = "cluster.x-k8s.io"
+#: The CAPI versions of IPAddressClaim/IPAddress we speak (CAPI 1.6-1.10 and >= 1.11).
+SUPPORTED_VERSIONS = ("v1beta2", "v1beta1")
+#: Our pool kinds and their plural resource names (version v1alpha1).
+POOL_KINDS: Mapping[str, str] = {
+    "PHPIPAMIPPool": "phpipamippools",
+    "InfobloxIPPool": "infobloxippools",
+}
+
+CLAIM_FINALIZER = "ipam.cluster.x-k8s.io/ReleaseAddress"
+ADDRESS_FINALIZER = "ipam.cluster.x-k8s.io/ProtectAddress"
+POOL_FINALIZER = "ipam.cluster.x-k8s.io/ProtectPool"
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
+#: Annotation on the IPAddress recording the hostname the address is registered under in
+#: the IPAM, so release finds it even if the pool's hostnameSuffix changed since.
+HOSTNAME_ANNOTATION = "ipam.cluster.x-k8s.io/hostname"
+
+
+class Reason:
+    """Reasons of the claim's Ready condition (CAPI ``v1beta2`` condition constants)."""
+
+    ALLOCATED = "AddressAllocated"
+    POOL_NOT_READY = "PoolNotReady"
+    POOL_EXHAUSTED = "PoolExhausted"
+    ALLOCATION_FAILED = "AllocationFailed"
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """``spec.poolRef`` of a claim: a local reference to a pool in the claim's namespace."""
+
+    api_group: str
+    kind: str
+    name: str
+
+    def as_dict(self) -> dict[str, str]:
+        """Return the reference as the API writes it (``apiGroup``, ``kind``, ``name``)."""
+        return {"apiGroup": self.api_group, "kind": self.kind, "name": self.name}
+
+    @property
+    def is_ours(self) -> bool:
+        """True when the reference names one of our pool kinds in our group."""
+        return self.api_group == GROUP and self.kind in POOL_KINDS
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The parts of an ``IPAddressClaim`` the operator uses.
+
+    Attributes
+    ----------
+    api_version:
+        ``ipam.cluster.x-k8s.io/v1beta2`` or ``.../v1beta1``: decides the status shape.
+    namespace, name, uid:
+        Identity (the UID is only used for owner references, never as a backend key).
+    pool_ref:
+        The pool the claim asks an address from.
+    cluster_name:
+        ``spec.clusterName``, else the ``cluster.x-k8s.io/cluster-name`` label, else None.
+    labels, annotations:
+        The claim's metadata.
+    address_ref:
+        ``status.addressRef.name`` when the claim is already bound.
+    deleting:
+        True once ``metadata.deletionTimestamp`` is set.
+    """
+
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+    pool_ref: PoolRef
+    cluster_name: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    address_ref: str | None
+    deleting: bool
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Claim:
+        """Parse a claim object as the API returns it (either served version).
+
+        Raises
+        ------
+        ValueError
+            When ``spec.poolRef`` lacks a kind or name (the claim cannot be handled).
+        """
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        ref = spec.get("poolRef") or {}
+        if not ref.get("kind") or not ref.get("name"):
+            raise ValueError("spec.poolRef must name a kind and a name")
+        labels = dict(meta.get("labels") or {})
+        status = body.get("status") or {}
+        return cls(
+            api_version=str(body.get("apiVersion") or f"{GROUP}/v1beta2"),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            pool_ref=PoolRef(
+                api_group=str(ref.get("apiGroup") or ""),
+                kind=str(ref["kind"]),
+                name=str(ref["name"]),
+            ),
+            cluster_name=spec.get("clusterName") or labels.get(CLUSTER_NAME_LABEL) or None,
+            labels=labels,
+            annotations=dict(meta.get("annotations") or {}),
+            address_ref=((status.get("addressRef") or {}).get("name") or None),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def version(self) -> str:
+        """The served version of this claim (``v1beta2`` or ``v1beta1``)."""
+        return self.api_version.rsplit("/", 1)[-1]
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``, for logs and provenance."""
+        return f"{self.namespace}/{self.name}"
+
+
+def hostname_for(claim: Claim, suffix: str | None) -> str:
+    """Return the claim's key in the external IPAM (DESIGN.md section 5).
+
+    ``<claim>.<namespace>``, plus ``.<suffix>`` when the pool sets ``hostnameSuffix``; the
+    name survives restarts and ``clusterctl move`` (a UID would not).
+    """
+    host = f"{claim.name}.{claim.namespace}"
+    suffix = (suffix or "").strip(".")
+    return f"{host}.{suffix}" if suffix else host
+
+
+def is_paused(annotations: Mapping[str, str] | None, spec: Mapping[str, Any] | None) -> bool:
+    """Return True when an object carries the CAPI paused annotation or ``spec.paused: true``."""
+    return PAUSED_ANNOTATION in (annotations or {}) or bool((spec or {}).get("paused"))
+
+
+def _owner_ref(api_version: str, kind: str, name: str, uid: str, controller: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def build_ip_address(
+    claim: Claim,
+    *,
+    version: str,
+    pool_uid: str,
+    address: str,
+    prefix: int,
+    gateway: str | None,
+    hostname: str,
+) -> dict[str, Any]:
+    """Return the ``IPAddress`` object for a claim, as the contract requires.
+
+    Same name and namespace as the claim; ``spec.address``, ``spec.prefix``,
+    ``spec.gateway`` (omitted when None), ``spec.claimRef.name``, ``spec.poolRef`` (equal to
+    the claim's, or the CAPI webhook rejects it); owner references to the claim
+    (``controller: true``) and the pool (``controller: false``), both with
+    ``blockOwnerDeletion``; the ``ProtectAddress`` finalizer; the cluster-name label.
+
+    Parameters
+    ----------
+    version:
+        The served IPAddress version to write (``v1beta2`` or ``v1beta1``).
+    pool_uid:
+        UID of the pool object (owner reference).
+    """
+    labels: dict[str, str] = {}
+    if claim.cluster_name:
+        labels[CLUSTER_NAME_LABEL] = claim.cluster_name
+    spec: dict[str, Any] = {
+        "address": address,
+        "prefix": prefix,
+        "claimRef": {"name": claim.name},
+        "poolRef": claim.pool_ref.as_dict(),
+    }
+    if gateway:
+        spec["gateway"] = gateway
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "IPAddress",
+        "metadata": {
+            "name": claim.name,
+            "namespace": claim.namespace,
+            "labels": labels,
+            "annotations": {HOSTNAME_ANNOTATION: hostname},
+            "finalizers": [ADDRESS_FINALIZER],
+            "ownerReferences": [
+                _owner_ref(claim.api_version, "IPAddressClaim", claim.name, claim.uid, True),
+                _owner_ref(
+                    f"{GROUP}/v1alpha1", claim.pool_ref.kind, claim.pool_ref.name, pool_uid, False
+                ),
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ready_condition(
+    *,
+    ready: bool,
+    reason: str,
+    message: str,
+    observed_generation: int | None = None,
+    previous: Sequence[Mapping[str, Any]] = (),
+    now: str | None = None,
+) -> dict[str, Any]:
+    """Return a metav1 ``Ready`` condition (all fields the v1beta2 schema requires).
+
+    ``lastTransitionTime`` is kept from ``previous`` when the status did not change, so
+    repeated reconciles do not look like transitions.
+    """
+    status = "True" if ready else "False"
+    transition = now or _now()
+    for old in previous:
+        if old.get("type") == "Ready" and old.get("status") == status:
+            transition = str(old.get("lastTransitionTime") or transition)
+    condition: dict[str, Any] = {
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+    }
+    if observed_generation is not None:
+        condition["observedGeneration"] = observed_generation
+    return condition
+
+
+def _merge(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    merged = [dict(c) for c in conditions if c.get("type") != new["type"]]
+    merged.append(dict(new))
+    return merged
+
+
+def claim_status(
+    body: Mapping[str, Any],
+    *,
+    ready: bool,
+    reason: str,
+    message: str,
+    address_ref: str | None = None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    """Return the ``status`` patch of a claim carrying its Ready condition (and addressRef).
+
+    v1beta2 claims get metav1 conditions in ``status.conditions``. v1beta1 claims get CAPI
+    conditions there (``severity`` ``Warning`` when False) plus metav1 conditions in
+    ``status.v1beta2.conditions``. Other conditions already present are kept.
+    """
+    status = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+    patch: dict[str, Any] = {}
+    if address_ref:
+        patch["addressRef"] = {"name": address_ref}
+    if version == "v1beta1":
+        v1beta2 = (status.get("v1beta2") or {}).get("conditions") or []
+        new = ready_condition(
+            ready=ready, reason=reason, message=message,
+            observed_generation=generation, previous=v1beta2, now=now,
+        )
+        patch["v1beta2"] = {"conditions": _merge(v1beta2, new)}
+        old = status.get("conditions") or []
+        legacy = ready_condition(ready=ready, reason=reason, message=message, previous=old, now=now)
+        if not ready:
+            legacy["severity"] = "Warning"
+        patch["conditions"] = _merge(old, legacy)
+    else:
+        old = status.get("conditions") or []
+        new = ready_condition(
+            ready=ready, reason=reason, message=message,
+            observed_generation=generation, previous=old, now=now,
+        )
+        patch["conditions"] = _merge(old, new)
+    return patch
+
+
+def ready_of(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """Return ``(status, reason)`` of an object's metav1 Ready condition, or ``(None, None)``.
+
+    Reads ``status.conditions``, or ``status.v1beta2.conditions`` for v1beta1 claims.
+    """
+    status = body.get("status") or {}
+    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+    conditions = status.get("conditions") or []
+    if version == "v1beta1" and body.get("kind") == "IPAddressClaim":
+        conditions = (status.get("v1beta2") or {}).get("conditions") or []
+    for condition in conditions:
+        if condition.get("type") == "Ready":
+            return condition.get("status"), condition.get("reason")
+    return None, None

@@ -1,0 +1,97 @@
+"""Operator-side errors, and the one place backend errors become condition reasons.
+
+A backend raises `backends.errors.BackendError`; `bridge` turns it once into a `PoolError`
+(what is wrong with the pool: a reason for the pool's Ready condition) or a `ClaimError`
+(what blocks a claim: a reason for the claim's Ready condition). Handlers turn these into a
+condition, an Event and a kopf ``TemporaryError`` with a delay.
+"""
+
+from __future__ import annotations
+
+from backends.errors import (
+    AuthenticationFailedError,
+    BackendError,
+    InvalidRequestError,
+    SubnetExhaustedError,
+    SubnetNotFoundError,
+)
+
+__all__ = ["ClaimError", "PoolError", "claim_error_from", "pool_error_from"]
+
+
+class PoolError(Exception):
+    """A pool cannot be used.
+
+    Parameters
+    ----------
+    reason:
+        The pool's Ready condition reason (``CredentialsNotFound``, ``AuthenticationFailed``,
+        ``SubnetNotFound``, ``InvalidSpec``, ``BackendUnavailable``, ...).
+    message:
+        What is wrong, for people; never contains a secret.
+    needs_person:
+        True when retrying soon cannot help (wrong credentials, unknown subnet, bad spec):
+        the object is retried after the longer delay.
+    """
+
+    def __init__(self, reason: str, message: str, *, needs_person: bool) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.needs_person = needs_person
+
+
+class ClaimError(Exception):
+    """A claim cannot be fulfilled (or released) right now.
+
+    Parameters
+    ----------
+    reason:
+        The claim's Ready condition reason (``PoolNotReady``, ``PoolExhausted``,
+        ``AllocationFailed``).
+    message:
+        What blocks it, for people.
+    delay:
+        Seconds before the operator tries again.
+    """
+
+    def __init__(self, reason: str, message: str, *, delay: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.delay = delay
+
+
+def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
+    """Translate a backend error met while checking a pool into a `PoolError`."""
+    if isinstance(exc, AuthenticationFailedError):
+        return PoolError("AuthenticationFailed", f"{pool_display}: {exc.message}", needs_person=True)
+    if isinstance(exc, SubnetNotFoundError):
+        return PoolError("SubnetNotFound", f"{pool_display}: {exc.message}", needs_person=True)
+    if isinstance(exc, InvalidRequestError):
+        return PoolError("InvalidSpec", f"{pool_display}: {exc.message}", needs_person=True)
+    return PoolError(
+        "BackendUnavailable", f"{pool_display}: IPAM unavailable: {exc.message}", needs_person=False
+    )
+
+
+def claim_error_from(
+    exc: BackendError, pool_display: str, *, retry_seconds: float,
+    config_error_seconds: float, exhausted_seconds: float,
+) -> ClaimError:
+    """Translate a backend error met while allocating or releasing into a `ClaimError`.
+
+    Exhausted subnets give ``PoolExhausted``; problems of the pool's configuration
+    (credentials, subnet, rejected requests) give ``PoolNotReady``; the rest
+    (unreachable IPAM, lost races beyond the retry budget) give ``AllocationFailed``.
+    """
+    if isinstance(exc, SubnetExhaustedError):
+        return ClaimError(
+            "PoolExhausted", f"{pool_display} has no free address: {exc.message}",
+            delay=exhausted_seconds,
+        )
+    if isinstance(exc, AuthenticationFailedError | SubnetNotFoundError | InvalidRequestError):
+        return ClaimError(
+            "PoolNotReady", f"{pool_display}: {exc.message}", delay=config_error_seconds
+        )
+    return ClaimError("AllocationFailed", f"{pool_display}: {exc.message}", delay=retry_seconds)

@@ -1,0 +1,10 @@
+"""kopf handlers of ipam-bridge; ``kopf run -m bridge.handlers`` (or ``ipam-bridge run``) loads them.
+
+Each handler is thin: it takes the operator context from ``memo.bridge``, calls a plain
+function of `bridge.claims` or `bridge.pools`, and turns the result into status, events and
+kopf errors.
+"""
+
+from bridge.handlers import claims, lifecycle, pools
+
+__all__ = ["claims", "lifecycle", "pools"]

@@ -1,0 +1,536 @@
+"""Pools: parse a pool object, build its backend, and compute its status.
+
+Everything here is pure or takes its inputs as arguments (Secret data is passed in, not
+read): the Kubernetes reads happen in `bridge.kube`, the orchestration in
+`bridge.claims` and `bridge.handlers.pools`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.base import IPAMBackend, SubnetInfo
+from backends.errors import BackendError
+from backends.infoblox import InfobloxBackend, InfobloxConfig
+from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
+from backends.retry import RetryPolicy
+from bridge import __version__
+from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, ready_condition
+from bridge.context import Context
+from bridge.errors import PoolError, pool_error_from
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Pool",
+    "PoolOutcome",
+    "PoolReason",
+    "TLSSettings",
+    "addresses_of",
+    "backend_for",
+    "build_backend",
+    "check_pool",
+    "parse_pool",
+    "pool_failed_status",
+    "pool_status",
+    "reconcile_pool",
+]
+
+USER_AGENT = f"ipam-bridge/{__version__}"
+#: Status counts are int64 in the CRD; an IPv6 /64 holds 2**64 addresses, so counts saturate
+#: here (as the in-cluster provider's do).
+INT64_MAX = 2**63 - 1
+
+
+#: The backend name of each pool kind (metrics label).
+BACKEND_NAMES: Mapping[str, str] = {"PHPIPAMIPPool": "phpipam", "InfobloxIPPool": "infoblox"}
+
+
+class PoolReason:
+    """Reasons of a pool's Ready condition (DESIGN.md section 3)."""
+
+    READY = "PoolReady"
+    INVALID_SPEC = "InvalidSpec"
+    CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
+    AUTHENTICATION_FAILED = "AuthenticationFailed"
+    SUBNET_NOT_FOUND = "SubnetNotFound"
+    BACKEND_UNAVAILABLE = "BackendUnavailable"
+    DELETION_BLOCKED = "DeletionBlocked"
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """``spec.tls`` of a pool: verification switch and an optional CA bundle Secret."""
+
+    insecure_skip_verify: bool = False
+    ca_secret_name: str | None = None
+    ca_secret_key: str = "ca.crt"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool object, parsed; ``spec`` keeps the raw kind-specific fields.
+
+    Attributes
+    ----------
+    kind, namespace, name, uid, generation:
+        Identity of the pool object.
+    credentials_secret:
+        Name of the Secret (in the pool's namespace) holding the credentials.
+    gateway, prefix:
+        Overrides of what the IPAM reports (None = use the IPAM's).
+    hostname_suffix:
+        Appended to ``<claim>.<namespace>`` to form the hostname (None = none).
+    tls:
+        TLS settings.
+    cluster_name:
+        The ``cluster.x-k8s.io/cluster-name`` label, when the pool belongs to one cluster.
+    spec:
+        The raw ``spec`` mapping.
+    deleting:
+        True once ``metadata.deletionTimestamp`` is set.
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    credentials_secret: str
+    gateway: str | None
+    prefix: int | None
+    hostname_suffix: str | None
+    tls: TLSSettings
+    cluster_name: str | None
+    spec: Mapping[str, Any] = field(compare=False)
+    deleting: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """``(namespace, kind, name)``: identifies the pool within the operator."""
+        return (self.namespace, self.kind, self.name)
+
+    @property
+    def display(self) -> str:
+        """``<Kind> <namespace>/<name>`` for messages."""
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+def _invalid(message: str) -> PoolError:
+    return PoolError(PoolReason.INVALID_SPEC, message, needs_person=True)
+
+
+def _opt_str(spec: Mapping[str, Any], key: str) -> str | None:
+    value = spec.get(key)
+    return str(value) if value not in (None, "") else None
+
+
+def parse_pool(body: Mapping[str, Any]) -> Pool:
+    """Parse a pool object (either kind) and validate what the CRD schema cannot.
+
+    Raises
+    ------
+    PoolError
+        Reason ``InvalidSpec`` when a field is missing or malformed (the same checks the
+        CRD makes, repeated so that a cluster without our CRD validation still gets a
+        clear message).
+    """
+    kind = str(body.get("kind") or "")
+    if kind not in POOL_KINDS:
+        raise _invalid(f"unknown pool kind {kind!r}")
+    meta = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    endpoint = _opt_str(spec, "endpoint")
+    if not endpoint or not endpoint.startswith(("http://", "https://")):
+        raise _invalid("spec.endpoint must be an http:// or https:// URL")
+    creds = (spec.get("credentialsRef") or {}).get("name")
+    if not creds:
+        raise _invalid("spec.credentialsRef.name must name a Secret in the pool's namespace")
+    if (spec.get("credentialsRef") or {}).get("namespace") not in (None, "", meta.get("namespace")):
+        raise _invalid("spec.credentialsRef cannot name a Secret in another namespace")
+    gateway = _opt_str(spec, "gateway")
+    if gateway is not None:
+        try:
+            ipaddress.ip_address(gateway)
+        except ValueError as exc:
+            raise _invalid(f"spec.gateway {gateway!r} is not an IP address") from exc
+    prefix = spec.get("prefix")
+    if prefix is not None and (not isinstance(prefix, int) or not 0 <= prefix <= 128):
+        raise _invalid("spec.prefix must be an integer from 0 to 128")
+    if kind == "PHPIPAMIPPool":
+        if not _opt_str(spec, "appId"):
+            raise _invalid("spec.appId is required")
+        if (spec.get("subnetId") is None) == (spec.get("subnet") is None):
+            raise _invalid("exactly one of spec.subnetId and spec.subnet must be set")
+    subnet = _opt_str(spec, "subnet")
+    if subnet is not None:
+        try:
+            ipaddress.ip_network(subnet, strict=True)
+        except ValueError as exc:
+            raise _invalid(f"spec.subnet {subnet!r} is not a CIDR network") from exc
+    elif kind == "InfobloxIPPool":
+        raise _invalid("spec.subnet is required")
+    tls = spec.get("tls") or {}
+    ca_ref = tls.get("caSecretRef") or {}
+    return Pool(
+        kind=kind,
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        generation=int(meta.get("generation") or 0),
+        credentials_secret=str(creds),
+        gateway=gateway,
+        prefix=prefix,
+        hostname_suffix=_opt_str(spec, "hostnameSuffix"),
+        tls=TLSSettings(
+            insecure_skip_verify=bool(tls.get("insecureSkipVerify", False)),
+            ca_secret_name=ca_ref.get("name") or None,
+            ca_secret_key=str(ca_ref.get("key") or "ca.crt"),
+        ),
+        cluster_name=(meta.get("labels") or {}).get(CLUSTER_NAME_LABEL),
+        spec=spec,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _ca_bundle_path(pem: str) -> str:
+    """Write a PEM bundle to a content-addressed file under the temp dir; return its path.
+
+    requests takes a CA bundle as a path; /tmp is the one writable place in the image.
+    """
+    digest = hashlib.sha256(pem.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"ipam-bridge-ca-{digest}.pem")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=tempfile.gettempdir(), suffix=".pem")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(pem)
+        os.replace(tmp, path)
+    return path
+
+
+def _verify(pool: Pool, ca_pem: str | None) -> bool | str:
+    if pool.tls.insecure_skip_verify:
+        return False
+    if ca_pem:
+        return _ca_bundle_path(ca_pem)
+    return True
+
+
+def fingerprint(pool: Pool, secret: Mapping[str, str], ca_pem: str | None) -> str:
+    """Return a digest of everything a backend is built from (spec, Secret data, CA).
+
+    A cached backend is reused while its fingerprint stays the same; the digest never
+    leaves the process and holds no secret in clear.
+    """
+    blob = json.dumps(
+        {"spec": pool.spec, "secret": dict(secret), "ca": ca_pem}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _phpipam(pool: Pool, secret: Mapping[str, str], verify: bool | str,
+             timeout: float, retry: RetryPolicy) -> IPAMBackend:
+    token = secret.get("token")
+    username, password = secret.get("username"), secret.get("password")
+    if not token and not (username and password):
+        raise PoolError(
+            PoolReason.CREDENTIALS_NOT_FOUND,
+            f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
+            "'username' and 'password', or 'token'",
+            needs_person=True,
+        )
+    spec = pool.spec
+    subnet_id = spec.get("subnetId")
+    section_id = spec.get("sectionId")
+    config = PHPIPAMConfig(
+        endpoint=str(spec["endpoint"]).rstrip("/"),
+        app_id=str(spec["appId"]),
+        subnet_id=int(subnet_id) if subnet_id is not None else None,
+        subnet=_opt_str(spec, "subnet"),
+        section_id=int(section_id) if section_id is not None else None,
+        username=None if token else username,
+        password=None if token else password,
+        app_code=token or None,
+        verify=verify,
+        timeout_seconds=timeout,
+        retry=retry,
+        user_agent=USER_AGENT,
+    )
+    return PHPIPAMBackend(config)
+
+
+def _infoblox(pool: Pool, secret: Mapping[str, str], verify: bool | str,
+              timeout: float, retry: RetryPolicy) -> IPAMBackend:
+    username, password = secret.get("username"), secret.get("password")
+    if not (username and password):
+        raise PoolError(
+            PoolReason.CREDENTIALS_NOT_FOUND,
+            f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
+            "'username' and 'password'",
+            needs_person=True,
+        )
+    spec = pool.spec
+    config = InfobloxConfig(
+        endpoint=str(spec["endpoint"]).rstrip("/"),
+        wapi_version=str(spec.get("wapiVersion") or "2.12"),
+        network_view=str(spec.get("networkView") or "default"),
+        subnet=str(spec["subnet"]),
+        record_type=str(spec.get("recordType") or "host"),
+        dns_view=_opt_str(spec, "dnsView"),
+        dns_zone=_opt_str(spec, "dnsZone"),
+        extensible_attributes={
+            str(k): str(v) for k, v in (spec.get("extensibleAttributes") or {}).items()
+        },
+        username=username,
+        password=password,
+        verify=verify,
+        timeout_seconds=timeout,
+        retry=retry,
+    )
+    return InfobloxBackend(config)
+
+
+_FACTORIES: Mapping[
+    str, Callable[[Pool, Mapping[str, str], bool | str, float, RetryPolicy], IPAMBackend]
+] = {"PHPIPAMIPPool": _phpipam, "InfobloxIPPool": _infoblox}
+
+
+def build_backend(
+    pool: Pool,
+    secret: Mapping[str, str],
+    ca_pem: str | None,
+    *,
+    timeout_seconds: float,
+    retry: RetryPolicy,
+) -> IPAMBackend:
+    """Build the backend client of a pool from its spec and its Secret's data.
+
+    Parameters
+    ----------
+    secret:
+        The credentials Secret's data, decoded to text.
+    ca_pem:
+        The PEM bundle of ``spec.tls.caSecretRef``, or None.
+    timeout_seconds:
+        Connect and read timeout of each HTTP request.
+
+    Raises
+    ------
+    PoolError
+        ``CredentialsNotFound`` when the Secret lacks the keys the pool kind needs.
+    """
+    return _FACTORIES[pool.kind](
+        pool, secret, _verify(pool, ca_pem), timeout_seconds, retry
+    )
+
+
+def pool_status(
+    pool: Pool, info: SubnetInfo, previous: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Return the status of a Ready pool from what its backend reports.
+
+    ``prefix`` and ``gateway`` show the pool's overrides when set, else the IPAM's.
+    """
+    gateway = pool.gateway or info.gateway
+    status: dict[str, Any] = {
+        "subnet": info.cidr,
+        "prefix": pool.prefix if pool.prefix is not None else info.prefix,
+        "ipAddresses": {
+            "total": min(info.total, INT64_MAX),
+            "used": min(info.used, INT64_MAX),
+            "free": min(info.free, INT64_MAX),
+        },
+        "observedGeneration": pool.generation,
+        "conditions": [
+            ready_condition(
+                ready=True,
+                reason=PoolReason.READY,
+                message=f"subnet {info.cidr}: {info.free} of {info.total} addresses free",
+                observed_generation=pool.generation,
+                previous=previous,
+            )
+        ],
+    }
+    status["gateway"] = gateway
+    return status
+
+
+def pool_failed_status(
+    generation: int, error: PoolError, previous: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Return the status patch of a pool whose check failed (Ready False, reason, message)."""
+    return {
+        "observedGeneration": generation,
+        "conditions": [
+            ready_condition(
+                ready=False,
+                reason=error.reason,
+                message=error.message,
+                observed_generation=generation,
+                previous=previous,
+            )
+        ],
+    }
+
+
+def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
+    """Return the pool's backend client, built from its Secret(s) or taken from the cache.
+
+    Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
+    from the pool's own namespace on every call, so a fixed Secret takes effect at once.
+
+    Raises
+    ------
+    PoolError
+        ``CredentialsNotFound`` when a Secret or one of its keys is missing.
+    """
+    secret = ctx.kube.read_secret(pool.namespace, pool.credentials_secret)
+    if secret is None:
+        raise PoolError(
+            PoolReason.CREDENTIALS_NOT_FOUND,
+            f"Secret {pool.namespace}/{pool.credentials_secret} not found",
+            needs_person=True,
+        )
+    ca_pem: str | None = None
+    if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
+        ca = ctx.kube.read_secret(pool.namespace, pool.tls.ca_secret_name)
+        ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
+        if not ca_pem:
+            raise PoolError(
+                PoolReason.CREDENTIALS_NOT_FOUND,
+                f"CA bundle: Secret {pool.namespace}/{pool.tls.ca_secret_name} or its key "
+                f"{pool.tls.ca_secret_key!r} not found",
+                needs_person=True,
+            )
+    return ctx.backends.get(
+        pool.key,
+        fingerprint(pool, secret, ca_pem),
+        lambda: build_backend(
+            pool, secret, ca_pem,
+            timeout_seconds=ctx.settings.backend_timeout_seconds,
+            retry=ctx.settings.retry_policy(),
+        ),
+    )
+
+
+def check_pool(ctx: Context, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a pool against its IPAM and return its Ready status.
+
+    Returns
+    -------
+    dict
+        The full status (subnet, prefix, gateway, usage, Ready True ``PoolReady``).
+
+    Raises
+    ------
+    PoolError
+        With the reason to show: ``InvalidSpec``, ``CredentialsNotFound``,
+        ``AuthenticationFailed``, ``SubnetNotFound`` or ``BackendUnavailable``.
+    """
+    pool = parse_pool(body)
+    backend = backend_for(ctx, pool)
+    try:
+        info = ctx.metrics.call(BACKEND_NAMES[pool.kind], "describe_subnet",
+                                backend.describe_subnet)
+    except BackendError as exc:
+        raise pool_error_from(exc, pool.display) from exc
+    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(info.free)
+    if info.free > 0:
+        ctx.gate.open(pool.key)
+    previous = (body.get("status") or {}).get("conditions") or []
+    return pool_status(pool, info, previous)
+
+
+@dataclass(frozen=True)
+class PoolOutcome:
+    """What to write on a pool after a check.
+
+    Attributes
+    ----------
+    status:
+        The status patch.
+    ready:
+        The Ready condition's status.
+    reason, message:
+        The Ready condition's reason and message (also the Event's).
+    changed:
+        True when Ready's status or reason differs from the pool's previous one: post an
+        Event (transitions only, so a failing pool does not flood the namespace).
+    protect:
+        Whether the ``ProtectPool`` finalizer must be present (False: remove it, the pool
+        is being deleted and no address references it any more).
+    """
+
+    status: Mapping[str, Any]
+    ready: bool
+    reason: str
+    message: str
+    changed: bool
+    protect: bool
+
+
+def _previous_ready(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    for condition in (body.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status"), condition.get("reason")
+    return None, None
+
+
+def addresses_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
+    """Return the names of the IPAddresses that reference a pool (sorted)."""
+    return sorted(
+        str(item["metadata"]["name"])
+        for item in ctx.kube.list_ip_addresses(ctx.address_version, namespace)
+        if ((item.get("spec") or {}).get("poolRef") or {}).get("kind") == kind
+        and ((item.get("spec") or {}).get("poolRef") or {}).get("name") == name
+    )
+
+
+def reconcile_pool(ctx: Context, body: Mapping[str, Any]) -> PoolOutcome:
+    """Check a pool and decide its status and finalizer (no writes; see the handlers).
+
+    A live pool is checked against its IPAM (`check_pool`). A pool being deleted keeps its
+    ``ProtectPool`` finalizer while any IPAddress references it (reason ``DeletionBlocked``
+    naming them) and loses it once none does; its backend client is then dropped.
+    """
+    meta = body.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    previous = (body.get("status") or {}).get("conditions") or []
+    old_status, old_reason = _previous_ready(body)
+    if meta.get("deletionTimestamp"):
+        users = addresses_of(ctx, str(meta.get("namespace")), str(body.get("kind")),
+                             str(meta.get("name")))
+        if not users:
+            ctx.backends.drop((str(meta.get("namespace")), str(body.get("kind")),
+                               str(meta.get("name"))))
+            return PoolOutcome({}, False, "Deleted", "no address references the pool",
+                               changed=False, protect=False)
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        error = PoolError(
+            PoolReason.DELETION_BLOCKED,
+            f"pool is being deleted but {len(users)} IPAddress(es) still reference it: {shown}; "
+            "it goes once their claims are deleted",
+            needs_person=False,
+        )
+        return PoolOutcome(
+            pool_failed_status(generation, error, previous), False, error.reason, error.message,
+            changed=(old_status, old_reason) != ("False", error.reason), protect=True,
+        )
+    try:
+        status = check_pool(ctx, body)
+    except PoolError as error:
+        return PoolOutcome(
+            pool_failed_status(generation, error, previous), False, error.reason, error.message,
+            changed=(old_status, old_reason) != ("False", error.reason), protect=True,
+        )
+    condition = status["conditions"][0]
+    return PoolOutcome(
+        status, True, condition["reason"], condition["message"],
+        changed=(old_status, old_reason) != ("True", condition["reason"]), protect=True,
+    )

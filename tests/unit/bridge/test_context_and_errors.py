@@ -1,0 +1,87 @@
+import pytest
+
+from backends import errors as be
+from bridge.context import BackendCache, ExhaustionGate
+from bridge.errors import claim_error_from, pool_error_from
+
+
+class FakeBackend:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_backend_cache_reuses_until_fingerprint_changes():
+    cache = BackendCache()
+    built = []
+
+    def build():
+        built.append(FakeBackend())
+        return built[-1]
+
+    first = cache.get(("ns", "K", "p"), "f1", build)
+    assert cache.get(("ns", "K", "p"), "f1", build) is first
+    assert len(built) == 1
+    second = cache.get(("ns", "K", "p"), "f2", build)
+    assert second is not first and first.closed and not second.closed
+    cache.drop(("ns", "K", "p"))
+    assert second.closed
+    third = cache.get(("ns", "K", "q"), "f", build)
+    cache.close()
+    assert third.closed
+
+
+def test_backend_cache_does_not_cache_failures():
+    cache = BackendCache()
+
+    def fail():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        cache.get(("a", "b", "c"), "f", fail)
+    assert isinstance(cache.get(("a", "b", "c"), "f", FakeBackend), FakeBackend)
+
+
+def test_exhaustion_gate_holds_then_reopens():
+    now = [100.0]
+    gate = ExhaustionGate(5.0, clock=lambda: now[0])
+    key = ("ns", "K", "p")
+    assert not gate.closed(key)
+    gate.exhausted(key)
+    assert gate.closed(key)
+    now[0] += 4.9
+    assert gate.closed(key)
+    now[0] += 0.2
+    assert not gate.closed(key)
+    gate.exhausted(key)
+    gate.open(key)
+    assert not gate.closed(key)
+
+
+@pytest.mark.parametrize(("exc", "reason", "person"), [
+    (be.AuthenticationFailedError("bad"), "AuthenticationFailed", True),
+    (be.SubnetNotFoundError("nope"), "SubnetNotFound", True),
+    (be.InvalidRequestError("ssl"), "InvalidSpec", True),
+    (be.BackendUnavailableError("down"), "BackendUnavailable", False),
+    (be.ConflictError("race"), "BackendUnavailable", False),
+])
+def test_pool_error_mapping(exc, reason, person):
+    error = pool_error_from(exc, "PHPIPAMIPPool ns/p")
+    assert (error.reason, error.needs_person) == (reason, person)
+    assert error.message.startswith("PHPIPAMIPPool ns/p: ")
+
+
+@pytest.mark.parametrize(("exc", "reason", "delay"), [
+    (be.SubnetExhaustedError("full"), "PoolExhausted", 5),
+    (be.AuthenticationFailedError("bad"), "PoolNotReady", 60),
+    (be.SubnetNotFoundError("nope"), "PoolNotReady", 60),
+    (be.InvalidRequestError("bad"), "PoolNotReady", 60),
+    (be.BackendUnavailableError("down"), "AllocationFailed", 10),
+    (be.ConflictError("race"), "AllocationFailed", 10),
+])
+def test_claim_error_mapping(exc, reason, delay):
+    error = claim_error_from(exc, "pool", retry_seconds=10, config_error_seconds=60,
+                             exhausted_seconds=5)
+    assert (error.reason, error.delay) == (reason, delay)

@@ -47,3 +47,17 @@ constraints: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
+
+# Release artifacts (issue 5): the manager image, and the clusterctl files in out/
+# (metadata.yaml, ipam-components.yaml) plus the Helm chart's generated crds/ and RBAC rules.
+VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMG_REPO ?= ghcr.io/ipam-bridge/ipam-bridge
+IMG ?= $(IMG_REPO):$(VERSION)
+
+.PHONY: image release-manifests
+
+image:
+	docker build -t $(IMG) .
+
+release-manifests: $(STAMP)
+	$(BIN)/python deploy/release_manifests.py --out out --version $(VERSION) --image-repository $(IMG_REPO)

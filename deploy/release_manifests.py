@@ -1,0 +1,688 @@
+"""Render the clusterctl release artifacts of ipam-bridge and keep the Helm chart's CRDs in sync.
+
+Run by ``make release-manifests`` (``python deploy/release_manifests.py``). It writes
+
+- ``out/metadata.yaml``: the clusterctl ``Metadata`` (release series and CAPI contract);
+- ``out/ipam-components.yaml``: the kustomize install of ``deploy/`` rendered to one file,
+  with clusterctl ``${VAR:=default}`` variables for the image and the settings;
+- ``deploy/helm/ipam-bridge/crds/*.yaml`` and ``files/clusterrole-rules.yaml``: the chart's
+  CRDs and RBAC rules, copied from the install so that the chart cannot drift from it.
+
+Rules followed (CAPI book, ``docs/book/src/developer/providers/contracts/clusterctl.md``):
+exactly one Namespace, every object labelled ``cluster.x-k8s.io/provider``, the controller
+container named ``manager``, variables in the drone/envsubst syntax clusterctl uses.
+
+The kustomization is rendered by ``kustomize build`` or ``kubectl kustomize`` when one is on
+``PATH`` and by the small built-in renderer of this module otherwise (or with
+``--renderer builtin``). The built-in renderer supports the subset ``deploy/`` uses
+(``resources``, ``namespace``, ``labels``, ``commonLabels``) and refuses anything else, so it
+can never silently render something kustomize would render differently; a unit test checks
+that both renderers give the same objects. Only the standard library and PyYAML are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "CLUSTERCTL_VARIABLES",
+    "DEFAULT_IMAGE_REPOSITORY",
+    "PROVIDER_LABEL",
+    "KustomizeError",
+    "ReleaseError",
+    "build_kustomization",
+    "chart_files",
+    "dump_documents",
+    "main",
+    "metadata_document",
+    "project_version",
+    "render_components",
+    "render_kustomization",
+    "sync_chart",
+]
+
+Obj = dict[str, Any]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_DIR = REPO_ROOT / "deploy"
+CHART_DIR = DEPLOY_DIR / "helm" / "ipam-bridge"
+
+#: The label clusterctl requires on every object of a provider (and uses to find them).
+PROVIDER_LABEL = ("cluster.x-k8s.io/provider", "ipam-bridge")
+#: Image repository of the manager; the tag is the release version.
+DEFAULT_IMAGE_REPOSITORY = "ghcr.io/ipam-bridge/ipam-bridge"
+#: CAPI contract the release series implements (metadata.yaml).
+CONTRACT = "v1beta2"
+#: Environment variables of the manager container that become clusterctl variables, as
+#: ``env name -> clusterctl variable``. The default of each is the value in the Deployment.
+CLUSTERCTL_VARIABLES = {
+    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE_SCOPE",
+    "IPAM_BRIDGE_WORKERS": "IPAM_BRIDGE_WORKERS",
+    "IPAM_BRIDGE_LOG_LEVEL": "IPAM_BRIDGE_LOG_LEVEL",
+    "IPAM_BRIDGE_LOG_FORMAT": "IPAM_BRIDGE_LOG_FORMAT",
+}
+#: clusterctl variable of the manager image.
+IMAGE_VARIABLE = "IPAM_BRIDGE_IMAGE"
+
+# Kinds kustomize knows to be cluster-scoped (its built-in OpenAPI data); every other kind,
+# custom kinds included, is treated as namespaced by kustomize's namespace transformer.
+_CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        "APIService",
+        "CSIDriver",
+        "CSINode",
+        "CertificateSigningRequest",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ComponentStatus",
+        "CustomResourceDefinition",
+        "FlowSchema",
+        "IngressClass",
+        "MutatingWebhookConfiguration",
+        "Namespace",
+        "Node",
+        "PersistentVolume",
+        "PodSecurityPolicy",
+        "PriorityClass",
+        "PriorityLevelConfiguration",
+        "RuntimeClass",
+        "StorageClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
+        "VolumeAttachment",
+    }
+)
+# kustomize's legacy output order (api/resid/gvk.go): these kinds first, in this order ...
+_ORDER_FIRST = (
+    "Namespace",
+    "ResourceQuota",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "PodSecurityPolicy",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Endpoints",
+    "Service",
+    "LimitRange",
+    "PriorityClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "Deployment",
+    "StatefulSet",
+    "CronJob",
+    "PodDisruptionBudget",
+)
+# ... these last, and every other kind in between.
+_ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+# Workload kinds whose pod template (and selector) the label transformer also labels.
+_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+_SUPPORTED_KUSTOMIZATION_KEYS = frozenset(
+    {"apiVersion", "kind", "resources", "namespace", "labels", "commonLabels"}
+)
+_KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+_VARIABLE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class ReleaseError(Exception):
+    """The release artifacts cannot be built (a clusterctl rule is broken, a tool failed)."""
+
+
+class KustomizeError(ReleaseError):
+    """A kustomization cannot be rendered (missing file, unsupported field, duplicate object)."""
+
+
+def project_version(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
+    """Return the release version, ``v`` + ``[project].version`` of ``pyproject.toml``.
+
+    Parameters
+    ----------
+    pyproject : pathlib.Path
+        The ``pyproject.toml`` to read.
+
+    Returns
+    -------
+    str
+        For example ``"v0.1.0"``.
+
+    Raises
+    ------
+    ReleaseError
+        If the file has no ``[project].version``.
+    """
+    with pyproject.open("rb") as handle:
+        version = tomllib.load(handle).get("project", {}).get("version")
+    if not isinstance(version, str):
+        raise ReleaseError(f"{pyproject} has no [project].version")
+    return f"v{version}"
+
+
+def _load_documents(path: Path) -> list[Obj]:
+    """Return the non-empty YAML documents of ``path`` (mappings with ``kind``)."""
+    with path.open(encoding="utf-8") as handle:
+        documents = [doc for doc in yaml.safe_load_all(handle) if doc is not None]
+    for doc in documents:
+        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+            raise KustomizeError(f"{path}: every document must be an object with apiVersion/kind")
+    return documents
+
+
+def _object_id(obj: Obj) -> tuple[str, str, str, str]:
+    """Return the identity kustomize uses: ``(apiVersion group, kind, namespace, name)``."""
+    api_version = str(obj.get("apiVersion", ""))
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    meta = obj.get("metadata") or {}
+    return group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta.get("name", ""))
+
+
+def _find_kustomization(directory: Path) -> Path:
+    for name in _KUSTOMIZATION_FILES:
+        candidate = directory / name
+        if candidate.is_file():
+            return candidate
+    raise KustomizeError(f"{directory}: no kustomization.yaml")
+
+
+def _set_namespace(objects: list[Obj], namespace: str) -> None:
+    """Apply kustomize's namespace transformer in place (kustomize v5 semantics)."""
+    service_accounts = {
+        obj["metadata"]["name"] for obj in objects if obj["kind"] == "ServiceAccount"
+    }
+    for obj in objects:
+        meta = obj.setdefault("metadata", {})
+        kind = obj["kind"]
+        if kind == "Namespace":
+            meta["name"] = namespace
+        elif kind not in _CLUSTER_SCOPED_KINDS:
+            meta["namespace"] = namespace
+        if kind in ("RoleBinding", "ClusterRoleBinding"):
+            for subject in obj.get("subjects") or []:
+                if subject.get("kind") == "ServiceAccount" and (
+                    subject.get("name") in service_accounts
+                    or subject.get("namespace") in (None, "", "default")
+                ):
+                    subject["namespace"] = namespace
+
+
+def _dig(obj: Obj, path: Sequence[str]) -> Obj | None:
+    node: Any = obj
+    for key in path:
+        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
+            return None
+        node = node[key]
+    return node if isinstance(node, dict) else None
+
+
+def _add_labels(
+    objects: list[Obj], pairs: dict[str, str], *, selectors: bool, templates: bool
+) -> None:
+    """Apply kustomize's label transformer in place.
+
+    Metadata labels always; pod template labels of workloads when ``templates``; selectors
+    (workload ``spec.selector.matchLabels``, Service ``spec.selector``) and templates when
+    ``selectors`` (kustomize's ``includeSelectors``, the ``commonLabels`` behaviour).
+    """
+    for obj in objects:
+        obj.setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
+        kind = obj["kind"]
+        if kind in _TEMPLATE_PATHS and (templates or selectors):
+            template = _dig(obj, _TEMPLATE_PATHS[kind])
+            if template is not None:
+                template.setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
+        if selectors:
+            if kind in _TEMPLATE_PATHS:
+                spec = _dig(obj, _TEMPLATE_PATHS[kind][:-1]) or {}
+                spec.setdefault("selector", {}).setdefault("matchLabels", {}).update(pairs)
+            elif kind == "Service":
+                obj.setdefault("spec", {}).setdefault("selector", {}).update(pairs)
+
+
+def _sort_key(obj: Obj) -> tuple[int, str, str, str]:
+    kind = obj["kind"]
+    if kind in _ORDER_FIRST:
+        rank = _ORDER_FIRST.index(kind)
+    elif kind in _ORDER_LAST:
+        rank = len(_ORDER_FIRST) + 1 + _ORDER_LAST.index(kind)
+    else:
+        rank = len(_ORDER_FIRST)
+    group, _, namespace, name = _object_id(obj)
+    return rank, f"{group}/{kind}", namespace, name
+
+
+def build_kustomization(directory: Path) -> list[Obj]:
+    """Render a kustomization directory with the built-in renderer (a subset of kustomize).
+
+    Supported: ``resources`` (YAML files and directories holding a kustomization, recursively),
+    ``namespace`` (kustomize's namespace transformer: namespaced objects get the namespace,
+    Namespace objects are renamed, ServiceAccount subjects of bindings follow; kinds unknown to
+    kustomize count as namespaced, as in kustomize), ``labels`` (``pairs``,
+    ``includeSelectors``, ``includeTemplates``) and ``commonLabels``. Objects come out in
+    kustomize's legacy order.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        Directory holding ``kustomization.yaml``.
+
+    Returns
+    -------
+    list of dict
+        The rendered objects (fresh copies; the caller may change them).
+
+    Raises
+    ------
+    KustomizeError
+        On a missing file or kustomization, a field outside the supported subset, a remote
+        resource, or two objects with the same identity.
+    """
+    kustomization_file = _find_kustomization(directory)
+    with kustomization_file.open(encoding="utf-8") as handle:
+        kustomization = yaml.safe_load(handle) or {}
+    unsupported = sorted(set(kustomization) - _SUPPORTED_KUSTOMIZATION_KEYS)
+    if unsupported:
+        raise KustomizeError(
+            f"{kustomization_file}: fields {unsupported} are not supported by the built-in "
+            "renderer; install kustomize or kubectl, or extend deploy/release_manifests.py"
+        )
+
+    objects: list[Obj] = []
+    for entry in kustomization.get("resources") or []:
+        if "://" in entry or entry.startswith("github.com/"):
+            raise KustomizeError(f"{kustomization_file}: remote resource {entry!r} not supported")
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            objects.extend(build_kustomization(path))
+        elif path.is_file():
+            objects.extend(copy.deepcopy(_load_documents(path)))
+        else:
+            raise KustomizeError(f"{kustomization_file}: resource {entry!r} not found")
+
+    seen: set[tuple[str, str, str, str]] = set()
+    for obj in objects:
+        identity = _object_id(obj)
+        if identity in seen:
+            raise KustomizeError(f"{kustomization_file}: duplicate object {identity}")
+        seen.add(identity)
+
+    if kustomization.get("namespace"):
+        _set_namespace(objects, str(kustomization["namespace"]))
+    for label_set in kustomization.get("labels") or []:
+        _add_labels(
+            objects,
+            {str(k): str(v) for k, v in (label_set.get("pairs") or {}).items()},
+            selectors=bool(label_set.get("includeSelectors", False)),
+            templates=bool(label_set.get("includeTemplates", False)),
+        )
+    if kustomization.get("commonLabels"):
+        _add_labels(
+            objects,
+            {str(k): str(v) for k, v in kustomization["commonLabels"].items()},
+            selectors=True,
+            templates=True,
+        )
+    return sorted(objects, key=_sort_key)
+
+
+def _kustomize_command(renderer: str) -> list[str] | None:
+    """Return the external command for ``renderer`` (``auto`` picks one on PATH), or None."""
+    if renderer in ("auto", "kustomize") and shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if renderer in ("auto", "kubectl") and shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    if renderer in ("kustomize", "kubectl"):
+        raise ReleaseError(f"--renderer {renderer}: {renderer} is not on PATH")
+    return None
+
+
+def render_kustomization(directory: Path, renderer: str = "auto") -> tuple[list[Obj], str]:
+    """Render a kustomization with kustomize, kubectl or the built-in renderer.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        Directory holding ``kustomization.yaml``.
+    renderer : {"auto", "builtin", "kustomize", "kubectl"}
+        ``auto`` uses ``kustomize build``, else ``kubectl kustomize``, else the built-in one.
+
+    Returns
+    -------
+    tuple of (list of dict, str)
+        The objects and the name of the renderer that produced them.
+
+    Raises
+    ------
+    ReleaseError
+        If the requested tool is missing or exits non-zero.
+    KustomizeError
+        If the built-in renderer cannot render the kustomization.
+    """
+    command = None if renderer == "builtin" else _kustomize_command(renderer)
+    if command is None:
+        return build_kustomization(directory), "builtin"
+    result = subprocess.run(  # a fixed argv, no shell
+        [*command, str(directory)], capture_output=True, text=True, check=False, timeout=120
+    )
+    if result.returncode != 0:
+        raise ReleaseError(f"{' '.join(command)} {directory} failed: {result.stderr.strip()}")
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    return objects, " ".join(command)
+
+
+def _manager_container(objects: Iterable[Obj]) -> Obj:
+    """Return the container ``manager`` of the install's only Deployment."""
+    deployments = [obj for obj in objects if obj["kind"] == "Deployment"]
+    if len(deployments) != 1:
+        raise ReleaseError(f"expected exactly one Deployment, found {len(deployments)}")
+    containers: list[Obj] = deployments[0]["spec"]["template"]["spec"].get("containers") or []
+    managers = [c for c in containers if c.get("name") == "manager"]
+    if len(managers) != 1:
+        raise ReleaseError("the Deployment must have one container named 'manager' (clusterctl)")
+    return managers[0]
+
+
+def render_components(
+    objects: Sequence[Obj], *, version: str, image_repository: str = DEFAULT_IMAGE_REPOSITORY
+) -> list[Obj]:
+    """Turn the rendered install into the clusterctl components (with variables).
+
+    The manager image becomes ``${IPAM_BRIDGE_IMAGE:=<repository>:<version>}`` and each env
+    variable of :data:`CLUSTERCTL_VARIABLES` becomes ``${<variable>:=<value in deploy/>}``
+    (``IPAM_BRIDGE_NAMESPACE`` -> ``${IPAM_BRIDGE_NAMESPACE_SCOPE:=}``: empty = watch all
+    namespaces, clusterctl's default). Then the clusterctl rules are checked.
+
+    Parameters
+    ----------
+    objects : sequence of dict
+        The kustomize install (not changed).
+    version : str
+        Release version, e.g. ``"v0.1.0"``: the default image tag.
+    image_repository : str
+        Image repository of the manager.
+
+    Returns
+    -------
+    list of dict
+        The components, in the order given.
+
+    Raises
+    ------
+    ReleaseError
+        If a rule of clusterctl's contract is broken: not exactly one Namespace, an object
+        without the provider label, a namespaced object outside the Namespace, no Deployment
+        with a container ``manager``, or a variable env entry missing from the Deployment.
+    """
+    components = copy.deepcopy(list(objects))
+    manager = _manager_container(components)
+    manager["image"] = f"${{{IMAGE_VARIABLE}:={image_repository}:{version}}}"
+    env = {entry["name"]: entry for entry in manager.get("env") or []}
+    for env_name, variable in CLUSTERCTL_VARIABLES.items():
+        if env_name not in env or "value" not in env[env_name]:
+            raise ReleaseError(f"the manager container has no env {env_name} with a value")
+        env[env_name]["value"] = f"${{{variable}:={env[env_name]['value']}}}"
+
+    namespaces = [obj for obj in components if obj["kind"] == "Namespace"]
+    if len(namespaces) != 1:
+        raise ReleaseError(f"clusterctl needs exactly one Namespace, found {len(namespaces)}")
+    namespace = namespaces[0]["metadata"]["name"]
+    key, value = PROVIDER_LABEL
+    for obj in components:
+        meta = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(key) != value:
+            raise ReleaseError(f"{_object_id(obj)} lacks the label {key}={value}")
+        if meta.get("namespace") not in (None, namespace):
+            raise ReleaseError(f"{_object_id(obj)} is outside the namespace {namespace}")
+    return components
+
+
+def metadata_document(version: str, contract: str = CONTRACT) -> Obj:
+    """Return clusterctl's ``metadata.yaml`` for ``version``.
+
+    Parameters
+    ----------
+    version : str
+        ``vMAJOR.MINOR.PATCH`` (a pre-release suffix is allowed).
+    contract : str
+        The CAPI contract of the series (``v1beta2`` for CAPI >= 1.11).
+
+    Returns
+    -------
+    dict
+        ``apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3``, ``kind: Metadata`` and one
+        ``releaseSeries`` entry ``{major, minor, contract}`` (clusterctl >= 1.11 refuses a
+        release whose series is missing).
+
+    Raises
+    ------
+    ReleaseError
+        If ``version`` is not semantic.
+    """
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?", version)
+    if match is None:
+        raise ReleaseError(f"version {version!r} is not vMAJOR.MINOR.PATCH")
+    return {
+        "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+        "kind": "Metadata",
+        "releaseSeries": [
+            {"major": int(match.group(1)), "minor": int(match.group(2)), "contract": contract}
+        ],
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML dumper that double-quotes strings holding a clusterctl variable.
+
+    Without quotes, ``value: ${IPAM_BRIDGE_WORKERS:=10}`` would become the integer ``10``
+    after clusterctl's substitution, which a Deployment env ``value`` does not accept.
+    """
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = '"' if "${" in data else ("|" if "\n" in data else None)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_documents(objects: Iterable[Obj], header: str = "") -> str:
+    """Serialise objects as one multi-document YAML stream.
+
+    Parameters
+    ----------
+    objects : iterable of dict
+        The objects, written in this order, keys sorted (as kustomize writes them, so the
+        output does not depend on the renderer).
+    header : str
+        Comment lines written first (each line is prefixed with ``# ``).
+
+    Returns
+    -------
+    str
+        The YAML text; strings containing ``${`` are double-quoted (see :class:`_Dumper`).
+    """
+    lines = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    body = yaml.dump_all(
+        list(objects), Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000
+    )
+    return lines + body
+
+
+def chart_files(objects: Iterable[Obj]) -> dict[str, str]:
+    """Return the generated files of the Helm chart: ``{path relative to the chart: text}``.
+
+    - ``crds/<crd name>.yaml``: every CustomResourceDefinition of the install, as it is (with
+      the provider label), so that the chart installs the same CRDs as
+      ``kubectl apply -k deploy/`` (Helm installs ``crds/`` before the templates and never
+      upgrades or deletes them);
+    - ``files/clusterrole-rules.yaml``: the rules of the install's ClusterRole, which
+      ``templates/clusterrole.yaml`` includes, so that the chart's RBAC cannot drift from
+      ``deploy/manager/rbac.yaml``.
+
+    Parameters
+    ----------
+    objects : iterable of dict
+        The kustomize install.
+
+    Returns
+    -------
+    dict of str to str
+        Relative path (POSIX) to content.
+
+    Raises
+    ------
+    ReleaseError
+        If the install has not exactly one ClusterRole.
+    """
+    objects = list(objects)
+    header = "Generated by deploy/release_manifests.py from deploy/ (make release-manifests)."
+    files = {
+        f"crds/{obj['metadata']['name']}.yaml": dump_documents([obj], header=header)
+        for obj in objects
+        if obj["kind"] == "CustomResourceDefinition"
+    }
+    roles = [obj for obj in objects if obj["kind"] == "ClusterRole"]
+    if len(roles) != 1:
+        raise ReleaseError(f"expected exactly one ClusterRole, found {len(roles)}")
+    files["files/clusterrole-rules.yaml"] = dump_documents(
+        [roles[0]["rules"]],
+        header=header + "\nThe rules of deploy/manager/rbac.yaml; see the comments there.",
+    )
+    return files
+
+
+def sync_chart(objects: Iterable[Obj], chart_dir: Path = CHART_DIR, *, check: bool) -> list[str]:
+    """Write (or, with ``check``, compare) the generated files of the Helm chart.
+
+    Parameters
+    ----------
+    objects : iterable of dict
+        The kustomize install.
+    chart_dir : pathlib.Path
+        The chart directory (holding ``Chart.yaml``).
+    check : bool
+        Only compare: write nothing.
+
+    Returns
+    -------
+    list of str
+        Paths (relative to the chart) that differ: missing, changed, or stale files in
+        ``crds/``; empty when in sync. Without ``check`` they have been written (stale
+        ``crds/`` files removed).
+
+    Raises
+    ------
+    ReleaseError
+        As :func:`chart_files`.
+    """
+    wanted = chart_files(objects)
+    crds_dir = chart_dir / "crds"
+    present = (
+        {f"crds/{path.name}" for path in crds_dir.glob("*.yaml")} if crds_dir.is_dir() else set()
+    )
+    stale = present - set(wanted)
+    differing = sorted(
+        {
+            name
+            for name, text in wanted.items()
+            if not (chart_dir / name).is_file()
+            or (chart_dir / name).read_text(encoding="utf-8") != text
+        }
+        | stale
+    )
+    if not check:
+        for name in stale:
+            (chart_dir / name).unlink()
+        for name, text in wanted.items():
+            (chart_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (chart_dir / name).write_text(text, encoding="utf-8")
+    return differing
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build the release artifacts; the command-line entry point.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments (default ``sys.argv[1:]``); see ``--help``.
+
+    Returns
+    -------
+    int
+        0 on success; 1 with ``--check-chart`` when the chart's generated files are out of
+        date.
+
+    Raises
+    ------
+    ReleaseError
+        If the install cannot be rendered or breaks a clusterctl rule.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "out", help="output directory")
+    parser.add_argument("--version", default=None, help="release version (default: pyproject)")
+    parser.add_argument("--image-repository", default=DEFAULT_IMAGE_REPOSITORY)
+    parser.add_argument(
+        "--renderer", choices=("auto", "builtin", "kustomize", "kubectl"), default="auto"
+    )
+    parser.add_argument(
+        "--check-chart", action="store_true", help="only check the chart's generated files"
+    )
+    parser.add_argument(
+        "--skip-chart", action="store_true", help="do not update the chart's generated files"
+    )
+    args = parser.parse_args(argv)
+    version = args.version or project_version()
+
+    objects, used = render_kustomization(DEPLOY_DIR, args.renderer)
+    if args.check_chart:
+        differing = sync_chart(objects, check=True)
+        for name in differing:
+            print(f"out of date: {CHART_DIR / name} (run make release-manifests)")
+        return 1 if differing else 0
+
+    components = render_components(objects, version=version, image_repository=args.image_repository)
+    args.out.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"ipam-bridge {version}: clusterctl components (IPAMProvider), rendered from deploy/ "
+        f"by deploy/release_manifests.py ({used}).\n"
+        f"Variables: {IMAGE_VARIABLE}, " + ", ".join(CLUSTERCTL_VARIABLES.values())
+    )
+    (args.out / "ipam-components.yaml").write_text(
+        dump_documents(components, header=header), encoding="utf-8"
+    )
+    (args.out / "metadata.yaml").write_text(
+        dump_documents([metadata_document(version)]), encoding="utf-8"
+    )
+    changed = [] if args.skip_chart else sync_chart(objects, check=False)
+    print(f"wrote {args.out / 'ipam-components.yaml'} and {args.out / 'metadata.yaml'} ({used})")
+    for name in changed:
+        print(f"updated {CHART_DIR / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,586 @@
+"""Install artifacts: deploy/ (kustomize), clusterctl release files, Helm chart, image."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from bridge.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "ipam-bridge"
+NAMESPACE = "ipam-bridge-system"
+PROVIDER = ("cluster.x-k8s.io/provider", "ipam-bridge")
+# Kubernetes versions the manifests must be valid for: the oldest with CEL rules on by
+# default (our CRDs use x-kubernetes-validations) and the newest kubernetes-validate knows.
+K8S_VERSIONS = ("1.25", kubernetes_validate.utils.latest_version())
+HELM_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+}
+
+# What the manager may do, (apiGroup, resource) -> verbs; from the assignment, trimmed where
+# kopf 1.45 and bridge/kube.py were checked to need less (see deploy/manager/rbac.yaml).
+EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims"): {"get", "list", "watch", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims/status"): {"get", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "ipaddresses"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+        "delete",
+    },
+    ("ipam.cluster.x-k8s.io", "phpipamippools"): {"get", "list", "watch", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "infobloxippools"): {"get", "list", "watch", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "phpipamippools/status"): {"get", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "infobloxippools/status"): {"get", "patch", "update"},
+    ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch"},
+    ("", "secrets"): {"get"},
+    ("", "events"): {"create"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+}
+CLUSTERCTL_VARIABLES = {
+    "IPAM_BRIDGE_IMAGE",
+    "IPAM_BRIDGE_NAMESPACE_SCOPE",
+    "IPAM_BRIDGE_WORKERS",
+    "IPAM_BRIDGE_LOG_LEVEL",
+    "IPAM_BRIDGE_LOG_FORMAT",
+}
+
+
+def _load_release_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "release_manifests", DEPLOY / "release_manifests.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["release_manifests"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+rm = _load_release_module()
+
+
+def _kustomize_tool() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def _helm() -> str | None:
+    return os.environ.get("HELM") or shutil.which("helm")
+
+
+def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [obj for obj in objects if obj["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _manager(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "manager")
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def _envsubst(text: str, values: dict[str, str]) -> str:
+    """clusterctl's substitution (drone/envsubst) for the forms the components use."""
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(3)
+        return values.get(name, default if default is not None else "")
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:=([^}]*))?\}", replace, text)
+
+
+def _validate(obj: dict[str, Any], crds: list[dict[str, Any]]) -> None:
+    """Validate against the Kubernetes schemas; custom kinds against their CRD in the install."""
+    group = obj["apiVersion"].rsplit("/", 1)[0] if "/" in obj["apiVersion"] else ""
+    crd = next(
+        (
+            c
+            for c in crds
+            if c["spec"]["group"] == group and c["spec"]["names"]["kind"] == obj["kind"]
+        ),
+        None,
+    )
+    if crd is not None:
+        version = obj["apiVersion"].rsplit("/", 1)[1]
+        assert any(v["name"] == version and v["served"] for v in crd["spec"]["versions"])
+        namespaced = crd["spec"]["scope"] == "Namespaced"
+        assert ("namespace" in obj["metadata"]) == namespaced, obj["metadata"]
+        return
+    for k8s in K8S_VERSIONS:
+        kubernetes_validate.validate(obj, k8s, strict=True)
+
+
+@pytest.fixture(scope="module")
+def install() -> list[dict[str, Any]]:
+    """deploy/ rendered by the built-in renderer (what the release uses without kustomize)."""
+    return rm.build_kustomization(DEPLOY)
+
+
+@pytest.fixture(scope="module")
+def components_text(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("out")
+    assert rm.main(["--out", str(out), "--renderer", "builtin", "--skip-chart"]) == 0
+    return (out / "ipam-components.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def metadata(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("out")
+    assert rm.main(["--out", str(out), "--renderer", "builtin", "--skip-chart"]) == 0
+    return yaml.safe_load((out / "metadata.yaml").read_text())
+
+
+# --- the kustomize install ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(_kustomize_tool() is None, reason="neither kustomize nor kubectl on PATH")
+def test_builtin_renderer_matches_kustomize(install: list[dict[str, Any]]) -> None:
+    tool = _kustomize_tool()
+    assert tool is not None
+    result = subprocess.run(
+        [*tool, str(DEPLOY)], capture_output=True, text=True, check=True, timeout=120
+    )
+    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+    assert rendered == install
+
+
+def test_builtin_renderer_follows_kustomize_transformers(tmp_path: Path) -> None:
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "kustomization.yaml").write_text(
+        "namespace: target\nresources: [objects.yaml]\n"
+    )
+    (tmp_path / "base" / "objects.yaml").write_text(
+        """
+apiVersion: v1
+kind: Namespace
+metadata: {name: original}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: sa, namespace: original}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: crb}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: r}
+subjects: [{kind: ServiceAccount, name: sa, namespace: original},
+           {kind: ServiceAccount, name: elsewhere, namespace: kube-system}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+spec:
+  selector: {matchLabels: {app: d}}
+  template: {metadata: {labels: {app: d}}, spec: {containers: [{name: c, image: i}]}}
+"""
+    )
+    (tmp_path / "kustomization.yaml").write_text(
+        "labels:\n- pairs: {team: x}\n  includeTemplates: true\nresources: [base]\n"
+    )
+    objects = {obj["kind"]: obj for obj in rm.build_kustomization(tmp_path)}
+    assert objects["Namespace"]["metadata"] == {"name": "target", "labels": {"team": "x"}}
+    assert objects["ServiceAccount"]["metadata"]["namespace"] == "target"
+    assert "namespace" not in objects["ClusterRoleBinding"]["metadata"]
+    subjects = objects["ClusterRoleBinding"]["subjects"]
+    assert [s["namespace"] for s in subjects] == ["target", "kube-system"]
+    deployment = objects["Deployment"]
+    assert deployment["spec"]["template"]["metadata"]["labels"] == {"app": "d", "team": "x"}
+    assert deployment["spec"]["selector"]["matchLabels"] == {"app": "d"}  # includeSelectors off
+    assert list(objects) == ["Namespace", "ServiceAccount", "ClusterRoleBinding", "Deployment"]
+
+
+@pytest.mark.parametrize(
+    ("kustomization", "message"),
+    [
+        ("resources: [a.yaml]\npatches: []\n", "not supported"),
+        ("resources: [missing.yaml]\n", "not found"),
+        ("resources: [a.yaml, a.yaml]\n", "duplicate"),
+        ("resources: ['https://example.invalid/x']\n", "remote"),
+    ],
+)
+def test_builtin_renderer_refuses_what_it_cannot_render(
+    tmp_path: Path, kustomization: str, message: str
+) -> None:
+    (tmp_path / "kustomization.yaml").write_text(kustomization)
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
+    with pytest.raises(rm.KustomizeError, match=message):
+        rm.build_kustomization(tmp_path)
+
+
+def test_install_objects_are_valid_kubernetes_objects(install: list[dict[str, Any]]) -> None:
+    crds = [obj for obj in install if obj["kind"] == "CustomResourceDefinition"]
+    for obj in install:
+        _validate(obj, crds)
+    kinds = {obj["kind"] for obj in install}
+    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    assert {"Deployment", "Service", "ClusterKopfPeering"} <= kinds
+
+
+def test_install_has_the_crds_and_one_namespace(install: list[dict[str, Any]]) -> None:
+    crds = {obj["metadata"]["name"] for obj in install if obj["kind"] == "CustomResourceDefinition"}
+    assert crds == {
+        "phpipamippools.ipam.cluster.x-k8s.io",
+        "infobloxippools.ipam.cluster.x-k8s.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
+    assert _one(install, "Namespace")["metadata"]["name"] == NAMESPACE
+    assert not [obj for obj in install if "ipaddressclaims" in obj["metadata"]["name"]]
+
+
+def test_every_object_is_labelled_and_in_the_right_scope(install: list[dict[str, Any]]) -> None:
+    cluster_kinds = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    cluster_kinds |= {
+        crd["spec"]["names"]["kind"]
+        for crd in install
+        if crd["kind"] == "CustomResourceDefinition" and crd["spec"]["scope"] == "Cluster"
+    }
+    for obj in install:
+        meta = obj["metadata"]
+        assert meta["labels"][PROVIDER[0]] == PROVIDER[1], meta["name"]
+        if obj["kind"] in cluster_kinds:
+            assert "namespace" not in meta, meta["name"]
+        else:
+            assert meta["namespace"] == NAMESPACE, meta["name"]
+
+
+def test_rbac_grants_exactly_the_listed_verbs(install: list[dict[str, Any]]) -> None:
+    role = _one(install, "ClusterRole")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames/nonResourceURLs
+        for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
+            assert "*" not in value
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert (group, resource) not in granted, f"{group}/{resource} listed twice"
+                granted[(group, resource)] = set(rule["verbs"])
+    assert granted == EXPECTED_RULES
+    assert not [obj for obj in install if obj["kind"] in ("Role", "RoleBinding")]
+
+
+def test_rbac_is_bound_to_the_manager_service_account(install: list[dict[str, Any]]) -> None:
+    binding = _one(install, "ClusterRoleBinding")
+    account = _one(install, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": _one(install, "ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = _one(install, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_rbac_comments_one_per_rule() -> None:
+    text = (DEPLOY / "manager" / "rbac.yaml").read_text()
+    rules_block = text.split("rules:", 1)[1].split("---", 1)[0]
+    lines = rules_block.splitlines()
+    for index, line in enumerate(lines):
+        if line.strip().startswith("- apiGroups"):
+            assert lines[index - 1].strip().startswith("#"), f"rule without comment: {line}"
+
+
+def test_deployment_runs_one_hardened_manager(install: list[dict[str, Any]]) -> None:
+    deployment = _one(install, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert [c["name"] for c in pod["containers"]] == ["manager"]
+    manager = pod["containers"][0]
+    security = manager["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]
+    resources = manager["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"} == set(resources["limits"])
+    mounts = {m["mountPath"]: m["name"] for m in manager["volumeMounts"]}
+    assert set(mounts) == {"/tmp"}
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"])
+    assert "emptyDir" in volume
+
+
+def test_deployment_probe_ports_and_env(install: list[dict[str, Any]]) -> None:
+    manager = _manager(install)
+    ports = {p["name"]: p["containerPort"] for p in manager["ports"]}
+    assert ports == {"metrics": 8080, "healthz": 8081}
+    probe = manager["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    assert ports[probe["port"]] == 8081
+    env = _env(manager)
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == ""
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["IPAM_BRIDGE_METRICS_PORT"]["value"] == str(ports["metrics"])
+    assert env["IPAM_BRIDGE_HEALTH_PORT"]["value"] == str(ports["healthz"])
+    peering = _one(install, "ClusterKopfPeering")
+    assert env["IPAM_BRIDGE_PEERING_NAME"]["value"] == peering["metadata"]["name"]
+
+
+def test_deployment_env_are_valid_settings(
+    install: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {
+        name: entry["value"]
+        for name, entry in _env(_manager(install)).items()
+        if name.startswith("IPAM_BRIDGE_")
+    }
+    fields = {f"IPAM_BRIDGE_{name.upper()}" for name in Settings.model_fields}
+    assert set(env) <= fields, set(env) - fields
+    for name in list(os.environ):
+        if name.startswith("IPAM_BRIDGE_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.namespace == ""
+    assert (settings.metrics_port, settings.health_port) == (8080, 8081)
+    assert settings.standalone is False
+
+
+def test_metrics_service_targets_the_manager(install: list[dict[str, Any]]) -> None:
+    service = _one(install, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    template_labels = _one(install, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    selector = _one(install, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template_labels.items()
+
+
+# --- clusterctl release files ------------------------------------------------------------
+
+
+def test_metadata_has_the_release_series(metadata: Any) -> None:
+    assert metadata == {
+        "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+        "kind": "Metadata",
+        "releaseSeries": [{"major": 0, "minor": 1, "contract": "v1beta2"}],
+    }
+    with pytest.raises(rm.ReleaseError):
+        rm.metadata_document("latest")
+
+
+def test_components_follow_the_clusterctl_rules(components_text: str) -> None:
+    objects = [doc for doc in yaml.safe_load_all(components_text) if doc is not None]
+    assert len([obj for obj in objects if obj["kind"] == "Namespace"]) == 1
+    for obj in objects:
+        assert obj["metadata"]["labels"][PROVIDER[0]] == PROVIDER[1]
+    manager = _manager(objects)
+    assert manager["image"] == "${IPAM_BRIDGE_IMAGE:=ghcr.io/ipam-bridge/ipam-bridge:v0.1.0}"
+    assert _env(manager)["IPAM_BRIDGE_NAMESPACE"]["value"] == "${IPAM_BRIDGE_NAMESPACE_SCOPE:=}"
+
+
+def test_components_use_only_known_variables(components_text: str) -> None:
+    # clusterctl (drone/envsubst) substitutes ${NAME...} and $NAME: only ours may appear.
+    braced = set(re.findall(r"\$\{\s*([A-Za-z0-9_]+)", components_text))
+    assert braced == CLUSTERCTL_VARIABLES
+    assert not re.findall(r"\$[A-Za-z_]", components_text)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"IPAM_BRIDGE_WORKERS": "25", "IPAM_BRIDGE_NAMESPACE_SCOPE": "capi-clusters"}],
+)
+def test_components_after_substitution_equal_the_install(
+    components_text: str, install: list[dict[str, Any]], values: dict[str, str]
+) -> None:
+    objects = [doc for doc in yaml.safe_load_all(_envsubst(components_text, values)) if doc]
+    crds = [obj for obj in objects if obj["kind"] == "CustomResourceDefinition"]
+    for obj in objects:
+        _validate(obj, crds)  # env values stayed strings ("10", not 10)
+    env = _env(_manager(objects))
+    assert env["IPAM_BRIDGE_WORKERS"]["value"] == values.get("IPAM_BRIDGE_WORKERS", "10")
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == values.get("IPAM_BRIDGE_NAMESPACE_SCOPE", "")
+    if not values:
+        assert objects == install
+
+
+def test_components_rules_are_enforced(install: list[dict[str, Any]]) -> None:
+    unlabelled = [dict(obj) for obj in install]
+    unlabelled[-1] = {**unlabelled[-1], "metadata": {"name": "x"}}
+    with pytest.raises(rm.ReleaseError, match="label"):
+        rm.render_components(unlabelled, version="v0.1.0")
+    no_namespace = [obj for obj in install if obj["kind"] != "Namespace"]
+    with pytest.raises(rm.ReleaseError, match="Namespace"):
+        rm.render_components(no_namespace, version="v0.1.0")
+
+
+def test_clusterctl_example_names_the_provider() -> None:
+    config = yaml.safe_load((DEPLOY / "clusterctl.yaml.example").read_text())
+    (provider,) = config["providers"]
+    assert provider["name"] == "bridge"  # clusterctl's label for it: ipam-bridge
+    assert provider["type"] == "IPAMProvider"
+    assert provider["url"].startswith("https://github.com/")
+    assert provider["url"].endswith("/ipam-components.yaml")
+
+
+# --- Helm chart --------------------------------------------------------------------------
+
+
+def test_chart_generated_files_are_in_sync(install: list[dict[str, Any]]) -> None:
+    assert rm.sync_chart(install, CHART, check=True) == [], "run `make release-manifests`"
+
+
+def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert f"v{chart['appVersion']}" == rm.project_version()
+    manager = _manager(install)
+    assert f"{values['image']['repository']}:v{chart['appVersion']}" == manager["image"]
+    assert values["resources"] == manager["resources"]
+    env = _env(manager)
+    for key, value in values["settings"].items():
+        assert env[f"IPAM_BRIDGE_{key.upper()}"]["value"] == str(value)
+    assert values["watchNamespace"] == env["IPAM_BRIDGE_NAMESPACE"]["value"]
+    assert values["peering"]["name"] == _one(install, "ClusterKopfPeering")["metadata"]["name"]
+    assert values["metrics"]["port"] == 8080
+    assert values["health"]["port"] == 8081
+
+
+def _strip_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
+    for meta in (obj["metadata"], obj.get("spec", {}).get("template", {}).get("metadata")):
+        if meta and "labels" in meta:
+            meta["labels"] = {k: v for k, v in meta["labels"].items() if k not in HELM_LABELS}
+    return obj
+
+
+def _helm_template(*args: str) -> list[dict[str, Any]]:
+    helm = _helm()
+    assert helm is not None
+    result = subprocess.run(
+        [helm, "template", "ipam-bridge", str(CHART), "--namespace", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_helm_template_equals_the_install(install: list[dict[str, Any]]) -> None:
+    rendered = [_strip_helm_labels(obj) for obj in _helm_template("--include-crds")]
+    expected = [obj for obj in install if obj["kind"] != "Namespace"]
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert sorted(rendered, key=key) == sorted(expected, key=key)
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_helm_values_reach_the_manager() -> None:
+    rendered = _helm_template(
+        "--set",
+        "watchNamespace=capi",
+        "--set",
+        "image.tag=v9.9.9",
+        "--set",
+        "settings.retry_attempts=7",
+        "--set",
+        "metrics.service.enabled=false",
+    )
+    manager = _manager(rendered)
+    env = _env(manager)
+    assert manager["image"] == "ghcr.io/ipam-bridge/ipam-bridge:v9.9.9"
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == "capi"
+    assert env["IPAM_BRIDGE_RETRY_ATTEMPTS"]["value"] == "7"
+    assert not [obj for obj in rendered if obj["kind"] == "Service"]
+
+
+# --- image -------------------------------------------------------------------------------
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_dockerfile_builds_a_slim_non_root_image(install: list[dict[str, Any]]) -> None:
+    instructions = _dockerfile_instructions()
+    stages = [arg for op, arg in instructions if op == "FROM"]
+    assert len(stages) == 2 and stages[0].endswith("AS builder")
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in [f"{op} {arg}" for op, arg in instructions]
+    runtime = instructions[[op for op, _ in instructions].index("FROM", 2) :]
+    (user,) = [arg for op, arg in runtime if op == "USER"]
+    uid, gid = (int(part) for part in user.split(":"))
+    assert uid > 0 and gid > 0
+    pod_security = _one(install, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (uid, gid)
+    assert ("ENTRYPOINT", '["ipam-bridge", "run"]') in runtime
+    assert ("EXPOSE", "8080 8081") in runtime
+    env = " ".join(arg for op, arg in runtime if op == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    assert any(op == "COPY" and arg.startswith("--from=builder /opt/venv") for op, arg in runtime)
+    installs = " ".join(arg for op, arg in instructions if op == "RUN" and "pip install" in arg)
+    assert "-c constraints.txt" in installs
+    assert "pip install --no-deps ." in installs
+    assert not re.search(r"\.\[\w", installs)  # no extras (test, lint, demo)
+
+
+def test_dockerignore_keeps_what_the_build_copies() -> None:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    assert patterns[0] == "*"
+    copied = set()
+    for op, arg in _dockerfile_instructions():
+        if op == "COPY" and not arg.startswith("--from"):
+            copied.update(part.rstrip("*") for part in arg.split()[:-1])
+    assert copied <= allowed
+    assert {"bridge", "backends", "pyproject.toml", "constraints.txt"} <= copied
+
+
+def test_makefile_has_the_release_targets() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^image:.*\n\tdocker build -t \$\(IMG\) \.$", makefile, re.M)
+    assert re.search(r"^release-manifests:.*\n\t.*deploy/release_manifests\.py", makefile, re.M)
+    assert re.search(r"^IMG \?= .*ghcr\.io/ipam-bridge/ipam-bridge|^IMG_REPO \?= ", makefile, re.M)

@@ -323,11 +323,16 @@ def build_backend(
     Raises
     ------
     PoolError
-        ``CredentialsNotFound`` when the Secret lacks the keys the pool kind needs.
+        ``CredentialsNotFound`` when the Secret lacks the keys the pool kind needs;
+        ``InvalidSpec`` when the client refuses the configuration (e.g. credentials in the
+        endpoint URL).
     """
-    return _FACTORIES[pool.kind](
-        pool, secret, _verify(pool, ca_pem), timeout_seconds, retry
-    )
+    try:
+        return _FACTORIES[pool.kind](
+            pool, secret, _verify(pool, ca_pem), timeout_seconds, retry
+        )
+    except ValueError as exc:  # the client's own checks of its configuration
+        raise _invalid(f"{pool.display}: {exc}") from exc
 
 
 def pool_status(

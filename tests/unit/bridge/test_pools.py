@@ -122,3 +122,13 @@ def test_pool_failed_status():
     assert (ready["status"], ready["reason"], ready["message"]) == (
         "False", "AuthenticationFailed", "wrong password")
     assert status["observedGeneration"] == 4
+
+
+@pytest.mark.parametrize("endpoint", ["https://user:pw@ipam.example.com/api",
+                                      "https://ipam.example.com/api?x=1"])
+def test_client_refusals_become_invalid_spec(endpoint):
+    with pytest.raises(PoolError) as info:
+        build_backend(parse_pool(php_pool(endpoint=endpoint)), {"token": "t"}, None,
+                      timeout_seconds=1, retry=RetryPolicy())
+    assert info.value.reason == "InvalidSpec"
+    assert "pw" not in info.value.message

@@ -1,0 +1,842 @@
+"""phpIPAM REST API client for one subnet: the `IPAMBackend` behind a ``PHPIPAMIPPool``."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Final, TypeVar
+from urllib.parse import quote, urlsplit
+
+import requests
+from requests.auth import HTTPBasicAuth
+
+from backends.base import Allocation, SubnetInfo
+from backends.errors import (
+    AuthenticationFailedError,
+    BackendError,
+    BackendUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    SubnetExhaustedError,
+    SubnetNotFoundError,
+)
+from backends.retry import RetryPolicy
+
+__all__ = [
+    "DESCRIPTION_MAX_CHARS",
+    "RESERVED_NETWORK_DESCRIPTION",
+    "RESERVED_NETWORK_HOSTNAME",
+    "PHPIPAMBackend",
+    "PHPIPAMConfig",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: phpIPAM's ``ipaddresses.description`` column is ``varchar(64)``; MariaDB strict mode
+#: rejects longer values with a 500, so descriptions are cut to this many characters.
+DESCRIPTION_MAX_CHARS: Final = 64
+
+#: Hostname given to the IPv6 subnet-router anycast address (``prefix::``) that phpIPAM hands
+#: out as the first "free" address of an IPv6 subnet (phpipam#3676); the row is kept so
+#: that phpIPAM never offers the address again.
+RESERVED_NETWORK_HOSTNAME: Final = "ipam-bridge-reserved-network-address"
+
+#: Description stored with that row (at most `DESCRIPTION_MAX_CHARS` characters).
+RESERVED_NETWORK_DESCRIPTION: Final = (
+    "ipam-bridge: IPv6 subnet-router anycast address, never assign"
+)
+
+# "Not found" answers of lookups (search_hostname, DELETE by id): results, not errors.
+# phpIPAM >= 1.5 sends them as 404, <= 1.4 as HTTP 200 with success false.
+_NOT_FOUND_MESSAGES: Final = frozenset(
+    {"hostname not found", "address does not exist", "no addresses found"}
+)
+
+_MESSAGE_MAX_CHARS: Final = 200
+
+
+def _default_user_agent() -> str:
+    try:
+        return f"ipam-bridge/{metadata.version('ipam-bridge')}"
+    except metadata.PackageNotFoundError:
+        return "ipam-bridge"
+
+
+@dataclass(frozen=True)
+class PHPIPAMConfig:
+    """Where and how to reach one phpIPAM subnet.
+
+    Attributes
+    ----------
+    endpoint:
+        API base URL such as ``https://ipam.example.com/api``; requests go to
+        ``<endpoint>/<app_id>/<controller>/...``. Must be http(s) without user info,
+        query or fragment.
+    app_id:
+        The phpIPAM API app id (Administration > API).
+    subnet_id:
+        The phpIPAM subnet id. Exactly one of `subnet_id` and `subnet` is set.
+    subnet:
+        The subnet in CIDR notation (``10.20.0.0/24``), resolved once with
+        ``GET subnets/cidr/{net}/{mask}/``; host bits must be zero.
+    section_id:
+        Optional section id that narrows the CIDR lookup when several sections (or VRFs)
+        hold the same CIDR.
+    username, password:
+        phpIPAM user for the user token login (``POST /user/`` with HTTP Basic).
+        Either both of these or `app_code` are set.
+    app_code:
+        The app code token of an app with security "SSL with App code token"; sent as
+        the ``token`` header, no login.
+    verify:
+        TLS verification: True (default, system CAs), False (off), or the path of a CA
+        bundle (PEM).
+    timeout_seconds:
+        Connect and read timeout of each HTTP request, in seconds.
+    retry:
+        The retry policy every operation runs under.
+    skip_ipv6_network_address:
+        When phpIPAM hands out an IPv6 subnet's network address (``prefix::``), keep the
+        row under `RESERVED_NETWORK_HOSTNAME` and take the next address.
+    login_retry_after_seconds:
+        After a refused login, calls fail with the same error for this many seconds
+        without trying again: phpIPAM blocks the client's IP address for 5 minutes after
+        more than 10 failed logins within 5 minutes, for every user.
+    user_agent:
+        The ``User-Agent`` header.
+
+    Raises
+    ------
+    ValueError
+        From the constructor when the combination of fields is invalid (see above).
+
+    Notes
+    -----
+    ``password`` and ``app_code`` are left out of ``repr()``, so logging a config never
+    shows them.
+
+    """
+
+    endpoint: str
+    app_id: str
+    subnet_id: int | None = None
+    subnet: str | None = None
+    section_id: int | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    app_code: str | None = field(default=None, repr=False)
+    verify: bool | str = True
+    timeout_seconds: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    skip_ipv6_network_address: bool = True
+    login_retry_after_seconds: float = 60.0
+    user_agent: str = field(default_factory=_default_user_agent)
+
+    def __post_init__(self) -> None:
+        url = urlsplit(self.endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("endpoint must be an http:// or https:// URL")
+        if url.username is not None or url.password is not None:
+            raise ValueError("endpoint must not carry credentials; use username/password")
+        if url.query or url.fragment:
+            raise ValueError("endpoint must not have a query or fragment")
+        if not self.app_id or "/" in self.app_id:
+            raise ValueError("app_id must be a non-empty name without '/'")
+        if (self.subnet_id is None) == (self.subnet is None):
+            raise ValueError("set exactly one of subnet_id and subnet")
+        if self.subnet_id is not None and self.subnet_id <= 0:
+            raise ValueError("subnet_id must be a positive integer")
+        if self.subnet is not None:
+            try:
+                ipaddress.ip_network(self.subnet, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"subnet is not a valid CIDR network: {exc}") from None
+        user_login = bool(self.username) and bool(self.password)
+        if user_login == bool(self.app_code) or (
+            not user_login and (self.username or self.password)
+        ):
+            raise ValueError("set either username and password, or app_code (not both)")
+        if self.timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
+        if self.login_retry_after_seconds < 0:
+            raise ValueError("login_retry_after_seconds must not be negative")
+
+    @property
+    def base_url(self) -> str:
+        """``<endpoint>/<app_id>``, the prefix of every request URL."""
+        return f"{self.endpoint.rstrip('/')}/{quote(self.app_id, safe='')}"
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One HTTP answer: status, the API envelope (None when the body is not one)."""
+
+    status: int
+    envelope: dict[str, Any] | None
+    content_type: str
+    location: str | None
+
+
+@dataclass(frozen=True)
+class _SubnetFacts:
+    id: int
+    network: IPNetwork
+    gateway: str | None
+
+
+@dataclass(frozen=True)
+class _Row:
+    """An address row of a ``search_hostname`` answer that lies in the pool's subnet."""
+
+    id: int
+    raw_ip: str
+    hostname: str
+
+
+class PHPIPAMBackend:
+    """`backends.base.IPAMBackend` for one phpIPAM subnet, on a `requests.Session`.
+
+    Thread-safe: the token is shared by every thread and (re)obtained under a lock, and the
+    session keeps no cookies. Every public method runs under ``config.retry``: transient
+    errors and lost allocation races are retried there, everything else is raised at once.
+
+    Parameters
+    ----------
+    config:
+        Where and how to reach the subnet.
+    session:
+        An HTTP session to use instead of a new one (it is then not closed by `close`).
+
+    Notes
+    -----
+    Behaviour relied on (phpIPAM 1.4 to 1.8.2 API controllers ``User``, ``Subnets``,
+    ``Addresses``; see ``reference/phpipam-api.md`` for a real server's answers):
+
+    * answers are the envelope ``{"code", "success", "message"?, "id"?, "data"?}``; values
+      are strings or JSON numbers depending on version and settings;
+    * ``POST user/`` with HTTP Basic returns the user's token (one per user, sliding 6 h
+      expiry); an unknown or expired token gives 401 ``Unauthorized`` on other controllers;
+    * ``POST addresses/first_free/{subnetId}/`` reserves the lowest free address atomically
+      except for a race that surfaces as 409 or a 500 ``Duplicate entry``;
+    * ``addresses/search_hostname/{h}/`` matches exactly (case-insensitively) across every
+      subnet; 2nd and later rows may carry ``ip`` as a decimal integer;
+    * ``DELETE addresses/{ip}/{subnetId}/`` is broken (PHP fatal error when the address is
+      gone), so addresses are deleted by id only.
+
+    """
+
+    def __init__(self, config: PHPIPAMConfig, *, session: requests.Session | None = None) -> None:
+        self._config = config
+        self._base_url = config.base_url
+        self._owns_session = session is None
+        if session is None:
+            session = requests.Session()
+            # phpIPAM sets a PHP session cookie on every answer; the API does not use it, and
+            # a cookie-free session has no shared mutable state between threads.
+            session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        self._session = session
+        self._auth_lock = threading.Lock()
+        self._token: str | None = config.app_code
+        # (monotonic time, error) of the last refused login; see login_retry_after_seconds.
+        self._login_refused: tuple[float, AuthenticationFailedError] | None = None
+        self._subnet_lock = threading.Lock()
+        self._subnet_id: int | None = config.subnet_id
+        self._facts: _SubnetFacts | None = None
+
+    @property
+    def config(self) -> PHPIPAMConfig:
+        """The configuration this client was built from (its repr hides the secrets)."""
+        return self._config
+
+    def __repr__(self) -> str:
+        target = self._config.subnet_id or self._config.subnet
+        return f"PHPIPAMBackend(endpoint={self._config.endpoint!r}, subnet={target!r})"
+
+    def __enter__(self) -> PHPIPAMBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- public API
+
+    def describe_subnet(self) -> SubnetInfo:
+        """Return the subnet's CIDR, prefix, gateway and usage.
+
+        Uses ``GET subnets/{id}/`` (CIDR from ``subnet`` + ``mask``, gateway from
+        ``gateway.ip_addr`` when phpIPAM has a gateway address) and
+        ``GET subnets/{id}/usage/`` (total = ``maxhosts``, used = ``used``,
+        free = ``freehosts``). Also refreshes the prefix and gateway that `find` and
+        `allocate` report.
+
+        Returns
+        -------
+        SubnetInfo
+            Counts are Python ints and may exceed 2**63 for IPv6 subnets.
+
+        Raises
+        ------
+        SubnetNotFoundError
+            The subnet id or CIDR does not exist (or the CIDR matches several subnets).
+        AuthenticationFailedError, InvalidRequestError, BackendUnavailableError
+            See `backends.errors`.
+
+        """
+        return self._retry("describe_subnet", self._describe_subnet_once)
+
+    def find(self, hostname: str) -> Allocation | None:
+        """Return the address registered under ``hostname`` in this subnet, or None.
+
+        ``GET addresses/search_hostname/{hostname}/``, keeping only rows of this subnet
+        whose hostname equals ``hostname`` (case-insensitively, like phpIPAM); the oldest
+        (lowest id) row wins. The IPv6 network address reserved by this client is ignored.
+
+        Raises
+        ------
+        SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
+        BackendUnavailableError
+            See `backends.errors`.
+
+        """
+
+        def attempt() -> Allocation | None:
+            facts = self._subnet_facts()
+            usable = [r for r in self._search(hostname, facts.id) if not self._is_net(r, facts)]
+            return self._allocation(usable[0], hostname, facts) if usable else None
+
+        return self._retry("find", attempt)
+
+    def allocate(self, hostname: str, description: str) -> Allocation:
+        """Return the address of ``hostname``, registering the first free one if needed.
+
+        Searches first (an existing row is adopted, so a repeat never creates a second
+        entry), then ``POST addresses/first_free/{subnetId}/`` with JSON
+        ``{"hostname", "description"}``. A lost race (409 ``IP address already exists``,
+        500 ``Duplicate entry``) raises `ConflictError` inside the retry policy, which
+        searches again before the next POST. When `PHPIPAMConfig.skip_ipv6_network_address`
+        is set and phpIPAM hands out an IPv6 subnet's network address, that row is renamed
+        to `RESERVED_NETWORK_HOSTNAME` (``PATCH addresses/{id}/``) and the POST repeated.
+
+        Parameters
+        ----------
+        hostname:
+            The claim's key.
+        description:
+            Provenance text; cut to `DESCRIPTION_MAX_CHARS` characters.
+
+        Returns
+        -------
+        Allocation
+            ``ref`` is the phpIPAM address id as a string.
+
+        Raises
+        ------
+        SubnetExhaustedError
+            phpIPAM answered ``No free addresses found``.
+        ConflictError
+            The race was lost on every attempt of the retry policy.
+        SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
+        BackendUnavailableError
+            See `backends.errors`.
+
+        """
+        return self._retry("allocate", lambda: self._allocate_once(hostname, description))
+
+    def release(self, hostname: str) -> bool:
+        """Delete every row registered under ``hostname`` in this subnet.
+
+        Searches by hostname, then ``DELETE addresses/{id}/`` for each row of this subnet
+        (never ``addresses/{ip}/{subnetId}/``, which phpIPAM answers with a PHP fatal error
+        when the address is already gone). 404 ``Address does not exist`` counts as done.
+
+        Returns
+        -------
+        bool
+            True when this call deleted at least one row, False when there was none.
+
+        Raises
+        ------
+        SubnetNotFoundError
+            Only when the pool names its subnet by CIDR and that CIDR no longer resolves.
+        AuthenticationFailedError, InvalidRequestError, BackendUnavailableError
+            See `backends.errors`.
+
+        """
+        deleted: list[int] = []  # survives retries: a row deleted by attempt 1 counts
+
+        def attempt() -> bool:
+            for row in self._search(hostname, self._resolve_subnet_id()):
+                if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
+                    deleted.append(row.id)
+                    log.info("phpIPAM: deleted address id %d of %s", row.id, hostname)
+            return bool(deleted)
+
+        return self._retry("release", attempt)
+
+    def close(self) -> None:
+        """Close the HTTP session (if this client created it).
+
+        The token is deliberately not revoked with ``DELETE /user/``: phpIPAM keeps one
+        token per *user* (``users.token``), shared by every client that logs in as that
+        user -- other pools, other replicas, scripts -- and revoking it would log all of
+        them out. The token expires on its own 6 h after its last use.
+        """
+        if self._owns_session:
+            self._session.close()
+
+    # ----------------------------------------------------------------- operations
+
+    def _retry(self, name: str, fn: Callable[[], T]) -> T:
+        return self._config.retry.call(f"phpipam {name}", fn)
+
+    def _describe_subnet_once(self) -> SubnetInfo:
+        facts = self._subnet_facts(refresh=True)
+        usage = self._data(self._call("GET", f"subnets/{facts.id}/usage/"), dict)
+        total = _to_int(usage.get("maxhosts"), "maxhosts")
+        used = _to_int(usage.get("used", usage.get("Used")), "used")
+        free_raw = usage.get("freehosts")
+        free = _to_int(free_raw, "freehosts") if free_raw is not None else total - used
+        return SubnetInfo(
+            cidr=facts.network.with_prefixlen,
+            prefix=facts.network.prefixlen,
+            gateway=facts.gateway,
+            total=total,
+            used=used,
+            free=max(free, 0),
+        )
+
+    def _allocate_once(self, hostname: str, description: str) -> Allocation:
+        facts = self._subnet_facts()
+        usable: list[_Row] = []
+        for row in self._search(hostname, facts.id):
+            if self._is_net(row, facts):
+                # Left behind by an attempt interrupted between the POST and the PATCH.
+                self._reserve_network_address(row.id)
+            else:
+                usable.append(row)
+        if usable:
+            log.info("phpIPAM: %s already has address id %d", hostname, usable[0].id)
+            return self._allocation(usable[0], hostname, facts)
+
+        body = {"hostname": hostname, "description": description[:DESCRIPTION_MAX_CHARS]}
+        # Two POSTs at most: once the network address has a row, phpIPAM never offers it again.
+        for _ in range(2):
+            created = self._call("POST", f"addresses/first_free/{facts.id}/", json=body)
+            address = _parse_ip(created.get("data"), "first_free data")
+            ref = str(created.get("id") or "")
+            if not ref.isdigit():
+                raise BackendUnavailableError("phpIPAM created an address but sent no id")
+            if self._config.skip_ipv6_network_address and _is_v6_network(address, facts):
+                self._reserve_network_address(int(ref))
+                continue
+            log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
+            return Allocation(
+                address=address,
+                prefix=facts.network.prefixlen,
+                gateway=facts.gateway,
+                hostname=hostname,
+                ref=ref,
+            )
+        raise BackendUnavailableError("phpIPAM offered the IPv6 network address twice")
+
+    def _reserve_network_address(self, address_id: int) -> None:
+        self._lookup(
+            "PATCH",
+            f"addresses/{address_id}/",
+            json={
+                "hostname": RESERVED_NETWORK_HOSTNAME,
+                "description": RESERVED_NETWORK_DESCRIPTION[:DESCRIPTION_MAX_CHARS],
+            },
+        )
+        log.info(
+            "phpIPAM: kept IPv6 network address (id %d) as %s",
+            address_id,
+            RESERVED_NETWORK_HOSTNAME,
+        )
+
+    def _search(self, hostname: str, subnet_id: int) -> list[_Row]:
+        """Rows of ``subnet_id`` registered under ``hostname``, oldest first."""
+        if not hostname.strip() or "/" in hostname:
+            # phpIPAM drops empty path segments and splits on "/" before decoding.
+            raise InvalidRequestError(f"invalid hostname {hostname!r} for phpIPAM")
+        answer = self._lookup("GET", f"addresses/search_hostname/{quote(hostname, safe='')}/")
+        if answer is None:
+            return []
+        rows: list[_Row] = []
+        for raw in self._data(answer, list):
+            if not isinstance(raw, Mapping):
+                raise BackendUnavailableError("phpIPAM search answer holds a non-object row")
+            if _to_int(raw.get("subnetId"), "subnetId") != subnet_id:
+                continue
+            if str(raw.get("hostname") or "").lower() != hostname.lower():
+                continue
+            rows.append(
+                _Row(id=_to_int(raw.get("id"), "id"), raw_ip=str(raw.get("ip")), hostname=hostname)
+            )
+        return sorted(rows, key=lambda r: r.id)
+
+    def _is_net(self, row: _Row, facts: _SubnetFacts) -> bool:
+        return self._config.skip_ipv6_network_address and _is_v6_network(
+            _row_address(row, facts), facts
+        )
+
+    def _allocation(self, row: _Row, hostname: str, facts: _SubnetFacts) -> Allocation:
+        return Allocation(
+            address=_row_address(row, facts),
+            prefix=facts.network.prefixlen,
+            gateway=facts.gateway,
+            hostname=hostname,
+            ref=str(row.id),
+        )
+
+    # ----------------------------------------------------------------- subnet
+
+    def _resolve_subnet_id(self) -> int:
+        if self._subnet_id is not None:
+            return self._subnet_id
+        with self._subnet_lock:
+            if self._subnet_id is None:
+                self._subnet_id = self._lookup_cidr()
+            return self._subnet_id
+
+    def _lookup_cidr(self) -> int:
+        assert self._config.subnet is not None  # guaranteed by PHPIPAMConfig
+        net = ipaddress.ip_network(self._config.subnet)
+        # The CIDR goes in as two path segments: phpIPAM splits the path before decoding.
+        answer = self._call(
+            "GET", f"subnets/cidr/{net.network_address.compressed}/{net.prefixlen}/"
+        )
+        rows = [r for r in self._data(answer, list) if isinstance(r, Mapping)]
+        section = self._config.section_id
+        if section is not None:
+            rows = [r for r in rows if _to_int(r.get("sectionId"), "sectionId") == section]
+        where = f" in section {section}" if section is not None else ""
+        if not rows:
+            raise SubnetNotFoundError(f"phpIPAM has no subnet {net}{where}")
+        if len(rows) > 1:
+            sections = ", ".join(str(r.get("sectionId")) for r in rows)
+            raise SubnetNotFoundError(
+                f"phpIPAM has {len(rows)} subnets {net}{where} (sections {sections}); "
+                "set sectionId or subnetId to choose one"
+            )
+        subnet_id = _to_int(rows[0].get("id"), "id")
+        log.info("phpIPAM: subnet %s%s is id %d", net, where, subnet_id)
+        return subnet_id
+
+    def _subnet_facts(self, *, refresh: bool = False) -> _SubnetFacts:
+        if self._facts is not None and not refresh:
+            return self._facts
+        subnet_id = self._resolve_subnet_id()
+        data = self._data(self._call("GET", f"subnets/{subnet_id}/"), dict)
+        try:
+            network = ipaddress.ip_network(f"{data.get('subnet')}/{data.get('mask')}", strict=False)
+        except ValueError:
+            raise BackendUnavailableError(
+                f"phpIPAM subnet {subnet_id} has no usable subnet/mask fields"
+            ) from None
+        gateway_obj = data.get("gateway")
+        gateway = None
+        if isinstance(gateway_obj, Mapping) and gateway_obj.get("ip_addr"):
+            gateway = _parse_ip(gateway_obj.get("ip_addr"), "gateway.ip_addr")
+        facts = _SubnetFacts(id=subnet_id, network=network, gateway=gateway)
+        self._facts = facts
+        return facts
+
+    # ----------------------------------------------------------------- HTTP
+
+    def _data(self, answer: dict[str, Any] | None, kind: type[T]) -> T:
+        data = answer.get("data") if answer is not None else None
+        if not isinstance(data, kind):
+            raise BackendUnavailableError(
+                f"phpIPAM answer has no {kind.__name__} in 'data' (unexpected API version?)"
+            )
+        return data
+
+    def _call(
+        self, method: str, path: str, *, json: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Send an authenticated request and return the success envelope (or raise)."""
+        answer = self._request(method, path, json=json, lookup=False)
+        assert answer is not None  # only lookups return None
+        return answer
+
+    def _lookup(
+        self, method: str, path: str, *, json: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """Like `_call`, but a "not found" answer returns None."""
+        return self._request(method, path, json=json, lookup=True)
+
+    def _request(
+        self, method: str, path: str, *, json: Mapping[str, Any] | None, lookup: bool
+    ) -> dict[str, Any] | None:
+        token = self._current_token()
+        reply = self._send(method, path, token=token, json=json)
+        if _token_rejected(reply):
+            if self._config.app_code is not None:
+                raise AuthenticationFailedError(
+                    f"phpIPAM app {self._config.app_id!r} refused the app code token "
+                    "(is the app's security 'SSL with App code token'?)",
+                    status=reply.status,
+                )
+            # One re-login, then the same request once more: a 401 means phpIPAM rejected
+            # the request before doing anything, so repeating a POST is safe.
+            token = self._relogin(stale=token)
+            reply = self._send(method, path, token=token, json=json)
+            if _token_rejected(reply):
+                raise AuthenticationFailedError(
+                    "phpIPAM refused a token it had just issued (HTTP 401 'Unauthorized')",
+                    status=reply.status,
+                )
+        return self._interpret(reply, f"{method} {path}", lookup=lookup)
+
+    def _current_token(self) -> str:
+        token = self._token
+        if token is not None:
+            return token
+        with self._auth_lock:
+            if self._token is None:
+                self._token = self._login()
+            return self._token
+
+    def _relogin(self, stale: str) -> str:
+        with self._auth_lock:
+            if self._token is not None and self._token != stale:
+                return self._token  # another thread logged in again meanwhile
+            self._token = None
+            log.info("phpIPAM: token refused (expired?); logging in again")
+            self._token = self._login()
+            return self._token
+
+    def _login(self) -> str:
+        """Log in (the caller holds ``_auth_lock``) and return the token."""
+        config = self._config
+        assert config.username is not None and config.password is not None
+        refused = self._login_refused
+        if refused is not None:
+            if time.monotonic() - refused[0] < config.login_retry_after_seconds:
+                raise AuthenticationFailedError(
+                    f"{refused[1].message} (not trying again for "
+                    f"{config.login_retry_after_seconds:g}s after a refused login)",
+                    status=refused[1].status,
+                )
+            self._login_refused = None
+        # UTF-8, as a browser or curl would send it (requests would use Latin-1 for str).
+        auth = HTTPBasicAuth(config.username.encode(), config.password.encode())
+        reply = self._send("POST", "user/", auth=auth)
+        try:
+            answer = self._interpret(reply, "POST user/ (login)", lookup=False)
+        except AuthenticationFailedError as exc:
+            self._login_refused = (time.monotonic(), exc)
+            raise
+        data = answer.get("data") if answer is not None else None
+        token = data.get("token") if isinstance(data, Mapping) else None
+        if not isinstance(token, str) or not token:
+            raise BackendUnavailableError("phpIPAM login answer carries no token")
+        log.info(
+            "phpIPAM: logged in to app %r at %s as %r",
+            config.app_id,
+            config.endpoint,
+            config.username,
+        )
+        return token
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = None,
+        auth: HTTPBasicAuth | None = None,
+        json: Mapping[str, Any] | None = None,
+    ) -> _Reply:
+        headers = {"Accept": "application/json", "User-Agent": self._config.user_agent}
+        if token is not None:
+            headers["token"] = token
+        started = time.monotonic()
+        try:
+            response = self._session.request(
+                method,
+                f"{self._base_url}/{path}",
+                headers=headers,
+                auth=auth,
+                json=json,
+                timeout=self._config.timeout_seconds,
+                verify=self._config.verify,
+                # A redirect would carry the token header to wherever it points.
+                allow_redirects=False,
+            )
+        except requests.Timeout as exc:
+            raise BackendUnavailableError(
+                f"phpIPAM {method} {path}: no answer within {self._config.timeout_seconds}s"
+            ) from exc
+        except requests.RequestException as exc:
+            raise BackendUnavailableError(
+                f"phpIPAM {method} {path}: cannot reach {self._config.endpoint}: "
+                f"{type(exc).__name__}: {_cut(str(exc))}"
+            ) from exc
+        except OSError as exc:  # e.g. a CA bundle path that does not exist
+            raise InvalidRequestError(
+                f"phpIPAM {method} {path}: cannot make the request ({_cut(str(exc))}); "
+                "check the TLS settings"
+            ) from exc
+        log.debug(
+            "phpIPAM %s %s -> %d in %.3fs",
+            method,
+            path,
+            response.status_code,
+            time.monotonic() - started,
+        )
+        envelope: dict[str, Any] | None = None
+        try:
+            parsed = response.json()
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and "success" in parsed:
+            envelope = parsed
+        return _Reply(
+            status=response.status_code,
+            envelope=envelope,
+            content_type=response.headers.get("Content-Type", ""),
+            location=response.headers.get("Location"),
+        )
+
+    def _interpret(self, reply: _Reply, what: str, *, lookup: bool) -> dict[str, Any] | None:
+        status = reply.status
+        if 300 <= status < 400:
+            raise InvalidRequestError(
+                f"phpIPAM {what}: redirected (HTTP {status}) to {reply.location!r}; "
+                "set the endpoint to the final URL (https?)",
+                status=status,
+            )
+        envelope = reply.envelope
+        if envelope is None:
+            # A PHP fatal error (empty text/html 500), a proxy's error page, ...
+            raise BackendUnavailableError(
+                f"phpIPAM {what}: HTTP {status} without an API answer "
+                f"(Content-Type {reply.content_type or 'none'!r})",
+                status=status,
+            )
+        success = _truthy(envelope.get("success"))
+        if success and 200 <= status < 300:
+            return envelope
+        message = _cut(str(envelope.get("message") or ""))
+        if not success and lookup and message.strip().lower() in _NOT_FOUND_MESSAGES:
+            return None
+        code = envelope.get("code")
+        # phpIPAM <= 1.4 sends some errors as HTTP 200 with the real code in the body.
+        effective = code if status < 400 and isinstance(code, int) and code >= 400 else status
+        raise self._error(effective, message, what, status)
+
+    def _error(self, code: int, message: str, what: str, status: int) -> BackendError:
+        m = message.strip().lower()
+        app = self._config.app_id
+        text = f"phpIPAM {what}: {message or 'no message'} (HTTP {status})"
+        if "has been blocked" in m:
+            return AuthenticationFailedError(
+                f"{text}; too many failed logins from this address: fix the credentials, "
+                "then wait 5 minutes",
+                status=status,
+            )
+        if m in ("invalid username or password", "please provide username and password"):
+            return AuthenticationFailedError(f"{text}; check username and password", status=status)
+        if m == "invalid permissions":
+            return AuthenticationFailedError(
+                f"{text}; API app {app!r} needs Read/Write permission", status=status
+            )
+        if m in ("invalid application id", "application disabled"):
+            return AuthenticationFailedError(
+                f"{text}; check that API app {app!r} exists and is enabled", status=status
+            )
+        if m == "unauthorized":
+            return AuthenticationFailedError(text, status=status)
+        if "ssl connection is required" in m:
+            return InvalidRequestError(
+                f"{text}; API app {app!r} only accepts HTTPS: use an https:// endpoint, or set "
+                "the app's security to 'none' and $api_allow_unsafe = true in phpIPAM's "
+                "config.php (behind a TLS proxy: $trust_x_forwarded_headers = true)",
+                status=status,
+            )
+        if m.startswith(("invalid subnet id", "invalid subnet identifier", "no subnets found")):
+            return SubnetNotFoundError(text, status=status)
+        if m.startswith("no free addresses found"):
+            return SubnetExhaustedError(text, status=status)
+        if "ip address already exists" in m or "duplicate entry" in m or "sid_ip_unique" in m:
+            return ConflictError(f"{text}; lost a first-free race", status=status)
+        if code == 429 or code >= 500:
+            return BackendUnavailableError(text, status=status)
+        return InvalidRequestError(text, status=status)
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _token_rejected(reply: _Reply) -> bool:
+    """Return True for phpIPAM's answer to a missing, unknown or expired token."""
+    message = str((reply.envelope or {}).get("message") or "")
+    return reply.status == 401 and message.strip().lower() == "unauthorized"
+
+
+def _truthy(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true")
+    return bool(value)
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MESSAGE_MAX_CHARS else text[: _MESSAGE_MAX_CHARS - 3] + "..."
+
+
+def _to_int(value: object, name: str) -> int:
+    """Return an integer field sent as a JSON number or as a string (``"254"``)."""
+    if isinstance(value, bool):
+        raise BackendUnavailableError(f"phpIPAM sent a boolean for {name!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        if isinstance(value, float):
+            return int(value)
+        if isinstance(value, str):
+            text = value.strip()
+            return int(text) if text.lstrip("-").isdigit() else int(float(text))
+    except (ValueError, OverflowError):
+        pass
+    raise BackendUnavailableError(f"phpIPAM sent {name!r} that is not a number")
+
+
+def _parse_ip(value: object, name: str) -> str:
+    try:
+        return ipaddress.ip_address(str(value).strip()).compressed
+    except ValueError:
+        raise BackendUnavailableError(f"phpIPAM sent {name!r} that is not an IP address") from None
+
+
+def _row_address(row: _Row, facts: _SubnetFacts) -> str:
+    """Return the row's address, also when sent as a decimal integer (2nd+ rows)."""
+    raw = row.raw_ip.strip()
+    if not raw.isdigit():
+        return _parse_ip(raw, "ip")
+    try:
+        number = int(raw)
+        if facts.network.version == 4:
+            return ipaddress.IPv4Address(number).compressed
+        return ipaddress.IPv6Address(number).compressed
+    except ValueError:
+        raise BackendUnavailableError(
+            f"phpIPAM sent ip {raw!r} for address id {row.id}, out of range"
+        ) from None
+
+
+def _is_v6_network(address: str, facts: _SubnetFacts) -> bool:
+    net = facts.network
+    return net.version == 6 and ipaddress.ip_address(address) == net.network_address

@@ -1,0 +1,232 @@
+"""The WAPI object types the mock serves: their fields, basic fields and searchable fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["OBJECT_TYPES", "ObjectType"]
+
+
+@dataclass(frozen=True)
+class ObjectType:
+    """What WAPI allows for one object type.
+
+    Attributes
+    ----------
+    name:
+        The WAPI object type, e.g. ``"record:host"``.
+    basic:
+        The "basic object" fields returned when no ``_return_fields`` is given, and the base
+        that ``_return_fields+`` extends (WAPI reference, each object's "Fields" table).
+    fields:
+        Every field the mock can return for the type (a subset of the real object).
+    writable:
+        Fields a POST or PUT body may carry; any other key is a ``Client.Ibap.Proto`` error.
+    searchable:
+        Fields that may appear as search arguments (``name=...``, ``name~=...``).
+    required:
+        Fields a POST body must carry.
+    read_only:
+        True for computed views (``ipv4address``, ``ipv6address``) that cannot be created.
+    """
+
+    name: str
+    basic: tuple[str, ...]
+    fields: frozenset[str]
+    writable: frozenset[str]
+    searchable: frozenset[str]
+    required: tuple[str, ...] = ()
+    read_only: bool = False
+
+
+def _type(
+    name: str,
+    basic: tuple[str, ...],
+    extra: tuple[str, ...],
+    writable: tuple[str, ...],
+    searchable: tuple[str, ...],
+    required: tuple[str, ...] = (),
+    read_only: bool = False,
+) -> ObjectType:
+    return ObjectType(
+        name=name,
+        basic=basic,
+        fields=frozenset(basic + extra),
+        writable=frozenset(writable),
+        searchable=frozenset(searchable),
+        required=required,
+        read_only=read_only,
+    )
+
+
+_NETWORK_EXTRA = ("netmask", "options", "extattrs", "utilization", "total_hosts", "disable")
+_NETWORK_WRITABLE = ("network", "network_view", "comment", "options", "extattrs", "disable")
+_NETWORK_SEARCH = ("network", "network_view", "comment")
+_ADDRESS_SEARCH = (
+    "ip_address",
+    "network",
+    "network_view",
+    "status",
+    "names",
+    "types",
+    "usage",
+)
+
+#: Every object type the mock knows, by WAPI name. Field names follow the WAPI 2.12
+#: reference (and the infobloxopen/infoblox-nios-go-client OpenAPI specs of WAPI 2.13.6).
+OBJECT_TYPES: dict[str, ObjectType] = {
+    t.name: t
+    for t in (
+        _type(
+            "network",
+            ("comment", "network", "network_view"),
+            _NETWORK_EXTRA,
+            _NETWORK_WRITABLE,
+            _NETWORK_SEARCH,
+            required=("network",),
+        ),
+        _type(
+            "ipv6network",
+            ("comment", "network", "network_view"),
+            _NETWORK_EXTRA,
+            _NETWORK_WRITABLE,
+            _NETWORK_SEARCH,
+            required=("network",),
+        ),
+        _type(
+            "record:host",
+            ("ipv4addrs", "ipv6addrs", "name", "view"),
+            ("comment", "configure_for_dns", "extattrs", "zone", "network_view", "disable"),
+            (
+                "name",
+                "view",
+                "ipv4addrs",
+                "ipv6addrs",
+                "comment",
+                "configure_for_dns",
+                "extattrs",
+                "network_view",
+                "disable",
+            ),
+            ("name", "view", "zone", "comment", "network_view", "ipv4addr", "ipv6addr", "mac"),
+            required=("name",),
+        ),
+        _type(
+            "fixedaddress",
+            ("ipv4addr", "network_view"),
+            ("name", "comment", "mac", "match_client", "extattrs", "network", "disable"),
+            (
+                "ipv4addr",
+                "network_view",
+                "name",
+                "comment",
+                "mac",
+                "match_client",
+                "extattrs",
+                "disable",
+            ),
+            ("ipv4addr", "network_view", "name", "comment", "mac", "network"),
+            required=("ipv4addr",),
+        ),
+        _type(
+            "ipv6fixedaddress",
+            ("duid", "ipv6addr", "network_view"),
+            ("name", "comment", "extattrs", "network", "disable"),
+            ("ipv6addr", "duid", "network_view", "name", "comment", "extattrs", "disable"),
+            ("ipv6addr", "duid", "network_view", "name", "comment", "network"),
+            required=("ipv6addr", "duid"),
+        ),
+        _type(
+            "range",
+            ("comment", "end_addr", "network", "network_view", "start_addr"),
+            ("extattrs", "disable", "name", "server_association_type"),
+            (
+                "start_addr",
+                "end_addr",
+                "network",
+                "network_view",
+                "comment",
+                "extattrs",
+                "disable",
+                "name",
+                "server_association_type",
+            ),
+            ("start_addr", "end_addr", "network", "network_view", "comment", "name"),
+            required=("start_addr", "end_addr"),
+        ),
+        _type(
+            "extensibleattributedef",
+            ("comment", "default_value", "name", "type"),
+            ("list_values", "flags"),
+            ("name", "type", "comment", "default_value", "list_values", "flags"),
+            ("name", "type", "comment"),
+            required=("name", "type"),
+        ),
+        _type(
+            "networkview",
+            ("comment", "is_default", "name"),
+            ("extattrs",),
+            ("name", "comment", "extattrs"),
+            ("name", "comment", "is_default"),
+            required=("name",),
+        ),
+        _type(
+            "view",
+            ("comment", "is_default", "name"),
+            ("network_view", "extattrs"),
+            ("name", "comment", "network_view", "extattrs"),
+            ("name", "comment", "is_default", "network_view"),
+            required=("name",),
+        ),
+        _type(
+            "zone_auth",
+            ("fqdn", "view"),
+            ("comment", "extattrs"),
+            ("fqdn", "view", "comment", "extattrs"),
+            ("fqdn", "view", "comment"),
+            required=("fqdn",),
+        ),
+        _type(
+            "ipv4address",
+            (
+                "dhcp_client_identifier",
+                "ip_address",
+                "is_conflict",
+                "lease_state",
+                "mac_address",
+                "names",
+                "network",
+                "network_view",
+                "objects",
+                "status",
+                "types",
+                "usage",
+                "username",
+            ),
+            (),
+            (),
+            (*_ADDRESS_SEARCH, "mac_address"),
+            read_only=True,
+        ),
+        _type(
+            "ipv6address",
+            (
+                "duid",
+                "ip_address",
+                "is_conflict",
+                "lease_state",
+                "names",
+                "network",
+                "network_view",
+                "objects",
+                "status",
+                "types",
+                "usage",
+            ),
+            (),
+            (),
+            (*_ADDRESS_SEARCH, "duid"),
+            read_only=True,
+        ),
+    )
+}

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import kubernetes
-from kubernetes.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApiClient, ApiException, ApisApi, CoreV1Api, CustomObjectsApi
 
 from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GROUP, POOL_KINDS
 
@@ -94,46 +94,32 @@ class Kube:
     # -- discovery ------------------------------------------------------------------
 
     def preferred_version(self, group: str, plural: str, supported: tuple[str, ...]) -> str:
-        """Return the version of ``group/plural`` to use: the server's preferred one if we
-        support it, else the first of ``supported`` that is served.
+        """Return the version of ``group/plural`` to use.
+
+        The server's preferred version if we support it, else the first of ``supported``
+        that serves ``plural`` (API discovery: ``/apis`` and ``/apis/<group>/<version>``).
 
         Raises
         ------
         NotServedError
             When the group or resource is not served in any supported version.
         """
-        try:
-            info = cast(dict[str, Any], self.client.call_api(
-                f"/apis/{group}", "GET", response_type="object", auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            ))
-        except ApiException as exc:
-            if _missing(exc):
-                raise NotServedError(f"API group {group} is not served") from exc
-            raise
-        served = [v["version"] for v in info.get("versions") or []]
-        preferred = (info.get("preferredVersion") or {}).get("version")
+        groups = ApisApi(self.client).get_api_versions().groups or []
+        found = next((g for g in groups if g.name == group), None)
+        if found is None:
+            raise NotServedError(f"API group {group} is not served (are CAPI's CRDs installed?)")
+        served = [v.version for v in found.versions or []]
+        preferred = found.preferred_version.version if found.preferred_version else None
         candidates = ([preferred] if preferred in supported else []) + [
-            v for v in supported if v in served
+            v for v in supported if v in served and v != preferred
         ]
         for version in candidates:
-            if self._serves(group, version, plural):
-                return version
+            resources = self.custom.get_api_resources(group, version).resources or []
+            if any(r.name == plural for r in resources):
+                return str(version)
         raise NotServedError(
             f"{plural}.{group} is not served in any of the versions {', '.join(supported)}"
         )
-
-    def _serves(self, group: str, version: str, plural: str) -> bool:
-        try:
-            info = cast(dict[str, Any], self.client.call_api(
-                f"/apis/{group}/{version}", "GET", response_type="object",
-                auth_settings=["BearerToken"], _return_http_data_only=True,
-            ))
-        except ApiException as exc:
-            if _missing(exc):
-                return False
-            raise
-        return any(r.get("name") == plural for r in info.get("resources") or [])
 
     # -- reads ----------------------------------------------------------------------
 

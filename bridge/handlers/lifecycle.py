@@ -11,7 +11,7 @@ import kopf
 from bridge.capi import GROUP, SUPPORTED_VERSIONS
 from bridge.context import Context, ExhaustionGate
 from bridge.handlers.pools import refresh_pools_forever
-from bridge.kube import Kube, api_client, in_cluster, load_configuration
+from bridge.kube import Kube, NotServedError, api_client, in_cluster, load_configuration
 from bridge.settings import Settings
 
 __all__ = ["cleanup", "configure", "login", "startup"]
@@ -86,14 +86,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     Raises
     ------
     kopf.PermanentError
-        (via `bridge.kube.NotServedError`) when the CAPI IPAM CRDs are not installed.
+        When the CAPI IPAM CRDs are not served (the operator stops with that message).
     """
     bridge = Settings()
     configure(settings, bridge)
     kube = Kube(api_client(pool_size=bridge.workers))
-    version = await asyncio.to_thread(
-        kube.preferred_version, GROUP, "ipaddresses", SUPPORTED_VERSIONS
-    )
+    try:
+        version = await asyncio.to_thread(
+            kube.preferred_version, GROUP, "ipaddresses", SUPPORTED_VERSIONS
+        )
+    except NotServedError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
     log.info("serving CAPI IPAM %s (IPAddressClaim/IPAddress)", version)
     ctx = Context(
         settings=bridge,

@@ -1,0 +1,294 @@
+"""The HTTP face of the in-memory Kubernetes API: a kmock 0.8 handler serving an ObjectStore."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import kmock
+from kmock._internal import parsing as _kmock_parsing
+
+from bridge.testing.resources import ResourceDef
+from bridge.testing.store import ApiError, ObjectStore
+
+__all__ = ["KubeEmulator"]
+
+# kmock 0.8's URL parser fails on `/api/v1/namespaces[/<name>[/status|/finalize]]` (it reads
+# "namespaces" as the namespace prefix of a namespaced resource and raises ValueError, i.e. 500).
+# Its Request parsing calls `parsing.parse_path` through the module, so wrapping that one
+# function is the only way in; every other path goes to the original parser unchanged.
+_NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+)(?:/(status|finalize))?)?/?")
+_original_parse_path = _kmock_parsing.parse_path
+
+
+def _parse_path(path: str) -> Any:
+    match = _NAMESPACE_PATH.fullmatch(path)
+    if match is None:
+        return _original_parse_path(path)
+    return _kmock_parsing.ParsedPath(
+        group="",
+        version="v1",
+        plural="namespaces",
+        namespace=None,
+        name=match.group(1),
+        subresource=match.group(2),
+    )
+
+
+_KUBE_VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
+
+
+def kube_version_priority(version: str) -> tuple[int, int, int, str]:
+    """Sort key of API versions by Kubernetes priority: ``v2 < v1 < v1beta2 < v1beta1 < v1alpha1``.
+
+    Versions that do not look like Kubernetes versions come last, alphabetically.
+    """
+    match = _KUBE_VERSION.fullmatch(version)
+    if match is None:
+        return (3, 0, 0, version)
+    major, stage, minor = int(match.group(1)), match.group(2), int(match.group(3) or 0)
+    rank = {None: 0, "beta": 1, "alpha": 2}[stage]
+    return (rank, -major, -minor, version)
+
+
+_parse_path.__wrapped__ = _original_parse_path  # type: ignore[attr-defined]
+if not hasattr(_kmock_parsing.parse_path, "__wrapped__"):
+    _kmock_parsing.parse_path = _parse_path
+
+
+def _is_resource_request(request: kmock.Request) -> bool:
+    return request.resource is not None and bool(request.resource.plural)
+
+
+def _is_create_request(request: kmock.Request) -> bool:
+    return _is_resource_request(request) and request.name is None and request.method == "POST"
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesScaffold):
+    """A kmock handler that serves an :class:`ObjectStore` with Kubernetes API semantics.
+
+    Discovery (``/api``, ``/apis``, group and group/version lists) describes the store's
+    declared resources; every request on a resource path is served from the store. kmock's DSL
+    still works for fault injection and has priority, e.g. ``emulator['get /api/v1'] << 500``.
+
+    Parameters
+    ----------
+    store : ObjectStore
+        The objects and their semantics (created when omitted).
+    history_size : int
+        How many recent requests kmock keeps for assertions (``emulator.requests``-style
+        views); kmock matches each request against its whole history, so it is kept short.
+
+    Notes
+    -----
+    Extends ``kmock.KubernetesScaffold`` (the stateless part of kmock's Kubernetes support:
+    error rendering as ``v1 Status``, the DSL, streaming) rather than
+    ``kmock.KubernetesEmulator``, whose merge-everything object store would be bypassed
+    entirely. Reaches into kmock 0.8 internals (hence the exact pin) at these places only:
+
+    - the module-level ``parse_path`` wrapper above (namespaces URLs);
+    - the scaffold's discovery methods ``_serve_root/_api/_apis/_group/_version``, overridden
+      to describe the store's resources with their preferred (storage) version;
+    - ``_requests`` of the root and of its reactions (``_payloads``), trimmed to the last
+      ``history_size`` requests: kmock checks each request against its whole history, which
+      made 200 objects take minutes;
+    - ``_errors`` (the accumulated server-side errors, trimmed the same way).
+
+    Not emulated: server-side apply, bookmarks, pagination (``limit``/``continue``),
+    ``DeleteOptions.propagationPolicy`` (always background), namespace termination, RBAC,
+    schema validation, pruning and defaulting.
+
+    """
+
+    store: ObjectStore = attrs.field(factory=ObjectStore)
+    history_size: int = 4
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # The API answers a successful create with 201 Created (the kubernetes client's
+        # create_* methods deserialize only a 201); errors carry their own status.
+        # A sub-priority above kmock's own fallbacks (discovery, 404): resource requests are the
+        # bulk of the traffic, so they are matched first; user reactions still come before.
+        fallback = self.fallback**1
+        fallback[_is_create_request] << 201 << self._serve_resource
+        fallback[_is_resource_request] << self._serve_resource
+        # The kubernetes client's discovery calls (ApisApi, CoreApi) ask for "/apis/" and
+        # "/api/" with a trailing slash, which the real API server answers like "/apis".
+        fallback["get /apis/"] << self._serve_apis
+        fallback["get /api/"] << self._serve_api
+
+    async def __call__(self, raw_request: Any) -> Any:
+        """Serve one aiohttp request (the entry point of the aiohttp ``web.Server``)."""
+        limit = self.history_size
+        if len(self._requests) > 2 * limit:
+            del self._requests[:-limit]
+            for payload in self._payloads:
+                del payload._requests[:-limit]
+            if self._errors:
+                del self.errors[:-limit]
+        return await super().__call__(raw_request)
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def _groups(self) -> dict[str, list[ResourceDef]]:
+        groups: dict[str, list[ResourceDef]] = {}
+        for defn in self.store.resources:
+            groups.setdefault(defn.group, []).append(defn)
+        return groups
+
+    def _group_entry(self, group: str, defs: list[ResourceDef]) -> dict[str, Any]:
+        # Several CRDs can share a group (CAPI's claims and our pools): like the API server,
+        # list the group's versions by Kubernetes version priority (GA > beta > alpha, higher
+        # numbers first) and prefer the first (apiextensions-apiserver sorts discovery with
+        # version.CompareKubeAwareVersionStrings).
+        versions: list[str] = []
+        for defn in defs:
+            versions.extend(v for v in defn.versions if v not in versions)
+        versions.sort(key=kube_version_priority)
+        preferred = versions[0] if group else defs[0].preferred_version
+        return {
+            "name": group,
+            "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+            "preferredVersion": {"groupVersion": f"{group}/{preferred}", "version": preferred},
+        }
+
+    async def _serve_root(self, request: kmock.Request) -> dict[str, Any]:
+        paths = {"/api", "/api/v1", "/apis", "/version"}
+        for group, defs in self._groups().items():
+            if group:
+                paths.add(f"/apis/{group}")
+                paths.update(f"/apis/{group}/{v}" for d in defs for v in d.versions)
+        return {"paths": sorted(paths)}
+
+    async def _serve_api(self, request: kmock.Request) -> dict[str, Any]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+
+    async def _serve_apis(self, request: kmock.Request) -> dict[str, Any]:
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [self._group_entry(g, d) for g, d in sorted(self._groups().items()) if g],
+        }
+
+    async def _serve_group(self, request: kmock.Request) -> dict[str, Any]:
+        assert request.resource is not None
+        defs = self._groups().get(request.resource.group or "")
+        if not defs or not request.resource.group:
+            raise kmock.KubernetesResourceNotFoundError()
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            **self._group_entry(request.resource.group, defs),
+        }
+
+    async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
+        assert request.resource is not None
+        group, version = request.resource.group or "", request.resource.version or ""
+        defs = [d for d in self._groups().get(group, []) if version in d.versions]
+        if not defs and group:
+            raise kmock.KubernetesResourceNotFoundError()
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": [entry for d in defs for entry in d.discovery()],
+        }
+
+    # -- resources ------------------------------------------------------------------------------
+
+    async def _serve_resource(self, request: kmock.Request) -> Any:
+        try:
+            return self._dispatch(request)
+        except ApiError as e:
+            resource = request.resource
+            details = {
+                "name": request.name or "",
+                "group": resource.group if resource else "",
+                "kind": resource.plural if resource else "",
+            }
+            raise kmock.KubernetesError(
+                status=e.status, reason=e.reason, message=e.message, details=details
+            ) from None
+
+    def _dispatch(self, request: kmock.Request) -> Any:
+        resource = request.resource
+        assert resource is not None and resource.plural is not None
+        defn = self.store.resolve(resource.group or "", resource.version, resource.plural)
+        version, ns, name = resource.version, request.namespace, request.name
+        sub = request.subresource
+        method = str(request.method.value).upper()
+        params = request.params
+        if method == "GET" and params.get("watch") in ("true", "1"):
+            if name is not None:
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "watch a single object with a metadata.name field selector",
+                )
+            timeout = params.get("timeoutSeconds")
+            return self._watch_stream(
+                self.store.watch(
+                    defn,
+                    ns,
+                    resource_version=params.get("resourceVersion"),
+                    label_selector=params.get("labelSelector"),
+                    field_selector=params.get("fieldSelector"),
+                    timeout=float(timeout) if timeout else None,
+                    version=version,
+                )
+            )
+        if name is None:
+            if method == "GET":
+                return self.store.list(
+                    defn,
+                    ns,
+                    label_selector=params.get("labelSelector"),
+                    field_selector=params.get("fieldSelector"),
+                    version=version,
+                )
+            if method == "POST":
+                return self.store.create(defn, ns, self._body(request), version=version)
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
+        if sub not in (None, "status"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if method == "GET":
+            return self.store.get(defn, ns, name, version=version)
+        if method == "PUT":
+            return self.store.replace(
+                defn, ns, name, self._body(request), subresource=sub, version=version
+            )
+        if method == "PATCH":
+            ctype = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+            return self.store.patch(
+                defn,
+                ns,
+                name,
+                ctype,
+                self._body(request, dict_only=False),
+                subresource=sub,
+                version=version,
+            )
+        if method == "DELETE" and sub is None:
+            options = self._body(request) if request.body else None
+            return self.store.delete(defn, ns, name, options, version=version)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    @staticmethod
+    def _body(request: kmock.Request, *, dict_only: bool = True) -> Any:
+        try:
+            body = json.loads(request.body or b"null")
+        except ValueError:
+            raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
+        if dict_only and not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        return body
+
+    @staticmethod
+    async def _watch_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[Any]:
+        yield b""  # send the headers now: a watch may stay silent for a long time
+        async for event in events:
+            yield event

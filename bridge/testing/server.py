@@ -1,0 +1,437 @@
+"""EmulatedKubernetes: the in-memory Kubernetes API on 127.0.0.1 in its own thread and loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import aiohttp.web
+import yaml
+
+from bridge.testing.emulator import KubeEmulator
+from bridge.testing.resources import (
+    BUILTIN_RESOURCES,
+    KOPF_PEERING_RESOURCES,
+    ResourceDef,
+    resources_from_crd,
+)
+from bridge.testing.store import ApiError, ObjectStore
+
+if TYPE_CHECKING:
+    import kopf
+    import kubernetes.client
+
+__all__ = ["EmulatedKubernetes"]
+
+_T = TypeVar("_T")
+
+
+class EmulatedKubernetes:
+    """An in-memory Kubernetes API server for tests and the demo.
+
+    Used as a context manager: entering starts an aiohttp server on ``host`` (a free port by
+    default) in a daemon thread with its own event loop; leaving ends every watch and stops it
+    (in well under a second). Namespaces ``default`` and ``kube-system`` exist from the start.
+
+    Parameters
+    ----------
+    crds : iterable of mapping or path
+        CustomResourceDefinitions to serve (see :meth:`declare_crd`).
+    peering : bool
+        Also serve kopf's peering CRDs (``kopf.dev/v1``), for kopf without ``--standalone``.
+    garbage_collection : bool
+        Delete dependents whose every owner is gone (see :class:`ObjectStore`).
+    history_limit : int
+        Watch events kept per resource for resumption (older resourceVersions get 410).
+    host, port : str, int
+        Where to listen; port 0 picks a free one.
+
+    Examples
+    --------
+    >>> with EmulatedKubernetes(crds=[crd]) as kube:          # doctest: +SKIP
+    ...     kube.write_kubeconfig(tmp_path / "kubeconfig")
+    ...     kube.create({"apiVersion": "v1", "kind": "Secret", ...})
+
+    """
+
+    def __init__(
+        self,
+        *,
+        crds: Iterable[Mapping[str, Any] | str | Path] = (),
+        peering: bool = False,
+        garbage_collection: bool = True,
+        history_limit: int = 2000,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.store = ObjectStore(garbage_collection=garbage_collection, history_limit=history_limit)
+        """The object store; touch it only through this class's methods from other threads."""
+        for defn in BUILTIN_RESOURCES + (KOPF_PEERING_RESOURCES if peering else ()):
+            self.store.declare(defn)
+        for crd in crds:
+            self.store.declare(resources_from_crd(crd))
+        for ns in ("default", "kube-system"):
+            self.store.create(
+                self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
+            )
+        self.handler = KubeEmulator(store=self.store)
+        """The kmock handler: use its DSL to inject faults (``kube.handler['get ...'] << 500``)."""
+        self._host = host
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: aiohttp.web.BaseRunner | None = None
+        self._url: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(started,), daemon=True, name="kube-emulator"
+        )
+        self._thread.start()
+        started.result(timeout=10)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._start())
+        except BaseException as e:
+            started.set_exception(e)
+            return
+        started.set_result(None)
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
+
+    async def _start(self) -> None:
+        await self.handler.__aenter__()
+        server = aiohttp.web.Server(self.handler, handler_cancellation=True)
+        self._runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self._url = f"http://{host}:{port}"
+
+    async def _stop(self) -> None:
+        self.store.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.handler.__aexit__(None, None, None)
+
+    def close(self) -> None:
+        """Stop the server (idempotent): end watches, close connections, stop the thread."""
+        if self._loop is None or self._thread is None:
+            return
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop = None
+        self._thread = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the API, e.g. ``http://127.0.0.1:40123``.
+
+        Raises
+        ------
+        RuntimeError
+            If the server is not running.
+
+        """
+        if self._url is None:
+            raise RuntimeError("the emulator is not running")
+        return self._url
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def declare(self, defn: ResourceDef) -> ResourceDef:
+        """Serve one more resource; returns ``defn``."""
+        self.call(self.store.declare, defn)
+        return defn
+
+    def declare_crd(self, crd: Mapping[str, Any] | str | Path) -> ResourceDef:
+        """Serve the resource of an ``apiextensions.k8s.io/v1`` CRD (dict or YAML file path).
+
+        Returns
+        -------
+        ResourceDef
+            Group, kind, names, scope, served versions and status subresource of the CRD.
+
+        Raises
+        ------
+        ValueError
+            If it is not a CRD (see :func:`resources_from_crd`).
+
+        """
+        return self.declare(resources_from_crd(crd))
+
+    def kubeconfig(self) -> dict[str, Any]:
+        """Return a kubeconfig document (context ``emulator``, no credentials) for :attr:`url`."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
+            ],
+            "current-context": "emulator",
+        }
+
+    def write_kubeconfig(self, path: str | Path) -> Path:
+        """Write :meth:`kubeconfig` as YAML to ``path`` and return it as a Path."""
+        path = Path(path)
+        path.write_text(yaml.safe_dump(self.kubeconfig()), encoding="utf-8")
+        return path
+
+    def connection_info(self) -> kopf.ConnectionInfo:
+        """Return credentials for a ``@kopf.on.login`` handler (no kubeconfig needed).
+
+        Examples
+        --------
+        >>> @kopf.on.login()                                   # doctest: +SKIP
+        ... def login(**_): return kube.connection_info()
+
+        """
+        import kopf
+
+        return kopf.ConnectionInfo(server=self.url, default_namespace="default")
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """Return a ``kubernetes.client.ApiClient`` configured explicitly for :attr:`url`.
+
+        The configuration is built here, not loaded from ``$KUBECONFIG`` (which the
+        ``kubernetes`` package reads at import time), and is not made the global default.
+        """
+        import kubernetes.client
+
+        config = kubernetes.client.Configuration()
+        config.host = self.url
+        return kubernetes.client.ApiClient(config)
+
+    # -- direct object access (no HTTP) ---------------------------------------------------------
+
+    def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn(*args, **kwargs)`` on the emulator's loop and return its result.
+
+        Store operations must run on that loop (they feed watch queues); from any other thread
+        this waits for the result, on the loop itself (or before start) it runs directly.
+
+        Raises
+        ------
+        Exception
+            Whatever ``fn`` raises, e.g. :class:`~bridge.testing.store.ApiError`.
+
+        """
+        loop = self._loop
+        if loop is None or not loop.is_running() or _running_loop() is loop:
+            return fn(*args, **kwargs)
+
+        async def _call() -> _T:
+            return fn(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(_call(), loop).result(timeout=10)
+
+    def _resource(self, api_version: str, plural_or_kind: str) -> ResourceDef:
+        group, _, version = api_version.rpartition("/")
+        try:
+            return self.store.resolve(group, version, plural_or_kind)
+        except ApiError:
+            return self.store.find_kind(api_version, plural_or_kind)
+
+    def get(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """Return one object (a copy) or ``None`` if absent.
+
+        Parameters
+        ----------
+        api_version : str
+            ``v1`` or ``group/version``.
+        plural : str
+            Plural name or kind of the resource.
+        name : str
+            ``metadata.name``.
+        namespace : str or None
+            The namespace (``None`` for cluster-scoped resources).
+
+        """
+        defn = self._resource(api_version, plural)
+        version = api_version.rpartition("/")[2]
+        try:
+            return self.call(self.store.get, defn, namespace, name, version)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Return the objects of a resource (all namespaces when ``namespace`` is ``None``)."""
+        defn = self._resource(api_version, plural)
+        version = api_version.rpartition("/")[2]
+        result = self.call(
+            self.store.list, defn, namespace, label_selector=label_selector, version=version
+        )
+        items: list[dict[str, Any]] = result["items"]
+        return items
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an object from its ``apiVersion``, ``kind`` and ``metadata.namespace``.
+
+        Raises
+        ------
+        ApiError
+            As the API would answer (409 if it exists, 404 for an unknown kind...).
+
+        """
+        defn = self.store.find_kind(body["apiVersion"], body["kind"])
+        namespace = body.get("metadata", {}).get("namespace")
+        return self.call(
+            self.store.create, defn, namespace, body, version=body["apiVersion"].rpartition("/")[2]
+        )
+
+    def patch(
+        self,
+        api_version: str,
+        plural: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch (RFC 7386) an object, on the main endpoint or ``subresource="status"``."""
+        defn = self._resource(api_version, plural)
+        return self.call(
+            self.store.patch,
+            defn,
+            namespace,
+            name,
+            "application/merge-patch+json",
+            dict(patch),
+            subresource=subresource,
+            version=api_version.rpartition("/")[2],
+        )
+
+    def wait_for(
+        self,
+        api_version: str,
+        plural: str,
+        condition: Callable[[Any], bool],
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        timeout: float = 10.0,
+    ) -> Any:
+        """Wait until ``condition`` holds, re-checking on every change of the resource.
+
+        Event-driven (a watch inside the emulator), not polling: the condition is evaluated on
+        the current state and again after each change.
+
+        Parameters
+        ----------
+        api_version : str
+            ``v1`` or ``group/version``.
+        plural : str
+            Plural name or kind of the resource.
+        condition : callable
+            With ``name``: called with the object, or ``None`` while it does not exist.
+            Without ``name``: called with the list of objects (of ``namespace``, or all).
+        name : str or None
+            The object to watch.
+        namespace : str or None
+            Its namespace, or the namespace to list (all when ``None``).
+        timeout : float
+            Seconds to wait.
+
+        Returns
+        -------
+        Any
+            The object (or list) for which the condition held.
+
+        Raises
+        ------
+        TimeoutError
+            If the condition does not hold within ``timeout`` seconds.
+
+        """
+        defn = self._resource(api_version, plural)
+        version = api_version.rpartition("/")[2]
+        store = self.store
+
+        def current() -> Any:
+            if name is None:
+                return store.list(defn, namespace, version=version)["items"]
+            try:
+                return store.get(defn, namespace, name, version)
+            except ApiError:
+                return None
+
+        async def wait() -> Any:
+            # Subscribe and evaluate in one step (no await in between): nothing is missed.
+            events = store.watch(defn, namespace, resource_version=str(store.resource_version))
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                state = current()
+                if condition(state):
+                    return state
+                async for _ in events:
+                    state = current()
+                    if condition(state):
+                        return state
+            raise TimeoutError("the emulator was closed while waiting")
+
+        async def wait_with_timeout() -> Any:
+            try:
+                return await asyncio.wait_for(wait(), timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"{plural} {namespace or ''}/{name or ''}: condition not met within {timeout} s"
+                ) from None
+
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            raise RuntimeError("the emulator is not running")
+        return asyncio.run_coroutine_threadsafe(wait_with_timeout(), loop).result()
+
+    def delete(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Delete an object (finalizers are honoured, as in the API)."""
+        defn = self._resource(api_version, plural)
+        return self.call(
+            self.store.delete, defn, namespace, name, version=api_version.rpartition("/")[2]
+        )
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

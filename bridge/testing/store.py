@@ -1,0 +1,832 @@
+"""The object store behind the in-memory Kubernetes API: versions, patches, finalizers, watches."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import copy
+import dataclasses
+import datetime
+import random
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import jsonpatch
+import jsonpointer
+
+from bridge.testing.resources import ResourceDef
+from bridge.testing.selectors import FieldSelector, LabelSelector, SelectorError
+
+__all__ = ["ApiError", "ObjectStore", "WatchEvent", "merge_patch"]
+
+Obj = dict[str, Any]
+_Key = tuple[str, str]  # (group, plural)
+_ObjKey = tuple[str | None, str]  # (namespace, name)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+# As in k8s.io/apiserver/pkg/storage/names (SimpleNameGenerator).
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+class ApiError(Exception):
+    """A failure the API server reports as a ``Status`` object.
+
+    Parameters
+    ----------
+    status : int
+        HTTP status code (400, 404, 409, 410, 415, 422).
+    reason : str
+        ``Status.reason``: ``BadRequest``, ``NotFound``, ``AlreadyExists``, ``Conflict``,
+        ``Expired``, ``UnsupportedMediaType``, ``Invalid``, ``Forbidden``.
+    message : str
+        Human-readable message, modelled on the API server's.
+
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    def to_status(self) -> Obj:
+        """Return the ``v1 Status`` body the API server would send."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "code": self.status,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """Apply a JSON merge patch (RFC 7386) and return the result (inputs are not modified).
+
+    Parameters
+    ----------
+    target : Any
+        The document to patch.
+    patch : Any
+        The merge patch: objects merge recursively, ``null`` removes a key, anything else
+        (lists included) replaces.
+
+    Returns
+    -------
+    Any
+        A new document.
+
+    """
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    """One change of one object, as kept in a resource's event history.
+
+    Attributes
+    ----------
+    rv : int
+        The resourceVersion the change produced.
+    type : str
+        ``ADDED``, ``MODIFIED`` or ``DELETED``.
+    obj : dict
+        The object after the change (the last state for ``DELETED``).
+    old : dict or None
+        The object before the change (for selector transitions), ``None`` for ``ADDED``.
+
+    """
+
+    rv: int
+    type: str
+    obj: Obj
+    old: Obj | None
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _normalize(defn: ResourceDef, obj: Obj) -> None:
+    """Apply what the API server's strategies do to every write of some built-in kinds.
+
+    A Secret's ``stringData`` is merged into ``data`` (base64) and never stored
+    (``pkg/apis/core/v1`` conversion of Secret).
+    """
+    if defn.key == ("", "secrets") and "stringData" in obj:
+        string_data = obj.pop("stringData") or {}
+        data = dict(obj.get("data") or {})
+        data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()})
+        obj["data"] = data
+
+
+def _spec_part(obj: Mapping[str, Any], with_status: bool) -> Obj:
+    """Everything that bumps ``metadata.generation`` when changed."""
+    skip = {"metadata", "apiVersion", "kind"} | ({"status"} if not with_status else set())
+    return {k: v for k, v in obj.items() if k not in skip}
+
+
+@dataclasses.dataclass(eq=False)
+class _Watcher:
+    namespace: str | None
+    labels: LabelSelector
+    fields: FieldSelector
+    queue: asyncio.Queue[WatchEvent | None]
+
+    def selects(self, obj: Mapping[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata", {})
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        return self.labels.matches(obj) and self.fields.matches(obj)
+
+    def translate(self, event: WatchEvent) -> WatchEvent | None:
+        """Adjust the event type to selector transitions (as the API server's watch cache)."""
+        now, before = self.selects(event.obj), self.selects(event.old)
+        if event.type == "MODIFIED":
+            if now and not before:
+                return dataclasses.replace(event, type="ADDED")
+            if before and not now:
+                return dataclasses.replace(event, type="DELETED")
+        return event if now else None
+
+
+class ObjectStore:
+    """In-memory objects of all declared resources with the Kubernetes API's write semantics.
+
+    All methods must be called on the event loop that serves the API (they are synchronous and
+    never await, so every write is atomic with respect to watches).
+
+    Parameters
+    ----------
+    history_limit : int
+        How many watch events to keep per resource for watch resumption; a watch from an older
+        resourceVersion receives ``410 Gone`` (``Expired``).
+    garbage_collection : bool
+        When true, an object whose every ``ownerReferences`` owner is finally deleted is deleted
+        too (background propagation; finalizers of dependents are honoured).
+
+    Notes
+    -----
+    Semantics follow ``k8s.io/apiserver`` (``registry/generic/registry/store.go``) and
+    ``apiextensions-apiserver`` (custom resource and status strategies): a global
+    resourceVersion counter, ``generation`` bumped on non-metadata changes, optimistic
+    concurrency, finalizers with ``deletionTimestamp``, status subresource separation.
+
+    """
+
+    def __init__(self, *, history_limit: int = 2000, garbage_collection: bool = True) -> None:
+        self._defs: dict[_Key, ResourceDef] = {}
+        self._objects: dict[_Key, dict[_ObjKey, Obj]] = {}
+        self._history: dict[_Key, deque[WatchEvent]] = {}
+        self._expired_rv: dict[_Key, int] = {}
+        self._watchers: dict[_Key, set[_Watcher]] = {}
+        self._uids: dict[str, tuple[_Key, _ObjKey]] = {}
+        self._rv = 0
+        self._history_limit = history_limit
+        self._gc = garbage_collection
+        self._closed = False
+
+    # -- resources ------------------------------------------------------------------------------
+
+    def declare(self, defn: ResourceDef) -> None:
+        """Serve ``defn`` (re-declaring replaces the description and keeps the objects)."""
+        self._defs[defn.key] = defn
+        self._objects.setdefault(defn.key, {})
+        self._history.setdefault(defn.key, deque(maxlen=self._history_limit))
+        self._watchers.setdefault(defn.key, set())
+
+    @property
+    def resources(self) -> builtins.list[ResourceDef]:
+        """All declared resources."""
+        return list(self._defs.values())
+
+    @property
+    def resource_version(self) -> int:
+        """The current global resourceVersion counter."""
+        return self._rv
+
+    def resolve(self, group: str, version: str | None, plural: str) -> ResourceDef:
+        """Return the resource served at ``group/version/plural``.
+
+        Raises
+        ------
+        ApiError
+            404 if the resource or that version is not served.
+
+        """
+        defn = self._defs.get((group, plural))
+        if defn is None or (version is not None and version not in defn.versions):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return defn
+
+    def find_kind(self, api_version: str, kind: str) -> ResourceDef:
+        """Return the resource of an object's ``apiVersion`` and ``kind``.
+
+        Raises
+        ------
+        ApiError
+            404 if no declared resource has that kind in that group/version.
+
+        """
+        group, _, version = api_version.rpartition("/")
+        for defn in self._defs.values():
+            if defn.group == group and defn.kind == kind and version in defn.versions:
+                return defn
+        raise ApiError(404, "NotFound", f"no resource for {api_version} {kind}")
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _render(self, defn: ResourceDef, obj: Obj, version: str | None) -> Obj:
+        out = copy.deepcopy(obj)
+        out["apiVersion"] = defn.api_version(version or defn.preferred_version)
+        out["kind"] = defn.kind
+        return out
+
+    def _check_ns(self, defn: ResourceDef, namespace: str | None) -> str | None:
+        if defn.namespaced:
+            return namespace
+        if namespace is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return None
+
+    def _current(self, defn: ResourceDef, namespace: str | None, name: str) -> Obj:
+        namespace = self._check_ns(defn, namespace)
+        if defn.namespaced and namespace is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        obj = self._objects[defn.key].get((namespace, name))
+        if obj is None:
+            group = f".{defn.group}" if defn.group else ""
+            raise ApiError(404, "NotFound", f'{defn.plural}{group} "{name}" not found')
+        return obj
+
+    def get(
+        self, defn: ResourceDef, namespace: str | None, name: str, version: str | None = None
+    ) -> Obj:
+        """Return a copy of one object.
+
+        Raises
+        ------
+        ApiError
+            404 if it does not exist.
+
+        """
+        return self._render(defn, self._current(defn, namespace, name), version)
+
+    def list(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        version: str | None = None,
+    ) -> Obj:
+        """Return a ``<Kind>List`` of matching objects with the current resourceVersion.
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            ``None`` lists all namespaces (or a cluster-scoped resource).
+        label_selector, field_selector : str or None
+            Query parameters ``labelSelector`` and ``fieldSelector``.
+        version : str or None
+            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+
+        Raises
+        ------
+        ApiError
+            400 on an unparseable selector.
+
+        """
+        namespace = self._check_ns(defn, namespace)
+        labels, fields = self._selectors(label_selector, field_selector)
+        items = [
+            self._render(defn, obj, version)
+            for (ns, _), obj in sorted(self._objects[defn.key].items(), key=lambda kv: kv[0][1])
+            if namespace is None or ns == namespace
+            if labels.matches(obj) and fields.matches(obj)
+        ]
+        return {
+            "apiVersion": defn.api_version(version or defn.preferred_version),
+            "kind": f"{defn.kind}List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    @staticmethod
+    def _selectors(
+        label_selector: str | None, field_selector: str | None
+    ) -> tuple[LabelSelector, FieldSelector]:
+        try:
+            return LabelSelector.parse(label_selector), FieldSelector.parse(field_selector)
+        except SelectorError as e:
+            raise ApiError(400, "BadRequest", str(e)) from None
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _emit(self, defn: ResourceDef, event: WatchEvent) -> None:
+        history = self._history[defn.key]
+        if history.maxlen is not None and len(history) == history.maxlen:
+            self._expired_rv[defn.key] = history[0].rv
+        history.append(event)
+        for watcher in list(self._watchers[defn.key]):
+            translated = watcher.translate(event)
+            if translated is not None:
+                watcher.queue.put_nowait(translated)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def create(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        body: Mapping[str, Any],
+        version: str | None = None,
+    ) -> Obj:
+        """Create an object (``POST`` to the collection).
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            The namespace of the URL (required for namespaced resources).
+        body : mapping
+            The object; ``metadata.generateName`` is honoured when ``name`` is empty.
+        version : str or None
+            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+
+        Returns
+        -------
+        dict
+            The stored object with uid, creationTimestamp, resourceVersion (and generation).
+
+        Raises
+        ------
+        ApiError
+            400 on a namespace mismatch, 409 ``AlreadyExists``, 422 without a name.
+
+        """
+        namespace = self._check_ns(defn, namespace)
+        obj: Obj = copy.deepcopy(dict(body))
+        meta: Obj = obj.setdefault("metadata", {})
+        if defn.namespaced:
+            body_ns = meta.get("namespace")
+            if namespace is None:
+                namespace = body_ns
+            if namespace is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if body_ns not in (None, namespace):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not"
+                    " match the namespace sent on the request",
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f"{defn.kind} is invalid: metadata.name: Required"
+                    " value: name or generateName is required",
+                )
+            for _ in range(100):
+                suffix = "".join(random.choices(_GENERATE_ALPHABET, k=5))
+                if (namespace, meta["generateName"] + suffix) not in self._objects[defn.key]:
+                    break
+            meta["name"] = meta["generateName"] + suffix
+        name = meta["name"]
+        if (namespace, name) in self._objects[defn.key]:
+            group = f".{defn.group}" if defn.group else ""
+            raise ApiError(409, "AlreadyExists", f'{defn.plural}{group} "{name}" already exists')
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
+            meta.pop(field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _now()
+        meta["resourceVersion"] = self._next_rv()
+        if defn.custom:
+            meta["generation"] = 1
+        if defn.status_subresource:
+            obj.pop("status", None)
+        if defn.key == ("", "namespaces"):
+            obj["status"] = {"phase": "Active"}
+        obj["apiVersion"] = defn.api_version(version or defn.preferred_version)
+        obj["kind"] = defn.kind
+        _normalize(defn, obj)
+        self._objects[defn.key][(namespace, name)] = obj
+        self._uids[meta["uid"]] = (defn.key, (namespace, name))
+        rv = int(meta["resourceVersion"])
+        self._emit(defn, WatchEvent(rv, "ADDED", copy.deepcopy(obj), None))
+        return self._render(defn, obj, version)
+
+    def replace(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+        version: str | None = None,
+    ) -> Obj:
+        """Replace an object (``PUT``), on the main endpoint or ``/status``.
+
+        Raises
+        ------
+        ApiError
+            404 if absent, 400 on a name mismatch, 409 on a stale ``metadata.resourceVersion``,
+            422 when adding finalizers to an object being deleted.
+
+        """
+        old = self._current(defn, namespace, name)
+        if body.get("metadata", {}).get("name", name) != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the URL")
+        return self._commit(defn, old, copy.deepcopy(dict(body)), subresource, version)
+
+    def patch(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        version: str | None = None,
+    ) -> Obj:
+        """Patch an object (``PATCH``) by ``Content-Type``.
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            The namespace (``None`` for cluster-scoped resources).
+        name : str
+            ``metadata.name``.
+        content_type : str
+            ``application/merge-patch+json`` (RFC 7386), ``application/json-patch+json``
+            (RFC 6902) or ``application/strategic-merge-patch+json`` (applied as a merge patch on
+            built-in resources only).
+        patch : Any
+            The decoded patch document.
+        subresource : str or None
+            ``"status"`` for the status subresource, ``None`` for the main resource.
+        version : str or None
+            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+
+        Raises
+        ------
+        ApiError
+            415 for strategic merge on a custom resource or an unknown patch type, 422 when a
+            JSON-patch ``test`` fails or an operation cannot apply, 409 on a stale
+            ``metadata.resourceVersion`` in the patched object, 404 if absent.
+
+        """
+        old = self._current(defn, namespace, name)
+        ctype = content_type.split(";")[0].strip().lower()
+        if ctype == STRATEGIC_PATCH and not defn.custom:
+            ctype = MERGE_PATCH
+        if ctype == MERGE_PATCH:
+            if not isinstance(patch, dict):
+                raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+            new = merge_patch(old, patch)
+            if "resourceVersion" not in (patch.get("metadata") or {}):
+                current = old["metadata"]["resourceVersion"]
+                new.setdefault("metadata", {})["resourceVersion"] = current
+        elif ctype == JSON_PATCH:
+            try:
+                new = jsonpatch.JsonPatch(patch).apply(old)
+            except jsonpatch.JsonPatchTestFailed as e:
+                raise ApiError(422, "Invalid", f"the server rejected our request: {e}") from None
+            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as e:
+                raise ApiError(422, "Invalid", f"the server rejected our request: {e}") from None
+        else:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media"
+                f" types include: {JSON_PATCH}, {MERGE_PATCH}",
+            )
+        return self._commit(defn, old, new, subresource, version)
+
+    def _commit(
+        self, defn: ResourceDef, old: Obj, new: Obj, subresource: str | None, version: str | None
+    ) -> Obj:
+        old_meta = old["metadata"]
+        new_meta = new.get("metadata") or {}
+        rv = new_meta.get("resourceVersion")
+        if rv and rv != old_meta["resourceVersion"]:
+            group = f".{defn.group}" if defn.group else ""
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {defn.plural}{group}"
+                f' "{old_meta["name"]}": the object has been modified; please apply'
+                " your changes to the latest version and try again",
+            )
+        if subresource == "status" and defn.status_subresource:
+            status = new.get("status")
+            new = copy.deepcopy(old)
+            if status is None:
+                new.pop("status", None)
+            else:
+                new["status"] = status
+        elif subresource is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        else:
+            if defn.status_subresource:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            meta = dict(new_meta)
+            for field in (
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ):
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+                else:
+                    meta.pop(field, None)
+            new["metadata"] = meta
+            if old_meta.get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+                if added:
+                    raise ApiError(
+                        422,
+                        "Forbidden",
+                        "no new finalizers can be added if the object"
+                        f" is being deleted, found new finalizers {sorted(added)}",
+                    )
+            if not meta.get("finalizers"):
+                meta.pop("finalizers", None)
+        new["apiVersion"] = old["apiVersion"]
+        new["kind"] = old["kind"]
+        _normalize(defn, new)
+        if new == old:  # a no-op write changes nothing, not even resourceVersion
+            return self._render(defn, old, version)
+        if defn.custom and (
+            _spec_part(new, not defn.status_subresource)
+            != _spec_part(old, not defn.status_subresource)
+        ):
+            new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
+        return self._store(defn, old, new, version)
+
+    def _store(self, defn: ResourceDef, old: Obj, new: Obj, version: str | None) -> Obj:
+        meta = new["metadata"]
+        meta["resourceVersion"] = self._next_rv()
+        key = (meta.get("namespace"), meta["name"])
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self._remove(defn, key, new, old, version)
+        self._objects[defn.key][key] = new
+        self._emit(
+            defn,
+            WatchEvent(
+                int(meta["resourceVersion"]), "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)
+            ),
+        )
+        return self._render(defn, new, version)
+
+    def _remove(
+        self, defn: ResourceDef, key: _ObjKey, last: Obj, old: Obj | None, version: str | None
+    ) -> Obj:
+        self._objects[defn.key].pop(key, None)
+        uid = last["metadata"]["uid"]
+        self._uids.pop(uid, None)
+        self._emit(
+            defn,
+            WatchEvent(
+                int(last["metadata"]["resourceVersion"]),
+                "DELETED",
+                copy.deepcopy(last),
+                copy.deepcopy(old),
+            ),
+        )
+        if self._gc:
+            self._collect_dependents(uid)
+        return self._render(defn, last, version)
+
+    def delete(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        name: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        version: str | None = None,
+    ) -> Obj:
+        """Delete an object (``DELETE``).
+
+        With finalizers the object gets ``deletionTimestamp`` (and a generation bump) and stays
+        until its last finalizer is removed; without, it is removed at once.
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            The namespace (``None`` for cluster-scoped resources).
+        name : str
+            ``metadata.name``.
+        version : str or None
+            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+        options : mapping or None
+            ``DeleteOptions``; ``preconditions.resourceVersion`` and ``preconditions.uid`` are
+            checked.
+
+        Returns
+        -------
+        dict
+            The object as marked for deletion, or its last state.
+
+        Raises
+        ------
+        ApiError
+            404 if absent, 409 if a precondition fails.
+
+        """
+        old = self._current(defn, namespace, name)
+        meta = old["metadata"]
+        pre = (options or {}).get("preconditions") or {}
+        for field in ("resourceVersion", "uid"):
+            if pre.get(field) and pre[field] != meta.get(field):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: {field}"
+                    f" in precondition: {pre[field]}, in object meta: {meta.get(field)}",
+                )
+        if meta.get("deletionTimestamp"):
+            return self._render(defn, old, version)
+        new = copy.deepcopy(old)
+        if meta.get("finalizers"):
+            new["metadata"]["deletionTimestamp"] = _now()
+            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            if "generation" in meta:
+                new["metadata"]["generation"] = meta["generation"] + 1
+            return self._store(defn, old, new, version)
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        return self._remove(defn, (meta.get("namespace"), meta["name"]), new, old, version)
+
+    def _collect_dependents(self, owner_uid: str) -> None:
+        """Delete objects whose every owner is gone (background propagation, simplified)."""
+        for key, objects in self._objects.items():
+            for obj in list(objects.values()):
+                refs = obj["metadata"].get("ownerReferences") or []
+                uids = {ref.get("uid") for ref in refs}
+                if owner_uid in uids and not any(u in self._uids for u in uids):
+                    defn = self._defs[key]
+                    meta = obj["metadata"]
+                    if (meta.get("namespace"), meta["name"]) in objects:
+                        self.delete(defn, meta.get("namespace"), meta["name"])
+
+    # -- watches --------------------------------------------------------------------------------
+
+    def watch(
+        self,
+        defn: ResourceDef,
+        namespace: str | None,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout: float | None = None,
+        version: str | None = None,
+    ) -> AsyncIterator[Obj]:
+        """Stream watch events (``{"type": ..., "object": ...}``) until closed or timed out.
+
+        A watch without ``resource_version`` (or with ``"0"``) first sends every current object
+        as ``ADDED``; a watch from a resourceVersion replays the newer events of the history.
+        The subscription is taken in the same step as the snapshot, so no event is lost.
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            Watch one namespace, or all when ``None``.
+        resource_version : str or None
+            The ``resourceVersion`` query parameter.
+        label_selector, field_selector : str or None
+            Query parameters ``labelSelector`` and ``fieldSelector``.
+        timeout : float or None
+            ``timeoutSeconds``: end the stream after so many seconds.
+        version : str or None
+            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+
+        Returns
+        -------
+        AsyncIterator of dict
+            Watch events; an expired resourceVersion yields one ``ERROR`` event (410 Expired).
+
+        Raises
+        ------
+        ApiError
+            400 on an unparseable selector or resourceVersion.
+
+        """
+        namespace = self._check_ns(defn, namespace)
+        labels, fields = self._selectors(label_selector, field_selector)
+        watcher = _Watcher(namespace, labels, fields, asyncio.Queue())
+        initial: builtins.list[Obj] = []
+        if resource_version in (None, "", "0"):
+            for obj in self._objects[defn.key].values():
+                if watcher.selects(obj):
+                    initial.append({"type": "ADDED", "object": self._render(defn, obj, version)})
+        else:
+            try:
+                since = int(resource_version)
+            except ValueError:
+                raise ApiError(
+                    400, "BadRequest", f"invalid resourceVersion {resource_version!r}"
+                ) from None
+            if since < self._expired_rv.get(defn.key, 0):
+                initial.append(
+                    {
+                        "type": "ERROR",
+                        "object": ApiError(
+                            410, "Expired", f"too old resource version: {since}"
+                        ).to_status(),
+                    }
+                )
+            else:
+                for event in self._history[defn.key]:
+                    translated = watcher.translate(event) if event.rv > since else None
+                    if translated is not None:
+                        initial.append(
+                            {
+                                "type": translated.type,
+                                "object": self._render(defn, translated.obj, version),
+                            }
+                        )
+        if not self._closed and not any(e["type"] == "ERROR" for e in initial):
+            self._watchers[defn.key].add(watcher)
+        return self._stream(defn, watcher, initial, timeout, version)
+
+    async def _stream(
+        self,
+        defn: ResourceDef,
+        watcher: _Watcher,
+        initial: builtins.list[Obj],
+        timeout: float | None,
+        version: str | None,
+    ) -> AsyncIterator[Obj]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            for item in initial:
+                yield item
+            if watcher not in self._watchers[defn.key]:
+                return
+            while True:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return
+                try:
+                    event = await asyncio.wait_for(watcher.queue.get(), remaining)
+                except TimeoutError:
+                    return
+                if event is None:
+                    return
+                yield {"type": event.type, "object": self._render(defn, event.obj, version)}
+        finally:
+            self._watchers[defn.key].discard(watcher)
+
+    def close(self) -> None:
+        """End every open watch stream (for a fast server shutdown)."""
+        self._closed = True
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.queue.put_nowait(None)

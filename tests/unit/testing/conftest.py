@@ -1,0 +1,23 @@
+"""Fixtures for the in-memory Kubernetes API tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from emulator_helpers import GADGETS, WIDGETS, Api
+
+from bridge.testing import EmulatedKubernetes
+
+
+@pytest.fixture
+def kube() -> Iterator[EmulatedKubernetes]:
+    with EmulatedKubernetes(crds=[WIDGETS, GADGETS]) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def api(kube: EmulatedKubernetes) -> Iterator[Api]:
+    client = Api(kube.url)
+    yield client
+    client.session.close()

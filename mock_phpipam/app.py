@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote
 
 from aiohttp import BasicAuth, web
@@ -749,7 +749,7 @@ def create_app(store: Store, faults: FaultInjector | None = None) -> web.Applica
         /_mock/state``, ``GET/PUT/DELETE /_mock/faults``, ``GET /_mock/health``.
     """
     injector = faults if faults is not None else phpipam_faults()
-    app = web.Application(middlewares=[injector.middleware])
+    app = web.Application(middlewares=[_journal_middleware(store), injector.middleware])
     app[STORE_KEY] = store
     app[_FAULTS_KEY] = injector
     app.router.add_route("*", "/api", _api_handler)
@@ -759,6 +759,30 @@ def create_app(store: Store, faults: FaultInjector | None = None) -> web.Applica
     app.router.add_get("/_mock/health", _health)
     injector.add_routes(app)
     return app
+
+
+def _journal_middleware(store: Store) -> Any:
+    """Record every API request (method, path, final status) in ``store.journal``.
+
+    Outermost, so injected faults are recorded too; the ``/_mock`` admin API is not.
+    """
+
+    @web.middleware
+    async def journal(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.path.startswith("/api"):
+            return cast(web.StreamResponse, await handler(request))
+        status = 599  # the connection was dropped (an injected "down" or a hang)
+        try:
+            response = cast(web.StreamResponse, await handler(request))
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            store.record(request.method, request.path, status)
+
+    return journal
 
 
 def faults_of(app: web.Application) -> FaultInjector:

@@ -121,6 +121,18 @@ _TOKEN_TTL = 21600
 _TIME_FMT = "%Y-%m-%d %H:%M:%S"
 
 
+@dataclass(frozen=True)
+class JournalEntry:
+    """One API request the mock answered: method, path and final HTTP status.
+
+    Status 599 means the connection was dropped without an answer.
+    """
+
+    method: str
+    path: str
+    status: int
+
+
 class PhpipamError(Exception):
     """An error phpIPAM answers with its JSON envelope.
 
@@ -479,6 +491,8 @@ class Store:
         self._lock = threading.RLock()
         self._base_settings = settings or StoreSettings()
         self._initial_seed = self._coerce_seed(seed)
+        #: Every API request answered (see `requests`); kept across `reset`.
+        self.journal: list[JournalEntry] = []
         self._clear()
         if self._initial_seed is not None:
             self.apply_seed(self._initial_seed)
@@ -1228,6 +1242,28 @@ class Store:
         """Return the user with that name, or None."""
         with self._lock:
             return next((u for u in self.users.values() if u.username == username), None)
+
+    def record(self, method: str, path: str, status: int) -> None:
+        """Append one API request to `journal` (the HTTP layer calls this)."""
+        with self._lock:
+            self.journal.append(JournalEntry(method, path, status))
+
+    def requests(self, *, writes_only: bool = False) -> list[JournalEntry]:
+        """Return the API requests seen since start or `clear_journal`, oldest first.
+
+        ``writes_only`` keeps POST/PATCH/PUT/DELETE other than logins (``/user/``).
+        """
+        with self._lock:
+            entries = list(self.journal)
+        if writes_only:
+            entries = [e for e in entries if e.method in ("POST", "PATCH", "PUT", "DELETE")
+                       and "/user" not in e.path]
+        return entries
+
+    def clear_journal(self) -> None:
+        """Forget the recorded requests."""
+        with self._lock:
+            self.journal.clear()
 
     def dump(self) -> dict[str, Any]:
         """Return the whole state as JSON-ready data (the ``/_mock/state`` answer).

@@ -311,6 +311,65 @@ class Sandbox:
             "spec": spec,
         })
 
+    def phpipam_pool(
+        self, namespace: str, name: str, *, endpoint: str, app_id: str = "capi",
+        subnet_id: int | None = None, subnet: str | None = None,
+        credentials: Mapping[str, str] | None = None, secret: str | None = None,
+        labels: Mapping[str, str] | None = None, **spec: Any,
+    ) -> dict[str, Any]:
+        """Create a ``PHPIPAMIPPool`` (and its credentials Secret when ``credentials`` is given).
+
+        Parameters
+        ----------
+        endpoint:
+            The API base URL (a mock's ``.url``).
+        credentials:
+            Secret data (``username``/``password`` or ``token``), stored as
+            ``<name>-credentials`` unless ``secret`` names the Secret.
+        spec:
+            Further spec fields, camelCase as in the CRD (``gateway``, ``hostnameSuffix``...).
+        """
+        secret = secret or f"{name}-credentials"
+        if credentials is not None:
+            self.secret(namespace, secret, credentials)
+        body: dict[str, Any] = {"endpoint": endpoint, "appId": app_id,
+                                "credentialsRef": {"name": secret}, **spec}
+        if subnet_id is not None:
+            body["subnetId"] = subnet_id
+        if subnet is not None:
+            body["subnet"] = subnet
+        return self.apply({
+            "apiVersion": f"{GROUP}/v1alpha1", "kind": "PHPIPAMIPPool",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+            "spec": body,
+        })
+
+    def infoblox_pool(
+        self, namespace: str, name: str, *, endpoint: str, subnet: str,
+        credentials: Mapping[str, str] | None = None, secret: str | None = None,
+        labels: Mapping[str, str] | None = None, **spec: Any,
+    ) -> dict[str, Any]:
+        """Create an ``InfobloxIPPool`` (and its credentials Secret); see `phpipam_pool`."""
+        secret = secret or f"{name}-credentials"
+        if credentials is not None:
+            self.secret(namespace, secret, credentials)
+        return self.apply({
+            "apiVersion": f"{GROUP}/v1alpha1", "kind": "InfobloxIPPool",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+            "spec": {"endpoint": endpoint, "subnet": subnet,
+                     "credentialsRef": {"name": secret}, **spec},
+        })
+
+    def wait_pool_ready(
+        self, namespace: str, name: str, kind: str = "PHPIPAMIPPool", *,
+        reason: str = "PoolReady", timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Wait until a pool's Ready condition has ``reason``; return the pool."""
+        return dict(wait_for(
+            lambda: (p := self.pool(namespace, name, kind)) and self.ready(p)[1] == reason and p,
+            timeout=timeout, message=f"{kind} {namespace}/{name} reason {reason}",
+        ))
+
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a claim (served version) or None."""
         return self.kube.get(f"{GROUP}/{self.version}", "ipaddressclaims", name, namespace)

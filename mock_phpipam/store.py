@@ -287,6 +287,11 @@ class Address:
     values: dict[str, Any] = field(default_factory=lambda: dict(_ADDRESS_DEFAULTS))
 
     @property
+    def is_gateway(self) -> bool:
+        """The ``is_gateway`` column: True for the subnet's gateway row."""
+        return bool(int(self.values.get("is_gateway") or 0))
+
+    @property
     def hostname(self) -> str | None:
         """The hostname column."""
         value = self.values.get("hostname")

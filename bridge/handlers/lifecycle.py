@@ -49,7 +49,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # Retries of a failing handler are paced by the delays our handlers give.
-    settings.batching.error_delays = [1, 2, 5, 10, 30]
+    settings.queueing.error_delays = [1, 2, 5, 10, 30]
 
 
 @kopf.on.login()

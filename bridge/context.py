@@ -90,7 +90,7 @@ class ExhaustionGate:
         self._since: dict[PoolKey, float] = {}
 
     def closed(self, key: PoolKey) -> bool:
-        """True when the pool was found exhausted within the hold time."""
+        """Return True when the pool was found exhausted within the hold time."""
         with self._lock:
             since = self._since.get(key)
             return since is not None and self._clock() - since < self.hold_seconds
@@ -101,7 +101,7 @@ class ExhaustionGate:
             self._since[key] = self._clock()
 
     def open(self, key: PoolKey) -> None:
-        """Record that the pool may have a free address (an allocation succeeded or one was released)."""
+        """Record that the pool may have a free address (an allocation or a release happened)."""
         with self._lock:
             self._since.pop(key, None)
 

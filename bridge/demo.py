@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bridge.testing.sandbox import Sandbox
@@ -21,7 +21,7 @@ NAMESPACE = "demo"
 SUBNET = "10.20.0.0/24"
 GATEWAY = "10.20.0.1"
 USERNAME = "ipam-bridge"
-PASSWORD = "demo-password-not-a-secret"  # noqa: S105 (the mock's own, printed nowhere)
+PASSWORD = "demo-password-not-a-secret"  # the mock's own; printed nowhere
 
 
 def _phpipam(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]], str]:
@@ -70,7 +70,7 @@ def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]
     return server, entries, "InfobloxIPPool"
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
              for row in [header, *rows]]

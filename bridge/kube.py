@@ -29,7 +29,7 @@ class NotServedError(RuntimeError):
 
 def in_cluster() -> bool:
     """Return True when running in a pod with a service account and no explicit kubeconfig."""
-    return "KUBECONFIG" not in os.environ and os.path.exists(SERVICE_ACCOUNT_TOKEN)
+    return "KUBECONFIG" not in os.environ and bool(os.path.exists(SERVICE_ACCOUNT_TOKEN))
 
 
 def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
@@ -70,7 +70,7 @@ def api_client(
 
 
 def _missing(exc: ApiException) -> bool:
-    return exc.status == 404
+    return bool(exc.status == 404)
 
 
 class Kube:

@@ -1,0 +1,1 @@
+"""Benchmarks of ipam-bridge (``python -m benchmarks``): figures to read, never pass/fail."""

@@ -1,0 +1,211 @@
+"""``python -m benchmarks``: operator throughput/latency, backend calls per claim, client ops/s.
+
+Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
+real kopf operator. Figures only; nothing passes or fails. Defaults finish in about a minute
+on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from benchmarks.client_bench import ClientResult, run_client_bench
+from benchmarks.common import percentile, table
+from benchmarks.operator_bench import OperatorResult, run_operator_bench
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-n",
+        "--claims",
+        type=int,
+        default=200,
+        help="claims created at once per operator run (default 200)",
+    )
+    parser.add_argument(
+        "-w",
+        "--workers",
+        type=_int_list,
+        default=[1, 4, 16],
+        help="IPAM_BRIDGE_WORKERS values, comma-separated (default 1,4,16)",
+    )
+    parser.add_argument(
+        "--client-ops",
+        type=int,
+        default=200,
+        help="allocations (then releases) per client run (default 200)",
+    )
+    parser.add_argument(
+        "--client-threads",
+        type=_int_list,
+        default=[1, 8],
+        help="client threads, comma-separated (default 1,8)",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=_float_list,
+        default=[0.0, 20.0],
+        help="latency injected by the mock, ms, comma-separated (default 0,20)",
+    )
+    parser.add_argument(
+        "--only", choices=("operator", "client"), default=None, help="run one part only"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds one operator run may take (default 180)",
+    )
+    return parser
+
+
+def _per(counts: Counter[str], n: int, *, prefix: str = "") -> float:
+    return sum(v for k, v in counts.items() if k.startswith(prefix)) / n
+
+
+def _breakdown(counts: Counter[str], n: int) -> str:
+    return ", ".join(f"{k} {v / n:.2g}" for k, v in sorted(counts.items()))
+
+
+def _operator_tables(results: Sequence[OperatorResult]) -> str:
+    throughput = table(
+        [
+            "workers",
+            "claims",
+            "all bound s",
+            "claims/s",
+            "p50 s",
+            "p95 s",
+            "max s",
+            "all released s",
+            "releases/s",
+        ],
+        [
+            [
+                r.workers,
+                r.claims,
+                r.bind_seconds,
+                r.claims_per_second,
+                r.p50,
+                r.p95,
+                max(r.latencies),
+                r.release_seconds,
+                r.releases_per_second,
+            ]
+            for r in results
+        ],
+    )
+    calls = table(
+        [
+            "workers",
+            "requests/alloc",
+            "requests/release",
+            "logins",
+            "per allocation",
+            "per release",
+        ],
+        [
+            [
+                r.workers,
+                _per(r.alloc_requests, r.claims),
+                _per(r.release_requests, r.claims),
+                _per(r.alloc_requests + r.release_requests, 1, prefix="POST user"),
+                _breakdown(r.alloc_requests, r.claims),
+                _breakdown(r.release_requests, r.claims),
+            ]
+            for r in results
+        ],
+    )
+    return (
+        "(a) whole operator: claims created at once; latency = create returned -> first poll "
+        "(50 ms) seeing addressRef + Ready True\n"
+        + throughput
+        + "\n\n(b) phpIPAM requests per claim (mock journal; login and pool check before t0, "
+        "pool refresher off)\n" + calls
+    )
+
+
+def _client_table(results: Sequence[ClientResult]) -> str:
+    title = "(c) PHPIPAMBackend alone against mock_phpipam (one client, shared by the threads)"
+    return (
+        title
+        + "\n"
+        + table(
+            [
+                "latency ms",
+                "threads",
+                "ops",
+                "alloc/s",
+                "alloc p50 ms",
+                "alloc p95 ms",
+                "release/s",
+                "requests/alloc",
+                "requests/release",
+            ],
+            [
+                [
+                    r.latency_ms,
+                    r.threads,
+                    r.ops,
+                    r.alloc_per_second,
+                    percentile(r.alloc_latencies, 0.5) * 1000,
+                    percentile(r.alloc_latencies, 0.95) * 1000,
+                    r.release_per_second,
+                    _per(r.alloc_requests, r.ops),
+                    _per(r.release_requests, r.ops),
+                ]
+                for r in results
+            ],
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the selected benchmarks and print their tables; return the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # kopf and the mocks are chatty at INFO
+    started = time.monotonic()
+    print(
+        f"ipam-bridge benchmarks: Python {platform.python_version()}, {platform.machine()}, "
+        f"claims={args.claims} workers={args.workers} client-ops={args.client_ops}",
+        flush=True,
+    )
+    if args.only in (None, "operator"):
+        results = []
+        for workers in args.workers:
+            print(f"  operator: {args.claims} claims, {workers} workers ...", flush=True)
+            results.append(run_operator_bench(args.claims, workers, timeout=args.timeout))
+        print("\n" + _operator_tables(results), flush=True)
+    if args.only in (None, "client"):
+        client = []
+        for latency in args.latency_ms:
+            for threads in args.client_threads:
+                client.append(
+                    run_client_bench(args.client_ops, threads=threads, latency_ms=latency)
+                )
+        print("\n" + _client_table(client), flush=True)
+    print(f"\ndone in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ value (None), every other API failure propagates as ``kubernetes.client.ApiExcep
 from __future__ import annotations
 
 import base64
+import datetime
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -285,3 +286,29 @@ class Kube:
         except ApiException as exc:
             if not _missing(exc):
                 raise
+
+    # -- events ---------------------------------------------------------------------
+
+    def post_event(
+        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str
+    ) -> None:
+        """Create a core/v1 Event about ``obj`` (for code running outside kopf handlers).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API refuses the Event.
+        """
+        meta = obj.get("metadata") or {}
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        self.core.create_namespaced_event(str(meta.get("namespace")), {
+            "metadata": {"generateName": "ipam-bridge-", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                "name": meta.get("name"), "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type, "reason": reason, "message": message[:1024],
+            "source": {"component": "ipam-bridge"}, "reportingComponent": "ipam-bridge",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        })

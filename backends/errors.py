@@ -7,6 +7,8 @@ reasons in one place (`bridge.errors`).
 
 from __future__ import annotations
 
+import ssl
+
 __all__ = [
     "AuthenticationFailedError",
     "BackendError",
@@ -15,6 +17,8 @@ __all__ = [
     "InvalidRequestError",
     "SubnetExhaustedError",
     "SubnetNotFoundError",
+    "TLSVerificationError",
+    "tls_failure",
 ]
 
 
@@ -75,3 +79,40 @@ class SubnetExhaustedError(BackendError):
 
 class InvalidRequestError(BackendError):
     """The IPAM rejected the request as invalid (bad field, bad value, unsupported call)."""
+
+
+class TLSVerificationError(BackendError):
+    """The IPAM endpoint's TLS certificate could not be verified (untrusted CA, wrong name).
+
+    Not retried: a person must give the pool the CA bundle that signed the certificate
+    (``spec.tls.caSecretRef``) or fix the certificate.
+    """
+
+
+def tls_failure(exc: BaseException) -> str | None:
+    """Return why TLS verification failed when ``exc`` was caused by it, else None.
+
+    Walks the exception chain (``__cause__``/``__context__``, arguments, urllib3's
+    ``MaxRetryError.reason``; bounded): ``requests`` wraps urllib3's error, which wraps the
+    standard library's ``ssl.SSLError`` (``ssl.SSLCertVerificationError`` for an untrusted
+    certificate). The text returned is the verification message (no URL, no secret), e.g.
+    ``"certificate verify failed: self-signed certificate in certificate chain"``.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack and len(seen) < 20:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            detail = current.verify_message or current.reason or "certificate verify failed"
+            return f"certificate verify failed: {detail}"
+        if isinstance(current, ssl.SSLError):  # e.g. a TLS handshake refused
+            return f"TLS error: {current.reason or current}"
+        stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        stack.extend(a for a in current.args if isinstance(a, BaseException))
+        reason = getattr(current, "reason", None)  # urllib3 MaxRetryError.reason
+        if isinstance(reason, BaseException):
+            stack.append(reason)
+    return None

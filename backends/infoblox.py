@@ -26,6 +26,8 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
+    TLSVerificationError,
+    tls_failure,
 )
 from backends.retry import RetryPolicy
 
@@ -710,6 +712,11 @@ class InfobloxBackend:
                 ) from exc
             except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
                 raise InvalidRequestError(f"invalid WAPI URL {url!r}: {exc}") from exc
+            except requests.exceptions.SSLError as exc:
+                raise TLSVerificationError(
+                    f"TLS verification of the grid at {self.config.endpoint} failed "
+                    f"({tls_failure(exc) or 'TLS error'})"
+                ) from exc
             except requests.RequestException as exc:
                 raise BackendUnavailableError(
                     f"cannot reach the grid at {self.config.endpoint}: {type(exc).__name__}"

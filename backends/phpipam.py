@@ -25,6 +25,8 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
+    TLSVerificationError,
+    tls_failure,
 )
 from backends.retry import RetryPolicy
 
@@ -678,6 +680,11 @@ class PHPIPAMBackend:
         except requests.Timeout as exc:
             raise BackendUnavailableError(
                 f"phpIPAM {method} {path}: no answer within {self._config.timeout_seconds}s"
+            ) from exc
+        except requests.exceptions.SSLError as exc:
+            raise TLSVerificationError(
+                f"phpIPAM {method} {path}: TLS verification of {self._config.endpoint} failed "
+                f"({tls_failure(exc) or 'TLS error'})"
             ) from exc
         except requests.RequestException as exc:
             raise BackendUnavailableError(

@@ -177,7 +177,9 @@ def is_paused(annotations: Mapping[str, str] | None, spec: Mapping[str, Any] | N
     return PAUSED_ANNOTATION in (annotations or {}) or bool((spec or {}).get("paused"))
 
 
-def _owner_ref(api_version: str, kind: str, name: str, uid: str, controller: bool) -> dict[str, Any]:
+def _owner_ref(
+    api_version: str, kind: str, name: str, uid: str, controller: bool
+) -> dict[str, Any]:
     return {
         "apiVersion": api_version,
         "kind": kind,

@@ -30,7 +30,7 @@ __all__ = ["ClaimPaused", "Outcome", "description_for", "ensure_address", "relea
 log = logging.getLogger(__name__)
 
 
-class ClaimPaused(Exception):
+class ClaimPaused(Exception):  # noqa: N818 - a state to wait out, not an error
     """The claim or its Cluster is paused: nothing may be allocated or released.
 
     Parameters
@@ -298,13 +298,16 @@ def _release(ctx: Context, body: Mapping[str, Any]) -> Outcome:
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists
     the IPAM cannot be reached (its endpoint and credentials went with it): the address is
-    left in the IPAM, a warning says so, and the claim is let go.
+    left in the IPAM, a warning says so, and the claim is let go. The same happens when a
+    bound claim's ``IPAddress`` was removed with its ``ProtectAddress`` finalizer stripped
+    (``clusterctl move`` deletes the source objects so): the entry may belong to the moved
+    claim now, and must not be freed from here.
 
     Returns
     -------
     Outcome
         An ``AddressReleased`` event (or a ``ReleaseSkipped`` warning reason when the pool
-        is gone).
+        is gone or the IPAddress was removed without this operator).
 
     Raises
     ------
@@ -321,6 +324,19 @@ def _release(ctx: Context, body: Mapping[str, Any]) -> Outcome:
         address = None
     spec = (address or {}).get("spec") or {}
     annotations = ((address or {}).get("metadata") or {}).get("annotations") or {}
+
+    if address is None and claim.address_ref:
+        # Bound, yet its IPAddress went without us: our ProtectAddress finalizer was stripped.
+        # clusterctl move deletes the source's objects that way (kopf may put the claim's
+        # finalizer back in between), and the same claim now holds this address in the
+        # target management cluster: freeing it here would hand it out twice.
+        message = (
+            f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
+            "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
+            f"{claim.key} is left as it is"
+        )
+        log.warning("claim %s: %s", claim.key, message)
+        return Outcome(status={}, reason="ReleaseSkipped", message=message)
 
     pool = _pool_of(ctx, claim)
     if pool is None:

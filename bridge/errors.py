@@ -14,9 +14,16 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
+    TLSVerificationError,
 )
 
 __all__ = ["ClaimError", "PoolError", "claim_error_from", "pool_error_from"]
+
+#: What to do about an IPAM endpoint whose certificate is not trusted (DESIGN.md section 3).
+TLS_HINT = (
+    "set spec.tls.caSecretRef to a Secret holding the CA bundle (PEM) that signed the "
+    "endpoint's certificate"
+)
 
 
 class PoolError(Exception):
@@ -63,9 +70,20 @@ class ClaimError(Exception):
 
 
 def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
-    """Translate a backend error met while checking a pool into a `PoolError`."""
+    """Translate a backend error met while checking a pool into a `PoolError`.
+
+    An untrusted TLS certificate gives ``TLSVerificationFailed`` with the verification
+    message and what to do about it.
+    """
+    if isinstance(exc, TLSVerificationError):
+        return PoolError(
+            "TLSVerificationFailed", f"{pool_display}: {exc.message}; {TLS_HINT}",
+            needs_person=True,
+        )
     if isinstance(exc, AuthenticationFailedError):
-        return PoolError("AuthenticationFailed", f"{pool_display}: {exc.message}", needs_person=True)
+        return PoolError(
+            "AuthenticationFailed", f"{pool_display}: {exc.message}", needs_person=True
+        )
     if isinstance(exc, SubnetNotFoundError):
         return PoolError("SubnetNotFound", f"{pool_display}: {exc.message}", needs_person=True)
     if isinstance(exc, InvalidRequestError):
@@ -82,9 +100,15 @@ def claim_error_from(
     """Translate a backend error met while allocating or releasing into a `ClaimError`.
 
     Exhausted subnets give ``PoolExhausted``; problems of the pool's configuration
-    (credentials, subnet, rejected requests) give ``PoolNotReady``; the rest
-    (unreachable IPAM, lost races beyond the retry budget) give ``AllocationFailed``.
+    (credentials, subnet, rejected requests, an untrusted TLS certificate) give
+    ``PoolNotReady``; the rest (unreachable IPAM, lost races beyond the retry budget) give
+    ``AllocationFailed``.
     """
+    if isinstance(exc, TLSVerificationError):
+        return ClaimError(
+            "PoolNotReady", f"{pool_display}: {exc.message}; {TLS_HINT}",
+            delay=config_error_seconds,
+        )
     if isinstance(exc, SubnetExhaustedError):
         return ClaimError(
             "PoolExhausted", f"{pool_display} has no free address: {exc.message}",

@@ -14,7 +14,17 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import kubernetes
-from kubernetes.client import ApiClient, ApiException, ApisApi, CoreV1Api, CustomObjectsApi
+from kubernetes.client import (
+    ApiClient,
+    ApiException,
+    ApisApi,
+    CoreV1Api,
+    CoreV1Event,
+    CustomObjectsApi,
+    V1EventSource,
+    V1ObjectMeta,
+    V1ObjectReference,
+)
 
 from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GROUP, POOL_KINDS
 
@@ -300,15 +310,16 @@ class Kube:
             When the API refuses the Event.
         """
         meta = obj.get("metadata") or {}
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        self.core.create_namespaced_event(str(meta.get("namespace")), {
-            "metadata": {"generateName": "ipam-bridge-", "namespace": meta.get("namespace")},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                "name": meta.get("name"), "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-            },
-            "type": type, "reason": reason, "message": message[:1024],
-            "source": {"component": "ipam-bridge"}, "reportingComponent": "ipam-bridge",
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })
+        namespace = str(meta.get("namespace"))
+        now = datetime.datetime.now(datetime.UTC)
+        event = CoreV1Event(
+            metadata=V1ObjectMeta(generate_name="ipam-bridge-", namespace=namespace),
+            involved_object=V1ObjectReference(
+                api_version=obj.get("apiVersion"), kind=obj.get("kind"),
+                name=meta.get("name"), namespace=namespace, uid=meta.get("uid"),
+            ),
+            type=type, reason=reason, message=message[:1024],
+            source=V1EventSource(component="ipam-bridge"), reporting_component="ipam-bridge",
+            first_timestamp=now, last_timestamp=now, count=1,
+        )
+        self.core.create_namespaced_event(namespace, event)

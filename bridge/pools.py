@@ -276,13 +276,16 @@ def _infoblox(pool: Pool, secret: Mapping[str, str], verify: bool | str,
             needs_person=True,
         )
     spec = pool.spec
+    record_type = str(spec.get("recordType") or "host")
+    if record_type not in ("host", "fixedaddress"):
+        raise _invalid(f"spec.recordType {record_type!r} must be 'host' or 'fixedaddress'")
     config = InfobloxConfig(
         endpoint=str(spec["endpoint"]).rstrip("/"),
         wapi_version=str(spec.get("wapiVersion") or "2.12"),
         network_view=str(spec.get("networkView") or "default"),
         subnet=str(spec["subnet"]),
-        record_type=str(spec.get("recordType") or "host"),
-        dns_view=_opt_str(spec, "dnsView"),
+        record_type="fixedaddress" if record_type == "fixedaddress" else "host",
+        dns_view=_opt_str(spec, "dnsView") or "default",
         dns_zone=_opt_str(spec, "dnsZone"),
         extensible_attributes={
             str(k): str(v) for k, v in (spec.get("extensibleAttributes") or {}).items()

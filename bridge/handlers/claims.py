@@ -7,6 +7,7 @@ The resource is versionless: kopf serves the API server's preferred version of t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -25,10 +26,22 @@ def claim_is_ours(spec: kopf.Spec, **_: Any) -> bool:
     return bool(ref.get("apiGroup") == capi.GROUP and ref.get("kind") in capi.POOL_KINDS)
 
 
+def _write_status(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch) -> None:
+    """Patch the claim's status only where it changes.
+
+    A patch that changes nothing leaves the resourceVersion as it is, and kopf then waits
+    its consistency timeout (5 s) before it handles the claim's next event: a bound claim
+    resumed after a restart must cost no write.
+    """
+    current = body.get("status") or {}
+    changed = {key: value for key, value in status.items() if current.get(key) != value}
+    if changed:
+        patch.status.update(changed)
+
+
 def _report(body: kopf.Body, outcome: Outcome, patch: kopf.Patch) -> None:
     before = capi.ready_of(body)
-    if outcome.status:
-        patch.status.update(outcome.status)
+    _write_status(body, outcome.status, patch)
     after = capi.ready_of({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
                            "status": outcome.status}) if outcome.status else before
     if outcome.reason and (after != before or not outcome.status):
@@ -38,7 +51,7 @@ def _report(body: kopf.Body, outcome: Outcome, patch: kopf.Patch) -> None:
 
 def _fail(body: kopf.Body, error: ClaimError, patch: kopf.Patch) -> kopf.TemporaryError:
     status = capi.claim_status(body, ready=False, reason=error.reason, message=error.message)
-    patch.status.update(status)
+    _write_status(body, status, patch)
     if capi.ready_of(body) != ("False", error.reason):
         kopf.event(body, type="Warning", reason=error.reason, message=error.message)
     return kopf.TemporaryError(error.message, delay=error.delay)
@@ -67,7 +80,10 @@ def allocate(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
 
 @kopf.on.delete(capi.GROUP, "ipaddressclaims", when=claim_is_ours)
 def release(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Free the claim's address (see `bridge.claims.release_address`); kopf then drops the finalizer."""
+    """Free the claim's address (see `bridge.claims.release_address`).
+
+    kopf removes the claim's ``ReleaseAddress`` finalizer once this returns.
+    """
     ctx: Context = memo.bridge
     try:
         outcome = release_address(ctx, body)

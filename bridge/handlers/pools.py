@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes.client import ApiException
@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 def _post(body: Mapping[str, Any], outcome: PoolOutcome) -> None:
     if outcome.changed:
         kopf.event(
-            dict(body), type="Normal" if outcome.ready else "Warning",
+            kopf.Body(cast(kopf.RawBody, dict(body))),
+            type="Normal" if outcome.ready else "Warning",
             reason=outcome.reason, message=outcome.message,
         )
 
@@ -39,7 +40,10 @@ def _apply(ctx: Context, body: Mapping[str, Any], outcome: PoolOutcome) -> None:
         ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"],
                                    outcome.status)
     ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, outcome.protect)
-    _post(body, outcome)
+    if outcome.changed:
+        # Not kopf.event: outside a handler kopf has no event queue (LookupError).
+        ctx.kube.post_event(body, type="Normal" if outcome.ready else "Warning",
+                            reason=outcome.reason, message=outcome.message)
 
 
 def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
@@ -61,7 +65,7 @@ def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
 
 
 def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A pool being deleted: let it go at once if no IPAddress references it."""
+    """Let a pool being deleted go at once if no IPAddress references it."""
     ctx: Context = memo.bridge
     _apply(ctx, body, reconcile_pool(ctx, body))
 
@@ -84,10 +88,9 @@ def refresh_pools(ctx: Context) -> int:
         for body in ctx.kube.list_pools(kind, ctx.settings.namespaces):
             try:
                 _apply(ctx, body, reconcile_pool(ctx, body))
-            except ApiException as exc:
-                log.warning("pool %s/%s: status not written: %s",
-                            body["metadata"].get("namespace"), body["metadata"].get("name"),
-                            exc.reason)
+            except Exception:  # one pool must never stop the refresh of the others
+                log.exception("pool %s/%s: refresh failed",
+                              body["metadata"].get("namespace"), body["metadata"].get("name"))
             count += 1
     return count
 
@@ -100,3 +103,5 @@ async def refresh_pools_forever(ctx: Context) -> None:
             await asyncio.to_thread(refresh_pools, ctx)
         except ApiException as exc:
             log.warning("pool refresh failed: %s %s", exc.status, exc.reason)
+        except Exception:
+            log.exception("pool refresh failed")

@@ -161,6 +161,8 @@ class Sandbox:
         Extra ``IPAM_BRIDGE_*`` variables on top of `FAST_SETTINGS`.
     start_operator:
         Start the operator on entry (False: call `start_operator` later).
+    cluster_crd:
+        Serve CAPI's ``Cluster`` CRD (False: a cluster with only CAPI's IPAM CRDs).
     """
 
     def __init__(
@@ -170,11 +172,15 @@ class Sandbox:
         capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1"),
         settings: Mapping[str, str] | None = None,
         start_operator: bool = True,
+        cluster_crd: bool = True,
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ipam-bridge-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.capi_versions = capi_versions
-        self.kube = EmulatedKubernetes(crds=crd_documents(capi_versions))
+        self.kube = EmulatedKubernetes(crds=[
+            doc for doc in crd_documents(capi_versions)
+            if cluster_crd or doc["spec"]["group"] != CLUSTER_CRD["spec"]["group"]
+        ])
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self._autostart = start_operator
         self._thread: threading.Thread | None = None

@@ -35,6 +35,7 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
+    TLSVerificationError,
 )
 from backends.phpipam import (
     RESERVED_NETWORK_HOSTNAME,
@@ -1311,8 +1312,9 @@ def test_tls_with_ca_bundle_works_and_unknown_ca_fails(
     info = make(endpoint=endpoint, app_code=APP_CODE, verify=ca_path).describe_subnet()
     assert info.cidr == "10.20.0.0/24"
 
-    with pytest.raises(BackendUnavailableError, match="SSLError"):
+    with pytest.raises(TLSVerificationError, match="certificate verify failed") as caught:
         make(endpoint=endpoint, app_code=APP_CODE).describe_subnet()
+    assert not caught.value.retryable  # a person must fix it: no retry loop in the client
 
 
 # ---------------------------------------------------------------- secrets

@@ -85,3 +85,56 @@ def test_claim_error_mapping(exc, reason, delay):
     error = claim_error_from(exc, "pool", retry_seconds=10, config_error_seconds=60,
                              exhausted_seconds=5)
     assert (error.reason, error.delay) == (reason, delay)
+
+
+def _wrapped_tls_error(inner: BaseException) -> be.BackendError:
+    """A backend error as the clients raise it: requests -> urllib3 -> ssl, chained."""
+    import requests
+    import urllib3
+
+    try:
+        try:
+            try:
+                raise inner
+            except BaseException as ssl_exc:
+                url = "/api/capi/user/"
+                raise urllib3.exceptions.MaxRetryError(None, url, ssl_exc) from ssl_exc
+        except urllib3.exceptions.MaxRetryError as retry_exc:
+            raise requests.exceptions.SSLError(retry_exc) from None
+    except requests.RequestException as exc:
+        error = be.BackendUnavailableError("phpIPAM POST user/: cannot reach https://ipam/api")
+        error.__cause__ = exc
+        return error
+
+
+def test_tls_failure_finds_the_verification_message_in_the_chain():
+    import ssl
+
+    inner = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    inner.verify_message = "self-signed certificate in certificate chain"
+    exc = _wrapped_tls_error(inner)
+    assert be.tls_failure(exc) == (
+        "certificate verify failed: self-signed certificate in certificate chain")
+
+
+def test_tls_verification_failure_is_named_and_needs_a_person():
+    exc = be.TLSVerificationError("phpIPAM GET subnets/7/: TLS verification of "
+                                  "https://ipam/api failed (certificate verify failed: x)")
+    assert not exc.retryable
+    pool = pool_error_from(exc, "PHPIPAMIPPool ns/p")
+    assert pool.reason == "TLSVerificationFailed" and pool.needs_person
+    assert "certificate verify failed: x" in pool.message
+    assert "spec.tls.caSecretRef" in pool.message
+    claim = claim_error_from(exc, "pool", retry_seconds=10, config_error_seconds=60,
+                             exhausted_seconds=5)
+    assert (claim.reason, claim.delay) == ("PoolNotReady", 60)
+    assert "TLS verification" in claim.message
+
+
+def test_plain_connection_errors_are_not_tls_failures():
+    import requests
+
+    exc = be.BackendUnavailableError("down")
+    exc.__cause__ = requests.ConnectionError("refused")
+    assert be.tls_failure(exc) is None
+    assert pool_error_from(exc, "p").needs_person is False

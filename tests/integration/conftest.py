@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from integration_env import CREDENTIALS, INFOBLOX_SEED, NAMESPACE, PHPIPAM_SEED
 
 from bridge.testing.sandbox import Sandbox
 from mock_infoblox.server import MockInfobloxServer
@@ -18,39 +19,7 @@ from mock_infoblox.store import InfobloxStore
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
-NAMESPACE = "test"
-CREDENTIALS = {"username": "capi-operator", "password": "Pa55-w0rd-never-logged"}
-
-#: phpIPAM: subnet 7 is a /24 with a gateway, 8 an IPv6 /64 without one, 9 a /30 (two
-#: usable hosts, for exhaustion), 10 a /28.
-PHPIPAM_SEED: dict[str, Any] = {
-    "users": [{"username": CREDENTIALS["username"], "password": CREDENTIALS["password"]}],
-    "apps": [
-        {"id": "capi", "permissions": 2, "security": "none"},
-        {"id": "capicode", "permissions": 2, "security": "ssl_code",
-         "code": "app-code-token-0123456789"},
-    ],
-    "sections": [{"id": 3, "name": "capi-test", "subnets": [
-        {"id": 7, "cidr": "10.20.0.0/24", "gateway": "10.20.0.1"},
-        {"id": 8, "cidr": "2001:db8:20::/64"},
-        {"id": 9, "cidr": "10.20.1.0/30"},
-        {"id": 10, "cidr": "10.20.2.0/28", "gateway": "10.20.2.1"},
-    ]}],
-}
-
-#: Infoblox: the same shapes as networks of the default network view.
-INFOBLOX_SEED: dict[str, Any] = {
-    "users": {CREDENTIALS["username"]: CREDENTIALS["password"]},
-    "zones": [{"fqdn": "nodes.example.com", "view": "default"}],
-    "extensible_attributes": [{"name": "Owner", "type": "STRING"}],
-    "networks": [
-        {"network": "10.20.0.0/24", "network_view": "default", "gateway": "10.20.0.1"},
-        {"network": "2001:db8:20::/64", "network_view": "default"},
-        {"network": "10.20.1.0/30", "network_view": "default"},
-    ],
-    "used": [{"ip": "10.20.0.1", "network_view": "default", "names": ["gateway"],
-              "types": ["A"]}],
-}
+__all__ = ["CREDENTIALS", "INFOBLOX_SEED", "NAMESPACE", "PHPIPAM_SEED"]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trustme
 import yaml
-from conftest import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
+from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
 from backends.phpipam import RESERVED_NETWORK_HOSTNAME
 from bridge.capi import (

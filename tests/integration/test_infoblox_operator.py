@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import CREDENTIALS, NAMESPACE
+from integration_env import CREDENTIALS, NAMESPACE
 
 import bridge.handlers.claims as claim_handlers
 from bridge.capi import (

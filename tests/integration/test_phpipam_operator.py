@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
+from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
 from bridge.testing.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer

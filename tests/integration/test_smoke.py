@@ -1,7 +1,7 @@
+from integration_env import CREDENTIALS, NAMESPACE
+
 from bridge.testing.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
-
-from conftest import CREDENTIALS, NAMESPACE
 
 
 def test_one_claim_end_to_end(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:

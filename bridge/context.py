@@ -61,6 +61,11 @@ class BackendCache:
             old[1].close()
         return backend
 
+    def __len__(self) -> int:
+        """Return how many backend clients are cached."""
+        with self._lock:
+            return len(self._entries)
+
     def drop(self, key: PoolKey) -> None:
         """Close and forget the backend of a pool (the pool is gone)."""
         with self._lock:

@@ -7,6 +7,7 @@ in prometheus-client's global registry), so several operators can run in one pro
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,11 +27,17 @@ class Metrics:
 
     Attributes
     ----------
+    registry:
+        The ``CollectorRegistry`` holding all of them (what `serve` exposes).
     allocations:
-        ``ipam_bridge_allocations_total{pool, kind, result}``: allocation attempts;
-        result is ``success`` or the claim condition reason of the failure.
+        ``ipam_bridge_allocations_total{pool, kind, result}``: allocation attempts that
+        reached a result (``pool`` is ``<namespace>/<name>``); result is ``success`` (an
+        address was reserved in the IPAM) or the claim's Ready reason of the failure. A
+        claim already bound (restart, ``clusterctl move``) is not counted again.
     releases:
-        ``ipam_bridge_releases_total{pool, kind, result}``: release attempts.
+        ``ipam_bridge_releases_total{pool, kind, result}``: release attempts; result is
+        ``success``, ``skipped`` (the pool was gone, nothing could be freed) or the failure's
+        reason.
     backend_duration:
         ``ipam_bridge_backend_request_duration_seconds{backend, operation, result}``: time of
         each backend operation (``describe_subnet``, ``allocate``, ``release``), retries
@@ -38,7 +45,20 @@ class Metrics:
     pool_free:
         ``ipam_bridge_pool_free_addresses{pool, kind}``: free addresses as last reported.
     claims_pending:
-        ``ipam_bridge_claims_pending{reason}``: claims waiting for an address, by reason.
+        ``ipam_bridge_claims_pending{reason}``: claims waiting for an address, by reason
+        (claim condition reason: ``PoolNotReady``, ``PoolExhausted``, ``AllocationFailed``).
+    backend_last_success:
+        ``ipam_bridge_backend_last_success_timestamp_seconds{backend}``: POSIX time of the last
+        backend operation that succeeded (alert when it grows old while claims are pending).
+    last_success:
+        The same time, across backends, as a float (None before the first success); read by
+        the liveness probe.
+
+    Notes
+    -----
+    Metric types and the text exposition format are prometheus-client's; the counters are
+    exposed with the ``_total`` suffix. Methods are thread-safe: kopf runs sync handlers of
+    different objects in parallel threads.
     """
 
     def __init__(self) -> None:
@@ -65,12 +85,33 @@ class Metrics:
             "ipam_bridge_claims_pending", "Claims waiting for an address, by reason.",
             ["reason"], registry=self.registry,
         )
+        self.backend_last_success = Gauge(
+            "ipam_bridge_backend_last_success_timestamp_seconds",
+            "POSIX time of the last successful backend operation.",
+            ["backend"], registry=self.registry,
+        )
+        self.last_success: float | None = None
+        self._lock = threading.Lock()
         self._pending: dict[str, str] = {}
         self._server: tuple[WSGIServer, Thread] | None = None
 
     @contextmanager
     def timed(self, backend: str, operation: str) -> Iterator[None]:
-        """Time a backend operation into ``backend_duration`` (result ``ok`` or ``error``)."""
+        """Time the enclosed backend operation into ``backend_duration``.
+
+        Parameters
+        ----------
+        backend:
+            ``phpipam`` or ``infoblox`` (see `bridge.pools.BACKEND_NAMES`).
+        operation:
+            ``describe_subnet``, ``allocate`` or ``release``.
+
+        Notes
+        -----
+        The result label is ``ok`` when the block completes and ``error`` when it raises (the
+        exception propagates unchanged). A success also sets ``backend_last_success`` and
+        `last_success` to the current POSIX time.
+        """
         start = time.perf_counter()
         result = "error"
         try:
@@ -80,29 +121,88 @@ class Metrics:
             self.backend_duration.labels(backend, operation, result).observe(
                 time.perf_counter() - start
             )
+            if result == "ok":
+                now = time.time()
+                self.last_success = now
+                self.backend_last_success.labels(backend).set(now)
 
     def call(self, backend: str, operation: str, fn: Callable[[], T]) -> T:
-        """Run ``fn()`` timed as ``backend``/``operation`` and return its result."""
+        """Run ``fn()`` timed as ``backend``/``operation`` (see `timed`) and return its result.
+
+        Raises
+        ------
+        Exception
+            Whatever ``fn`` raises, after it was recorded with result ``error``.
+        """
         with self.timed(backend, operation):
             return fn()
 
     def pending(self, claim: str, reason: str | None) -> None:
-        """Record that ``claim`` (``ns/name``) waits for ``reason``, or no longer waits (None)."""
-        old = self._pending.pop(claim, None)
-        if old is not None:
-            self.claims_pending.labels(old).dec()
-        if reason is not None:
-            self._pending[claim] = reason
-            self.claims_pending.labels(reason).inc()
+        """Record that a claim waits for an address, or no longer waits.
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:  # noqa: S104 (a pod port)
-        """Serve ``/metrics`` on ``port`` (0 picks a free one); return the bound port."""
+        Parameters
+        ----------
+        claim:
+            ``<namespace>/<name>`` of the claim.
+        reason:
+            The claim's Ready reason while it waits; None once it is bound, released or
+            deleted (its series is decremented, never left behind).
+        """
+        with self._lock:
+            old = self._pending.pop(claim, None)
+            if old is not None:
+                self.claims_pending.labels(old).dec()
+            if reason is not None:
+                self._pending[claim] = reason
+                self.claims_pending.labels(reason).inc()
+
+    def pending_claims(self) -> dict[str, str]:
+        """Return a copy of the waiting claims: ``{"<namespace>/<name>": reason}``."""
+        with self._lock:
+            return dict(self._pending)
+
+    def pools(self) -> list[str]:
+        """Return the pools (``<namespace>/<name>``) whose free count is exported, sorted."""
+        return sorted({
+            sample.labels["pool"]
+            for family in self.pool_free.collect()
+            for sample in family.samples
+        })
+
+    def forget_pool(self, pool: str, kind: str) -> None:
+        """Drop the free-address series of a deleted pool (``<namespace>/<name>`` and kind).
+
+        A gauge left behind would report addresses of a pool that no longer exists; the
+        counters keep their series (Prometheus counters are not deleted).
+        """
+        self.pool_free.remove(pool, kind)  # a no-op for an unknown series
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` over HTTP with prometheus-client's WSGI server, in a thread.
+
+        Parameters
+        ----------
+        port:
+            TCP port; 0 picks a free one.
+        address:
+            Address to bind (``0.0.0.0`` in a pod, so the metrics Service reaches it).
+
+        Returns
+        -------
+        int
+            The bound port.
+
+        Raises
+        ------
+        OSError
+            When the port cannot be bound (in use, or privileged).
+        """
         server, thread = start_http_server(port, addr=address, registry=self.registry)
         self._server = (server, thread)
         return int(server.server_port)
 
     def close(self) -> None:
-        """Stop serving."""
+        """Stop serving ``/metrics`` and join the server thread (no-op when not serving)."""
         if self._server is not None:
             server, thread = self._server
             server.shutdown()

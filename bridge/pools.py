@@ -517,6 +517,8 @@ def reconcile_pool(ctx: Context, body: Mapping[str, Any]) -> PoolOutcome:
         if not users:
             ctx.backends.drop((str(meta.get("namespace")), str(body.get("kind")),
                                str(meta.get("name"))))
+            ctx.metrics.forget_pool(f"{meta.get('namespace')}/{meta.get('name')}",
+                                    str(body.get("kind")))
             return PoolOutcome({}, False, "Deleted", "no address references the pool",
                                changed=False, protect=False)
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")

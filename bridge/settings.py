@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
     )
+    metrics_address: str = Field(
+        "0.0.0.0", description="Address the /metrics endpoint listens on."
+    )
     health_port: int = Field(
         8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
     )

@@ -1,9 +1,11 @@
-"""Start-up, clean-up and login handlers: build the operator context and apply settings to kopf."""
+"""Start-up, clean-up, login and probe handlers: the operator context and kopf's settings."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -14,7 +16,7 @@ from bridge.handlers.pools import refresh_pools_forever
 from bridge.kube import Kube, NotServedError, api_client, in_cluster, load_configuration
 from bridge.settings import Settings
 
-__all__ = ["cleanup", "configure", "login", "startup"]
+__all__ = ["cleanup", "configure", "login", "probe", "startup"]
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,15 @@ ANNOTATION_PREFIX = "ipam-bridge.ipam.cluster.x-k8s.io"
 
 
 def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
-    """Apply our settings to kopf's ``OperatorSettings``."""
+    """Apply our settings to kopf's ``OperatorSettings`` (in place).
+
+    Parameters
+    ----------
+    settings:
+        kopf's settings of the running operator (the start-up handler's ``settings``).
+    bridge:
+        Our settings (``IPAM_BRIDGE_*``): worker count.
+    """
     from bridge.capi import CLAIM_FINALIZER
 
     # kopf's own finalizer is the contract's claim finalizer: kopf adds it before the
@@ -83,10 +93,15 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Read settings, connect, detect the served CAPI version, start the pool refresher.
 
+    Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
+    is 0; the `Context` (with its own metrics registry) goes to ``memo.bridge``.
+
     Raises
     ------
     kopf.PermanentError
         When the CAPI IPAM CRDs are not served (the operator stops with that message).
+    OSError
+        When the metrics port cannot be bound.
     """
     bridge = Settings()
     configure(settings, bridge)
@@ -105,7 +120,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
     )
     if bridge.metrics_port:
-        port = ctx.metrics.serve(bridge.metrics_port)
+        port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)
         log.info("serving metrics on :%d/metrics", port)
     memo.bridge = ctx
     memo.refresher = asyncio.create_task(refresh_pools_forever(ctx))
@@ -121,3 +136,43 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     ctx = memo.get("bridge")
     if ctx is not None:
         await asyncio.to_thread(ctx.close)
+
+
+@kopf.on.probe(id="bridge")
+def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Report cheap facts for kopf's liveness endpoint; never calls a backend or the API.
+
+    kopf serves the result as ``{"bridge": {...}}`` on the ``--liveness`` endpoint
+    (``IPAM_BRIDGE_HEALTH_PORT``) and caches it for 10 seconds (kopf's health reporter). A
+    backend that is down must not make Kubernetes restart the pod, so only in-memory state
+    is read.
+
+    Parameters
+    ----------
+    memo:
+        kopf's operator memo; ``memo.bridge`` is the `Context` once start-up is done.
+
+    Returns
+    -------
+    dict
+        ``started`` (bool: start-up done), and once started: ``capiVersion`` (the served
+        IPAddress version), ``pools`` (pools whose usage is known), ``backends`` (backend
+        clients cached), ``claimsPending`` (claims waiting for an address),
+        ``lastBackendSuccess`` (ISO 8601 UTC time of the last successful backend
+        operation, or None) and ``secondsSinceBackendSuccess`` (float seconds, or None).
+    """
+    ctx: Context | None = memo.get("bridge")
+    if ctx is None:
+        return {"started": False}
+    last = ctx.metrics.last_success
+    return {
+        "started": True,
+        "capiVersion": ctx.address_version,
+        "pools": len(ctx.metrics.pools()),
+        "backends": len(ctx.backends),
+        "claimsPending": len(ctx.metrics.pending_claims()),
+        "lastBackendSuccess": None if last is None else datetime.datetime.fromtimestamp(
+            last, datetime.UTC
+        ).isoformat(),
+        "secondsSinceBackendSuccess": None if last is None else round(time.time() - last, 3),
+    }

@@ -311,8 +311,12 @@ def claim_status(
     if version == "v1beta1":
         v1beta2 = (status.get("v1beta2") or {}).get("conditions") or []
         new = ready_condition(
-            ready=ready, reason=reason, message=message,
-            observed_generation=generation, previous=v1beta2, now=now,
+            ready=ready,
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            previous=v1beta2,
+            now=now,
         )
         patch["v1beta2"] = {"conditions": _merge(v1beta2, new)}
         old = status.get("conditions") or []
@@ -323,8 +327,12 @@ def claim_status(
     else:
         old = status.get("conditions") or []
         new = ready_condition(
-            ready=ready, reason=reason, message=message,
-            observed_generation=generation, previous=old, now=now,
+            ready=ready,
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            previous=old,
+            now=now,
         )
         patch["conditions"] = _merge(old, new)
     return patch

@@ -102,9 +102,7 @@ def _check_paused(ctx: Context, claim: Claim) -> None:
             delay=ctx.settings.requeue_seconds,
         )
     if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
-        raise ClaimPaused(
-            f"Cluster {claim.namespace}/{claim.cluster_name} is paused", delay=delay
-        )
+        raise ClaimPaused(f"Cluster {claim.namespace}/{claim.cluster_name} is paused", delay=delay)
 
 
 def _pool_of(ctx: Context, claim: Claim) -> Pool | None:
@@ -118,15 +116,18 @@ def _pool_of(ctx: Context, claim: Claim) -> Pool | None:
 
 
 def _not_ready(ctx: Context, exc: PoolError) -> ClaimError:
-    delay = ctx.settings.requeue_config_error_seconds if exc.needs_person else (
-        ctx.settings.requeue_seconds
+    delay = (
+        ctx.settings.requeue_config_error_seconds
+        if exc.needs_person
+        else (ctx.settings.requeue_seconds)
     )
     return ClaimError(Reason.POOL_NOT_READY, exc.message, delay=delay)
 
 
 def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
     return claim_error_from(
-        exc, pool.display,
+        exc,
+        pool.display,
         retry_seconds=ctx.settings.requeue_seconds,
         config_error_seconds=ctx.settings.requeue_config_error_seconds,
         exhausted_seconds=ctx.settings.requeue_exhausted_seconds,
@@ -148,11 +149,11 @@ def _bound(body: Mapping[str, Any], address: Mapping[str, Any], pool_display: st
 
 def _belongs_to(address: Mapping[str, Any], claim: Claim) -> bool:
     spec = address.get("spec") or {}
-    return (spec.get("claimRef") or {}).get("name") == claim.name and (
-        spec.get("poolRef") or {}
-    ).get("name") == claim.pool_ref.name and (spec.get("poolRef") or {}).get(
-        "kind"
-    ) == claim.pool_ref.kind
+    return (
+        (spec.get("claimRef") or {}).get("name") == claim.name
+        and (spec.get("poolRef") or {}).get("name") == claim.pool_ref.name
+        and (spec.get("poolRef") or {}).get("kind") == claim.pool_ref.kind
+    )
 
 
 def _ensure(ctx: Context, body: Mapping[str, Any]) -> Outcome:
@@ -173,12 +174,14 @@ def _ensure(ctx: Context, body: Mapping[str, Any]) -> Outcome:
         )
     if pool.deleting:
         raise ClaimError(
-            Reason.POOL_NOT_READY, f"{pool.display} is being deleted",
+            Reason.POOL_NOT_READY,
+            f"{pool.display} is being deleted",
             delay=ctx.settings.requeue_config_error_seconds,
         )
     if ctx.gate.closed(pool.key):
         raise ClaimError(
-            Reason.POOL_EXHAUSTED, f"{pool.display} has no free address",
+            Reason.POOL_EXHAUSTED,
+            f"{pool.display} has no free address",
             delay=ctx.settings.requeue_exhausted_seconds,
         )
     try:
@@ -189,7 +192,8 @@ def _ensure(ctx: Context, body: Mapping[str, Any]) -> Outcome:
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     try:
         allocation = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind], "allocate",
+            BACKEND_NAMES[pool.kind],
+            "allocate",
             lambda: backend.allocate(hostname, description_for(claim)),
         )
     except BackendError as exc:
@@ -366,7 +370,8 @@ def _release(ctx: Context, body: Mapping[str, Any]) -> Outcome:
         ctx.kube.delete_ip_address(version, claim.namespace, claim.name)
     what = spec.get("address") or hostname
     message = (
-        f"released {what} in {pool.display}" if released
+        f"released {what} in {pool.display}"
+        if released
         else f"{hostname} was not registered in {pool.display}; nothing to release"
     )
     log.info("claim %s: %s", claim.key, message)

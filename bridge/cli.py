@@ -145,22 +145,43 @@ def _parser() -> argparse.ArgumentParser:
         description="Cluster API IPAM provider backed by phpIPAM and Infoblox NIOS.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the operator against the current kubeconfig "
-                                     "or in-cluster service account")
+    run = sub.add_parser(
+        "run", help="run the operator against the current kubeconfig or in-cluster service account"
+    )
     scope = run.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[],
-                       help="serve only this namespace (repeatable)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true",
-                       help="serve all namespaces (the default)")
-    run.add_argument("--standalone", action="store_true", default=None,
-                     help="no peering: do not wait for other replicas")
-    run.add_argument("--liveness", default=None,
-                     help="liveness endpoint URL (default http://0.0.0.0:$IPAM_BRIDGE_HEALTH_PORT/healthz)")
-    demo = sub.add_parser("demo", help="show the whole flow on this machine: mock IPAM, "
-                                       "in-memory Kubernetes API, the real operator")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="serve all namespaces (the default)"
+    )
+    run.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help="no peering: do not wait for other replicas",
+    )
+    run.add_argument(
+        "--liveness",
+        default=None,
+        help="liveness endpoint URL (default http://0.0.0.0:$IPAM_BRIDGE_HEALTH_PORT/healthz)",
+    )
+    demo = sub.add_parser(
+        "demo",
+        help="show the whole flow on this machine: mock IPAM, "
+        "in-memory Kubernetes API, the real operator",
+    )
     demo.add_argument("--claims", type=int, default=10, help="claims to create (default 10)")
-    demo.add_argument("--backend", choices=("phpipam", "infoblox"), default="phpipam",
-                      help="which mock IPAM to run (default phpipam)")
+    demo.add_argument(
+        "--backend",
+        choices=("phpipam", "infoblox"),
+        default="phpipam",
+        help="which mock IPAM to run (default phpipam)",
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -175,8 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bridge.demo import run_demo
 
         return run_demo(claims=args.claims, backend=args.backend)
-    run_operator(args.namespace, all_namespaces=args.all_namespaces,
-                 standalone=args.standalone, liveness=args.liveness)
+    run_operator(
+        args.namespace,
+        all_namespaces=args.all_namespaces,
+        standalone=args.standalone,
+        liveness=args.liveness,
+    )
     return 0
 
 

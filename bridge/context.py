@@ -35,9 +35,7 @@ class BackendCache:
         self._lock = threading.Lock()
         self._entries: dict[PoolKey, tuple[str, IPAMBackend]] = {}
 
-    def get(
-        self, key: PoolKey, fingerprint: str, build: Callable[[], IPAMBackend]
-    ) -> IPAMBackend:
+    def get(self, key: PoolKey, fingerprint: str, build: Callable[[], IPAMBackend]) -> IPAMBackend:
         """Return the cached backend of ``key`` if built from ``fingerprint``, else build one.
 
         Parameters

@@ -28,20 +28,40 @@ def _phpipam(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]]
     from mock_phpipam.server import MockPhpipamServer
     from mock_phpipam.store import Store
 
-    store = Store({
-        "users": [{"username": USERNAME, "password": PASSWORD}],
-        "apps": [{"id": "capi", "permissions": 2, "security": "none"}],
-        "sections": [{"id": 1, "name": "datacenter",
-                      "subnets": [{"id": 7, "cidr": SUBNET, "gateway": GATEWAY,
-                                   "description": "CAPI node network"}]}],
-    })
+    store = Store(
+        {
+            "users": [{"username": USERNAME, "password": PASSWORD}],
+            "apps": [{"id": "capi", "permissions": 2, "security": "none"}],
+            "sections": [
+                {
+                    "id": 1,
+                    "name": "datacenter",
+                    "subnets": [
+                        {
+                            "id": 7,
+                            "cidr": SUBNET,
+                            "gateway": GATEWAY,
+                            "description": "CAPI node network",
+                        }
+                    ],
+                }
+            ],
+        }
+    )
     server = MockPhpipamServer(store).start()
-    sandbox.phpipam_pool(NAMESPACE, "nodes", endpoint=server.url, subnet_id=7,
-                         credentials={"username": USERNAME, "password": PASSWORD})
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "nodes",
+        endpoint=server.url,
+        subnet_id=7,
+        credentials={"username": USERNAME, "password": PASSWORD},
+    )
 
     def entries() -> list[tuple[str, str]]:
-        return [(str(a.ip), a.hostname or ("(gateway)" if a.is_gateway else ""))
-                for a in store.subnet_addresses(7)]
+        return [
+            (str(a.ip), a.hostname or ("(gateway)" if a.is_gateway else ""))
+            for a in store.subnet_addresses(7)
+        ]
 
     return server, entries, "PHPIPAMIPPool"
 
@@ -50,15 +70,23 @@ def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]
     from mock_infoblox.server import MockInfobloxServer
     from mock_infoblox.store import InfobloxStore
 
-    store = InfobloxStore.from_seed({
-        "users": {USERNAME: PASSWORD},
-        "networks": [{"network": SUBNET, "network_view": "default", "gateway": GATEWAY}],
-        "used": [{"ip": GATEWAY, "network_view": "default", "names": ["gateway"],
-                  "types": ["A"]}],
-    })
+    store = InfobloxStore.from_seed(
+        {
+            "users": {USERNAME: PASSWORD},
+            "networks": [{"network": SUBNET, "network_view": "default", "gateway": GATEWAY}],
+            "used": [
+                {"ip": GATEWAY, "network_view": "default", "names": ["gateway"], "types": ["A"]}
+            ],
+        }
+    )
     server = MockInfobloxServer(store).start()
-    sandbox.infoblox_pool(NAMESPACE, "nodes", endpoint=server.url, subnet=SUBNET,
-                          credentials={"username": USERNAME, "password": PASSWORD})
+    sandbox.infoblox_pool(
+        NAMESPACE,
+        "nodes",
+        endpoint=server.url,
+        subnet=SUBNET,
+        credentials={"username": USERNAME, "password": PASSWORD},
+    )
 
     def entries() -> list[tuple[str, str]]:
         rows = []
@@ -72,8 +100,10 @@ def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
-             for row in [header, *rows]]
+    lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join("  " + line for line in lines)
 
@@ -101,19 +131,23 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
         try:
             pool = sandbox.wait_pool_ready(NAMESPACE, "nodes", kind)
             status = pool["status"]
-            say(f"1. {kind} {NAMESPACE}/nodes is Ready: subnet {status['subnet']}, "
-                f"gateway {status.get('gateway')}, {status['ipAddresses']['free']} free\n")
+            say(
+                f"1. {kind} {NAMESPACE}/nodes is Ready: subnet {status['subnet']}, "
+                f"gateway {status.get('gateway')}, {status['ipAddresses']['free']} free\n"
+            )
 
             for i in range(claims):
-                sandbox.claim(NAMESPACE, f"node-{i:02d}-eth0", "nodes", kind=kind,
-                              cluster=None)
+                sandbox.claim(NAMESPACE, f"node-{i:02d}-eth0", "nodes", kind=kind, cluster=None)
             bound = sandbox.wait_claims_bound(NAMESPACE, claims, timeout=60)
             addresses = {a["metadata"]["name"]: a["spec"] for a in sandbox.addresses(NAMESPACE)}
             rows = sorted(
-                (c["metadata"]["name"], addresses[c["status"]["addressRef"]["name"]]["address"],
-                 str(addresses[c["status"]["addressRef"]["name"]]["prefix"]),
-                 addresses[c["status"]["addressRef"]["name"]].get("gateway", "-"),
-                 sandbox.ready(c)[1] or "")
+                (
+                    c["metadata"]["name"],
+                    addresses[c["status"]["addressRef"]["name"]]["address"],
+                    str(addresses[c["status"]["addressRef"]["name"]]["prefix"]),
+                    addresses[c["status"]["addressRef"]["name"]].get("gateway", "-"),
+                    sandbox.ready(c)[1] or "",
+                )
                 for c in bound
             )
             say(f"2. {claims} IPAddressClaims bound, each with an IPAddress of the same name:")
@@ -123,8 +157,9 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
 
             time.sleep(1.5)  # one pool refresh
             usage = (sandbox.pool(NAMESPACE, "nodes", kind) or {})["status"]["ipAddresses"]
-            say(f"3. pool usage: total {usage['total']}, used {usage['used']}, "
-                f"free {usage['free']}")
+            say(
+                f"3. pool usage: total {usage['total']}, used {usage['used']}, free {usage['free']}"
+            )
             registered = entries()
             say(f"   the {backend} mock holds {len(registered)} entries in {SUBNET}:")
             say(_table([(ip, host) for ip, host in registered], ("address", "hostname")))
@@ -134,8 +169,10 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
                 sandbox.delete_claim(NAMESPACE, c["metadata"]["name"])
             sandbox.wait_gone(NAMESPACE, timeout=60)
             left = entries()
-            say(f"4. claims deleted: every IPAddress is gone; the {backend} mock holds "
-                f"{len(left)} entries: {', '.join(f'{ip} {h}' for ip, h in left) or 'none'}")
+            say(
+                f"4. claims deleted: every IPAddress is gone; the {backend} mock holds "
+                f"{len(left)} entries: {', '.join(f'{ip} {h}' for ip, h in left) or 'none'}"
+            )
         finally:
             server.stop()
     ok = distinct == claims and not [h for _, h in left if h.startswith("node-")]

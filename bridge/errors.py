@@ -77,7 +77,8 @@ def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
     """
     if isinstance(exc, TLSVerificationError):
         return PoolError(
-            "TLSVerificationFailed", f"{pool_display}: {exc.message}; {TLS_HINT}",
+            "TLSVerificationFailed",
+            f"{pool_display}: {exc.message}; {TLS_HINT}",
             needs_person=True,
         )
     if isinstance(exc, AuthenticationFailedError):
@@ -94,8 +95,12 @@ def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
 
 
 def claim_error_from(
-    exc: BackendError, pool_display: str, *, retry_seconds: float,
-    config_error_seconds: float, exhausted_seconds: float,
+    exc: BackendError,
+    pool_display: str,
+    *,
+    retry_seconds: float,
+    config_error_seconds: float,
+    exhausted_seconds: float,
 ) -> ClaimError:
     """Translate a backend error met while allocating or releasing into a `ClaimError`.
 
@@ -106,12 +111,14 @@ def claim_error_from(
     """
     if isinstance(exc, TLSVerificationError):
         return ClaimError(
-            "PoolNotReady", f"{pool_display}: {exc.message}; {TLS_HINT}",
+            "PoolNotReady",
+            f"{pool_display}: {exc.message}; {TLS_HINT}",
             delay=config_error_seconds,
         )
     if isinstance(exc, SubnetExhaustedError):
         return ClaimError(
-            "PoolExhausted", f"{pool_display} has no free address: {exc.message}",
+            "PoolExhausted",
+            f"{pool_display} has no free address: {exc.message}",
             delay=exhausted_seconds,
         )
     if isinstance(exc, AuthenticationFailedError | SubnetNotFoundError | InvalidRequestError):

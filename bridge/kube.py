@@ -137,9 +137,12 @@ class Kube:
     def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         """Return a pool object of one of our kinds, or None when it does not exist."""
         try:
-            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name
-            ))
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name
+                ),
+            )
         except ApiException as exc:
             if _missing(exc):
                 return None
@@ -164,9 +167,12 @@ class Kube:
         """Return the CAPI ``Cluster`` object, or None when it (or the Cluster CRD) is absent."""
         for version in ("v1beta2", "v1beta1"):
             try:
-                return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                    CLUSTER_GROUP, version, namespace, "clusters", name
-                ))
+                return cast(
+                    dict[str, Any],
+                    self.custom.get_namespaced_custom_object(
+                        CLUSTER_GROUP, version, namespace, "clusters", name
+                    ),
+                )
             except ApiException as exc:
                 if not _missing(exc):
                     raise
@@ -177,9 +183,12 @@ class Kube:
     def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
         """Return an ``IPAddress``, or None when it does not exist."""
         try:
-            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                GROUP, version, namespace, "ipaddresses", name
-            ))
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, version, namespace, "ipaddresses", name
+                ),
+            )
         except ApiException as exc:
             if _missing(exc):
                 return None
@@ -189,9 +198,12 @@ class Kube:
         """Create an ``IPAddress``; return it, or None when one of that name already exists."""
         namespace = body["metadata"]["namespace"]
         try:
-            return cast(dict[str, Any], self.custom.create_namespaced_custom_object(
-                GROUP, version, namespace, "ipaddresses", dict(body)
-            ))
+            return cast(
+                dict[str, Any],
+                self.custom.create_namespaced_custom_object(
+                    GROUP, version, namespace, "ipaddresses", dict(body)
+                ),
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return None
@@ -199,9 +211,10 @@ class Kube:
 
     def list_ip_addresses(self, version: str, namespace: str) -> list[dict[str, Any]]:
         """Return every ``IPAddress`` of a namespace."""
-        result = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
-            GROUP, version, namespace, "ipaddresses"
-        ))
+        result = cast(
+            dict[str, Any],
+            self.custom.list_namespaced_custom_object(GROUP, version, namespace, "ipaddresses"),
+        )
         return list(result.get("items") or [])
 
     def delete_ip_address(self, version: str, namespace: str, name: str) -> None:
@@ -221,9 +234,17 @@ class Kube:
             finalizers.remove(ADDRESS_FINALIZER)
             try:
                 self.custom.patch_namespaced_custom_object(
-                    GROUP, version, namespace, "ipaddresses", name,
-                    {"metadata": {"finalizers": finalizers,
-                                  "resourceVersion": meta.get("resourceVersion")}},
+                    GROUP,
+                    version,
+                    namespace,
+                    "ipaddresses",
+                    name,
+                    {
+                        "metadata": {
+                            "finalizers": finalizers,
+                            "resourceVersion": meta.get("resourceVersion"),
+                        }
+                    },
                 )
             except ApiException as exc:
                 if _missing(exc):
@@ -247,15 +268,19 @@ class Kube:
         plural = POOL_KINDS[kind]
         if namespaces:
             results = [
-                cast(dict[str, Any], self.custom.list_namespaced_custom_object(
-                    GROUP, POOL_VERSION, ns, plural
-                ))
+                cast(
+                    dict[str, Any],
+                    self.custom.list_namespaced_custom_object(GROUP, POOL_VERSION, ns, plural),
+                )
                 for ns in namespaces
             ]
         else:
-            results = [cast(dict[str, Any], self.custom.list_cluster_custom_object(
-                GROUP, POOL_VERSION, plural
-            ))]
+            results = [
+                cast(
+                    dict[str, Any],
+                    self.custom.list_cluster_custom_object(GROUP, POOL_VERSION, plural),
+                )
+            ]
         items = [dict(item) for result in results for item in result.get("items") or []]
         for item in items:
             item.setdefault("kind", kind)
@@ -276,10 +301,17 @@ class Kube:
             return
         try:
             self.custom.patch_namespaced_custom_object(
-                GROUP, POOL_VERSION, meta["namespace"], POOL_KINDS[str(pool["kind"])],
+                GROUP,
+                POOL_VERSION,
+                meta["namespace"],
+                POOL_KINDS[str(pool["kind"])],
                 meta["name"],
-                {"metadata": {"finalizers": finalizers,
-                              "resourceVersion": meta.get("resourceVersion")}},
+                {
+                    "metadata": {
+                        "finalizers": finalizers,
+                        "resourceVersion": meta.get("resourceVersion"),
+                    }
+                },
             )
         except ApiException as exc:
             if not _missing(exc):
@@ -299,9 +331,7 @@ class Kube:
 
     # -- events ---------------------------------------------------------------------
 
-    def post_event(
-        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str
-    ) -> None:
+    def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
         """Create a core/v1 Event about ``obj`` (for code running outside kopf handlers).
 
         Raises
@@ -315,11 +345,19 @@ class Kube:
         event = CoreV1Event(
             metadata=V1ObjectMeta(generate_name="ipam-bridge-", namespace=namespace),
             involved_object=V1ObjectReference(
-                api_version=obj.get("apiVersion"), kind=obj.get("kind"),
-                name=meta.get("name"), namespace=namespace, uid=meta.get("uid"),
+                api_version=obj.get("apiVersion"),
+                kind=obj.get("kind"),
+                name=meta.get("name"),
+                namespace=namespace,
+                uid=meta.get("uid"),
             ),
-            type=type, reason=reason, message=message[:1024],
-            source=V1EventSource(component="ipam-bridge"), reporting_component="ipam-bridge",
-            first_timestamp=now, last_timestamp=now, count=1,
+            type=type,
+            reason=reason,
+            message=message[:1024],
+            source=V1EventSource(component="ipam-bridge"),
+            reporting_component="ipam-bridge",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
         )
         self.core.create_namespaced_event(namespace, event)

@@ -64,31 +64,41 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.allocations = Counter(
-            "ipam_bridge_allocations", "Address allocations by pool and result.",
-            ["pool", "kind", "result"], registry=self.registry,
+            "ipam_bridge_allocations",
+            "Address allocations by pool and result.",
+            ["pool", "kind", "result"],
+            registry=self.registry,
         )
         self.releases = Counter(
-            "ipam_bridge_releases", "Address releases by pool and result.",
-            ["pool", "kind", "result"], registry=self.registry,
+            "ipam_bridge_releases",
+            "Address releases by pool and result.",
+            ["pool", "kind", "result"],
+            registry=self.registry,
         )
         self.backend_duration = Histogram(
             "ipam_bridge_backend_request_duration_seconds",
             "Duration of backend operations (retries included), in seconds.",
-            ["backend", "operation", "result"], registry=self.registry,
+            ["backend", "operation", "result"],
+            registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.pool_free = Gauge(
-            "ipam_bridge_pool_free_addresses", "Free addresses of each pool, as last reported.",
-            ["pool", "kind"], registry=self.registry,
+            "ipam_bridge_pool_free_addresses",
+            "Free addresses of each pool, as last reported.",
+            ["pool", "kind"],
+            registry=self.registry,
         )
         self.claims_pending = Gauge(
-            "ipam_bridge_claims_pending", "Claims waiting for an address, by reason.",
-            ["reason"], registry=self.registry,
+            "ipam_bridge_claims_pending",
+            "Claims waiting for an address, by reason.",
+            ["reason"],
+            registry=self.registry,
         )
         self.backend_last_success = Gauge(
             "ipam_bridge_backend_last_success_timestamp_seconds",
             "POSIX time of the last successful backend operation.",
-            ["backend"], registry=self.registry,
+            ["backend"],
+            registry=self.registry,
         )
         self.last_success: float | None = None
         self._lock = threading.Lock()
@@ -163,11 +173,13 @@ class Metrics:
 
     def pools(self) -> list[str]:
         """Return the pools (``<namespace>/<name>``) whose free count is exported, sorted."""
-        return sorted({
-            sample.labels["pool"]
-            for family in self.pool_free.collect()
-            for sample in family.samples
-        })
+        return sorted(
+            {
+                sample.labels["pool"]
+                for family in self.pool_free.collect()
+                for sample in family.samples
+            }
+        )
 
     def forget_pool(self, pool: str, kind: str) -> None:
         """Drop the free-address series of a deleted pool (``<namespace>/<name>`` and kind).

@@ -234,8 +234,9 @@ def fingerprint(pool: Pool, secret: Mapping[str, str], ca_pem: str | None) -> st
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _phpipam(pool: Pool, secret: Mapping[str, str], verify: bool | str,
-             timeout: float, retry: RetryPolicy) -> IPAMBackend:
+def _phpipam(
+    pool: Pool, secret: Mapping[str, str], verify: bool | str, timeout: float, retry: RetryPolicy
+) -> IPAMBackend:
     token = secret.get("token")
     username, password = secret.get("username"), secret.get("password")
     if not token and not (username and password):
@@ -265,8 +266,9 @@ def _phpipam(pool: Pool, secret: Mapping[str, str], verify: bool | str,
     return PHPIPAMBackend(config)
 
 
-def _infoblox(pool: Pool, secret: Mapping[str, str], verify: bool | str,
-              timeout: float, retry: RetryPolicy) -> IPAMBackend:
+def _infoblox(
+    pool: Pool, secret: Mapping[str, str], verify: bool | str, timeout: float, retry: RetryPolicy
+) -> IPAMBackend:
     username, password = secret.get("username"), secret.get("password")
     if not (username and password):
         raise PoolError(
@@ -331,9 +333,7 @@ def build_backend(
         endpoint URL).
     """
     try:
-        return _FACTORIES[pool.kind](
-            pool, secret, _verify(pool, ca_pem), timeout_seconds, retry
-        )
+        return _FACTORIES[pool.kind](pool, secret, _verify(pool, ca_pem), timeout_seconds, retry)
     except ValueError as exc:  # the client's own checks of its configuration
         raise _invalid(f"{pool.display}: {exc}") from exc
 
@@ -420,7 +420,9 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
         pool.key,
         fingerprint(pool, secret, ca_pem),
         lambda: build_backend(
-            pool, secret, ca_pem,
+            pool,
+            secret,
+            ca_pem,
             timeout_seconds=ctx.settings.backend_timeout_seconds,
             retry=ctx.settings.retry_policy(),
         ),
@@ -444,8 +446,9 @@ def check_pool(ctx: Context, body: Mapping[str, Any]) -> dict[str, Any]:
     pool = parse_pool(body)
     backend = backend_for(ctx, pool)
     try:
-        info = ctx.metrics.call(BACKEND_NAMES[pool.kind], "describe_subnet",
-                                backend.describe_subnet)
+        info = ctx.metrics.call(
+            BACKEND_NAMES[pool.kind], "describe_subnet", backend.describe_subnet
+        )
     except BackendError as exc:
         raise pool_error_from(exc, pool.display) from exc
     ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(info.free)
@@ -512,15 +515,19 @@ def reconcile_pool(ctx: Context, body: Mapping[str, Any]) -> PoolOutcome:
     previous = (body.get("status") or {}).get("conditions") or []
     old_status, old_reason = _previous_ready(body)
     if meta.get("deletionTimestamp"):
-        users = addresses_of(ctx, str(meta.get("namespace")), str(body.get("kind")),
-                             str(meta.get("name")))
+        users = addresses_of(
+            ctx, str(meta.get("namespace")), str(body.get("kind")), str(meta.get("name"))
+        )
         if not users:
-            ctx.backends.drop((str(meta.get("namespace")), str(body.get("kind")),
-                               str(meta.get("name"))))
-            ctx.metrics.forget_pool(f"{meta.get('namespace')}/{meta.get('name')}",
-                                    str(body.get("kind")))
-            return PoolOutcome({}, False, "Deleted", "no address references the pool",
-                               changed=False, protect=False)
+            ctx.backends.drop(
+                (str(meta.get("namespace")), str(body.get("kind")), str(meta.get("name")))
+            )
+            ctx.metrics.forget_pool(
+                f"{meta.get('namespace')}/{meta.get('name')}", str(body.get("kind"))
+            )
+            return PoolOutcome(
+                {}, False, "Deleted", "no address references the pool", changed=False, protect=False
+            )
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
             PoolReason.DELETION_BLOCKED,
@@ -529,18 +536,30 @@ def reconcile_pool(ctx: Context, body: Mapping[str, Any]) -> PoolOutcome:
             needs_person=False,
         )
         return PoolOutcome(
-            pool_failed_status(generation, error, previous), False, error.reason, error.message,
-            changed=(old_status, old_reason) != ("False", error.reason), protect=True,
+            pool_failed_status(generation, error, previous),
+            False,
+            error.reason,
+            error.message,
+            changed=(old_status, old_reason) != ("False", error.reason),
+            protect=True,
         )
     try:
         status = check_pool(ctx, body)
     except PoolError as error:
         return PoolOutcome(
-            pool_failed_status(generation, error, previous), False, error.reason, error.message,
-            changed=(old_status, old_reason) != ("False", error.reason), protect=True,
+            pool_failed_status(generation, error, previous),
+            False,
+            error.reason,
+            error.message,
+            changed=(old_status, old_reason) != ("False", error.reason),
+            protect=True,
         )
     condition = status["conditions"][0]
     return PoolOutcome(
-        status, True, condition["reason"], condition["message"],
-        changed=(old_status, old_reason) != ("True", condition["reason"]), protect=True,
+        status,
+        True,
+        condition["reason"],
+        condition["message"],
+        changed=(old_status, old_reason) != ("True", condition["reason"]),
+        protect=True,
     )

@@ -24,9 +24,7 @@ class Settings(BaseSettings):
     namespace: str = Field(
         "", description="Watch only these namespaces (comma-separated); empty watches all."
     )
-    workers: int = Field(
-        10, ge=1, le=200, description="Claims and pools handled at the same time."
-    )
+    workers: int = Field(10, ge=1, le=200, description="Claims and pools handled at the same time.")
     backend_timeout_seconds: float = Field(
         10.0, gt=0, description="Connect and read timeout of each backend HTTP request."
     )
@@ -65,9 +63,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
     )
-    metrics_address: str = Field(
-        "0.0.0.0", description="Address the /metrics endpoint listens on."
-    )
+    metrics_address: str = Field("0.0.0.0", description="Address the /metrics endpoint listens on.")
     health_port: int = Field(
         8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
     )
@@ -79,9 +75,7 @@ class Settings(BaseSettings):
         "ipam-bridge",
         description="kopf peering object used so that only one replica is active at a time.",
     )
-    standalone: bool = Field(
-        False, description="Run without peering (a single replica, or tests)."
-    )
+    standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
 
     @property
     def namespaces(self) -> tuple[str, ...]:

@@ -1261,8 +1261,11 @@ class Store:
         with self._lock:
             entries = list(self.journal)
         if writes_only:
-            entries = [e for e in entries if e.method in ("POST", "PATCH", "PUT", "DELETE")
-                       and "/user" not in e.path]
+            entries = [
+                e
+                for e in entries
+                if e.method in ("POST", "PATCH", "PUT", "DELETE") and "/user" not in e.path
+            ]
         return entries
 
     def clear_journal(self) -> None:

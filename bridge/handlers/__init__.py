@@ -1,4 +1,4 @@
-"""kopf handlers of ipam-bridge; ``kopf run -m bridge.handlers`` (or ``ipam-bridge run``) loads them.
+"""kopf handlers of ipam-bridge, loaded by ``ipam-bridge run`` (or ``kopf run -m bridge.handlers``).
 
 Each handler is thin: it takes the operator context from ``memo.bridge``, calls a plain
 function of `bridge.claims` or `bridge.pools`, and turns the result into status, events and

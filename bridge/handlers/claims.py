@@ -42,8 +42,17 @@ def _write_status(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch)
 def _report(body: kopf.Body, outcome: Outcome, patch: kopf.Patch) -> None:
     before = capi.ready_of(body)
     _write_status(body, outcome.status, patch)
-    after = capi.ready_of({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                           "status": outcome.status}) if outcome.status else before
+    after = (
+        capi.ready_of(
+            {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "status": outcome.status,
+            }
+        )
+        if outcome.status
+        else before
+    )
     if outcome.reason and (after != before or not outcome.status):
         kind = "Warning" if outcome.reason == "ReleaseSkipped" else "Normal"
         kopf.event(body, type=kind, reason=outcome.reason, message=outcome.message)

@@ -171,8 +171,8 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         "pools": len(ctx.metrics.pools()),
         "backends": len(ctx.backends),
         "claimsPending": len(ctx.metrics.pending_claims()),
-        "lastBackendSuccess": None if last is None else datetime.datetime.fromtimestamp(
-            last, datetime.UTC
-        ).isoformat(),
+        "lastBackendSuccess": None
+        if last is None
+        else datetime.datetime.fromtimestamp(last, datetime.UTC).isoformat(),
         "secondsSinceBackendSuccess": None if last is None else round(time.time() - last, 3),
     }

@@ -30,20 +30,26 @@ def _post(body: Mapping[str, Any], outcome: PoolOutcome) -> None:
         kopf.event(
             kopf.Body(cast(kopf.RawBody, dict(body))),
             type="Normal" if outcome.ready else "Warning",
-            reason=outcome.reason, message=outcome.message,
+            reason=outcome.reason,
+            message=outcome.message,
         )
 
 
 def _apply(ctx: Context, body: Mapping[str, Any], outcome: PoolOutcome) -> None:
     meta = body.get("metadata") or {}
     if outcome.status:
-        ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"],
-                                   outcome.status)
+        ctx.kube.patch_pool_status(
+            meta["namespace"], str(body["kind"]), meta["name"], outcome.status
+        )
     ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, outcome.protect)
     if outcome.changed:
         # Not kopf.event: outside a handler kopf has no event queue (LookupError).
-        ctx.kube.post_event(body, type="Normal" if outcome.ready else "Warning",
-                            reason=outcome.reason, message=outcome.message)
+        ctx.kube.post_event(
+            body,
+            type="Normal" if outcome.ready else "Warning",
+            reason=outcome.reason,
+            message=outcome.message,
+        )
 
 
 def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
@@ -59,8 +65,9 @@ def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
     _post(body, outcome)
     if not outcome.ready and outcome.protect:
         transient = outcome.reason in ("BackendUnavailable", "DeletionBlocked")
-        delay = (ctx.settings.requeue_seconds if transient
-                 else ctx.settings.requeue_config_error_seconds)
+        delay = (
+            ctx.settings.requeue_seconds if transient else ctx.settings.requeue_config_error_seconds
+        )
         raise kopf.TemporaryError(outcome.message, delay=delay)
 
 
@@ -89,8 +96,11 @@ def refresh_pools(ctx: Context) -> int:
             try:
                 _apply(ctx, body, reconcile_pool(ctx, body))
             except Exception:  # one pool must never stop the refresh of the others
-                log.exception("pool %s/%s: refresh failed",
-                              body["metadata"].get("namespace"), body["metadata"].get("name"))
+                log.exception(
+                    "pool %s/%s: refresh failed",
+                    body["metadata"].get("namespace"),
+                    body["metadata"].get("name"),
+                )
             count += 1
     return count
 

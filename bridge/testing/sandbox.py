@@ -38,13 +38,25 @@ CLUSTER_CRD: dict[str, Any] = {
     "spec": {
         "group": "cluster.x-k8s.io",
         "scope": "Namespaced",
-        "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster",
-                  "listKind": "ClusterList"},
+        "names": {
+            "kind": "Cluster",
+            "plural": "clusters",
+            "singular": "cluster",
+            "listKind": "ClusterList",
+        },
         "versions": [
-            {"name": version, "served": True, "storage": version == "v1beta2",
-             "subresources": {"status": {}},
-             "schema": {"openAPIV3Schema": {"type": "object",
-                                            "x-kubernetes-preserve-unknown-fields": True}}}
+            {
+                "name": version,
+                "served": True,
+                "storage": version == "v1beta2",
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
             for version in ("v1beta2", "v1beta1")
         ],
     },
@@ -97,7 +109,8 @@ def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> li
                 continue
             doc = copy.deepcopy(doc)
             if doc["spec"]["group"] == GROUP and doc["spec"]["names"]["kind"] in (
-                "IPAddressClaim", "IPAddress"
+                "IPAddressClaim",
+                "IPAddress",
             ):
                 versions = [v for v in doc["spec"]["versions"] if v["name"] in capi_versions]
                 versions.sort(key=lambda v: capi_versions.index(v["name"]))
@@ -111,7 +124,10 @@ def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> li
 
 
 def wait_for(
-    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05,
+    predicate: Callable[[], Any],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
     message: str = "condition",
 ) -> Any:
     """Poll ``predicate()`` until it returns a truthy value; return that value.
@@ -178,10 +194,13 @@ class Sandbox:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ipam-bridge-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.capi_versions = capi_versions
-        self.kube = EmulatedKubernetes(crds=[
-            doc for doc in crd_documents(capi_versions)
-            if cluster_crd or doc["spec"]["group"] != CLUSTER_CRD["spec"]["group"]
-        ])
+        self.kube = EmulatedKubernetes(
+            crds=[
+                doc
+                for doc in crd_documents(capi_versions)
+                if cluster_crd or doc["spec"]["group"] != CLUSTER_CRD["spec"]["group"]
+            ]
+        )
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self._autostart = start_operator
         self._thread: threading.Thread | None = None
@@ -204,7 +223,9 @@ class Sandbox:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         try:
@@ -234,7 +255,9 @@ class Sandbox:
         ready = threading.Event()
         self._error = None
         self._thread = threading.Thread(
-            target=self._run_operator, args=(self._stop, ready), name="ipam-bridge-operator",
+            target=self._run_operator,
+            args=(self._stop, ready),
+            name="ipam-bridge-operator",
             daemon=True,
         )
         self._thread.start()
@@ -248,9 +271,14 @@ class Sandbox:
         import bridge.handlers  # noqa: F401  (registers the handlers)
 
         try:
-            asyncio.run(kopf.operator(
-                standalone=True, clusterwide=True, stop_flag=stop, ready_flag=ready,
-            ))
+            asyncio.run(
+                kopf.operator(
+                    standalone=True,
+                    clusterwide=True,
+                    stop_flag=stop,
+                    ready_flag=ready,
+                )
+            )
         except BaseException as exc:  # reported by stop_operator
             self._error = exc
             ready.set()
@@ -290,11 +318,15 @@ class Sandbox:
         """Create a Secret with ``stringData`` turned into ``data`` (base64)."""
         import base64
 
-        return self.apply({
-            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-        })
+        return self.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {"name": name, "namespace": namespace},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            }
+        )
 
     def namespace(self, name: str) -> None:
         """Create a namespace (no error if it exists)."""
@@ -302,27 +334,49 @@ class Sandbox:
             self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def claim(
-        self, namespace: str, name: str, pool: str, *, kind: str = "PHPIPAMIPPool",
-        cluster: str | None = None, labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None, version: str | None = None,
+        self,
+        namespace: str,
+        name: str,
+        pool: str,
+        *,
+        kind: str = "PHPIPAMIPPool",
+        cluster: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        version: str | None = None,
     ) -> dict[str, Any]:
         """Create an IPAddressClaim for ``kind``/``pool`` in the served version."""
         version = version or self.version
         spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": kind, "name": pool}}
         if cluster and version != "v1alpha1":
             spec["clusterName"] = cluster
-        return self.apply({
-            "apiVersion": f"{GROUP}/{version}", "kind": "IPAddressClaim",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {}),
-                         "annotations": dict(annotations or {})},
-            "spec": spec,
-        })
+        return self.apply(
+            {
+                "apiVersion": f"{GROUP}/{version}",
+                "kind": "IPAddressClaim",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": dict(labels or {}),
+                    "annotations": dict(annotations or {}),
+                },
+                "spec": spec,
+            }
+        )
 
     def phpipam_pool(
-        self, namespace: str, name: str, *, endpoint: str, app_id: str = "capi",
-        subnet_id: int | None = None, subnet: str | None = None,
-        credentials: Mapping[str, str] | None = None, secret: str | None = None,
-        labels: Mapping[str, str] | None = None, **spec: Any,
+        self,
+        namespace: str,
+        name: str,
+        *,
+        endpoint: str,
+        app_id: str = "capi",
+        subnet_id: int | None = None,
+        subnet: str | None = None,
+        credentials: Mapping[str, str] | None = None,
+        secret: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        **spec: Any,
     ) -> dict[str, Any]:
         """Create a ``PHPIPAMIPPool`` (and its credentials Secret when ``credentials`` is given).
 
@@ -339,43 +393,74 @@ class Sandbox:
         secret = secret or f"{name}-credentials"
         if credentials is not None:
             self.secret(namespace, secret, credentials)
-        body: dict[str, Any] = {"endpoint": endpoint, "appId": app_id,
-                                "credentialsRef": {"name": secret}, **spec}
+        body: dict[str, Any] = {
+            "endpoint": endpoint,
+            "appId": app_id,
+            "credentialsRef": {"name": secret},
+            **spec,
+        }
         if subnet_id is not None:
             body["subnetId"] = subnet_id
         if subnet is not None:
             body["subnet"] = subnet
-        return self.apply({
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "PHPIPAMIPPool",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-            "spec": body,
-        })
+        return self.apply(
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "PHPIPAMIPPool",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+                "spec": body,
+            }
+        )
 
     def infoblox_pool(
-        self, namespace: str, name: str, *, endpoint: str, subnet: str,
-        credentials: Mapping[str, str] | None = None, secret: str | None = None,
-        labels: Mapping[str, str] | None = None, **spec: Any,
+        self,
+        namespace: str,
+        name: str,
+        *,
+        endpoint: str,
+        subnet: str,
+        credentials: Mapping[str, str] | None = None,
+        secret: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        **spec: Any,
     ) -> dict[str, Any]:
         """Create an ``InfobloxIPPool`` (and its credentials Secret); see `phpipam_pool`."""
         secret = secret or f"{name}-credentials"
         if credentials is not None:
             self.secret(namespace, secret, credentials)
-        return self.apply({
-            "apiVersion": f"{GROUP}/v1alpha1", "kind": "InfobloxIPPool",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-            "spec": {"endpoint": endpoint, "subnet": subnet,
-                     "credentialsRef": {"name": secret}, **spec},
-        })
+        return self.apply(
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "InfobloxIPPool",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+                "spec": {
+                    "endpoint": endpoint,
+                    "subnet": subnet,
+                    "credentialsRef": {"name": secret},
+                    **spec,
+                },
+            }
+        )
 
     def wait_pool_ready(
-        self, namespace: str, name: str, kind: str = "PHPIPAMIPPool", *,
-        reason: str = "PoolReady", timeout: float = 30.0,
+        self,
+        namespace: str,
+        name: str,
+        kind: str = "PHPIPAMIPPool",
+        *,
+        reason: str = "PoolReady",
+        timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Wait until a pool's Ready condition has ``reason``; return the pool."""
-        return dict(wait_for(
-            lambda: (p := self.pool(namespace, name, kind)) and self.ready(p)[1] == reason and p,
-            timeout=timeout, message=f"{kind} {namespace}/{name} reason {reason}",
-        ))
+        return dict(
+            wait_for(
+                lambda: (
+                    (p := self.pool(namespace, name, kind)) and self.ready(p)[1] == reason and p
+                ),
+                timeout=timeout,
+                message=f"{kind} {namespace}/{name} reason {reason}",
+            )
+        )
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a claim (served version) or None."""
@@ -417,9 +502,11 @@ class Sandbox:
         """Wait until ``count`` claims have ``status.addressRef`` and Ready True; return them."""
 
         def bound() -> list[dict[str, Any]] | None:
-            done = [c for c in self.claims(namespace)
-                    if (c.get("status") or {}).get("addressRef")
-                    and self.ready(c)[0] == "True"]
+            done = [
+                c
+                for c in self.claims(namespace)
+                if (c.get("status") or {}).get("addressRef") and self.ready(c)[0] == "True"
+            ]
             return done if len(done) >= count else None
 
         return list(wait_for(bound, timeout=timeout, message=f"{count} claims bound"))
@@ -428,12 +515,18 @@ class Sandbox:
         self, namespace: str, name: str, reason: str, *, timeout: float = 30.0
     ) -> dict[str, Any]:
         """Wait until a claim's Ready condition has ``reason``; return the claim."""
-        return dict(wait_for(
-            lambda: (c := self.get_claim(namespace, name)) and self.ready(c)[1] == reason and c,
-            timeout=timeout, message=f"claim {namespace}/{name} reason {reason}",
-        ))
+        return dict(
+            wait_for(
+                lambda: (c := self.get_claim(namespace, name)) and self.ready(c)[1] == reason and c,
+                timeout=timeout,
+                message=f"claim {namespace}/{name} reason {reason}",
+            )
+        )
 
     def wait_gone(self, namespace: str | None, *, timeout: float = 60.0) -> None:
         """Wait until no claim and no IPAddress is left (in ``namespace``, or anywhere)."""
-        wait_for(lambda: not self.claims(namespace) and not self.addresses(namespace),
-                 timeout=timeout, message="claims and addresses gone")
+        wait_for(
+            lambda: not self.claims(namespace) and not self.addresses(namespace),
+            timeout=timeout,
+            message="claims and addresses gone",
+        )

@@ -18,15 +18,25 @@ PHPIPAM_SEED: dict[str, Any] = {
     "users": [{"username": CREDENTIALS["username"], "password": CREDENTIALS["password"]}],
     "apps": [
         {"id": "capi", "permissions": 2, "security": "none"},
-        {"id": "capicode", "permissions": 2, "security": "ssl_code",
-         "code": "app-code-token-0123456789"},
+        {
+            "id": "capicode",
+            "permissions": 2,
+            "security": "ssl_code",
+            "code": "app-code-token-0123456789",
+        },
     ],
-    "sections": [{"id": 3, "name": "capi-test", "subnets": [
-        {"id": 7, "cidr": "10.20.0.0/24", "gateway": "10.20.0.1"},
-        {"id": 8, "cidr": "2001:db8:20::/64"},
-        {"id": 9, "cidr": "10.20.1.0/30"},
-        {"id": 10, "cidr": "10.20.2.0/28", "gateway": "10.20.2.1"},
-    ]}],
+    "sections": [
+        {
+            "id": 3,
+            "name": "capi-test",
+            "subnets": [
+                {"id": 7, "cidr": "10.20.0.0/24", "gateway": "10.20.0.1"},
+                {"id": 8, "cidr": "2001:db8:20::/64"},
+                {"id": 9, "cidr": "10.20.1.0/30"},
+                {"id": 10, "cidr": "10.20.2.0/28", "gateway": "10.20.2.1"},
+            ],
+        }
+    ],
 }
 
 #: Infoblox: the same shapes as networks of the default network view.
@@ -39,6 +49,5 @@ INFOBLOX_SEED: dict[str, Any] = {
         {"network": "2001:db8:20::/64", "network_view": "default"},
         {"network": "10.20.1.0/30", "network_view": "default"},
     ],
-    "used": [{"ip": "10.20.0.1", "network_view": "default", "names": ["gateway"],
-              "types": ["A"]}],
+    "used": [{"ip": "10.20.0.1", "network_view": "default", "names": ["gateway"], "types": ["A"]}],
 }

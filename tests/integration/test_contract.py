@@ -52,14 +52,20 @@ UNPAUSE_BOUND_SECONDS = 10.0
 
 def hosts(server: MockPhpipamServer, subnet_id: int) -> dict[str, str]:
     """Return ``{hostname: ip}`` of the non-gateway rows of a mock subnet."""
-    return {str(a.hostname): str(a.ip) for a in server.store.subnet_addresses(subnet_id)
-            if not a.is_gateway}
+    return {
+        str(a.hostname): str(a.ip)
+        for a in server.store.subnet_addresses(subnet_id)
+        if not a.is_gateway
+    }
 
 
 def allocations(server: MockPhpipamServer) -> list[str]:
     """Return the allocating requests (POST to ``addresses/first_free``) the mock answered."""
-    return [f"{e.method} {e.path}" for e in server.store.requests(writes_only=True)
-            if e.method == "POST" and "first_free" in e.path]
+    return [
+        f"{e.method} {e.path}"
+        for e in server.store.requests(writes_only=True)
+        if e.method == "POST" and "first_free" in e.path
+    ]
 
 
 def progress(body: Mapping[str, Any] | None, handler: str) -> dict[str, Any]:
@@ -70,37 +76,54 @@ def progress(body: Mapping[str, Any] | None, handler: str) -> dict[str, Any]:
 
 def wait_paused(sandbox: Sandbox, name: str, handler: str) -> dict[str, Any]:
     """Wait until ``handler`` ran on a claim and found it paused; return the claim."""
-    return dict(wait_for(
-        lambda: (c := sandbox.get_claim(NAMESPACE, name))
-        and "paused" in str(progress(c, handler).get("message", "")) and c,
-        timeout=15, message=f"{handler} of claim {name} to find it paused",
-    ))
+    return dict(
+        wait_for(
+            lambda: (
+                (c := sandbox.get_claim(NAMESPACE, name))
+                and "paused" in str(progress(c, handler).get("message", ""))
+                and c
+            ),
+            timeout=15,
+            message=f"{handler} of claim {name} to find it paused",
+        )
+    )
 
 
-def cluster(sandbox: Sandbox, name: str, *, paused: bool = False,
-            annotated: bool = False) -> dict[str, Any]:
+def cluster(
+    sandbox: Sandbox, name: str, *, paused: bool = False, annotated: bool = False
+) -> dict[str, Any]:
     """Create a CAPI Cluster, paused by ``spec.paused`` and/or the paused annotation."""
     annotations = {PAUSED_ANNOTATION: ""} if annotated else {}
-    return sandbox.apply({
-        "apiVersion": CLUSTERS, "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations},
-        "spec": {"paused": paused},
-    })
+    return sandbox.apply(
+        {
+            "apiVersion": CLUSTERS,
+            "kind": "Cluster",
+            "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations},
+            "spec": {"paused": paused},
+        }
+    )
 
 
 def unpause_cluster(sandbox: Sandbox, name: str) -> None:
     """Clear both pause markers of a Cluster."""
-    sandbox.kube.patch(CLUSTERS, "clusters", name,
-                       {"metadata": {"annotations": {PAUSED_ANNOTATION: None}},
-                        "spec": {"paused": False}}, NAMESPACE)
+    sandbox.kube.patch(
+        CLUSTERS,
+        "clusters",
+        name,
+        {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}, "spec": {"paused": False}},
+        NAMESPACE,
+    )
 
 
 def pool_events(sandbox: Sandbox, name: str, reason: str) -> list[dict[str, Any]]:
     """Return the Events of a pool with ``reason``."""
-    return [e for e in sandbox.events(NAMESPACE)
-            if (e.get("involvedObject") or {}).get("name") == name
-            and (e.get("involvedObject") or {}).get("kind") == "PHPIPAMIPPool"
-            and e.get("reason") == reason]
+    return [
+        e
+        for e in sandbox.events(NAMESPACE)
+        if (e.get("involvedObject") or {}).get("name") == name
+        and (e.get("involvedObject") or {}).get("kind") == "PHPIPAMIPPool"
+        and e.get("reason") == reason
+    ]
 
 
 def condition(body: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -114,8 +137,9 @@ def condition(body: Mapping[str, Any] | None) -> dict[str, Any]:
 @pytest.fixture
 def pool(sandbox: Sandbox, phpipam: MockPhpipamServer) -> str:
     """A Ready phpIPAM pool ``pool`` on subnet 7 (10.20.0.0/24, gateway 10.20.0.1)."""
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.wait_pool_ready(NAMESPACE, "pool")
     return "pool"
 
@@ -138,8 +162,9 @@ def test_paused_claim_waits_and_resumes_within_seconds(
     slow_pause: Sandbox, phpipam: MockPhpipamServer, source: str
 ) -> None:
     sandbox = slow_pause
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.wait_pool_ready(NAMESPACE, "pool")
     if source == "claim-annotation":
         sandbox.claim(NAMESPACE, "m1", "pool", annotations={PAUSED_ANNOTATION: ""})
@@ -159,8 +184,13 @@ def test_paused_claim_waits_and_resumes_within_seconds(
 
     started = time.monotonic()
     if source == "claim-annotation":
-        sandbox.kube.patch(f"{GROUP}/v1beta2", "ipaddressclaims", "m1",
-                           {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}}, NAMESPACE)
+        sandbox.kube.patch(
+            f"{GROUP}/v1beta2",
+            "ipaddressclaims",
+            "m1",
+            {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}},
+            NAMESPACE,
+        )
     else:
         unpause_cluster(sandbox, "c1")
     (bound,) = sandbox.wait_claims_bound(NAMESPACE, 1, timeout=UNPAUSE_BOUND_SECONDS + 5)
@@ -174,8 +204,9 @@ def test_paused_cluster_blocks_release_until_unpaused(
     slow_pause: Sandbox, phpipam: MockPhpipamServer
 ) -> None:
     sandbox = slow_pause
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     cluster(sandbox, "c1")
     sandbox.claim(NAMESPACE, "m1", "pool", cluster="c1")
     sandbox.wait_claims_bound(NAMESPACE, 1)
@@ -221,8 +252,9 @@ def test_without_cluster_crd_claims_are_served(phpipam: MockPhpipamServer) -> No
         with pytest.raises(ApiError, match="no resource"):
             cluster(sandbox, "c1")
 
-        sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                             credentials=CREDENTIALS)
+        sandbox.phpipam_pool(
+            NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+        )
         sandbox.claim(NAMESPACE, "plain", "pool")
         sandbox.claim(NAMESPACE, "named", "pool", cluster="c1")
         sandbox.wait_claims_bound(NAMESPACE, 1)
@@ -254,8 +286,11 @@ def test_pool_with_addresses_is_protected_until_its_claims_are_gone(
     assert POOL_FINALIZER in blocked["metadata"]["finalizers"]
     message = condition(blocked)["message"]
     assert "m1" in message and "m2" in message
-    (event,) = wait_for(lambda: pool_events(sandbox, pool, "DeletionBlocked"), timeout=10,
-                        message="DeletionBlocked event")
+    (event,) = wait_for(
+        lambda: pool_events(sandbox, pool, "DeletionBlocked"),
+        timeout=10,
+        message="DeletionBlocked event",
+    )
     assert event["type"] == "Warning" and "m1" in event["message"]
 
     # A new claim on a pool being deleted gets nothing, and says why.
@@ -266,8 +301,9 @@ def test_pool_with_addresses_is_protected_until_its_claims_are_gone(
     # Claims of the deleting pool still release what they hold; then the pool goes.
     sandbox.delete_claim(NAMESPACE, "m1")
     sandbox.delete_claim(NAMESPACE, "m2")
-    wait_for(lambda: not [a for a in sandbox.addresses(NAMESPACE)], timeout=15,
-             message="addresses gone")
+    wait_for(
+        lambda: not [a for a in sandbox.addresses(NAMESPACE)], timeout=15, message="addresses gone"
+    )
     assert hosts(phpipam, 7) == {}
     started = time.monotonic()
     wait_for(lambda: sandbox.pool(NAMESPACE, pool) is None, timeout=15, message="pool gone")
@@ -306,8 +342,9 @@ MOVED = [
 ]
 
 
-def clusterctl_move(source: Sandbox, target: Sandbox, *, keep: frozenset[str] = frozenset()
-                    ) -> None:
+def clusterctl_move(
+    source: Sandbox, target: Sandbox, *, keep: frozenset[str] = frozenset()
+) -> None:
     """Copy the moved objects as ``clusterctl move`` does, then delete them at the source.
 
     Spec (or ``data``) and metadata (labels, annotations, finalizers) are copied; status,
@@ -324,7 +361,8 @@ def clusterctl_move(source: Sandbox, target: Sandbox, *, keep: frozenset[str] = 
                 "apiVersion": api_version,
                 "kind": obj.get("kind") or target.kube._resource(api_version, plural).kind,
                 "metadata": {
-                    "name": meta["name"], "namespace": NAMESPACE,
+                    "name": meta["name"],
+                    "namespace": NAMESPACE,
                     "labels": copy.deepcopy(meta.get("labels") or {}),
                     "annotations": copy.deepcopy(meta.get("annotations") or {}),
                     "finalizers": list(meta.get("finalizers") or []),
@@ -346,8 +384,9 @@ def clusterctl_move(source: Sandbox, target: Sandbox, *, keep: frozenset[str] = 
             continue
         for obj in source.kube.list(api_version, plural, NAMESPACE):
             name = obj["metadata"]["name"]
-            source.kube.patch(api_version, plural, name, {"metadata": {"finalizers": None}},
-                              NAMESPACE)
+            source.kube.patch(
+                api_version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE
+            )
             source.kube.delete(api_version, plural, name, NAMESPACE)
 
 
@@ -358,14 +397,23 @@ def test_clusterctl_move_rebuilds_status_and_allocates_nothing(
     labels = {CLUSTER_NAME_LABEL: "c1"} if labelled else {}
     source = make_sandbox()
     cluster(source, "c1")
-    source.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                        credentials=CREDENTIALS, labels=labels)
+    source.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS, labels=labels
+    )
     for i in range(5):
         source.claim(NAMESPACE, f"m{i}", "pool", cluster="c1")
     source.wait_claims_bound(NAMESPACE, 5)
     source.wait_pool_ready(NAMESPACE, "pool")
-    wait_for(lambda: ((source.pool(NAMESPACE, "pool") or {}).get("status") or {})
-             .get("ipAddresses", {}).get("used") == 6, timeout=10, message="pool usage")
+    wait_for(
+        lambda: (
+            ((source.pool(NAMESPACE, "pool") or {}).get("status") or {})
+            .get("ipAddresses", {})
+            .get("used")
+            == 6
+        ),
+        timeout=10,
+        message="pool usage",
+    )
     before = {a["metadata"]["name"]: a["spec"] for a in source.addresses(NAMESPACE)}
     in_ipam = hosts(phpipam, 7)
     assert len(set(in_ipam.values())) == 5
@@ -377,8 +425,9 @@ def test_clusterctl_move_rebuilds_status_and_allocates_nothing(
     source.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": True}}, NAMESPACE)
     phpipam.store.clear_journal()
     target = make_sandbox(start_operator=False)
-    clusterctl_move(source, target, keep=frozenset() if labelled else frozenset(
-        {"phpipamippools", "secrets"}))
+    clusterctl_move(
+        source, target, keep=frozenset() if labelled else frozenset({"phpipamippools", "secrets"})
+    )
     target.start_operator()
     # kopf may put the claim finalizer back between clusterctl's strip and delete: such a
     # claim goes once its Cluster is gone, and must not free its (moved) address then.
@@ -394,8 +443,16 @@ def test_clusterctl_move_rebuilds_status_and_allocates_nothing(
     assert moved_pool["status"]["subnet"] == "10.20.0.0/24"
     assert moved_pool["status"]["gateway"] == "10.20.0.1"
     assert moved_pool["metadata"]["labels"] == labels
-    wait_for(lambda: ((target.pool(NAMESPACE, "pool") or {}).get("status") or {})
-             .get("ipAddresses", {}).get("used") == 6, timeout=10, message="pool usage")
+    wait_for(
+        lambda: (
+            ((target.pool(NAMESPACE, "pool") or {}).get("status") or {})
+            .get("ipAddresses", {})
+            .get("used")
+            == 6
+        ),
+        timeout=10,
+        message="pool usage",
+    )
     assert hosts(phpipam, 7) == in_ipam
     assert allocations(phpipam) == []
     assert phpipam.store.requests(writes_only=True) == []
@@ -413,12 +470,14 @@ def test_exhausted_pool_serves_waiting_claims_when_addresses_free_up(
     sandbox: Sandbox, phpipam: MockPhpipamServer
 ) -> None:
     # Subnet 9 is a /30: 10.20.1.1 and 10.20.1.2 are its only host addresses.
-    sandbox.phpipam_pool(NAMESPACE, "small", endpoint=phpipam.url, subnet_id=9,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "small", endpoint=phpipam.url, subnet_id=9, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "a", "small")
     sandbox.wait_claims_bound(NAMESPACE, 1)
-    manual = phpipam.store.add_address(9, "10.20.1.2", hostname="printer.lab",
-                                       description="registered by a person")
+    manual = phpipam.store.add_address(
+        9, "10.20.1.2", hostname="printer.lab", description="registered by a person"
+    )
 
     sandbox.claim(NAMESPACE, "b", "small")
     waiting = sandbox.wait_claim_reason(NAMESPACE, "b", "PoolExhausted")
@@ -437,8 +496,11 @@ def test_exhausted_pool_serves_waiting_claims_when_addresses_free_up(
     sandbox.wait_claim_reason(NAMESPACE, "c", "PoolExhausted")
     started = time.monotonic()
     sandbox.delete_claim(NAMESPACE, "a")
-    wait_for(lambda: sandbox.ready(sandbox.get_claim(NAMESPACE, "c"))[0] == "True",
-             timeout=15, message="claim c bound")
+    wait_for(
+        lambda: sandbox.ready(sandbox.get_claim(NAMESPACE, "c"))[0] == "True",
+        timeout=15,
+        message="claim c bound",
+    )
     assert time.monotonic() - started < 10
     assert hosts(phpipam, 9) == {"b.test": "10.20.1.2", "c.test": "10.20.1.1"}
     spec = {a["metadata"]["name"]: a["spec"]["address"] for a in sandbox.addresses(NAMESPACE)}
@@ -449,8 +511,9 @@ def test_exhausted_pool_serves_waiting_claims_when_addresses_free_up(
 
 
 def test_ipv6_pool_end_to_end(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:
-    sandbox.phpipam_pool(NAMESPACE, "v6", endpoint=phpipam.url, subnet_id=8,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "v6", endpoint=phpipam.url, subnet_id=8, credentials=CREDENTIALS
+    )
     ready = sandbox.wait_pool_ready(NAMESPACE, "v6")
     assert ready["status"]["subnet"] == "2001:db8:20::/64"
     assert ready["status"]["prefix"] == 64
@@ -495,19 +558,32 @@ def secret_forms(values: list[str]) -> list[str]:
 
 
 def test_no_secret_in_logs_events_or_status(
-    make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer,
+    make_sandbox: Callable[..., Sandbox],
+    phpipam: MockPhpipamServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     sandbox = make_sandbox(settings={"IPAM_BRIDGE_LOG_LEVEL": "DEBUG"})
     app_token = next(a["code"] for a in PHPIPAM_SEED["apps"] if a.get("code"))
     wrong = "Wr0ng-pa55word-never-logged"
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
-    sandbox.phpipam_pool(NAMESPACE, "coded", endpoint=phpipam.url, subnet_id=10,
-                         app_id="capicode", credentials={"token": app_token})
-    sandbox.phpipam_pool(NAMESPACE, "wrong", endpoint=phpipam.url, subnet_id=10,
-                         credentials={"username": CREDENTIALS["username"], "password": wrong})
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "coded",
+        endpoint=phpipam.url,
+        subnet_id=10,
+        app_id="capicode",
+        credentials={"token": app_token},
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "wrong",
+        endpoint=phpipam.url,
+        subnet_id=10,
+        credentials={"username": CREDENTIALS["username"], "password": wrong},
+    )
     for name, pool_name in (("m1", "pool"), ("m2", "coded"), ("m3", "wrong")):
         sandbox.claim(NAMESPACE, name, pool_name)
     sandbox.wait_claims_bound(NAMESPACE, 2)
@@ -551,21 +627,32 @@ def test_pool_never_reads_a_secret_of_another_namespace(
 ) -> None:
     sandbox.namespace("other")
     sandbox.secret("other", "shared-credentials", CREDENTIALS)
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         secret="shared-credentials")
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, secret="shared-credentials"
+    )
     # A namespace field is not in the schema; the operator must ignore or refuse it.
-    sandbox.phpipam_pool(NAMESPACE, "sneaky", endpoint=phpipam.url, subnet_id=7,
-                         secret="shared-credentials")
-    sandbox.kube.patch(POOLS, "phpipamippools", "sneaky",
-                       {"spec": {"credentialsRef": {"name": "shared-credentials",
-                                                    "namespace": "other"}}}, NAMESPACE)
+    sandbox.phpipam_pool(
+        NAMESPACE, "sneaky", endpoint=phpipam.url, subnet_id=7, secret="shared-credentials"
+    )
+    sandbox.kube.patch(
+        POOLS,
+        "phpipamippools",
+        "sneaky",
+        {"spec": {"credentialsRef": {"name": "shared-credentials", "namespace": "other"}}},
+        NAMESPACE,
+    )
     sandbox.claim(NAMESPACE, "m1", "pool")
     pool_body = sandbox.wait_pool_ready(NAMESPACE, "pool", reason="CredentialsNotFound")
     assert f"{NAMESPACE}/shared-credentials" in condition(pool_body)["message"]
     sneaky = wait_for(
-        lambda: (p := sandbox.pool(NAMESPACE, "sneaky")) and condition(p).get("status") == "False"
-        and condition(p).get("reason") in ("CredentialsNotFound", "InvalidSpec") and p,
-        timeout=15, message="sneaky pool refused",
+        lambda: (
+            (p := sandbox.pool(NAMESPACE, "sneaky"))
+            and condition(p).get("status") == "False"
+            and condition(p).get("reason") in ("CredentialsNotFound", "InvalidSpec")
+            and p
+        ),
+        timeout=15,
+        message="sneaky pool refused",
     )
     assert "other" not in condition(sneaky)["message"].replace("another", "")
     sandbox.wait_claim_reason(NAMESPACE, "m1", "PoolNotReady")
@@ -599,14 +686,31 @@ def test_tls_is_verified_by_default_and_a_ca_secret_makes_it_work(
     sandbox.secret(NAMESPACE, "creds", CREDENTIALS)
     sandbox.secret(NAMESPACE, "ipam-ca", {"ca.crt": ca.cert_pem.bytes().decode()})
     sandbox.phpipam_pool(NAMESPACE, "default", endpoint=url, subnet_id=7, secret="creds")
-    sandbox.phpipam_pool(NAMESPACE, "with-ca", endpoint=url, subnet_id=7, secret="creds",
-                         tls={"caSecretRef": {"name": "ipam-ca"}})
-    sandbox.phpipam_pool(NAMESPACE, "skip", endpoint=url, subnet_id=7, secret="creds",
-                         tls={"insecureSkipVerify": True})
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "with-ca",
+        endpoint=url,
+        subnet_id=7,
+        secret="creds",
+        tls={"caSecretRef": {"name": "ipam-ca"}},
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "skip",
+        endpoint=url,
+        subnet_id=7,
+        secret="creds",
+        tls={"insecureSkipVerify": True},
+    )
 
     refused = wait_for(
-        lambda: (p := sandbox.pool(NAMESPACE, "default")) and condition(p).get("status") == "False"
-        and p, timeout=20, message="default pool not Ready",
+        lambda: (
+            (p := sandbox.pool(NAMESPACE, "default"))
+            and condition(p).get("status") == "False"
+            and p
+        ),
+        timeout=20,
+        message="default pool not Ready",
     )
     message = condition(refused)["message"].lower()
     assert "certificate" in message or "tls" in message or "ssl" in message, message

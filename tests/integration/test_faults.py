@@ -59,8 +59,6 @@ from mock_phpipam.store import ManualClock, Store
 DOWN_SECONDS = float(os.environ.get("IPAM_BRIDGE_TEST_DOWN_SECONDS", "60"))
 
 
-
-
 # ------------------------------------------------------------------------------ helpers
 
 

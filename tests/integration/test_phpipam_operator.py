@@ -53,37 +53,48 @@ def ready(body: Mapping[str, Any] | None, *, legacy: bool = False) -> dict[str, 
     return next((dict(c) for c in conditions if c.get("type") == "Ready"), {})
 
 
-def events_of(sandbox: Sandbox, kind: str, name: str, reason: str | None = None,
-              ) -> list[dict[str, Any]]:
+def events_of(
+    sandbox: Sandbox,
+    kind: str,
+    name: str,
+    reason: str | None = None,
+) -> list[dict[str, Any]]:
     """Return the Events whose involvedObject is ``kind``/``name`` (optionally of ``reason``)."""
     return [
-        e for e in sandbox.events(NAMESPACE)
+        e
+        for e in sandbox.events(NAMESPACE)
         if (e.get("involvedObject") or {}).get("kind") == kind
         and (e.get("involvedObject") or {}).get("name") == name
         and (reason is None or e.get("reason") == reason)
     ]
 
 
-def wait_event(sandbox: Sandbox, kind: str, name: str, reason: str, *,
-               timeout: float = 10.0) -> dict[str, Any]:
+def wait_event(
+    sandbox: Sandbox, kind: str, name: str, reason: str, *, timeout: float = 10.0
+) -> dict[str, Any]:
     """Wait for an Event of ``reason`` on ``kind``/``name`` and return it."""
-    found = wait_for(lambda: events_of(sandbox, kind, name, reason), timeout=timeout,
-                     message=f"event {reason} on {kind} {name}")
+    found = wait_for(
+        lambda: events_of(sandbox, kind, name, reason),
+        timeout=timeout,
+        message=f"event {reason} on {kind} {name}",
+    )
     return dict(found[0])
 
 
 def rows(phpipam: MockPhpipamServer, subnet_id: int) -> dict[str, str]:
     """Return the subnet's non-gateway rows in the mock as ``{hostname: ip}``."""
-    return {str(a.hostname): str(a.ip) for a in phpipam.store.subnet_addresses(subnet_id)
-            if not a.is_gateway}
+    return {
+        str(a.hostname): str(a.ip)
+        for a in phpipam.store.subnet_addresses(subnet_id)
+        if not a.is_gateway
+    }
 
 
 def usage(phpipam: MockPhpipamServer, subnet_id: int) -> dict[str, int]:
     """Return the mock's own usage of a subnet in the pool status' shape."""
     raw = phpipam.store.usage(subnet_id)
     assert raw is not None
-    return {"total": int(raw["maxhosts"]), "used": int(raw["used"]),
-            "free": int(raw["freehosts"])}
+    return {"total": int(raw["maxhosts"]), "used": int(raw["used"]), "free": int(raw["freehosts"])}
 
 
 def closed_port() -> int:
@@ -102,18 +113,23 @@ def kopf_retries(body: Mapping[str, Any] | None, handler: str) -> int:
 
 def cluster(sandbox: Sandbox, name: str) -> dict[str, Any]:
     """Create a CAPI ``Cluster`` (v1beta2) in the test namespace."""
-    return sandbox.apply({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {},
-    })
+    return sandbox.apply(
+        {
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {},
+        }
+    )
 
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def assert_condition_fields(condition: Mapping[str, Any], status: str, reason: str,
-                            generation: int) -> None:
+def assert_condition_fields(
+    condition: Mapping[str, Any], status: str, reason: str, generation: int
+) -> None:
     """Assert a metav1 condition carries every field CAPI's v1beta2 schema requires."""
     assert condition["type"] == "Ready"
     assert condition["status"] == status
@@ -133,8 +149,9 @@ def assert_condition_fields(condition: Mapping[str, Any], status: str, reason: s
 def test_fifty_claims_bound_then_twenty_released(
     sandbox: Sandbox, phpipam: MockPhpipamServer
 ) -> None:
-    pool = sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                                credentials=CREDENTIALS)
+    pool = sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.wait_pool_ready(NAMESPACE, "pool")
     pool_uid = sandbox.pool(NAMESPACE, "pool")["metadata"]["uid"]  # type: ignore[index]
     assert pool_uid == pool["metadata"]["uid"]
@@ -153,8 +170,9 @@ def test_fifty_claims_bound_then_twenty_released(
     cluster(sandbox, "wl1")
     for name in names[1:]:
         sandbox.claim(NAMESPACE, name, "pool", cluster="wl1")
-    claims = {c["metadata"]["name"]: c
-              for c in sandbox.wait_claims_bound(NAMESPACE, 50, timeout=60)}
+    claims = {
+        c["metadata"]["name"]: c for c in sandbox.wait_claims_bound(NAMESPACE, 50, timeout=60)
+    }
     addresses = {a["metadata"]["name"]: a for a in sandbox.addresses(NAMESPACE)}
     assert sorted(claims) == names
     assert sorted(addresses) == names
@@ -163,8 +181,9 @@ def test_fifty_claims_bound_then_twenty_released(
     assert len(set(ips)) == 50
     assert all(ipaddress.ip_address(ip) in SUBNET_7 for ip in ips)
     assert GATEWAY_7 not in ips
-    assert all(ip not in (str(SUBNET_7.network_address), str(SUBNET_7.broadcast_address))
-               for ip in ips)
+    assert all(
+        ip not in (str(SUBNET_7.network_address), str(SUBNET_7.broadcast_address)) for ip in ips
+    )
 
     for name in names:
         claim, address = claims[name], addresses[name]
@@ -178,18 +197,31 @@ def test_fifty_claims_bound_then_twenty_released(
             "poolRef": claim["spec"]["poolRef"],
         }
         assert sorted(meta["ownerReferences"], key=lambda r: r["kind"]) == [
-            {"apiVersion": f"{GROUP}/v1beta2", "kind": "IPAddressClaim", "name": name,
-             "uid": claim["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True},
-            {"apiVersion": f"{GROUP}/v1alpha1", "kind": "PHPIPAMIPPool", "name": "pool",
-             "uid": pool_uid, "controller": False, "blockOwnerDeletion": True},
+            {
+                "apiVersion": f"{GROUP}/v1beta2",
+                "kind": "IPAddressClaim",
+                "name": name,
+                "uid": claim["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            },
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "PHPIPAMIPPool",
+                "name": "pool",
+                "uid": pool_uid,
+                "controller": False,
+                "blockOwnerDeletion": True,
+            },
         ]
         assert meta["finalizers"] == [ADDRESS_FINALIZER]
         assert meta["labels"][CLUSTER_NAME_LABEL] == "wl1"
 
         assert CLAIM_FINALIZER in claim["metadata"]["finalizers"]
         assert claim["status"]["addressRef"] == {"name": name}
-        assert_condition_fields(ready(claim), "True", "AddressAllocated",
-                                claim["metadata"]["generation"])
+        assert_condition_fields(
+            ready(claim), "True", "AddressAllocated", claim["metadata"]["generation"]
+        )
         assert address["spec"]["address"] in ready(claim)["message"]
 
     # The IPAM holds exactly these 50 hostnames, with the IPAddresses' addresses, each
@@ -197,11 +229,17 @@ def test_fifty_claims_bound_then_twenty_released(
     assert rows(phpipam, 7) == {
         f"{name}.{NAMESPACE}": addresses[name]["spec"]["address"] for name in names
     }
-    allocations = [r for r in phpipam.store.requests()
-                   if r.method == "POST" and "/addresses/first_free/" in r.path]
+    allocations = [
+        r
+        for r in phpipam.store.requests()
+        if r.method == "POST" and "/addresses/first_free/" in r.path
+    ]
     assert [r.status for r in allocations] == [201] * 50
-    wait_for(lambda: len(events_of(sandbox, "IPAddressClaim", "m-49", "AddressAllocated")) == 1,
-             timeout=10, message="AddressAllocated event")
+    wait_for(
+        lambda: len(events_of(sandbox, "IPAddressClaim", "m-49", "AddressAllocated")) == 1,
+        timeout=10,
+        message="AddressAllocated event",
+    )
 
     # Delete 20: exactly their rows go, their IPAddresses go, the other 30 stay as they were.
     deleted, kept = names[0:40:2], [n for n in names if n not in names[0:40:2]]
@@ -211,14 +249,19 @@ def test_fifty_claims_bound_then_twenty_released(
     phpipam.store.clear_journal()
     for name in deleted:
         sandbox.delete_claim(NAMESPACE, name)
-    wait_for(lambda: not {c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)}
-             & set(deleted), timeout=30, message="20 claims deleted")
+    wait_for(
+        lambda: not {c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)} & set(deleted),
+        timeout=30,
+        message="20 claims deleted",
+    )
     remaining = {a["metadata"]["name"]: a for a in sandbox.addresses(NAMESPACE)}
     assert sorted(remaining) == kept
     for name in kept:
         assert remaining[name]["metadata"]["uid"] == kept_addresses[name]["uid"]
-        assert remaining[name]["metadata"]["resourceVersion"] == \
-            kept_addresses[name]["resourceVersion"]
+        assert (
+            remaining[name]["metadata"]["resourceVersion"]
+            == kept_addresses[name]["resourceVersion"]
+        )
         assert remaining[name]["spec"] == addresses[name]["spec"]
     assert rows(phpipam, 7) == {
         f"{name}.{NAMESPACE}": addresses[name]["spec"]["address"] for name in kept
@@ -233,12 +276,20 @@ def test_fifty_claims_bound_then_twenty_released(
 
     # Pool status follows the IPAM's usage (gateway row included, as phpIPAM counts it).
     expected = usage(phpipam, 7)
-    assert expected == {"total": SUBNET_7.num_addresses - 2, "used": 31,
-                        "free": SUBNET_7.num_addresses - 2 - 31}
+    assert expected == {
+        "total": SUBNET_7.num_addresses - 2,
+        "used": 31,
+        "free": SUBNET_7.num_addresses - 2 - 31,
+    }
     status = wait_for(
-        lambda: (s := (sandbox.pool(NAMESPACE, "pool") or {}).get("status") or {})
-        and s.get("ipAddresses") == expected and s,
-        timeout=10, message="pool usage matching the mock")
+        lambda: (
+            (s := (sandbox.pool(NAMESPACE, "pool") or {}).get("status") or {})
+            and s.get("ipAddresses") == expected
+            and s
+        ),
+        timeout=10,
+        message="pool usage matching the mock",
+    )
     assert status["subnet"] == "10.20.0.0/24"
     assert status["prefix"] == 24
     assert status["gateway"] == GATEWAY_7
@@ -249,8 +300,9 @@ def test_fifty_claims_bound_then_twenty_released(
 # -- 2. a CAPI 1.6-1.10 management cluster (v1beta1 only) --------------------------------------
 
 
-def test_v1beta1_only_capi(make_sandbox: Callable[..., Sandbox],
-                           phpipam: MockPhpipamServer) -> None:
+def test_v1beta1_only_capi(
+    make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
+) -> None:
     sandbox = make_sandbox(capi_versions=("v1beta1",))
     assert sandbox.version == "v1beta1"
     # First a claim whose pool does not exist: a False condition, with severity.
@@ -265,8 +317,9 @@ def test_v1beta1_only_capi(make_sandbox: Callable[..., Sandbox],
     current = ready(waiting)
     assert_condition_fields(current, "False", "PoolNotReady", waiting["metadata"]["generation"])
 
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "later", "pool")
     claims = {c["metadata"]["name"]: c for c in sandbox.wait_claims_bound(NAMESPACE, 2)}
     pool_uid = sandbox.pool(NAMESPACE, "pool")["metadata"]["uid"]  # type: ignore[index]
@@ -276,8 +329,9 @@ def test_v1beta1_only_capi(make_sandbox: Callable[..., Sandbox],
         assert legacy["status"] == "True"
         assert legacy["reason"] == "AddressAllocated"
         assert "severity" not in legacy
-        assert_condition_fields(ready(claim), "True", "AddressAllocated",
-                                claim["metadata"]["generation"])
+        assert_condition_fields(
+            ready(claim), "True", "AddressAllocated", claim["metadata"]["generation"]
+        )
         assert claim["status"]["addressRef"] == {"name": name}
 
         address = sandbox.kube.get(f"{GROUP}/v1beta1", "ipaddresses", name, NAMESPACE)
@@ -286,8 +340,10 @@ def test_v1beta1_only_capi(make_sandbox: Callable[..., Sandbox],
         assert address["spec"]["claimRef"] == {"name": name}
         assert address["spec"]["poolRef"] == claim["spec"]["poolRef"]
         assert address["spec"]["prefix"] == 24
-        assert {(r["apiVersion"], r["kind"], r["uid"], r["controller"])
-                for r in address["metadata"]["ownerReferences"]} == {
+        assert {
+            (r["apiVersion"], r["kind"], r["uid"], r["controller"])
+            for r in address["metadata"]["ownerReferences"]
+        } == {
             (f"{GROUP}/v1beta1", "IPAddressClaim", claim["metadata"]["uid"], True),
             (f"{GROUP}/v1alpha1", "PHPIPAMIPPool", pool_uid, False),
         }
@@ -329,43 +385,71 @@ class BadPool:
 
 BAD_POOLS = [
     BadPool(
-        "missing-secret", "CredentialsNotFound", "bad-credentials", "PoolNotReady",
-        lambda m, _: {"endpoint": m.url, "subnet_id": 7}, None,
+        "missing-secret",
+        "CredentialsNotFound",
+        "bad-credentials",
+        "PoolNotReady",
+        lambda m, _: {"endpoint": m.url, "subnet_id": 7},
+        None,
         lambda sb, m: sb.secret(NAMESPACE, "bad-credentials", CREDENTIALS),
         7,
     ),
     BadPool(
-        "wrong-password", "AuthenticationFailed", "Invalid username or password",
+        "wrong-password",
+        "AuthenticationFailed",
+        "Invalid username or password",
         "PoolNotReady",
         lambda m, _: {"endpoint": m.url, "subnet_id": 7},
         {"username": CREDENTIALS["username"], "password": WRONG_PASSWORD},
-        lambda sb, m: sb.kube.patch("v1", "secrets", "bad-credentials",
-                                    {"data": {"password": b64(CREDENTIALS["password"])}},
-                                    NAMESPACE),
+        lambda sb, m: sb.kube.patch(
+            "v1",
+            "secrets",
+            "bad-credentials",
+            {"data": {"password": b64(CREDENTIALS["password"])}},
+            NAMESPACE,
+        ),
         7,
     ),
     BadPool(
-        "unknown-subnet-id", "SubnetNotFound", "999", "PoolNotReady",
-        lambda m, _: {"endpoint": m.url, "subnet_id": 999}, CREDENTIALS,
-        lambda sb, m: sb.kube.patch(f"{GROUP}/v1alpha1", "phpipamippools", "bad",
-                                    {"spec": {"subnetId": 10}}, NAMESPACE),
+        "unknown-subnet-id",
+        "SubnetNotFound",
+        "999",
+        "PoolNotReady",
+        lambda m, _: {"endpoint": m.url, "subnet_id": 999},
+        CREDENTIALS,
+        lambda sb, m: sb.kube.patch(
+            f"{GROUP}/v1alpha1", "phpipamippools", "bad", {"spec": {"subnetId": 10}}, NAMESPACE
+        ),
         10,
     ),
     BadPool(
-        "unknown-cidr", "SubnetNotFound", "10.99.0.0/24", "PoolNotReady",
-        lambda m, _: {"endpoint": m.url, "subnet": "10.99.0.0/24"}, CREDENTIALS,
-        lambda sb, m: sb.kube.patch(f"{GROUP}/v1alpha1", "phpipamippools", "bad",
-                                    {"spec": {"subnet": "10.20.2.0/28"}}, NAMESPACE),
+        "unknown-cidr",
+        "SubnetNotFound",
+        "10.99.0.0/24",
+        "PoolNotReady",
+        lambda m, _: {"endpoint": m.url, "subnet": "10.99.0.0/24"},
+        CREDENTIALS,
+        lambda sb, m: sb.kube.patch(
+            f"{GROUP}/v1alpha1",
+            "phpipamippools",
+            "bad",
+            {"spec": {"subnet": "10.20.2.0/28"}},
+            NAMESPACE,
+        ),
         10,
     ),
     BadPool(
         # An unreachable IPAM is transient, not a pool misconfiguration: the claim's reason is
         # AllocationFailed (bridge.errors.claim_error_from), the pool's BackendUnavailable.
-        "unreachable", "BackendUnavailable", "127.0.0.1:{port}", "AllocationFailed",
+        "unreachable",
+        "BackendUnavailable",
+        "127.0.0.1:{port}",
+        "AllocationFailed",
         lambda m, port: {"endpoint": f"http://127.0.0.1:{port}/api", "subnet_id": 7},
         CREDENTIALS,
-        lambda sb, m: sb.kube.patch(f"{GROUP}/v1alpha1", "phpipamippools", "bad",
-                                    {"spec": {"endpoint": m.url}}, NAMESPACE),
+        lambda sb, m: sb.kube.patch(
+            f"{GROUP}/v1alpha1", "phpipamippools", "bad", {"spec": {"endpoint": m.url}}, NAMESPACE
+        ),
         7,
     ),
 ]
@@ -378,11 +462,17 @@ def test_bad_pool_is_reported_contained_and_recovers(
     sandbox = make_sandbox(settings=QUICK_CONFIG_RETRY)
     port = closed_port()
     cause = case.cause.format(port=port)
-    sandbox.phpipam_pool(NAMESPACE, "good", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "good", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "ok-1", "good")
-    sandbox.phpipam_pool(NAMESPACE, "bad", credentials=case.credentials, secret="bad-credentials",
-                         **case.spec(phpipam, port))
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "bad",
+        credentials=case.credentials,
+        secret="bad-credentials",
+        **case.spec(phpipam, port),
+    )
     sandbox.claim(NAMESPACE, "stuck", "bad")
 
     # The pool says what is wrong, in its condition and in a Warning event.
@@ -400,8 +490,11 @@ def test_bad_pool_is_reported_contained_and_recovers(
     assert event["type"] == "Warning" and cause in event["message"]
 
     # The operator keeps retrying (paced, not crashing) and keeps serving the good pool.
-    wait_for(lambda: kopf_retries(sandbox.get_claim(NAMESPACE, "stuck"), "allocate") >= 3,
-             timeout=15, message="three retries of the stuck claim")
+    wait_for(
+        lambda: kopf_retries(sandbox.get_claim(NAMESPACE, "stuck"), "allocate") >= 3,
+        timeout=15,
+        message="three retries of the stuck claim",
+    )
     sandbox.claim(NAMESPACE, "ok-2", "good")
     sandbox.wait_claim_reason(NAMESPACE, "ok-2", "AddressAllocated", timeout=10)
     assert sandbox.operator_running
@@ -416,8 +509,11 @@ def test_bad_pool_is_reported_contained_and_recovers(
     if case.id == "wrong-password":
         # Every login with the wrong password counts towards phpIPAM's lock-out (more than
         # 10 failures in 5 minutes blocks the operator's IP, good credentials included).
-        failed = [r for r in phpipam.store.requests()
-                  if r.method == "POST" and r.path.endswith("/user/") and r.status != 200]
+        failed = [
+            r
+            for r in phpipam.store.requests()
+            if r.method == "POST" and r.path.endswith("/user/") and r.status != 200
+        ]
         assert len(failed) == 1
 
     # Fixed: the pool becomes Ready and the waiting claim is bound. (The PoolReady event is
@@ -449,9 +545,14 @@ def test_recovery_seen_by_the_refresher_is_reported(
     sandbox.wait_claims_bound(NAMESPACE, 1)
     expected = usage(phpipam, 7)
     assert expected["used"] == 2  # the gateway and "after"
-    wait_for(lambda: ((sandbox.pool(NAMESPACE, "late") or {}).get("status") or {})
-             .get("ipAddresses") == expected,
-             timeout=10, message="pool usage refreshed after the recovery")
+    wait_for(
+        lambda: (
+            ((sandbox.pool(NAMESPACE, "late") or {}).get("status") or {}).get("ipAddresses")
+            == expected
+        ),
+        timeout=10,
+        message="pool usage refreshed after the recovery",
+    )
 
 
 def test_claim_for_missing_pool_waits_then_binds(
@@ -466,8 +567,9 @@ def test_claim_for_missing_pool_waits_then_binds(
     assert sandbox.addresses(NAMESPACE) == []
     assert phpipam.store.requests() == []
 
-    sandbox.phpipam_pool(NAMESPACE, "later", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "later", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     claim = sandbox.wait_claim_reason(NAMESPACE, "orphan", "AddressAllocated", timeout=10)
     (address,) = sandbox.addresses(NAMESPACE)
     assert claim["status"]["addressRef"] == {"name": "orphan"}
@@ -477,8 +579,9 @@ def test_claim_for_missing_pool_waits_then_binds(
 
 def test_exhausted_subnet_then_freed(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:
     # Subnet 9 is a /30: two usable hosts.
-    sandbox.phpipam_pool(NAMESPACE, "tiny", endpoint=phpipam.url, subnet_id=9,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "tiny", endpoint=phpipam.url, subnet_id=9, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "x1", "tiny")
     sandbox.claim(NAMESPACE, "x2", "tiny")
     sandbox.wait_claims_bound(NAMESPACE, 2)
@@ -493,9 +596,14 @@ def test_exhausted_subnet_then_freed(sandbox: Sandbox, phpipam: MockPhpipamServe
     assert event["type"] == "Warning"
     assert sandbox.kube.get(f"{GROUP}/v1beta2", "ipaddresses", "x3", NAMESPACE) is None
     assert set(rows(phpipam, 9)) == {f"x1.{NAMESPACE}", f"x2.{NAMESPACE}"}
-    wait_for(lambda: ((sandbox.pool(NAMESPACE, "tiny") or {}).get("status") or {})
-             .get("ipAddresses") == {"total": 2, "used": 2, "free": 0},
-             timeout=10, message="pool shows 0 free")
+    wait_for(
+        lambda: (
+            ((sandbox.pool(NAMESPACE, "tiny") or {}).get("status") or {}).get("ipAddresses")
+            == {"total": 2, "used": 2, "free": 0}
+        ),
+        timeout=10,
+        message="pool shows 0 free",
+    )
 
     sandbox.delete_claim(NAMESPACE, "x1")
     claim = sandbox.wait_claim_reason(NAMESPACE, "x3", "AddressAllocated", timeout=10)
@@ -512,8 +620,9 @@ def test_restart_costs_no_backend_write(
     sandbox: Sandbox, phpipam: MockPhpipamServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     names = [f"r-{i}" for i in range(10)]
     for name in names:
         sandbox.claim(NAMESPACE, name, "pool")
@@ -528,7 +637,8 @@ def test_restart_costs_no_backend_write(
 
     def resumed() -> bool:
         done = {
-            getattr(r, "k8s_ref", {}).get("name") for r in caplog.records
+            getattr(r, "k8s_ref", {}).get("name")
+            for r in caplog.records
             if r.getMessage().startswith("Resuming is processed: 1 succeeded; 0 failed")
             and getattr(r, "k8s_ref", {}).get("kind") == "IPAddressClaim"
         }
@@ -536,8 +646,11 @@ def test_restart_costs_no_backend_write(
 
     wait_for(resumed, timeout=20, message="every claim resumed by the restarted operator")
     # The operator talks to the IPAM again (the pool check), so silence is not an outage.
-    wait_for(lambda: any(r.path.endswith("/subnets/7/usage/") for r in phpipam.store.requests()),
-             timeout=10, message="a pool check after the restart")
+    wait_for(
+        lambda: any(r.path.endswith("/subnets/7/usage/") for r in phpipam.store.requests()),
+        timeout=10,
+        message="a pool check after the restart",
+    )
     assert phpipam.store.requests(writes_only=True) == []
     assert [r for r in phpipam.store.requests() if "/addresses/" in r.path] == []
     assert {(a.id, str(a.ip), a.hostname) for a in phpipam.store.all_addresses()} == mock_before
@@ -554,18 +667,21 @@ def test_restart_costs_no_backend_write(
 # -- 5. claims of other providers ---------------------------------------------------------------
 
 
-def test_claims_for_other_pools_are_ignored(
-    sandbox: Sandbox, phpipam: MockPhpipamServer
-) -> None:
+def test_claims_for_other_pools_are_ignored(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:
     sandbox.claim(NAMESPACE, "incluster", "some-pool", kind="InClusterIPPool")
-    sandbox.apply({
-        "apiVersion": f"{GROUP}/v1beta2", "kind": "IPAddressClaim",
-        "metadata": {"name": "other-group", "namespace": NAMESPACE},
-        "spec": {"poolRef": {"apiGroup": "ipam.example.com", "kind": "PHPIPAMIPPool",
-                             "name": "pool"}},
-    })
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.apply(
+        {
+            "apiVersion": f"{GROUP}/v1beta2",
+            "kind": "IPAddressClaim",
+            "metadata": {"name": "other-group", "namespace": NAMESPACE},
+            "spec": {
+                "poolRef": {"apiGroup": "ipam.example.com", "kind": "PHPIPAMIPPool", "name": "pool"}
+            },
+        }
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "ours", "pool")
     # Created after the foreign claims: once it is bound the operator has seen them.
     sandbox.wait_claim_reason(NAMESPACE, "ours", "AddressAllocated")
@@ -573,8 +689,11 @@ def test_claims_for_other_pools_are_ignored(
         claim = sandbox.get_claim(NAMESPACE, name)
         assert claim is not None
         assert not claim["metadata"].get("finalizers")
-        assert not [k for k in claim["metadata"].get("annotations") or {}
-                    if k.startswith(KOPF_PREFIX) or "kopf" in k]
+        assert not [
+            k
+            for k in claim["metadata"].get("annotations") or {}
+            if k.startswith(KOPF_PREFIX) or "kopf" in k
+        ]
         assert not claim.get("status")
         assert events_of(sandbox, "IPAddressClaim", name) == []
     assert [a["metadata"]["name"] for a in sandbox.addresses(NAMESPACE)] == ["ours"]
@@ -585,15 +704,20 @@ def test_claims_for_other_pools_are_ignored(
 
 
 def test_app_code_token_needs_no_login(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:
-    sandbox.phpipam_pool(NAMESPACE, "coded", endpoint=phpipam.url, app_id=CODE_APP,
-                         subnet_id=7, credentials={"token": APP_CODE})
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "coded",
+        endpoint=phpipam.url,
+        app_id=CODE_APP,
+        subnet_id=7,
+        credentials={"token": APP_CODE},
+    )
     for name in ("t1", "t2", "t3"):
         sandbox.claim(NAMESPACE, name, "coded")
     sandbox.wait_claims_bound(NAMESPACE, 3)
     assert set(rows(phpipam, 7)) == {f"t{i}.{NAMESPACE}" for i in (1, 2, 3)}
     sandbox.delete_claim(NAMESPACE, "t1")
-    wait_for(lambda: sandbox.get_claim(NAMESPACE, "t1") is None, timeout=10,
-             message="t1 released")
+    wait_for(lambda: sandbox.get_claim(NAMESPACE, "t1") is None, timeout=10, message="t1 released")
     assert set(rows(phpipam, 7)) == {f"t{i}.{NAMESPACE}" for i in (2, 3)}
     journal = phpipam.store.requests()
     assert journal
@@ -615,13 +739,24 @@ def test_no_secret_in_events_status_or_logs(
     sandbox: Sandbox, phpipam: MockPhpipamServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    sandbox.phpipam_pool(NAMESPACE, "user", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
-    sandbox.phpipam_pool(NAMESPACE, "coded", endpoint=phpipam.url, app_id=CODE_APP,
-                         subnet_id=10, credentials={"token": APP_CODE})
-    sandbox.phpipam_pool(NAMESPACE, "wrong", endpoint=phpipam.url, subnet_id=7,
-                         credentials={"username": CREDENTIALS["username"],
-                                      "password": WRONG_PASSWORD})
+    sandbox.phpipam_pool(
+        NAMESPACE, "user", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "coded",
+        endpoint=phpipam.url,
+        app_id=CODE_APP,
+        subnet_id=10,
+        credentials={"token": APP_CODE},
+    )
+    sandbox.phpipam_pool(
+        NAMESPACE,
+        "wrong",
+        endpoint=phpipam.url,
+        subnet_id=7,
+        credentials={"username": CREDENTIALS["username"], "password": WRONG_PASSWORD},
+    )
     sandbox.claim(NAMESPACE, "u1", "user")
     sandbox.claim(NAMESPACE, "c1", "coded")
     sandbox.claim(NAMESPACE, "w1", "wrong")
@@ -632,8 +767,11 @@ def test_no_secret_in_events_status_or_logs(
     wait_event(sandbox, "PHPIPAMIPPool", "wrong", "AuthenticationFailed")
     sandbox.delete_claim(NAMESPACE, "u1")
     sandbox.delete_claim(NAMESPACE, "c1")
-    wait_for(lambda: {c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)} == {"w1"},
-             timeout=10, message="u1 and c1 released")
+    wait_for(
+        lambda: {c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)} == {"w1"},
+        timeout=10,
+        message="u1 and c1 released",
+    )
     wait_event(sandbox, "IPAddressClaim", "u1", "AddressReleased")
 
     user = phpipam.store.find_user(CREDENTIALS["username"])
@@ -641,12 +779,16 @@ def test_no_secret_in_events_status_or_logs(
     secrets = [CREDENTIALS["password"], WRONG_PASSWORD, APP_CODE, user.token]
     secrets += [b64(s) for s in secrets]
 
-    objects = (sandbox.events(NAMESPACE) + sandbox.claims(NAMESPACE)
-               + sandbox.addresses(NAMESPACE)
-               + [sandbox.pool(NAMESPACE, n) for n in ("user", "coded", "wrong")])
+    objects = (
+        sandbox.events(NAMESPACE)
+        + sandbox.claims(NAMESPACE)
+        + sandbox.addresses(NAMESPACE)
+        + [sandbox.pool(NAMESPACE, n) for n in ("user", "coded", "wrong")]
+    )
     published = json.dumps(objects)
     operator_log = "\n".join(
-        f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records
+        f"{r.name} {r.getMessage()} {r.exc_text or ''}"
+        for r in caplog.records
         if not r.name.startswith(HARNESS_LOGGERS)
     )
     # The checks look at real material: the failures and releases are in there.

@@ -5,15 +5,17 @@ from mock_phpipam.server import MockPhpipamServer
 
 
 def test_one_claim_end_to_end(sandbox: Sandbox, phpipam: MockPhpipamServer) -> None:
-    sandbox.phpipam_pool(NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7,
-                         credentials=CREDENTIALS)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+    )
     sandbox.claim(NAMESPACE, "m1", "pool")
     (claim,) = sandbox.wait_claims_bound(NAMESPACE, 1)
     (address,) = sandbox.addresses(NAMESPACE)
     assert claim["status"]["addressRef"] == {"name": "m1"}
     assert address["spec"]["address"] == "10.20.0.2"
     assert [a.hostname for a in phpipam.store.subnet_addresses(7) if not a.is_gateway] == [
-        "m1.test"]
+        "m1.test"
+    ]
     sandbox.delete_claim(NAMESPACE, "m1")
     sandbox.wait_gone(NAMESPACE)
     assert [a.hostname for a in phpipam.store.subnet_addresses(7) if not a.is_gateway] == []

@@ -15,8 +15,10 @@ def test_readme_starts_with_make_demo_and_make_test() -> None:
 
 def test_readme_documents_every_setting_with_its_default() -> None:
     rows = dict(re.findall(r"^\| `(IPAM_BRIDGE_[A-Z_]+)` \| `([^`]*)` \|", README, re.MULTILINE))
-    expected = {f"IPAM_BRIDGE_{name.upper()}": field.default
-                for name, field in Settings.model_fields.items()}
+    expected = {
+        f"IPAM_BRIDGE_{name.upper()}": field.default
+        for name, field in Settings.model_fields.items()
+    }
     assert set(rows) == set(expected)
     for variable, default in expected.items():
         shown = rows[variable].strip('"')

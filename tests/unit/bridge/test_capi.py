@@ -8,10 +8,20 @@ def claim_body(version="v1beta2", **overrides):
     body = {
         "apiVersion": f"ipam.cluster.x-k8s.io/{version}",
         "kind": "IPAddressClaim",
-        "metadata": {"name": "m1-eth0-0", "namespace": "team-a", "uid": "uid-1",
-                     "generation": 3, "labels": {}},
-        "spec": {"poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "PHPIPAMIPPool",
-                             "name": "pool"}},
+        "metadata": {
+            "name": "m1-eth0-0",
+            "namespace": "team-a",
+            "uid": "uid-1",
+            "generation": 3,
+            "labels": {},
+        },
+        "spec": {
+            "poolRef": {
+                "apiGroup": "ipam.cluster.x-k8s.io",
+                "kind": "PHPIPAMIPPool",
+                "name": "pool",
+            }
+        },
     }
     body["spec"].update(overrides.pop("spec", {}))
     body["metadata"].update(overrides.pop("metadata", {}))
@@ -20,8 +30,9 @@ def claim_body(version="v1beta2", **overrides):
 
 
 def test_claim_cluster_name_prefers_spec_over_label():
-    body = claim_body(spec={"clusterName": "c-spec"},
-                      metadata={"labels": {capi.CLUSTER_NAME_LABEL: "c-label"}})
+    body = claim_body(
+        spec={"clusterName": "c-spec"}, metadata={"labels": {capi.CLUSTER_NAME_LABEL: "c-label"}}
+    )
     assert Claim.from_body(body).cluster_name == "c-spec"
     body = claim_body(metadata={"labels": {capi.CLUSTER_NAME_LABEL: "c-label"}})
     assert Claim.from_body(body).cluster_name == "c-label"
@@ -35,23 +46,29 @@ def test_claim_without_pool_kind_is_rejected():
         Claim.from_body(body)
 
 
-@pytest.mark.parametrize(("group", "kind", "ours"), [
-    ("ipam.cluster.x-k8s.io", "PHPIPAMIPPool", True),
-    ("ipam.cluster.x-k8s.io", "InfobloxIPPool", True),
-    ("ipam.cluster.x-k8s.io", "InClusterIPPool", False),
-    ("other.example.com", "PHPIPAMIPPool", False),
-    ("", "PHPIPAMIPPool", False),
-])
+@pytest.mark.parametrize(
+    ("group", "kind", "ours"),
+    [
+        ("ipam.cluster.x-k8s.io", "PHPIPAMIPPool", True),
+        ("ipam.cluster.x-k8s.io", "InfobloxIPPool", True),
+        ("ipam.cluster.x-k8s.io", "InClusterIPPool", False),
+        ("other.example.com", "PHPIPAMIPPool", False),
+        ("", "PHPIPAMIPPool", False),
+    ],
+)
 def test_pool_ref_is_ours(group, kind, ours):
     assert capi.PoolRef(group, kind, "p").is_ours is ours
 
 
-@pytest.mark.parametrize(("suffix", "expected"), [
-    (None, "m1-eth0-0.team-a"),
-    ("", "m1-eth0-0.team-a"),
-    ("mgmt1.example.com", "m1-eth0-0.team-a.mgmt1.example.com"),
-    (".mgmt1.example.com.", "m1-eth0-0.team-a.mgmt1.example.com"),
-])
+@pytest.mark.parametrize(
+    ("suffix", "expected"),
+    [
+        (None, "m1-eth0-0.team-a"),
+        ("", "m1-eth0-0.team-a"),
+        ("mgmt1.example.com", "m1-eth0-0.team-a.mgmt1.example.com"),
+        (".mgmt1.example.com.", "m1-eth0-0.team-a.mgmt1.example.com"),
+    ],
+)
 def test_hostname_for(suffix, expected):
     assert capi.hostname_for(Claim.from_body(claim_body()), suffix) == expected
 
@@ -65,9 +82,15 @@ def test_is_paused():
 
 def test_build_ip_address_follows_the_contract():
     claim = Claim.from_body(claim_body(spec={"clusterName": "c1"}))
-    body = capi.build_ip_address(claim, version="v1beta2", pool_uid="pool-uid",
-                                 address="10.0.0.5", prefix=24, gateway="10.0.0.1",
-                                 hostname="m1-eth0-0.team-a")
+    body = capi.build_ip_address(
+        claim,
+        version="v1beta2",
+        pool_uid="pool-uid",
+        address="10.0.0.5",
+        prefix=24,
+        gateway="10.0.0.1",
+        hostname="m1-eth0-0.team-a",
+    )
     assert body["apiVersion"] == "ipam.cluster.x-k8s.io/v1beta2"
     assert body["metadata"]["name"] == "m1-eth0-0"
     assert body["metadata"]["namespace"] == "team-a"
@@ -75,60 +98,112 @@ def test_build_ip_address_follows_the_contract():
     assert body["metadata"]["labels"] == {capi.CLUSTER_NAME_LABEL: "c1"}
     assert body["metadata"]["annotations"] == {capi.HOSTNAME_ANNOTATION: "m1-eth0-0.team-a"}
     owner, pool = body["metadata"]["ownerReferences"]
-    assert owner == {"apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddressClaim",
-                     "name": "m1-eth0-0", "uid": "uid-1", "controller": True,
-                     "blockOwnerDeletion": True}
-    assert pool == {"apiVersion": "ipam.cluster.x-k8s.io/v1alpha1", "kind": "PHPIPAMIPPool",
-                    "name": "pool", "uid": "pool-uid", "controller": False,
-                    "blockOwnerDeletion": True}
-    assert body["spec"] == {"address": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1",
-                            "claimRef": {"name": "m1-eth0-0"},
-                            "poolRef": {"apiGroup": "ipam.cluster.x-k8s.io",
-                                        "kind": "PHPIPAMIPPool", "name": "pool"}}
+    assert owner == {
+        "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
+        "kind": "IPAddressClaim",
+        "name": "m1-eth0-0",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert pool == {
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
+        "kind": "PHPIPAMIPPool",
+        "name": "pool",
+        "uid": "pool-uid",
+        "controller": False,
+        "blockOwnerDeletion": True,
+    }
+    assert body["spec"] == {
+        "address": "10.0.0.5",
+        "prefix": 24,
+        "gateway": "10.0.0.1",
+        "claimRef": {"name": "m1-eth0-0"},
+        "poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "PHPIPAMIPPool", "name": "pool"},
+    }
 
 
 def test_build_ip_address_omits_unknown_gateway_and_label():
     claim = Claim.from_body(claim_body())
-    body = capi.build_ip_address(claim, version="v1beta1", pool_uid="u", address="2001:db8::1",
-                                 prefix=64, gateway=None, hostname="h")
+    body = capi.build_ip_address(
+        claim,
+        version="v1beta1",
+        pool_uid="u",
+        address="2001:db8::1",
+        prefix=64,
+        gateway=None,
+        hostname="h",
+    )
     assert "gateway" not in body["spec"]
     assert body["metadata"]["labels"] == {}
     assert body["apiVersion"].endswith("/v1beta1")
 
 
 def test_claim_status_v1beta2_has_every_required_condition_field():
-    status = capi.claim_status(claim_body(), ready=True, reason="AddressAllocated",
-                               message="ok", address_ref="m1-eth0-0", now="2026-01-01T00:00:00Z")
+    status = capi.claim_status(
+        claim_body(),
+        ready=True,
+        reason="AddressAllocated",
+        message="ok",
+        address_ref="m1-eth0-0",
+        now="2026-01-01T00:00:00Z",
+    )
     assert status["addressRef"] == {"name": "m1-eth0-0"}
     (cond,) = status["conditions"]
-    assert cond == {"type": "Ready", "status": "True", "reason": "AddressAllocated",
-                    "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    "observedGeneration": 3}
+    assert cond == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "AddressAllocated",
+        "message": "ok",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "observedGeneration": 3,
+    }
     assert "v1beta2" not in status
 
 
 def test_claim_status_keeps_transition_time_and_other_conditions():
-    body = claim_body(status={"conditions": [
-        {"type": "Ready", "status": "False", "reason": "PoolExhausted", "message": "full",
-         "lastTransitionTime": "2025-01-01T00:00:00Z"},
-        {"type": "Other", "status": "True", "reason": "X", "message": "",
-         "lastTransitionTime": "2025-01-01T00:00:00Z"},
-    ]})
-    status = capi.claim_status(body, ready=False, reason="PoolExhausted", message="still full",
-                               now="2026-01-01T00:00:00Z")
+    body = claim_body(
+        status={
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "PoolExhausted",
+                    "message": "full",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                },
+                {
+                    "type": "Other",
+                    "status": "True",
+                    "reason": "X",
+                    "message": "",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                },
+            ]
+        }
+    )
+    status = capi.claim_status(
+        body, ready=False, reason="PoolExhausted", message="still full", now="2026-01-01T00:00:00Z"
+    )
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Ready"]["lastTransitionTime"] == "2025-01-01T00:00:00Z"
     assert by_type["Ready"]["message"] == "still full"
     assert by_type["Other"]["reason"] == "X"
-    status = capi.claim_status(body, ready=True, reason="AddressAllocated", message="ok",
-                               now="2026-01-01T00:00:00Z")
+    status = capi.claim_status(
+        body, ready=True, reason="AddressAllocated", message="ok", now="2026-01-01T00:00:00Z"
+    )
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
 
 
 def test_claim_status_v1beta1_writes_both_condition_flavours():
-    status = capi.claim_status(claim_body("v1beta1"), ready=False, reason="PoolNotReady",
-                               message="pool missing", now="2026-01-01T00:00:00Z")
+    status = capi.claim_status(
+        claim_body("v1beta1"),
+        ready=False,
+        reason="PoolNotReady",
+        message="pool missing",
+        now="2026-01-01T00:00:00Z",
+    )
     (legacy,) = status["conditions"]
     assert legacy["severity"] == "Warning"
     assert legacy["reason"] == "PoolNotReady"
@@ -138,20 +213,28 @@ def test_claim_status_v1beta1_writes_both_condition_flavours():
     assert "severity" not in modern
 
 
-@pytest.mark.parametrize("reason", ["AddressAllocated", "PoolNotReady", "PoolExhausted",
-                                    "AllocationFailed"])
+@pytest.mark.parametrize(
+    "reason", ["AddressAllocated", "PoolNotReady", "PoolExhausted", "AllocationFailed"]
+)
 def test_reasons_match_the_v1beta2_schema_pattern(reason):
     import re
+
     assert re.fullmatch(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", reason)
 
 
 def test_ready_of_reads_the_served_shape():
-    v2 = claim_body(status={"conditions": [{"type": "Ready", "status": "True",
-                                            "reason": "AddressAllocated"}]})
+    v2 = claim_body(
+        status={"conditions": [{"type": "Ready", "status": "True", "reason": "AddressAllocated"}]}
+    )
     assert capi.ready_of(v2) == ("True", "AddressAllocated")
-    v1 = claim_body("v1beta1", status={
-        "conditions": [{"type": "Ready", "status": "False", "reason": "Legacy"}],
-        "v1beta2": {"conditions": [{"type": "Ready", "status": "False",
-                                    "reason": "PoolExhausted"}]}})
+    v1 = claim_body(
+        "v1beta1",
+        status={
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Legacy"}],
+            "v1beta2": {
+                "conditions": [{"type": "Ready", "status": "False", "reason": "PoolExhausted"}]
+            },
+        },
+    )
     assert capi.ready_of(v1) == ("False", "PoolExhausted")
     assert capi.ready_of(claim_body()) == (None, None)

@@ -15,8 +15,9 @@ GROUP = "ipam.cluster.x-k8s.io"
 class FakeKube:
     """Only what `release_address` reads; any backend or pool access fails the test."""
 
-    def __init__(self, address: dict[str, Any] | None = None,
-                 cluster: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, address: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None
+    ) -> None:
         self.address = address
         self.cluster = cluster
         self.deleted: list[str] = []
@@ -35,14 +36,18 @@ class FakeKube:
 
 
 def claim(*, bound: bool, cluster: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool",
-                                        "name": "pool"}}
+    spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool", "name": "pool"}}
     if cluster:
         spec["clusterName"] = cluster
     return {
-        "apiVersion": f"{GROUP}/v1beta2", "kind": "IPAddressClaim",
-        "metadata": {"name": "m1", "namespace": "ns", "uid": "u",
-                     "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "apiVersion": f"{GROUP}/v1beta2",
+        "kind": "IPAddressClaim",
+        "metadata": {
+            "name": "m1",
+            "namespace": "ns",
+            "uid": "u",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
         "spec": spec,
         "status": {"addressRef": {"name": "m1"}} if bound else {},
     }

@@ -60,30 +60,37 @@ def test_exhaustion_gate_holds_then_reopens():
     assert not gate.closed(key)
 
 
-@pytest.mark.parametrize(("exc", "reason", "person"), [
-    (be.AuthenticationFailedError("bad"), "AuthenticationFailed", True),
-    (be.SubnetNotFoundError("nope"), "SubnetNotFound", True),
-    (be.InvalidRequestError("ssl"), "InvalidSpec", True),
-    (be.BackendUnavailableError("down"), "BackendUnavailable", False),
-    (be.ConflictError("race"), "BackendUnavailable", False),
-])
+@pytest.mark.parametrize(
+    ("exc", "reason", "person"),
+    [
+        (be.AuthenticationFailedError("bad"), "AuthenticationFailed", True),
+        (be.SubnetNotFoundError("nope"), "SubnetNotFound", True),
+        (be.InvalidRequestError("ssl"), "InvalidSpec", True),
+        (be.BackendUnavailableError("down"), "BackendUnavailable", False),
+        (be.ConflictError("race"), "BackendUnavailable", False),
+    ],
+)
 def test_pool_error_mapping(exc, reason, person):
     error = pool_error_from(exc, "PHPIPAMIPPool ns/p")
     assert (error.reason, error.needs_person) == (reason, person)
     assert error.message.startswith("PHPIPAMIPPool ns/p: ")
 
 
-@pytest.mark.parametrize(("exc", "reason", "delay"), [
-    (be.SubnetExhaustedError("full"), "PoolExhausted", 5),
-    (be.AuthenticationFailedError("bad"), "PoolNotReady", 60),
-    (be.SubnetNotFoundError("nope"), "PoolNotReady", 60),
-    (be.InvalidRequestError("bad"), "PoolNotReady", 60),
-    (be.BackendUnavailableError("down"), "AllocationFailed", 10),
-    (be.ConflictError("race"), "AllocationFailed", 10),
-])
+@pytest.mark.parametrize(
+    ("exc", "reason", "delay"),
+    [
+        (be.SubnetExhaustedError("full"), "PoolExhausted", 5),
+        (be.AuthenticationFailedError("bad"), "PoolNotReady", 60),
+        (be.SubnetNotFoundError("nope"), "PoolNotReady", 60),
+        (be.InvalidRequestError("bad"), "PoolNotReady", 60),
+        (be.BackendUnavailableError("down"), "AllocationFailed", 10),
+        (be.ConflictError("race"), "AllocationFailed", 10),
+    ],
+)
 def test_claim_error_mapping(exc, reason, delay):
-    error = claim_error_from(exc, "pool", retry_seconds=10, config_error_seconds=60,
-                             exhausted_seconds=5)
+    error = claim_error_from(
+        exc, "pool", retry_seconds=10, config_error_seconds=60, exhausted_seconds=5
+    )
     assert (error.reason, error.delay) == (reason, delay)
 
 
@@ -114,19 +121,23 @@ def test_tls_failure_finds_the_verification_message_in_the_chain():
     inner.verify_message = "self-signed certificate in certificate chain"
     exc = _wrapped_tls_error(inner)
     assert be.tls_failure(exc) == (
-        "certificate verify failed: self-signed certificate in certificate chain")
+        "certificate verify failed: self-signed certificate in certificate chain"
+    )
 
 
 def test_tls_verification_failure_is_named_and_needs_a_person():
-    exc = be.TLSVerificationError("phpIPAM GET subnets/7/: TLS verification of "
-                                  "https://ipam/api failed (certificate verify failed: x)")
+    exc = be.TLSVerificationError(
+        "phpIPAM GET subnets/7/: TLS verification of "
+        "https://ipam/api failed (certificate verify failed: x)"
+    )
     assert not exc.retryable
     pool = pool_error_from(exc, "PHPIPAMIPPool ns/p")
     assert pool.reason == "TLSVerificationFailed" and pool.needs_person
     assert "certificate verify failed: x" in pool.message
     assert "spec.tls.caSecretRef" in pool.message
-    claim = claim_error_from(exc, "pool", retry_seconds=10, config_error_seconds=60,
-                             exhausted_seconds=5)
+    claim = claim_error_from(
+        exc, "pool", retry_seconds=10, config_error_seconds=60, exhausted_seconds=5
+    )
     assert (claim.reason, claim.delay) == ("PoolNotReady", 60)
     assert "TLS verification" in claim.message
 

@@ -9,25 +9,40 @@ from bridge.pools import build_backend, fingerprint, parse_pool, pool_failed_sta
 
 
 def php_pool(**spec):
-    base = {"endpoint": "https://ipam.example.com/api", "appId": "capi", "subnetId": 7,
-            "credentialsRef": {"name": "creds"}}
+    base = {
+        "endpoint": "https://ipam.example.com/api",
+        "appId": "capi",
+        "subnetId": 7,
+        "credentialsRef": {"name": "creds"},
+    }
     base.update(spec)
-    return {"apiVersion": "ipam.cluster.x-k8s.io/v1alpha1", "kind": "PHPIPAMIPPool",
-            "metadata": {"name": "pool", "namespace": "ns", "uid": "u1", "generation": 2},
-            "spec": {k: v for k, v in base.items() if v is not None}}
+    return {
+        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
+        "kind": "PHPIPAMIPPool",
+        "metadata": {"name": "pool", "namespace": "ns", "uid": "u1", "generation": 2},
+        "spec": {k: v for k, v in base.items() if v is not None},
+    }
 
 
 def ib_pool(**spec):
-    base = {"endpoint": "https://gm.example.com", "subnet": "10.30.0.0/24",
-            "credentialsRef": {"name": "creds"}}
+    base = {
+        "endpoint": "https://gm.example.com",
+        "subnet": "10.30.0.0/24",
+        "credentialsRef": {"name": "creds"},
+    }
     base.update(spec)
-    return {"kind": "InfobloxIPPool", "metadata": {"name": "ib", "namespace": "ns"},
-            "spec": base}
+    return {"kind": "InfobloxIPPool", "metadata": {"name": "ib", "namespace": "ns"}, "spec": base}
 
 
 def test_parse_phpipam_pool():
-    pool = parse_pool(php_pool(gateway="10.0.0.254", prefix=23, hostnameSuffix="mgmt",
-                               tls={"caSecretRef": {"name": "ca"}}))
+    pool = parse_pool(
+        php_pool(
+            gateway="10.0.0.254",
+            prefix=23,
+            hostnameSuffix="mgmt",
+            tls={"caSecretRef": {"name": "ca"}},
+        )
+    )
     assert pool.key == ("ns", "PHPIPAMIPPool", "pool")
     assert (pool.gateway, pool.prefix, pool.hostname_suffix) == ("10.0.0.254", 23, "mgmt")
     assert pool.tls.ca_secret_name == "ca" and pool.tls.ca_secret_key == "ca.crt"
@@ -35,19 +50,22 @@ def test_parse_phpipam_pool():
     assert pool.generation == 2 and not pool.deleting
 
 
-@pytest.mark.parametrize(("body", "fragment"), [
-    (php_pool(endpoint="ftp://x"), "endpoint"),
-    (php_pool(credentialsRef={}), "credentialsRef"),
-    (php_pool(credentialsRef={"name": "c", "namespace": "other"}), "another namespace"),
-    (php_pool(subnet="10.0.0.0/24"), "exactly one"),
-    (php_pool(subnetId=None), "exactly one"),
-    (php_pool(subnetId=None, subnet="10.0.0.1/24"), "CIDR"),
-    (php_pool(appId=None), "appId"),
-    (php_pool(gateway="not-an-ip"), "gateway"),
-    (php_pool(prefix=129), "prefix"),
-    (ib_pool(subnet=None), "subnet"),
-    ({"kind": "Other", "metadata": {}, "spec": {}}, "kind"),
-])
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (php_pool(endpoint="ftp://x"), "endpoint"),
+        (php_pool(credentialsRef={}), "credentialsRef"),
+        (php_pool(credentialsRef={"name": "c", "namespace": "other"}), "another namespace"),
+        (php_pool(subnet="10.0.0.0/24"), "exactly one"),
+        (php_pool(subnetId=None), "exactly one"),
+        (php_pool(subnetId=None, subnet="10.0.0.1/24"), "CIDR"),
+        (php_pool(appId=None), "appId"),
+        (php_pool(gateway="not-an-ip"), "gateway"),
+        (php_pool(prefix=129), "prefix"),
+        (ib_pool(subnet=None), "subnet"),
+        ({"kind": "Other", "metadata": {}, "spec": {}}, "kind"),
+    ],
+)
 def test_invalid_pools_say_what_is_wrong(body, fragment):
     with pytest.raises(PoolError) as info:
         parse_pool(body)
@@ -58,26 +76,41 @@ def test_invalid_pools_say_what_is_wrong(body, fragment):
 
 def test_build_backend_picks_the_client_and_credential_mode():
     retry = RetryPolicy(sleep=lambda _: None)
-    backend = build_backend(parse_pool(php_pool()), {"token": "app-code"}, None,
-                            timeout_seconds=3, retry=retry)
+    backend = build_backend(
+        parse_pool(php_pool()), {"token": "app-code"}, None, timeout_seconds=3, retry=retry
+    )
     assert isinstance(backend, PHPIPAMBackend)
     assert backend.config.app_code == "app-code" and backend.config.username is None
     assert backend.config.verify is True and backend.config.timeout_seconds == 3
-    backend = build_backend(parse_pool(php_pool()), {"username": "u", "password": "p"},
-                            "-----BEGIN CERTIFICATE-----\n", timeout_seconds=3, retry=retry)
+    backend = build_backend(
+        parse_pool(php_pool()),
+        {"username": "u", "password": "p"},
+        "-----BEGIN CERTIFICATE-----\n",
+        timeout_seconds=3,
+        retry=retry,
+    )
     assert backend.config.username == "u" and backend.config.app_code is None
     assert isinstance(backend.config.verify, str) and backend.config.verify.endswith(".pem")
     with open(backend.config.verify) as handle:
         assert handle.read().startswith("-----BEGIN CERTIFICATE-----")
-    backend = build_backend(parse_pool(ib_pool(tls={"insecureSkipVerify": True})),
-                            {"username": "u", "password": "p"}, None,
-                            timeout_seconds=3, retry=retry)
+    backend = build_backend(
+        parse_pool(ib_pool(tls={"insecureSkipVerify": True})),
+        {"username": "u", "password": "p"},
+        None,
+        timeout_seconds=3,
+        retry=retry,
+    )
     assert isinstance(backend, InfobloxBackend) and backend.config.verify is False
 
 
-@pytest.mark.parametrize(("body", "secret"), [
-    (php_pool(), {}), (php_pool(), {"username": "u"}), (ib_pool(), {"token": "t"}),
-])
+@pytest.mark.parametrize(
+    ("body", "secret"),
+    [
+        (php_pool(), {}),
+        (php_pool(), {"username": "u"}),
+        (ib_pool(), {"token": "t"}),
+    ],
+)
 def test_build_backend_names_the_missing_secret_keys(body, secret):
     with pytest.raises(PoolError) as info:
         build_backend(parse_pool(body), secret, None, timeout_seconds=1, retry=RetryPolicy())
@@ -97,8 +130,9 @@ def test_fingerprint_changes_with_spec_secret_and_ca():
 
 
 def test_pool_status_uses_overrides_and_saturates_ipv6_counts():
-    info = SubnetInfo(cidr="10.0.0.0/24", prefix=24, gateway="10.0.0.1", total=254, used=4,
-                      free=250)
+    info = SubnetInfo(
+        cidr="10.0.0.0/24", prefix=24, gateway="10.0.0.1", total=254, used=4, free=250
+    )
     status = pool_status(parse_pool(php_pool()), info)
     assert status["subnet"] == "10.0.0.0/24" and status["prefix"] == 24
     assert status["gateway"] == "10.0.0.1"
@@ -108,8 +142,9 @@ def test_pool_status_uses_overrides_and_saturates_ipv6_counts():
     assert (ready["status"], ready["reason"]) == ("True", "PoolReady")
     override = pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), info)
     assert (override["gateway"], override["prefix"]) == ("10.0.0.254", 23)
-    v6 = SubnetInfo(cidr="2001:db8::/64", prefix=64, gateway=None, total=2**64, used=3,
-                    free=2**64 - 3)
+    v6 = SubnetInfo(
+        cidr="2001:db8::/64", prefix=64, gateway=None, total=2**64, used=3, free=2**64 - 3
+    )
     status = pool_status(parse_pool(php_pool()), v6)
     assert status["ipAddresses"]["total"] == 2**63 - 1
     assert status["gateway"] is None
@@ -120,15 +155,24 @@ def test_pool_failed_status():
     status = pool_failed_status(4, error)
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"], ready["message"]) == (
-        "False", "AuthenticationFailed", "wrong password")
+        "False",
+        "AuthenticationFailed",
+        "wrong password",
+    )
     assert status["observedGeneration"] == 4
 
 
-@pytest.mark.parametrize("endpoint", ["https://user:pw@ipam.example.com/api",
-                                      "https://ipam.example.com/api?x=1"])
+@pytest.mark.parametrize(
+    "endpoint", ["https://user:pw@ipam.example.com/api", "https://ipam.example.com/api?x=1"]
+)
 def test_client_refusals_become_invalid_spec(endpoint):
     with pytest.raises(PoolError) as info:
-        build_backend(parse_pool(php_pool(endpoint=endpoint)), {"token": "t"}, None,
-                      timeout_seconds=1, retry=RetryPolicy())
+        build_backend(
+            parse_pool(php_pool(endpoint=endpoint)),
+            {"token": "t"},
+            None,
+            timeout_seconds=1,
+            retry=RetryPolicy(),
+        )
     assert info.value.reason == "InvalidSpec"
     assert "pw" not in info.value.message

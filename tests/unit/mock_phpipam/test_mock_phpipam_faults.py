@@ -176,25 +176,38 @@ def test_journal_records_api_requests_and_injected_faults() -> None:
     from mock_phpipam.server import MockPhpipamServer
     from mock_phpipam.store import Store
 
-    store = Store({"users": [{"username": "u", "password": "p"}],
-                  "apps": [{"id": "capi", "permissions": 2, "security": "none"}],
-                  "sections": [{"id": 1, "name": "s",
-                                "subnets": [{"id": 7, "cidr": "10.0.0.0/29"}]}]})
+    store = Store(
+        {
+            "users": [{"username": "u", "password": "p"}],
+            "apps": [{"id": "capi", "permissions": 2, "security": "none"}],
+            "sections": [{"id": 1, "name": "s", "subnets": [{"id": 7, "cidr": "10.0.0.0/29"}]}],
+        }
+    )
     with MockPhpipamServer(store) as server:
-        token = requests.post(f"{server.app_url('capi')}/user/", auth=("u", "p"),
-                              timeout=5).json()["data"]["token"]
+        token = requests.post(f"{server.app_url('capi')}/user/", auth=("u", "p"), timeout=5).json()[
+            "data"
+        ]["token"]
         headers = {"token": token}
-        requests.post(f"{server.app_url('capi')}/addresses/first_free/7/", headers=headers,
-                      json={"hostname": "a"}, timeout=5)
+        requests.post(
+            f"{server.app_url('capi')}/addresses/first_free/7/",
+            headers=headers,
+            json={"hostname": "a"},
+            timeout=5,
+        )
         requests.get(f"{server.app_url('capi')}/subnets/7/", headers=headers, timeout=5)
         server.faults.update(error_rate=1.0)
         requests.get(f"{server.app_url('capi')}/subnets/7/", headers=headers, timeout=5)
         requests.get(f"{server.base_url}/_mock/state", timeout=5)
     entries = store.requests()
     assert [(e.method, e.status) for e in entries] == [
-        ("POST", 200), ("POST", 201), ("GET", 200), ("GET", entries[-1].status)]
+        ("POST", 200),
+        ("POST", 201),
+        ("GET", 200),
+        ("GET", entries[-1].status),
+    ]
     assert entries[-1].status >= 500
     assert [e.path for e in store.requests(writes_only=True)] == [
-        "/api/capi/addresses/first_free/7/"]
+        "/api/capi/addresses/first_free/7/"
+    ]
     store.clear_journal()
     assert store.requests() == []

@@ -309,12 +309,18 @@ def test_discovery_with_trailing_slash_as_the_kubernetes_client_asks() -> None:
     from bridge.testing import EmulatedKubernetes
 
     crd = {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": "widgets.example.com"},
-        "spec": {"group": "example.com", "scope": "Namespaced",
-                 "names": {"kind": "Widget", "plural": "widgets"},
-                 "versions": [{"name": "v2", "served": True, "storage": True},
-                              {"name": "v1", "served": True, "storage": False}]},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "versions": [
+                {"name": "v2", "served": True, "storage": True},
+                {"name": "v1", "served": True, "storage": False},
+            ],
+        },
     }
     with EmulatedKubernetes(crds=[crd]) as kube:
         client = kube.api_client()
@@ -331,21 +337,36 @@ def test_group_preferred_version_follows_kubernetes_priority_across_crds() -> No
     from bridge.testing import EmulatedKubernetes
     from bridge.testing.emulator import kube_version_priority
 
-    assert sorted(["v1alpha1", "v1beta1", "v2", "v1", "v1beta2", "foo"],
-                  key=kube_version_priority) == ["v2", "v1", "v1beta2", "v1beta1", "v1alpha1", "foo"]
+    versions = ["v1alpha1", "v1beta1", "v2", "v1", "v1beta2", "foo"]
+    assert sorted(versions, key=kube_version_priority) == [
+        "v2",
+        "v1",
+        "v1beta2",
+        "v1beta1",
+        "v1alpha1",
+        "foo",
+    ]
 
     def crd(kind, versions):
-        return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                "metadata": {"name": f"{kind.lower()}s.example.com"},
-                "spec": {"group": "example.com", "scope": "Namespaced",
-                         "names": {"kind": kind, "plural": f"{kind.lower()}s"},
-                         "versions": [{"name": v, "served": True, "storage": i == 0}
-                                      for i, v in enumerate(versions)]}}
+        return {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{kind.lower()}s.example.com"},
+            "spec": {
+                "group": "example.com",
+                "scope": "Namespaced",
+                "names": {"kind": kind, "plural": f"{kind.lower()}s"},
+                "versions": [
+                    {"name": v, "served": True, "storage": i == 0} for i, v in enumerate(versions)
+                ],
+            },
+        }
 
     # The first CRD of the group is alpha-only; the group still prefers v1beta2 (as CAPI's
     # IPAM group does with our v1alpha1 pools in it).
-    with EmulatedKubernetes(crds=[crd("Pool", ["v1alpha1"]),
-                                  crd("Claim", ["v1beta2", "v1beta1"])]) as kube:
+    with EmulatedKubernetes(
+        crds=[crd("Pool", ["v1alpha1"]), crd("Claim", ["v1beta2", "v1beta1"])]
+    ) as kube:
         groups = kubernetes.client.ApisApi(kube.api_client()).get_api_versions().groups
         (group,) = [g for g in groups if g.name == "example.com"]
         assert group.preferred_version.version == "v1beta2"

@@ -13,8 +13,7 @@ import copy
 import os
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +22,7 @@ from typing import Any, Self
 import yaml
 
 from bridge.capi import GROUP
+from bridge.testing.objects import ObjectHelpers, wait_for
 from bridge.testing.server import EmulatedKubernetes
 
 __all__ = ["CLUSTER_CRD", "Sandbox", "crd_documents", "repo_crds", "wait_for"]
@@ -123,30 +123,6 @@ def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> li
     return documents
 
 
-def wait_for(
-    predicate: Callable[[], Any],
-    *,
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    message: str = "condition",
-) -> Any:
-    """Poll ``predicate()`` until it returns a truthy value; return that value.
-
-    Raises
-    ------
-    TimeoutError
-        After ``timeout`` seconds, naming ``message``.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
-
-
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
@@ -161,8 +137,10 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-class Sandbox:
+class Sandbox(ObjectHelpers):
     """Emulated Kubernetes plus the real operator, on 127.0.0.1, as a context manager.
+
+    The pool, claim and waiting helpers come from `ObjectHelpers`.
 
     The IPAM is the caller's: start a mock (`mock_phpipam.server.MockPhpipamServer` or the
     WAPI mock) and point pools at it. The operator runs in this process; `stop_operator` and
@@ -308,225 +286,33 @@ class Sandbox:
         """True while the operator thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
-    # -- objects --------------------------------------------------------------------------
+    # -- objects: the primitives of ObjectHelpers, on the emulator ---------------------------
 
-    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create an object (any served kind)."""
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an object (any served kind) and return it."""
         return self.kube.create(body)
 
-    def secret(self, namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
-        """Create a Secret with ``stringData`` turned into ``data`` (base64)."""
-        import base64
+    apply = create
 
-        return self.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "Opaque",
-                "metadata": {"name": name, "namespace": namespace},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-            }
-        )
+    def get_object(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """Return one object, or None when it does not exist."""
+        return self.kube.get(api_version, plural, name, namespace)
+
+    def list_objects(
+        self, api_version: str, plural: str, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the objects of a resource (all namespaces when None)."""
+        return self.kube.list(api_version, plural, namespace)
+
+    def delete_object(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> None:
+        """Delete one object (it goes once its finalizers are removed)."""
+        self.kube.delete(api_version, plural, name, namespace)
 
     def namespace(self, name: str) -> None:
         """Create a namespace (no error if it exists)."""
         if self.kube.get("v1", "namespaces", name) is None:
-            self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-
-    def claim(
-        self,
-        namespace: str,
-        name: str,
-        pool: str,
-        *,
-        kind: str = "PHPIPAMIPPool",
-        cluster: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        version: str | None = None,
-    ) -> dict[str, Any]:
-        """Create an IPAddressClaim for ``kind``/``pool`` in the served version."""
-        version = version or self.version
-        spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": kind, "name": pool}}
-        if cluster and version != "v1alpha1":
-            spec["clusterName"] = cluster
-        return self.apply(
-            {
-                "apiVersion": f"{GROUP}/{version}",
-                "kind": "IPAddressClaim",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": dict(labels or {}),
-                    "annotations": dict(annotations or {}),
-                },
-                "spec": spec,
-            }
-        )
-
-    def phpipam_pool(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        endpoint: str,
-        app_id: str = "capi",
-        subnet_id: int | None = None,
-        subnet: str | None = None,
-        credentials: Mapping[str, str] | None = None,
-        secret: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        **spec: Any,
-    ) -> dict[str, Any]:
-        """Create a ``PHPIPAMIPPool`` (and its credentials Secret when ``credentials`` is given).
-
-        Parameters
-        ----------
-        endpoint:
-            The API base URL (a mock's ``.url``).
-        credentials:
-            Secret data (``username``/``password`` or ``token``), stored as
-            ``<name>-credentials`` unless ``secret`` names the Secret.
-        spec:
-            Further spec fields, camelCase as in the CRD (``gateway``, ``hostnameSuffix``...).
-        """
-        secret = secret or f"{name}-credentials"
-        if credentials is not None:
-            self.secret(namespace, secret, credentials)
-        body: dict[str, Any] = {
-            "endpoint": endpoint,
-            "appId": app_id,
-            "credentialsRef": {"name": secret},
-            **spec,
-        }
-        if subnet_id is not None:
-            body["subnetId"] = subnet_id
-        if subnet is not None:
-            body["subnet"] = subnet
-        return self.apply(
-            {
-                "apiVersion": f"{GROUP}/v1alpha1",
-                "kind": "PHPIPAMIPPool",
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-                "spec": body,
-            }
-        )
-
-    def infoblox_pool(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        endpoint: str,
-        subnet: str,
-        credentials: Mapping[str, str] | None = None,
-        secret: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        **spec: Any,
-    ) -> dict[str, Any]:
-        """Create an ``InfobloxIPPool`` (and its credentials Secret); see `phpipam_pool`."""
-        secret = secret or f"{name}-credentials"
-        if credentials is not None:
-            self.secret(namespace, secret, credentials)
-        return self.apply(
-            {
-                "apiVersion": f"{GROUP}/v1alpha1",
-                "kind": "InfobloxIPPool",
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-                "spec": {
-                    "endpoint": endpoint,
-                    "subnet": subnet,
-                    "credentialsRef": {"name": secret},
-                    **spec,
-                },
-            }
-        )
-
-    def wait_pool_ready(
-        self,
-        namespace: str,
-        name: str,
-        kind: str = "PHPIPAMIPPool",
-        *,
-        reason: str = "PoolReady",
-        timeout: float = 30.0,
-    ) -> dict[str, Any]:
-        """Wait until a pool's Ready condition has ``reason``; return the pool."""
-        return dict(
-            wait_for(
-                lambda: (
-                    (p := self.pool(namespace, name, kind)) and self.ready(p)[1] == reason and p
-                ),
-                timeout=timeout,
-                message=f"{kind} {namespace}/{name} reason {reason}",
-            )
-        )
-
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return a claim (served version) or None."""
-        return self.kube.get(f"{GROUP}/{self.version}", "ipaddressclaims", name, namespace)
-
-    def claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return the claims (all namespaces when None)."""
-        return self.kube.list(f"{GROUP}/{self.version}", "ipaddressclaims", namespace)
-
-    def addresses(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return the IPAddresses (all namespaces when None)."""
-        return self.kube.list(f"{GROUP}/{self.version}", "ipaddresses", namespace)
-
-    def pool(self, namespace: str, name: str, kind: str = "PHPIPAMIPPool") -> dict[str, Any] | None:
-        """Return a pool object or None."""
-        plural = {"PHPIPAMIPPool": "phpipamippools", "InfobloxIPPool": "infobloxippools"}[kind]
-        return self.kube.get(f"{GROUP}/v1alpha1", plural, name, namespace)
-
-    def delete_claim(self, namespace: str, name: str) -> None:
-        """Delete a claim (it goes once the operator has released it)."""
-        self.kube.delete(f"{GROUP}/{self.version}", "ipaddressclaims", name, namespace)
-
-    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return the core v1 Events (all namespaces when None)."""
-        return self.kube.list("v1", "events", namespace)
-
-    # -- waiting --------------------------------------------------------------------------
-
-    @staticmethod
-    def ready(body: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-        """Return ``(status, reason)`` of an object's Ready condition (see `bridge.capi`)."""
-        from bridge.capi import ready_of
-
-        return ready_of(body or {})
-
-    def wait_claims_bound(
-        self, namespace: str | None, count: int, *, timeout: float = 60.0
-    ) -> list[dict[str, Any]]:
-        """Wait until ``count`` claims have ``status.addressRef`` and Ready True; return them."""
-
-        def bound() -> list[dict[str, Any]] | None:
-            done = [
-                c
-                for c in self.claims(namespace)
-                if (c.get("status") or {}).get("addressRef") and self.ready(c)[0] == "True"
-            ]
-            return done if len(done) >= count else None
-
-        return list(wait_for(bound, timeout=timeout, message=f"{count} claims bound"))
-
-    def wait_claim_reason(
-        self, namespace: str, name: str, reason: str, *, timeout: float = 30.0
-    ) -> dict[str, Any]:
-        """Wait until a claim's Ready condition has ``reason``; return the claim."""
-        return dict(
-            wait_for(
-                lambda: (c := self.get_claim(namespace, name)) and self.ready(c)[1] == reason and c,
-                timeout=timeout,
-                message=f"claim {namespace}/{name} reason {reason}",
-            )
-        )
-
-    def wait_gone(self, namespace: str | None, *, timeout: float = 60.0) -> None:
-        """Wait until no claim and no IPAddress is left (in ``namespace``, or anywhere)."""
-        wait_for(
-            lambda: not self.claims(namespace) and not self.addresses(namespace),
-            timeout=timeout,
-            message="claims and addresses gone",
-        )
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})

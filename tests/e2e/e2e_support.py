@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import yaml
 
@@ -28,6 +28,7 @@ from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from bridge import capi
 from bridge.capi import GROUP, SUPPORTED_VERSIONS
+from bridge.testing.objects import ObjectHelpers
 from bridge.testing.sandbox import FAST_SETTINGS, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
@@ -37,7 +38,7 @@ __all__ = [
     "REPO",
     "ClusterKube",
     "IpamTarget",
-    "KubeLike",
+    "ObjectHelpers",
     "OperatorThread",
     "apply_crds",
     "crd_examples_module",
@@ -184,73 +185,7 @@ def delete_crds(api: Any, names: list[str]) -> None:
 # ------------------------------------------------------------------------- the cluster
 
 
-class KubeLike(Protocol):
-    """What a scenario needs of a Kubernetes API: `ClusterKube` or `bridge.testing.Sandbox`."""
-
-    @property
-    def version(self) -> str: ...
-
-    def phpipam_pool(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        endpoint: str,
-        app_id: str = ...,
-        subnet_id: int | None = ...,
-        subnet: str | None = ...,
-        credentials: Mapping[str, str] | None = ...,
-        secret: str | None = ...,
-        labels: Mapping[str, str] | None = ...,
-        **spec: Any,
-    ) -> dict[str, Any]: ...
-
-    def claim(
-        self,
-        namespace: str,
-        name: str,
-        pool: str,
-        *,
-        kind: str = ...,
-        cluster: str | None = ...,
-        labels: Mapping[str, str] | None = ...,
-        annotations: Mapping[str, str] | None = ...,
-        version: str | None = ...,
-    ) -> dict[str, Any]: ...
-
-    def secret(self, namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]: ...
-
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    def claims(self, namespace: str | None = ...) -> list[dict[str, Any]]: ...
-
-    def addresses(self, namespace: str | None = ...) -> list[dict[str, Any]]: ...
-
-    def pool(self, namespace: str, name: str, kind: str = ...) -> dict[str, Any] | None: ...
-
-    def delete_claim(self, namespace: str, name: str) -> None: ...
-
-    def events(self, namespace: str | None = ...) -> list[dict[str, Any]]: ...
-
-    def wait_pool_ready(
-        self, namespace: str, name: str, kind: str = ..., *, reason: str = ..., timeout: float = ...
-    ) -> dict[str, Any]: ...
-
-    def wait_claims_bound(
-        self, namespace: str | None, count: int, *, timeout: float = ...
-    ) -> list[dict[str, Any]]: ...
-
-    def wait_claim_reason(
-        self, namespace: str, name: str, reason: str, *, timeout: float = ...
-    ) -> dict[str, Any]: ...
-
-    def wait_gone(self, namespace: str | None, *, timeout: float = ...) -> None: ...
-
-    @staticmethod
-    def ready(body: Mapping[str, Any] | None) -> tuple[str | None, str | None]: ...
-
-
-class ClusterKube:
+class ClusterKube(ObjectHelpers):
     """Objects of a real cluster with the same helpers as `bridge.testing.Sandbox`.
 
     Parameters
@@ -261,13 +196,21 @@ class ClusterKube:
         The CAPI IPAM version claims and addresses are read and written in.
     """
 
+    wait_timeout = STEP_TIMEOUT
+    poll_interval = 0.25  # a real API server: do not poll it every 50 ms
+
     def __init__(self, api: Any, version: str) -> None:
         from kubernetes.client import CoreV1Api, CustomObjectsApi
 
         self.api = api
         self.core = CoreV1Api(api)
         self.custom = CustomObjectsApi(api)
-        self.version = version
+        self._version = version
+
+    @property
+    def version(self) -> str:
+        """The CAPI IPAM version claims and addresses are written and read in."""
+        return self._version
 
     @classmethod
     def discover(cls, api: Any, *, timeout: float = 30.0) -> ClusterKube:
@@ -318,7 +261,7 @@ class ClusterKube:
         targets += [(POOL_VERSION, p) for p in PLURALS.values()]
         for version, plural in targets:
             try:
-                items = self._list(version, plural, name)
+                items = self.list_objects(f"{GROUP}/{version}", plural, name)
             except ApiException:
                 continue
             for item in items:
@@ -387,88 +330,30 @@ class ClusterKube:
             ),
         )
 
-    def phpipam_pool(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        endpoint: str,
-        app_id: str = "capi",
-        subnet_id: int | None = None,
-        subnet: str | None = None,
-        credentials: Mapping[str, str] | None = None,
-        secret: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        **spec: Any,
-    ) -> dict[str, Any]:
-        """Create a ``PHPIPAMIPPool`` (and its Secret); see `bridge.testing.Sandbox`."""
-        secret = secret or f"{name}-credentials"
-        if credentials is not None:
-            self.secret(namespace, secret, credentials)
-        body: dict[str, Any] = {
-            "endpoint": endpoint,
-            "appId": app_id,
-            "credentialsRef": {"name": secret},
-            **spec,
-        }
-        if subnet_id is not None:
-            body["subnetId"] = subnet_id
-        if subnet is not None:
-            body["subnet"] = subnet
-        return self.create(
-            {
-                "apiVersion": f"{GROUP}/{POOL_VERSION}",
-                "kind": "PHPIPAMIPPool",
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-                "spec": body,
-            }
-        )
-
-    def claim(
-        self,
-        namespace: str,
-        name: str,
-        pool: str,
-        *,
-        kind: str = "PHPIPAMIPPool",
-        cluster: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        version: str | None = None,
-    ) -> dict[str, Any]:
-        """Create an IPAddressClaim of ``kind``/``pool`` in the served version."""
-        version = version or self.version
-        spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": kind, "name": pool}}
-        if cluster:
-            spec["clusterName"] = cluster
-        return self.create(
-            {
-                "apiVersion": f"{GROUP}/{version}",
-                "kind": "IPAddressClaim",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": dict(labels or {}),
-                    "annotations": dict(annotations or {}),
-                },
-                "spec": spec,
-            }
-        )
-
-    def _get(self, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_object(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """Return one namespaced object of our group, or None."""
         from kubernetes.client.exceptions import ApiException
 
+        version = api_version.rpartition("/")[2]
         try:
             return cast(
                 dict[str, Any],
-                self.custom.get_namespaced_custom_object(GROUP, version, namespace, plural, name),
+                self.custom.get_namespaced_custom_object(
+                    GROUP, version, str(namespace), plural, name
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def _list(self, version: str, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+    def list_objects(
+        self, api_version: str, plural: str, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the objects of a resource of our group (all namespaces when None)."""
+        version = api_version.rpartition("/")[2]
         if namespace is None:
             result = cast(
                 dict[str, Any], self.custom.list_cluster_custom_object(GROUP, version, plural)
@@ -486,33 +371,12 @@ class ClusterKube:
                 item.setdefault("kind", kind)
         return items
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return a claim or None."""
-        return self._get(self.version, "ipaddressclaims", namespace, name)
-
-    def claims(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return the claims of a namespace (all when None)."""
-        return self._list(self.version, "ipaddressclaims", namespace)
-
-    def addresses(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Return the IPAddresses of a namespace (all when None)."""
-        return self._list(self.version, "ipaddresses", namespace)
-
-    def pool(self, namespace: str, name: str, kind: str = "PHPIPAMIPPool") -> dict[str, Any] | None:
-        """Return a pool or None."""
-        return self._get(POOL_VERSION, PLURALS[kind], namespace, name)
-
-    def delete_claim(self, namespace: str, name: str) -> None:
-        """Delete a claim (it goes once the operator has released it)."""
-        self.custom.delete_namespaced_custom_object(
-            GROUP, self.version, namespace, "ipaddressclaims", name
-        )
-
-    def delete_pool(self, namespace: str, name: str, kind: str = "PHPIPAMIPPool") -> None:
-        """Delete a pool (it goes once no IPAddress references it)."""
-        self.custom.delete_namespaced_custom_object(
-            GROUP, POOL_VERSION, namespace, PLURALS[kind], name
-        )
+    def delete_object(
+        self, api_version: str, plural: str, name: str, namespace: str | None = None
+    ) -> None:
+        """Delete one namespaced object of our group (it goes once its finalizers are removed)."""
+        version = api_version.rpartition("/")[2]
+        self.custom.delete_namespaced_custom_object(GROUP, version, str(namespace), plural, name)
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """Return core v1 Events as JSON dicts."""
@@ -521,73 +385,6 @@ class ClusterKube:
         else:
             result = self.core.list_namespaced_event(namespace)
         return list(self.api.sanitize_for_serialization(result).get("items") or [])
-
-    # -- waiting (same semantics as the Sandbox's) --------------------------------------
-
-    @staticmethod
-    def ready(body: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-        """Return ``(status, reason)`` of an object's Ready condition."""
-        return capi.ready_of(body or {})
-
-    def wait_pool_ready(
-        self,
-        namespace: str,
-        name: str,
-        kind: str = "PHPIPAMIPPool",
-        *,
-        reason: str = "PoolReady",
-        timeout: float = STEP_TIMEOUT,
-    ) -> dict[str, Any]:
-        """Wait until a pool's Ready condition has ``reason``; return the pool."""
-        return dict(
-            wait_for(
-                lambda: (
-                    (p := self.pool(namespace, name, kind)) and self.ready(p)[1] == reason and p
-                ),
-                timeout=timeout,
-                interval=0.25,
-                message=f"{kind} {namespace}/{name} {reason}",
-            )
-        )
-
-    def wait_claims_bound(
-        self, namespace: str | None, count: int, *, timeout: float = STEP_TIMEOUT
-    ) -> list[dict[str, Any]]:
-        """Wait until ``count`` claims have an addressRef and Ready True; return them."""
-
-        def bound() -> list[dict[str, Any]] | None:
-            done = [
-                c
-                for c in self.claims(namespace)
-                if (c.get("status") or {}).get("addressRef") and self.ready(c)[0] == "True"
-            ]
-            return done if len(done) >= count else None
-
-        return list(
-            wait_for(bound, timeout=timeout, interval=0.25, message=f"{count} claims bound")
-        )
-
-    def wait_claim_reason(
-        self, namespace: str, name: str, reason: str, *, timeout: float = STEP_TIMEOUT
-    ) -> dict[str, Any]:
-        """Wait until a claim's Ready condition has ``reason``; return the claim."""
-        return dict(
-            wait_for(
-                lambda: (c := self.get_claim(namespace, name)) and self.ready(c)[1] == reason and c,
-                timeout=timeout,
-                interval=0.25,
-                message=f"claim {namespace}/{name} {reason}",
-            )
-        )
-
-    def wait_gone(self, namespace: str | None, *, timeout: float = STEP_TIMEOUT) -> None:
-        """Wait until no claim and no IPAddress is left in ``namespace``."""
-        wait_for(
-            lambda: not self.claims(namespace) and not self.addresses(namespace),
-            timeout=timeout,
-            interval=0.25,
-            message="claims and addresses gone",
-        )
 
 
 # ------------------------------------------------------------------------ the operator
@@ -704,7 +501,7 @@ class IpamTarget:
             config = PHPIPAMConfig(**{**_config_fields(config), "subnet_id": subnet_id})
         return PHPIPAMBackend(config)
 
-    def pool_spec(self, namespace: str, kube: KubeLike) -> dict[str, Any]:
+    def pool_spec(self, namespace: str, kube: ObjectHelpers) -> dict[str, Any]:
         """Return the pool spec fields of this target (creating the CA Secret if needed)."""
         spec: dict[str, Any] = {}
         if self.ca_pem is not None:
@@ -815,7 +612,7 @@ def _hostnames_in_mock(target: IpamTarget, namespace: str) -> dict[str, str]:
     }
 
 
-def _delete_pool(kube: KubeLike, namespace: str, name: str) -> None:
+def _delete_pool(kube: ObjectHelpers, namespace: str, name: str) -> None:
     delete = getattr(kube, "delete_pool", None)
     if delete is not None:
         delete(namespace, name)
@@ -826,7 +623,7 @@ def _delete_pool(kube: KubeLike, namespace: str, name: str) -> None:
 
 
 def allocation_scenario(
-    kube: KubeLike,
+    kube: ObjectHelpers,
     target: IpamTarget,
     namespace: str,
     *,

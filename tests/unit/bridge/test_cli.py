@@ -46,13 +46,17 @@ def restore_logging() -> Iterator[None]:
 
 
 @pytest.fixture
-def kopf_run(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Replace kopf.run (it would block) and collect the keyword arguments it gets."""
+def kopf_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Replace kopf.run (it would block) and collect the keyword arguments it gets.
+
+    ``run_operator`` sets ``IPAM_BRIDGE_NAMESPACE`` for its process; ``tests/conftest.py``
+    restores the environment after each test.
+    """
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
     for name in ("NAMESPACE", "STANDALONE", "HEALTH_PORT", "LOG_FORMAT", "LOG_LEVEL"):
         monkeypatch.delenv(f"IPAM_BRIDGE_{name}", raising=False)
-    return calls
+    yield calls
 
 
 # -- parsing and kopf.run arguments ------------------------------------------------------------

@@ -8,7 +8,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +30,6 @@ class Recorder:
         self.lock = threading.Lock()
         self.created: list[str] = []
         self.deleted: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _restore_kopf_default_registry() -> Iterator[None]:
-    """kopf's CLI (and so KopfRunner) makes the registry it runs the default for good.
-
-    Without this, a module importing handlers later in the session (``bridge.handlers``)
-    would register them next to these tests' handlers, login handler included.
-    """
-    saved = kopf.get_default_registry()
-    yield
-    kopf.set_default_registry(saved)
 
 
 def build_operator(kube: EmulatedKubernetes, seen: Recorder) -> kopf.OperatorRegistry:

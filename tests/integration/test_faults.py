@@ -349,10 +349,12 @@ class OperatorProcess:
             "PYTHONUNBUFFERED": "1",
         }
         self.log_path = log_path
+        self.log_offset = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start the operator process (its output goes to ``log_path``)."""
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bridge.cli", "run", "--standalone"],
@@ -374,6 +376,20 @@ class OperatorProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=30)
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Wait until this process has finished its start-up (it logs the CAPI version).
+
+        kopf handles SIGTERM only from then on; a SIGTERM during start-up ends the process
+        with the signal's default action (exit code -15), as any program's.
+        """
+
+        def started() -> bool:
+            with self.log_path.open("rb") as log:
+                log.seek(self.log_offset)
+                return b"serving CAPI IPAM" in log.read()
+
+        wait_for(started, timeout=timeout, interval=0.05, message="the operator's start-up")
 
     def alive(self) -> bool:
         """True while the process runs."""
@@ -454,6 +470,7 @@ def test_operator_killed_during_churn(
 
         operator.start()
         result = wait_converged(sandbox, store, len(live), timeout=120)
+        operator.wait_started()
         assert operator.terminate() == 0, operator.tail()
     finally:
         if operator.alive():

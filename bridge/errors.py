@@ -16,14 +16,28 @@ from backends.errors import (
     SubnetNotFoundError,
     TLSVerificationError,
 )
+from bridge.capi import Reason
 
-__all__ = ["ClaimError", "PoolError", "claim_error_from", "pool_error_from"]
+__all__ = ["ClaimError", "PoolError", "PoolReason", "claim_error_from", "pool_error_from"]
 
 #: What to do about an IPAM endpoint whose certificate is not trusted (DESIGN.md section 3).
 TLS_HINT = (
     "set spec.tls.caSecretRef to a Secret holding the CA bundle (PEM) that signed the "
     "endpoint's certificate"
 )
+
+
+class PoolReason:
+    """Reasons of a pool's Ready condition (DESIGN.md section 3)."""
+
+    READY = "PoolReady"
+    INVALID_SPEC = "InvalidSpec"
+    CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
+    AUTHENTICATION_FAILED = "AuthenticationFailed"
+    SUBNET_NOT_FOUND = "SubnetNotFound"
+    TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
+    BACKEND_UNAVAILABLE = "BackendUnavailable"
+    DELETION_BLOCKED = "DeletionBlocked"
 
 
 class PoolError(Exception):
@@ -77,20 +91,26 @@ def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
     """
     if isinstance(exc, TLSVerificationError):
         return PoolError(
-            "TLSVerificationFailed",
+            PoolReason.TLS_VERIFICATION_FAILED,
             f"{pool_display}: {exc.message}; {TLS_HINT}",
             needs_person=True,
         )
     if isinstance(exc, AuthenticationFailedError):
         return PoolError(
-            "AuthenticationFailed", f"{pool_display}: {exc.message}", needs_person=True
+            PoolReason.AUTHENTICATION_FAILED, f"{pool_display}: {exc.message}", needs_person=True
         )
     if isinstance(exc, SubnetNotFoundError):
-        return PoolError("SubnetNotFound", f"{pool_display}: {exc.message}", needs_person=True)
+        return PoolError(
+            PoolReason.SUBNET_NOT_FOUND, f"{pool_display}: {exc.message}", needs_person=True
+        )
     if isinstance(exc, InvalidRequestError):
-        return PoolError("InvalidSpec", f"{pool_display}: {exc.message}", needs_person=True)
+        return PoolError(
+            PoolReason.INVALID_SPEC, f"{pool_display}: {exc.message}", needs_person=True
+        )
     return PoolError(
-        "BackendUnavailable", f"{pool_display}: IPAM unavailable: {exc.message}", needs_person=False
+        PoolReason.BACKEND_UNAVAILABLE,
+        f"{pool_display}: IPAM unavailable: {exc.message}",
+        needs_person=False,
     )
 
 
@@ -111,18 +131,20 @@ def claim_error_from(
     """
     if isinstance(exc, TLSVerificationError):
         return ClaimError(
-            "PoolNotReady",
+            Reason.POOL_NOT_READY,
             f"{pool_display}: {exc.message}; {TLS_HINT}",
             delay=config_error_seconds,
         )
     if isinstance(exc, SubnetExhaustedError):
         return ClaimError(
-            "PoolExhausted",
+            Reason.POOL_EXHAUSTED,
             f"{pool_display} has no free address: {exc.message}",
             delay=exhausted_seconds,
         )
     if isinstance(exc, AuthenticationFailedError | SubnetNotFoundError | InvalidRequestError):
         return ClaimError(
-            "PoolNotReady", f"{pool_display}: {exc.message}", delay=config_error_seconds
+            Reason.POOL_NOT_READY, f"{pool_display}: {exc.message}", delay=config_error_seconds
         )
-    return ClaimError("AllocationFailed", f"{pool_display}: {exc.message}", delay=retry_seconds)
+    return ClaimError(
+        Reason.ALLOCATION_FAILED, f"{pool_display}: {exc.message}", delay=retry_seconds
+    )

@@ -24,7 +24,7 @@ from backends.retry import RetryPolicy
 from bridge import __version__
 from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, ready_condition
 from bridge.context import Context
-from bridge.errors import PoolError, pool_error_from
+from bridge.errors import PoolError, PoolReason, pool_error_from
 
 __all__ = [
     "BACKEND_NAMES",
@@ -50,18 +50,6 @@ INT64_MAX = 2**63 - 1
 
 #: The backend name of each pool kind (metrics label).
 BACKEND_NAMES: Mapping[str, str] = {"PHPIPAMIPPool": "phpipam", "InfobloxIPPool": "infoblox"}
-
-
-class PoolReason:
-    """Reasons of a pool's Ready condition (DESIGN.md section 3)."""
-
-    READY = "PoolReady"
-    INVALID_SPEC = "InvalidSpec"
-    CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
-    AUTHENTICATION_FAILED = "AuthenticationFailed"
-    SUBNET_NOT_FOUND = "SubnetNotFound"
-    BACKEND_UNAVAILABLE = "BackendUnavailable"
-    DELETION_BLOCKED = "DeletionBlocked"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ __all__ = ["allocate", "claim_is_ours", "release"]
 def claim_is_ours(spec: kopf.Spec, **_: Any) -> bool:
     """Filter: the claim's poolRef is one of our pool kinds in ``ipam.cluster.x-k8s.io``."""
     ref = spec.get("poolRef") or {}
-    return bool(ref.get("apiGroup") == capi.GROUP and ref.get("kind") in capi.POOL_KINDS)
+    return capi.PoolRef(
+        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
+    ).is_ours
 
 
 def _write_status(body: kopf.Body, status: Mapping[str, Any], patch: kopf.Patch) -> None:

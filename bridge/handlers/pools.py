@@ -18,6 +18,7 @@ from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.context import Context
+from bridge.errors import PoolReason
 from bridge.pools import PoolOutcome, reconcile_pool
 
 __all__ = ["check", "deleted", "refresh_pools", "refresh_pools_forever"]
@@ -64,7 +65,7 @@ def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
     ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, outcome.protect)
     _post(body, outcome)
     if not outcome.ready and outcome.protect:
-        transient = outcome.reason in ("BackendUnavailable", "DeletionBlocked")
+        transient = outcome.reason in (PoolReason.BACKEND_UNAVAILABLE, PoolReason.DELETION_BLOCKED)
         delay = (
             ctx.settings.requeue_seconds if transient else ctx.settings.requeue_config_error_seconds
         )

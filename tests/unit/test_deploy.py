@@ -33,32 +33,32 @@ HELM_LABELS = {
     "app.kubernetes.io/managed-by",
 }
 
-# What the manager may do, (apiGroup, resource) -> verbs; from the assignment, trimmed where
-# kopf 1.45 and bridge/kube.py were checked to need less (see deploy/manager/rbac.yaml).
+# What the manager may do, (apiGroup, resource) -> verbs: exactly the calls the operator
+# (bridge/) and kopf 1.45 make when running standalone (issue 9; see deploy/manager/rbac.yaml).
+# No `update` on objects (every write is a patch); `update` on the `/finalizers`
+# subresources only, which OwnerReferencesPermissionEnforcement requires to create an
+# IPAddress with blockOwnerDeletion owner references to its claim and pool.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    ("ipam.cluster.x-k8s.io", "ipaddressclaims"): {"get", "list", "watch", "patch", "update"},
-    ("ipam.cluster.x-k8s.io", "ipaddressclaims/status"): {"get", "patch", "update"},
-    ("ipam.cluster.x-k8s.io", "ipaddresses"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    ("ipam.cluster.x-k8s.io", "phpipamippools"): {"get", "list", "watch", "patch", "update"},
-    ("ipam.cluster.x-k8s.io", "infobloxippools"): {"get", "list", "watch", "patch", "update"},
-    ("ipam.cluster.x-k8s.io", "phpipamippools/status"): {"get", "patch", "update"},
-    ("ipam.cluster.x-k8s.io", "infobloxippools/status"): {"get", "patch", "update"},
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims/status"): {"patch"},
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims/finalizers"): {"update"},
+    ("ipam.cluster.x-k8s.io", "ipaddresses"): {"get", "list", "create", "patch", "delete"},
+    ("ipam.cluster.x-k8s.io", "phpipamippools"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "infobloxippools"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "phpipamippools/status"): {"patch"},
+    ("ipam.cluster.x-k8s.io", "infobloxippools/status"): {"patch"},
+    ("ipam.cluster.x-k8s.io", "phpipamippools/finalizers"): {"update"},
+    ("ipam.cluster.x-k8s.io", "infobloxippools/finalizers"): {"update"},
     ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "patch"},
     ("", "events"): {"create"},
-    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("", "namespaces"): {"list", "watch"},
 }
+# The owners an IPAddress points to with blockOwnerDeletion (claim and both pool kinds).
+OWNER_RESOURCES = ("ipaddressclaims", "phpipamippools", "infobloxippools")
+# Names that must not appear anywhere in the install: the manager runs without kopf peering.
+# (Comments in deploy/ may say so; the objects and the chart's values may not mention it.)
+PEERING_MARKERS = re.compile(r"peering|kopf\.dev|POD_ID|standalone", re.IGNORECASE)
 CLUSTERCTL_VARIABLES = {
     "IPAM_BRIDGE_IMAGE",
     "IPAM_BRIDGE_NAMESPACE_SCOPE",
@@ -143,7 +143,8 @@ def _validate(obj: dict[str, Any], crds: list[dict[str, Any]]) -> None:
 @pytest.fixture(scope="module")
 def install() -> list[dict[str, Any]]:
     """deploy/ rendered by the built-in renderer (what the release uses without kustomize)."""
-    return rm.build_kustomization(DEPLOY)
+    objects: list[dict[str, Any]] = rm.build_kustomization(DEPLOY)
+    return objects
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +244,7 @@ def test_install_objects_are_valid_kubernetes_objects(install: list[dict[str, An
         _validate(obj, crds)
     kinds = {obj["kind"] for obj in install}
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
-    assert {"Deployment", "Service", "ClusterKopfPeering"} <= kinds
+    assert {"Deployment", "Service"} <= kinds
 
 
 def test_install_has_the_crds_and_one_namespace(install: list[dict[str, Any]]) -> None:
@@ -251,8 +252,6 @@ def test_install_has_the_crds_and_one_namespace(install: list[dict[str, Any]]) -
     assert crds == {
         "phpipamippools.ipam.cluster.x-k8s.io",
         "infobloxippools.ipam.cluster.x-k8s.io",
-        "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
     }
     assert _one(install, "Namespace")["metadata"]["name"] == NAMESPACE
     assert not [obj for obj in install if "ipaddressclaims" in obj["metadata"]["name"]]
@@ -287,6 +286,71 @@ def test_rbac_grants_exactly_the_listed_verbs(install: list[dict[str, Any]]) -> 
                 granted[(group, resource)] = set(rule["verbs"])
     assert granted == EXPECTED_RULES
     assert not [obj for obj in install if obj["kind"] in ("Role", "RoleBinding")]
+
+
+def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """Return ``(apiGroup, resource) -> verbs`` of a ClusterRole's rules (verbs merged)."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_rbac_allows_block_owner_deletion_on_claims_and_pools(
+    install: list[dict[str, Any]],
+) -> None:
+    # OwnerReferencesPermissionEnforcement (real-cluster.md, 6): creating an IPAddress whose
+    # owner references (claim, pool) have blockOwnerDeletion needs `update` on each owner's
+    # finalizers subresource; `update` is granted nowhere else (every write is a patch).
+    granted = _granted(_one(install, "ClusterRole")["rules"])
+    for resource in OWNER_RESOURCES:
+        assert granted[("ipam.cluster.x-k8s.io", f"{resource}/finalizers")] == {"update"}
+        assert "patch" in granted[("ipam.cluster.x-k8s.io", resource)]  # finalizers by patch
+    updatable = {resource for (_, resource), verbs in granted.items() if "update" in verbs}
+    assert updatable == {f"{resource}/finalizers" for resource in OWNER_RESOURCES}
+    assert "create" in granted[("ipam.cluster.x-k8s.io", "ipaddresses")]
+
+
+def test_rbac_keeps_secrets_and_events_minimal(install: list[dict[str, Any]]) -> None:
+    granted = _granted(_one(install, "ClusterRole")["rules"])
+    # One Secret by name, and a patch for the credentials-in-use finalizer: no list or watch
+    # (which would expose every Secret of the cluster), no create, update or delete.
+    assert granted[("", "secrets")] == {"get", "patch"}
+    # kopf 1.45 and bridge/kube.py post core/v1 Events only.
+    assert granted[("", "events")] == {"create"}
+    assert not [key for key in granted if key[0] == "events.k8s.io"]
+
+
+def test_install_has_no_kopf_peering(install: list[dict[str, Any]]) -> None:
+    # The manager runs standalone: no peering CRDs, objects, rules or settings anywhere.
+    assert not PEERING_MARKERS.search(yaml.safe_dump_all(install))
+    granted = _granted(_one(install, "ClusterRole")["rules"])
+    assert not [key for key in granted if key[0] == "kopf.dev"]
+    assert not list(DEPLOY.glob("kopf-peering*"))
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../crds", "manager"]
+
+
+def test_chart_has_no_kopf_peering() -> None:
+    assert sorted(path.name for path in (CHART / "crds").iterdir()) == [
+        "infobloxippools.ipam.cluster.x-k8s.io.yaml",
+        "phpipamippools.ipam.cluster.x-k8s.io.yaml",
+    ]
+    assert sorted(path.name for path in (CHART / "templates").iterdir()) == [
+        "NOTES.txt",
+        "_helpers.tpl",
+        "clusterrole.yaml",
+        "deployment.yaml",
+        "service.yaml",
+        "serviceaccount.yaml",
+    ]
+    for path in [*(CHART / "templates").iterdir(), CHART / "values.yaml"]:
+        text = "\n".join(
+            line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")
+        )
+        assert not PEERING_MARKERS.search(text), path.name
 
 
 def test_rbac_is_bound_to_the_manager_service_account(install: list[dict[str, Any]]) -> None:
@@ -348,11 +412,11 @@ def test_deployment_probe_ports_and_env(install: list[dict[str, Any]]) -> None:
     assert ports[probe["port"]] == 8081
     env = _env(manager)
     assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == ""
-    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["IPAM_BRIDGE_METRICS_PORT"]["value"] == str(ports["metrics"])
     assert env["IPAM_BRIDGE_HEALTH_PORT"]["value"] == str(ports["healthz"])
-    peering = _one(install, "ClusterKopfPeering")
-    assert env["IPAM_BRIDGE_PEERING_NAME"]["value"] == peering["metadata"]["name"]
+    # Standalone by default: no peering name, no --standalone, no POD_ID (kopf's peer id).
+    assert not [name for name in env if PEERING_MARKERS.search(name)]
+    assert "args" not in manager and "command" not in manager  # the image's `ipam-bridge run`
 
 
 def test_deployment_env_are_valid_settings(
@@ -373,7 +437,6 @@ def test_deployment_env_are_valid_settings(
     settings = Settings()
     assert settings.namespace == ""
     assert (settings.metrics_port, settings.health_port) == (8080, 8081)
-    assert settings.standalone is False
 
 
 def test_metrics_service_targets_the_manager(install: list[dict[str, Any]]) -> None:
@@ -461,6 +524,12 @@ def test_chart_generated_files_are_in_sync(install: list[dict[str, Any]]) -> Non
     assert rm.sync_chart(install, CHART, check=True) == [], "run `make release-manifests`"
 
 
+def test_chart_grants_the_same_rules_as_the_install(install: list[dict[str, Any]]) -> None:
+    rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
+    assert rules == _one(install, "ClusterRole")["rules"]
+    assert _granted(rules) == EXPECTED_RULES
+
+
 def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -472,7 +541,7 @@ def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None
     for key, value in values["settings"].items():
         assert env[f"IPAM_BRIDGE_{key.upper()}"]["value"] == str(value)
     assert values["watchNamespace"] == env["IPAM_BRIDGE_NAMESPACE"]["value"]
-    assert values["peering"]["name"] == _one(install, "ClusterKopfPeering")["metadata"]["name"]
+    assert not [key for key in values if PEERING_MARKERS.search(key)]
     assert values["metrics"]["port"] == 8080
     assert values["health"]["port"] == 8081
 
@@ -506,6 +575,7 @@ def test_helm_template_equals_the_install(install: list[dict[str, Any]]) -> None
         return obj["kind"], obj["metadata"]["name"]
 
     assert sorted(rendered, key=key) == sorted(expected, key=key)
+    assert _granted(_one(rendered, "ClusterRole")["rules"]) == EXPECTED_RULES
 
 
 @pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
@@ -571,7 +641,7 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
     ]
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
     assert patterns[0] == "*"
-    copied = set()
+    copied: set[str] = set()
     for op, arg in _dockerfile_instructions():
         if op == "COPY" and not arg.startswith("--from"):
             copied.update(part.rstrip("*") for part in arg.split()[:-1])

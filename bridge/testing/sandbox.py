@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.resources
 import os
 import tempfile
 import threading
@@ -82,18 +83,23 @@ FAST_SETTINGS: Mapping[str, str] = {
 
 
 def repo_crds() -> list[Path]:
-    """Return the CRD files of a source checkout: ours (``crds/``) and CAPI's (``crds/capi/``).
+    """Return the CRD files: ours (``crds/``) and CAPI's (``crds/capi/``).
+
+    They are package data of ``bridge`` (``bridge/crds`` links to the checkout's ``crds/``;
+    a wheel carries a copy), read with ``importlib.resources``, so an editable install, a
+    source checkout and an installed wheel all find them.
 
     Raises
     ------
     FileNotFoundError
-        When run from an installed wheel without the source tree.
+        When the package carries no CRD files (a build without ``crds/``).
     """
-    ours = sorted((REPO_ROOT / "crds").glob("*.yaml"))
-    capi = sorted((REPO_ROOT / "crds" / "capi").glob("*.yaml"))
+    root = Path(str(importlib.resources.files("bridge") / "crds"))
+    ours = sorted(root.glob("*.yaml"))
+    capi = sorted((root / "capi").glob("*.yaml"))
     files = [p for p in ours + capi if p.name != "kustomization.yaml"]
     if not capi or not ours:
-        raise FileNotFoundError(f"CRD files not found under {REPO_ROOT / 'crds'}")
+        raise FileNotFoundError(f"CRD files not found under {root}")
     return files
 
 

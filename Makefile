@@ -52,7 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 constraints: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^ipam-bridge' > constraints.txt
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -E '^(ipam-bridge|pip)==' > constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

@@ -32,6 +32,10 @@ from backends.retry import RetryPolicy
 
 __all__ = [
     "DESCRIPTION_MAX_CHARS",
+    "RESERVED_BROADCAST_HOSTNAME",
+    "RESERVED_GATEWAY_DESCRIPTION",
+    "RESERVED_GATEWAY_HOSTNAME",
+    "RESERVED_HOSTNAMES",
     "RESERVED_NETWORK_DESCRIPTION",
     "RESERVED_NETWORK_HOSTNAME",
     "PHPIPAMBackend",
@@ -58,10 +62,29 @@ RESERVED_NETWORK_DESCRIPTION: Final = (
     "ipam-bridge: IPv6 subnet-router anycast address, never assign"
 )
 
+#: Hostname of the row that keeps a gateway phpIPAM holds no row for (the pool's ``gateway``
+#: override) out of first-free: phpIPAM skips registered addresses only (backends.md A.5),
+#: so an unregistered gateway would be handed to a node.
+RESERVED_GATEWAY_HOSTNAME: Final = "ipam-bridge-reserved-gateway"
+
+#: Description stored with the gateway row.
+RESERVED_GATEWAY_DESCRIPTION: Final = "ipam-bridge: the subnet's gateway, never assign"
+
+#: Hostname given to an IPv4 broadcast address phpIPAM handed out (only a subnet flagged
+#: "is pool" does, backends.md A.5); the IPv4 network address gets `RESERVED_NETWORK_HOSTNAME`.
+RESERVED_BROADCAST_HOSTNAME: Final = "ipam-bridge-reserved-broadcast-address"
+
+#: Every hostname under which this client keeps an address out of first-free. Rows under
+#: these names are never a claim's address (`PHPIPAMBackend.find` never returns them, and a
+#: release never deletes them).
+RESERVED_HOSTNAMES: Final = frozenset(
+    {RESERVED_NETWORK_HOSTNAME, RESERVED_GATEWAY_HOSTNAME, RESERVED_BROADCAST_HOSTNAME}
+)
+
 # "Not found" answers of lookups (search_hostname, DELETE by id): results, not errors.
 # phpIPAM >= 1.5 sends them as 404, <= 1.4 as HTTP 200 with success false.
 _NOT_FOUND_MESSAGES: Final = frozenset(
-    {"hostname not found", "address does not exist", "no addresses found"}
+    {"hostname not found", "address does not exist", "no addresses found", "address not found"}
 )
 
 _MESSAGE_MAX_CHARS: Final = 200
@@ -94,6 +117,13 @@ class PHPIPAMConfig:
     section_id:
         Optional section id that narrows the CIDR lookup when several sections (or VRFs)
         hold the same CIDR.
+    gateway:
+        The pool's gateway override (an IP address), or None to use the gateway phpIPAM
+        reports for the subnet (its ``is_gateway`` address). Reported in every
+        `Allocation` and `SubnetInfo`, and never handed out: when it lies in the subnet and
+        phpIPAM holds no row for it, it is registered once under
+        `RESERVED_GATEWAY_HOSTNAME` before the first allocation. Normalised
+        (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
     username, password:
         phpIPAM user for the user token login (``POST /user/`` with HTTP Basic).
         Either both of these or `app_code` are set.
@@ -134,6 +164,7 @@ class PHPIPAMConfig:
     subnet_id: int | None = None
     subnet: str | None = None
     section_id: int | None = None
+    gateway: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     app_code: str | None = field(default=None, repr=False)
@@ -163,6 +194,17 @@ class PHPIPAMConfig:
                 ipaddress.ip_network(self.subnet, strict=True)
             except ValueError as exc:
                 raise ValueError(f"subnet is not a valid CIDR network: {exc}") from None
+        if self.gateway is not None:
+            try:
+                gateway = ipaddress.ip_address(self.gateway.strip())
+            except ValueError:
+                raise ValueError(f"gateway {self.gateway!r} is not an IP address") from None
+            if (
+                self.subnet is not None
+                and gateway.version != ipaddress.ip_network(self.subnet).version
+            ):
+                raise ValueError("gateway and subnet must be of the same address family")
+            object.__setattr__(self, "gateway", gateway.compressed)
         user_login = bool(self.username) and bool(self.password)
         if user_login == bool(self.app_code) or (
             not user_login and (self.username or self.password)
@@ -193,7 +235,27 @@ class _Reply:
 class _SubnetFacts:
     id: int
     network: IPNetwork
+    #: The gateway phpIPAM reports (``gateway.ip_addr``) and the id of its row.
     gateway: str | None
+    gateway_id: int | None = None
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    """Hostname and description of a row that keeps an address out of first-free."""
+
+    hostname: str
+    description: str
+
+
+_NETWORK_V6: Final = _Reservation(RESERVED_NETWORK_HOSTNAME, RESERVED_NETWORK_DESCRIPTION)
+_NETWORK_V4: Final = _Reservation(
+    RESERVED_NETWORK_HOSTNAME, "ipam-bridge: the subnet's network address, never assign"
+)
+_BROADCAST: Final = _Reservation(
+    RESERVED_BROADCAST_HOSTNAME, "ipam-bridge: the subnet's broadcast address, never assign"
+)
+_GATEWAY: Final = _Reservation(RESERVED_GATEWAY_HOSTNAME, RESERVED_GATEWAY_DESCRIPTION)
 
 
 @dataclass(frozen=True)
@@ -233,7 +295,19 @@ class PHPIPAMBackend:
     * ``addresses/search_hostname/{h}/`` matches exactly (case-insensitively) across every
       subnet; 2nd and later rows may carry ``ip`` as a decimal integer;
     * ``DELETE addresses/{ip}/{subnetId}/`` is broken (PHP fatal error when the address is
-      gone), so addresses are deleted by id only.
+      gone), so addresses are deleted by id only;
+    * first-free skips every address that has a row, and for IPv4 below /31 (subnets not
+      flagged "is pool") the network and broadcast addresses; nothing else (A.5). The
+      gateway is skipped only because phpIPAM's gateway is itself a row (``is_gateway``).
+
+    Never handed out to a claim: the gateway (the pool's override and phpIPAM's), the IPv4
+    network and broadcast addresses below /31, and (with ``skip_ipv6_network_address``) the
+    IPv6 subnet-router anycast address. A gateway without a row is registered once under
+    `RESERVED_GATEWAY_HOSTNAME` (``POST addresses/``; a 409 means someone registered it
+    already); should first-free still hand out one of these addresses, the row it created is
+    renamed to the matching reserved hostname instead of being given to the claim. Rows this
+    client did not create are never changed or deleted (rows under the claim's hostname are
+    the claim's).
 
     """
 
@@ -254,6 +328,9 @@ class PHPIPAMBackend:
         self._subnet_lock = threading.Lock()
         self._subnet_id: int | None = config.subnet_id
         self._facts: _SubnetFacts | None = None
+        # Gateways known to have a row in the subnet (registered here or found registered).
+        self._gateway_lock = threading.Lock()
+        self._gateway_rows: set[tuple[int, str]] = set()
 
     @property
     def config(self) -> PHPIPAMConfig:
@@ -281,10 +358,16 @@ class PHPIPAMBackend:
         free = ``freehosts``). Also refreshes the prefix and gateway that `find` and
         `allocate` report.
 
+        A gateway override that lies in the subnet counts as used even before it is
+        registered (it is never handed out), so the figures do not move when the first
+        allocation registers it; until its row is known, ``GET addresses/search/{ip}/``
+        tells whether it has one.
+
         Returns
         -------
         SubnetInfo
-            Counts are Python ints and may exceed 2**63 for IPv6 subnets.
+            ``gateway`` is `PHPIPAMConfig.gateway` when set, else phpIPAM's. Counts are
+            Python ints and may exceed 2**63 for IPv6 subnets.
 
         Raises
         ------
@@ -301,7 +384,9 @@ class PHPIPAMBackend:
 
         ``GET addresses/search_hostname/{hostname}/``, keeping only rows of this subnet
         whose hostname equals ``hostname`` (case-insensitively, like phpIPAM); the oldest
-        (lowest id) row wins. The IPv6 network address reserved by this client is ignored.
+        (lowest id) row wins. Rows at an address that is never handed out (the gateway,
+        the network or broadcast address; see the class notes) are not a claim's address
+        and are ignored.
 
         Raises
         ------
@@ -313,7 +398,10 @@ class PHPIPAMBackend:
 
         def attempt() -> Allocation | None:
             facts = self._subnet_facts()
-            usable = [r for r in self._search(hostname, facts.id) if not self._is_net(r, facts)]
+            never = self._never_assigned(facts)
+            usable = [
+                r for r in self._search(hostname, facts.id) if _row_address(r, facts) not in never
+            ]
             return self._allocation(usable[0], hostname, facts) if usable else None
 
         return self._retry("find", attempt)
@@ -325,9 +413,17 @@ class PHPIPAMBackend:
         entry), then ``POST addresses/first_free/{subnetId}/`` with JSON
         ``{"hostname", "description"}``. A lost race (409 ``IP address already exists``,
         500 ``Duplicate entry``) raises `ConflictError` inside the retry policy, which
-        searches again before the next POST. When `PHPIPAMConfig.skip_ipv6_network_address`
-        is set and phpIPAM hands out an IPv6 subnet's network address, that row is renamed
-        to `RESERVED_NETWORK_HOSTNAME` (``PATCH addresses/{id}/``) and the POST repeated.
+        searches again before the next POST.
+
+        Before the first POST, a gateway without a row (the pool's override) is registered
+        under `RESERVED_GATEWAY_HOSTNAME` with ``POST addresses/`` ``{"subnetId", "ip",
+        "hostname", "description"}`` (once per client; 409 ``IP address already exists``
+        means it is registered already). When first-free still hands out an address that
+        is never assigned (the gateway, the IPv4 network or broadcast address of an "is
+        pool" subnet, or with `PHPIPAMConfig.skip_ipv6_network_address` the IPv6 network
+        address), the new row is renamed to the matching reserved hostname
+        (``PATCH addresses/{id}/``) and the POST repeated; rows of ``hostname`` at such an
+        address (left by an interrupted attempt) are renamed the same way, never adopted.
 
         Parameters
         ----------
@@ -408,10 +504,14 @@ class PHPIPAMBackend:
         used = _to_int(usage.get("used", usage.get("Used")), "used")
         free_raw = usage.get("freehosts")
         free = _to_int(free_raw, "freehosts") if free_raw is not None else total - used
+        gateway = self._gateway_without_known_row(facts)
+        if gateway is not None and not self._gateway_has_row(facts, gateway):
+            # Not free although phpIPAM counts it so: it is registered before any allocation.
+            used, free = used + 1, free - 1
         return SubnetInfo(
             cidr=facts.network.with_prefixlen,
             prefix=facts.network.prefixlen,
-            gateway=facts.gateway,
+            gateway=self._gateway(facts),
             total=total,
             used=used,
             free=max(free, 0),
@@ -419,58 +519,162 @@ class PHPIPAMBackend:
 
     def _allocate_once(self, hostname: str, description: str) -> Allocation:
         facts = self._subnet_facts()
+        never = self._never_assigned(facts)
         usable: list[_Row] = []
         for row in self._search(hostname, facts.id):
-            if self._is_net(row, facts):
+            address = _row_address(row, facts)
+            if address in never:
                 # Left behind by an attempt interrupted between the POST and the PATCH.
-                self._reserve_network_address(row.id)
+                self._reserve_row(row.id, address, never[address], facts)
             else:
                 usable.append(row)
         if usable:
             log.info("phpIPAM: %s already has address id %d", hostname, usable[0].id)
             return self._allocation(usable[0], hostname, facts)
 
+        self._register_gateway(facts)
         body = {"hostname": hostname, "description": description[:DESCRIPTION_MAX_CHARS]}
-        # Two POSTs at most: once the network address has a row, phpIPAM never offers it again.
-        for _ in range(2):
+        # Once such an address has a row phpIPAM never offers it again: one POST more than
+        # there are addresses that are never assigned is always enough.
+        for _ in range(len(never) + 1):
             created = self._call("POST", f"addresses/first_free/{facts.id}/", json=body)
             address = _parse_ip(created.get("data"), "first_free data")
             ref = str(created.get("id") or "")
             if not ref.isdigit():
                 raise BackendUnavailableError("phpIPAM created an address but sent no id")
-            if self._config.skip_ipv6_network_address and _is_v6_network(address, facts):
-                self._reserve_network_address(int(ref))
+            if address in never:
+                self._reserve_row(int(ref), address, never[address], facts)
                 continue
             log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
             return Allocation(
                 address=address,
                 prefix=facts.network.prefixlen,
-                gateway=facts.gateway,
+                gateway=self._gateway(facts),
                 hostname=hostname,
                 ref=ref,
             )
-        raise BackendUnavailableError("phpIPAM offered the IPv6 network address twice")
+        raise BackendUnavailableError(
+            f"phpIPAM kept offering addresses that are never assigned ({', '.join(sorted(never))})"
+        )
 
-    def _reserve_network_address(self, address_id: int) -> None:
+    def _reserve_row(
+        self, address_id: int, address: str, reservation: _Reservation, facts: _SubnetFacts
+    ) -> None:
+        """Rename a row this client created to a reserved hostname (the row stays)."""
         self._lookup(
             "PATCH",
             f"addresses/{address_id}/",
             json={
-                "hostname": RESERVED_NETWORK_HOSTNAME,
-                "description": RESERVED_NETWORK_DESCRIPTION[:DESCRIPTION_MAX_CHARS],
+                "hostname": reservation.hostname,
+                "description": reservation.description[:DESCRIPTION_MAX_CHARS],
             },
         )
+        if reservation is _GATEWAY:
+            with self._gateway_lock:
+                self._gateway_rows.add((facts.id, address))
         log.info(
-            "phpIPAM: kept IPv6 network address (id %d) as %s",
+            "phpIPAM: kept %s (id %d) as %s: it is never assigned",
+            address,
             address_id,
-            RESERVED_NETWORK_HOSTNAME,
+            reservation.hostname,
         )
+
+    # ----------------------------------------------------------------- gateway
+
+    def _gateway(self, facts: _SubnetFacts) -> str | None:
+        """Return the gateway reported to callers: the pool's override, else phpIPAM's."""
+        return self._config.gateway or facts.gateway
+
+    def _never_assigned(self, facts: _SubnetFacts) -> dict[str, _Reservation]:
+        """Addresses of the subnet never given to a claim, with the row name that keeps each."""
+        net = facts.network
+        never: dict[str, _Reservation] = {}
+        if net.version == 4 and net.prefixlen < 31:
+            never[net.network_address.compressed] = _NETWORK_V4
+            never[net.broadcast_address.compressed] = _BROADCAST
+        elif net.version == 6 and self._config.skip_ipv6_network_address:
+            never[net.network_address.compressed] = _NETWORK_V6
+        for gateway in (facts.gateway, self._config.gateway):
+            if gateway is not None and ipaddress.ip_address(gateway) in net:
+                never.setdefault(gateway, _GATEWAY)
+        return never
+
+    def _gateway_without_known_row(self, facts: _SubnetFacts) -> str | None:
+        """Return the gateway first-free could hand out unless registered, or None.
+
+        phpIPAM's own gateway is a row; the override is one only once registered. An address
+        outside the subnet, or its IPv4 network or broadcast address, is never offered.
+        """
+        gateway = self._config.gateway
+        if gateway is None and facts.gateway_id is None:
+            gateway = facts.gateway  # a gateway without a row id: not seen in phpIPAM
+        if gateway is None or (gateway == facts.gateway and facts.gateway_id is not None):
+            return None
+        if not _offered_by_first_free(gateway, facts.network):
+            return None
+        with self._gateway_lock:
+            if (facts.id, gateway) in self._gateway_rows:
+                return None
+        return gateway
+
+    def _gateway_has_row(self, facts: _SubnetFacts, gateway: str) -> bool:
+        """Look the gateway up (``GET addresses/search/{ip}/``); remember a row once seen."""
+        answer = self._lookup("GET", f"addresses/search/{gateway}/")
+        rows = self._data(answer, list) if answer is not None else []
+        found = any(
+            isinstance(r, Mapping) and _to_int(r.get("subnetId"), "subnetId") == facts.id
+            for r in rows
+        )
+        if found:
+            with self._gateway_lock:
+                self._gateway_rows.add((facts.id, gateway))
+        return found
+
+    def _register_gateway(self, facts: _SubnetFacts) -> None:
+        """Give a gateway without a row one, under `RESERVED_GATEWAY_HOSTNAME` (idempotent).
+
+        ``POST addresses/`` with the address (phpipam-api.md 5a: 201 ``Address created``).
+        409 ``IP address already exists`` (5b), or the 500 ``Duplicate entry`` of a lost
+        race, means the address has a row already (another replica or operator, a person):
+        that row is left as it is.
+        """
+        gateway = self._gateway_without_known_row(facts)
+        if gateway is None:
+            return
+        with self._gateway_lock:
+            if (facts.id, gateway) in self._gateway_rows:
+                return  # another thread registered it meanwhile
+            try:
+                created = self._call(
+                    "POST",
+                    "addresses/",
+                    json={
+                        "subnetId": facts.id,
+                        "ip": gateway,
+                        "hostname": RESERVED_GATEWAY_HOSTNAME,
+                        "description": RESERVED_GATEWAY_DESCRIPTION[:DESCRIPTION_MAX_CHARS],
+                    },
+                )
+            except ConflictError:
+                log.info("phpIPAM: gateway %s already has a row in subnet %d", gateway, facts.id)
+            else:
+                log.info(
+                    "phpIPAM: registered gateway %s (id %s) as %s so that it is never assigned",
+                    gateway,
+                    created.get("id"),
+                    RESERVED_GATEWAY_HOSTNAME,
+                )
+            self._gateway_rows.add((facts.id, gateway))
 
     def _search(self, hostname: str, subnet_id: int) -> list[_Row]:
         """Rows of ``subnet_id`` registered under ``hostname``, oldest first."""
         if not hostname.strip() or "/" in hostname:
             # phpIPAM drops empty path segments and splits on "/" before decoding.
             raise InvalidRequestError(f"invalid hostname {hostname!r} for phpIPAM")
+        if hostname.strip().lower() in RESERVED_HOSTNAMES:
+            raise InvalidRequestError(
+                f"{hostname!r} is reserved by ipam-bridge for addresses that are never assigned"
+            )
         answer = self._lookup("GET", f"addresses/search_hostname/{quote(hostname, safe='')}/")
         if answer is None:
             return []
@@ -487,16 +691,11 @@ class PHPIPAMBackend:
             )
         return sorted(rows, key=lambda r: r.id)
 
-    def _is_net(self, row: _Row, facts: _SubnetFacts) -> bool:
-        return self._config.skip_ipv6_network_address and _is_v6_network(
-            _row_address(row, facts), facts
-        )
-
     def _allocation(self, row: _Row, hostname: str, facts: _SubnetFacts) -> Allocation:
         return Allocation(
             address=_row_address(row, facts),
             prefix=facts.network.prefixlen,
-            gateway=facts.gateway,
+            gateway=self._gateway(facts),
             hostname=hostname,
             ref=str(row.id),
         )
@@ -548,9 +747,12 @@ class PHPIPAMBackend:
             ) from None
         gateway_obj = data.get("gateway")
         gateway = None
+        gateway_id = None
         if isinstance(gateway_obj, Mapping) and gateway_obj.get("ip_addr"):
             gateway = _parse_ip(gateway_obj.get("ip_addr"), "gateway.ip_addr")
-        facts = _SubnetFacts(id=subnet_id, network=network, gateway=gateway)
+            raw_id = gateway_obj.get("id", data.get("gatewayId"))
+            gateway_id = _to_int(raw_id, "gateway.id") if raw_id not in (None, "") else None
+        facts = _SubnetFacts(id=subnet_id, network=network, gateway=gateway, gateway_id=gateway_id)
         self._facts = facts
         return facts
 
@@ -844,6 +1046,15 @@ def _row_address(row: _Row, facts: _SubnetFacts) -> str:
         ) from None
 
 
-def _is_v6_network(address: str, facts: _SubnetFacts) -> bool:
-    net = facts.network
-    return net.version == 6 and ipaddress.ip_address(address) == net.network_address
+def _offered_by_first_free(address: str, network: IPNetwork) -> bool:
+    """Return True when first-free can hand ``address`` out of ``network``.
+
+    phpIPAM's first-free walks the whole subnet except, for IPv4 below /31, the network and
+    broadcast addresses (backends.md A.5).
+    """
+    ip = ipaddress.ip_address(address)
+    if ip not in network:
+        return False
+    if network.version == 4 and network.prefixlen < 31:
+        return ip not in (network.network_address, network.broadcast_address)
+    return True

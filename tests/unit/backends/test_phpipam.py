@@ -38,6 +38,9 @@ from backends.errors import (
     TLSVerificationError,
 )
 from backends.phpipam import (
+    RESERVED_BROADCAST_HOSTNAME,
+    RESERVED_GATEWAY_DESCRIPTION,
+    RESERVED_GATEWAY_HOSTNAME,
     RESERVED_NETWORK_HOSTNAME,
     PHPIPAMBackend,
     PHPIPAMConfig,
@@ -1397,3 +1400,418 @@ def test_close_does_not_revoke_the_shared_token(
     backend.close()
 
     assert not [c for c in rsps.calls if c.request.method == "DELETE"]
+
+
+# ---------------------------------------------------------------- never handed out
+
+# 5a / 5b: POST /addresses/ with an explicit ip
+CREATED_21 = '{"code":201,"success":true,"message":"Address created","id":"21","time":0.006}'
+GATEWAY_OVERRIDE = "10.20.0.1"
+
+
+def subnet_7_without_gateway(**changes: Any) -> str:
+    """Subnet 7 as phpIPAM reports it when no row is its gateway (no gatewayId/gateway, A.6)."""
+    envelope = json.loads(SUBNET_7)
+    envelope["data"].pop("gatewayId")
+    envelope["data"].pop("gateway")
+    envelope["data"].update(changes)
+    return json.dumps(envelope, separators=(",", ":"))
+
+
+def created(address_id: int, address: str) -> str:
+    """A 201 of ``POST addresses/first_free/{id}/`` (3a-1) for ``address``."""
+    return json.dumps(
+        {
+            "code": 201,
+            "success": True,
+            "message": "Address created",
+            "id": str(address_id),
+            "data": address,
+            "time": 0.005,
+        },
+        separators=(",", ":"),
+    )
+
+
+def search_rows(*rows: tuple[int, int, str, str]) -> str:
+    """A ``search_hostname``/``search`` answer (4a, 4h) of (id, subnetId, ip, hostname) rows."""
+    tail = json.loads("{" + _ROW_TAIL)
+    data = [
+        {
+            "id": i,
+            "subnetId": sid,
+            "ip": ip,
+            "is_gateway": 0,
+            "description": "capi claim",
+            "hostname": host,
+            **tail,
+        }
+        for i, sid, ip, host in rows
+    ]
+    return json.dumps({"code": 200, "success": True, "data": data, "time": 0.001})
+
+
+GATEWAY_ROW_BODY = {
+    "subnetId": 7,
+    "ip": GATEWAY_OVERRIDE,
+    "hostname": RESERVED_GATEWAY_HOSTNAME,
+    "description": RESERVED_GATEWAY_DESCRIPTION,
+}
+
+
+def posts(rsps: responses.RequestsMock, path: str) -> int:
+    return urls(rsps).count(f"POST {BASE}/{path}")
+
+
+def test_gateway_override_without_row_is_registered_before_the_first_allocation(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(
+        rsps,
+        "POST",
+        "addresses/",
+        CREATED_21,
+        201,
+        headers={"Location": "/api/capi/addresses/21/"},
+        json_body=GATEWAY_ROW_BODY,
+    )
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-2/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
+
+    backend = make(gateway=GATEWAY_OVERRIDE)
+    first = backend.allocate("default.claim-1", "capi claim 1")
+    second = backend.allocate("default.claim-2", "capi claim 2")
+
+    assert first == Allocation(
+        address="10.20.0.2", prefix=24, gateway="10.20.0.1", hostname="default.claim-1", ref="12"
+    )
+    assert (second.address, second.gateway) == ("10.20.0.3", "10.20.0.1")
+    assert urls(rsps)[2:5] == [
+        f"GET {BASE}/addresses/search_hostname/default.claim-1/",
+        f"POST {BASE}/addresses/",
+        f"POST {BASE}/addresses/first_free/7/",
+    ]
+    assert posts(rsps, "addresses/") == 1  # once per client, not per allocation
+    assert len(RESERVED_GATEWAY_DESCRIPTION) <= 64
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"), [(IP_EXISTS, 409), (DUPLICATE_ENTRY, 500)], ids=["409", "500-duplicate"]
+)
+def test_gateway_registered_by_someone_else_is_left_alone(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    sleeps: list[float],
+    answer: str,
+    status: int,
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/", answer, status, json_body=GATEWAY_ROW_BODY)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-2/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
+
+    backend = make(gateway=GATEWAY_OVERRIDE)
+    assert backend.allocate("default.claim-1", "c1").address == "10.20.0.2"
+    assert backend.allocate("default.claim-2", "c2").address == "10.20.0.3"
+
+    assert posts(rsps, "addresses/") == 1
+    assert sleeps == []  # a registered gateway is not a failure to retry
+    assert not [c for c in rsps.calls if c.request.method in ("PATCH", "DELETE")]
+
+
+@pytest.mark.parametrize(
+    ("gateway", "subnet"),
+    [
+        ("10.20.0.1", SUBNET_7),  # phpIPAM's own gateway: already a row (is_gateway)
+        ("10.99.0.1", subnet_7_without_gateway()),  # outside the subnet: never offered
+        ("10.20.0.0", subnet_7_without_gateway()),  # network address: never offered
+        ("10.20.0.255", subnet_7_without_gateway()),  # broadcast address: never offered
+    ],
+    ids=["phpipam-gateway", "outside", "network", "broadcast"],
+)
+def test_gateway_that_first_free_never_offers_is_not_registered(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend], gateway: str, subnet: str
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    allocation = make(gateway=gateway).allocate("default.claim-1", "c1")
+
+    assert (allocation.address, allocation.gateway) == ("10.20.0.2", gateway)
+    assert posts(rsps, "addresses/") == 0
+
+
+def test_no_gateway_at_all_registers_nothing(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", created(12, "10.20.0.1"), 201)
+
+    allocation = make().allocate("default.claim-1", "c1")
+
+    assert (allocation.address, allocation.gateway) == ("10.20.0.1", None)
+    assert posts(rsps, "addresses/") == 0
+
+
+def test_gateway_handed_out_by_first_free_is_kept_as_the_gateway_row(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    """A 409 said the gateway had a row, but the row went (deleted by a person) meanwhile."""
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/", IP_EXISTS, 409)
+    add(rsps, "POST", "addresses/first_free/7/", created(30, "10.20.0.1"), 201)
+    add(
+        rsps,
+        "PATCH",
+        "addresses/30/",
+        UPDATED,
+        json_body={
+            "hostname": RESERVED_GATEWAY_HOSTNAME,
+            "description": RESERVED_GATEWAY_DESCRIPTION,
+        },
+    )
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    allocation = make(gateway=GATEWAY_OVERRIDE).allocate("default.claim-1", "c1")
+
+    assert (allocation.address, allocation.ref) == ("10.20.0.2", "12")
+    assert urls(rsps)[-3:] == [
+        f"POST {BASE}/addresses/first_free/7/",
+        f"PATCH {BASE}/addresses/30/",
+        f"POST {BASE}/addresses/first_free/7/",
+    ]
+    assert not [c for c in rsps.calls if c.request.method == "DELETE"]
+
+
+@pytest.mark.parametrize(
+    ("address", "hostname", "fragment"),
+    [
+        ("10.20.0.0", RESERVED_NETWORK_HOSTNAME, "network address"),
+        ("10.20.0.255", RESERVED_BROADCAST_HOSTNAME, "broadcast address"),
+    ],
+)
+def test_network_and_broadcast_of_a_pool_subnet_are_never_assigned(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    address: str,
+    hostname: str,
+    fragment: str,
+) -> None:
+    """An "is pool" subnet hands out its network and broadcast addresses (A.5)."""
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", SUBNET_7.replace('"isPool":0', '"isPool":1'))
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", created(40, address), 201)
+    add(rsps, "PATCH", "addresses/40/", UPDATED)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    allocation = make().allocate("default.claim-1", "c1")
+
+    assert allocation.address == "10.20.0.2"
+    patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
+    sent = json.loads(patch.body or b"{}")
+    assert sent["hostname"] == hostname
+    assert fragment in sent["description"]
+    assert len(sent["description"]) <= 64
+
+
+def test_slash_31_hands_out_both_addresses(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    """/31 and /32 have no network or broadcast address (RFC 3021; A.5)."""
+    subnet = subnet_7_without_gateway(subnet="10.20.5.0", mask="31")
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet)
+    add(rsps, "GET", "addresses/search_hostname/p2p.a/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", created(50, "10.20.5.0"), 201)
+
+    allocation = make().allocate("p2p.a", "link")
+
+    assert (allocation.address, allocation.prefix) == ("10.20.5.0", 31)
+    assert not [c for c in rsps.calls if c.request.method == "PATCH"]
+
+
+def test_offering_only_reserved_addresses_ends_in_an_error(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", SUBNET_7)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", created(60, "10.20.0.1"), 201)
+    add(rsps, "PATCH", "addresses/60/", UPDATED)
+
+    with pytest.raises(BackendUnavailableError, match="never assigned"):
+        make(retry=RetryPolicy(attempts=1)).allocate("default.claim-1", "c1")
+    # network, broadcast and gateway: one POST per reserved address, plus one.
+    assert posts(rsps, "addresses/first_free/7/") == 4
+
+
+def test_row_of_the_hostname_at_the_gateway_is_renamed_not_adopted(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    search = "addresses/search_hostname/default.claim-1/"
+    add(rsps, "GET", search, search_rows((30, 7, "10.20.0.1", "default.claim-1")))
+
+    backend = make(gateway=GATEWAY_OVERRIDE)
+    assert backend.find("default.claim-1") is None
+
+    add(rsps, "PATCH", "addresses/30/", UPDATED)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+    allocation = backend.allocate("default.claim-1", "c1")
+
+    assert allocation.address == "10.20.0.2"
+    patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
+    assert json.loads(patch.body or b"{}")["hostname"] == RESERVED_GATEWAY_HOSTNAME
+    # The renamed row is the gateway's row now: nothing more to register.
+    assert posts(rsps, "addresses/") == 0
+
+
+@pytest.mark.parametrize(
+    "hostname",
+    [RESERVED_GATEWAY_HOSTNAME, RESERVED_NETWORK_HOSTNAME, RESERVED_BROADCAST_HOSTNAME.upper()],
+)
+def test_reserved_hostnames_are_never_a_claims_key(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend], hostname: str
+) -> None:
+    _prime(rsps)
+    backend = make()
+
+    for call in (backend.find, backend.release, lambda h: backend.allocate(h, "x")):
+        with pytest.raises(InvalidRequestError, match="reserved"):
+            call(hostname)
+    assert not [u for u in urls(rsps) if "/addresses/" in u]
+
+
+def test_describe_counts_an_unregistered_gateway_as_used(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    usage_empty = USAGE_7.replace('"Used":1', '"Used":0').replace('"used":"1"', '"used":0')
+    usage_empty = usage_empty.replace('"freehosts":"253"', '"freehosts":"254"')
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "subnets/7/usage/", usage_empty)
+    add(rsps, "GET", f"addresses/search/{GATEWAY_OVERRIDE}/", ADDRESS_NOT_FOUND, 404)
+
+    backend = make(gateway=GATEWAY_OVERRIDE)
+    before = backend.describe_subnet()
+
+    assert before == SubnetInfo(
+        cidr="10.20.0.0/24", prefix=24, gateway="10.20.0.1", total=254, used=1, free=253
+    )
+
+    # Registered by someone meanwhile: phpIPAM counts it now, and the row is remembered.
+    rsps.replace(
+        "GET",
+        f"{BASE}/addresses/search/{GATEWAY_OVERRIDE}/",
+        body=search_gateway(7),
+        content_type=JSON,
+    )
+    rsps.replace("GET", f"{BASE}/subnets/7/usage/", body=USAGE_7, content_type=JSON)
+    after = backend.describe_subnet()
+    again = backend.describe_subnet()
+
+    assert after == again == before
+    assert urls(rsps).count(f"GET {BASE}/addresses/search/{GATEWAY_OVERRIDE}/") == 2
+
+
+def test_describe_does_not_look_up_phpipams_own_gateway(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", SUBNET_7)
+    add(rsps, "GET", "subnets/7/usage/", USAGE_7)
+
+    info = make().describe_subnet()
+
+    assert (info.gateway, info.used, info.free) == ("10.20.0.1", 1, 253)
+    assert not [u for u in urls(rsps) if "addresses/search/" in u]
+
+
+def test_describe_ignores_a_gateway_row_of_another_subnet(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    add(rsps, "GET", "subnets/7/usage/", USAGE_7)
+    add(rsps, "GET", f"addresses/search/{GATEWAY_OVERRIDE}/", search_gateway(3))
+
+    info = make(gateway=GATEWAY_OVERRIDE).describe_subnet()
+
+    assert (info.used, info.free) == (2, 252)
+
+
+ADDRESS_NOT_FOUND = '{"code":404,"success":false,"message":"Address not found","time":0.002}'
+
+
+def search_gateway(subnet_id: int) -> str:
+    """``GET addresses/search/{ip}/`` (4h) finding the gateway row in ``subnet_id``."""
+    return search_rows((21, subnet_id, GATEWAY_OVERRIDE, RESERVED_GATEWAY_HOSTNAME))
+
+
+def test_parallel_allocations_register_the_gateway_once(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps)
+    add(rsps, "GET", "subnets/7/", subnet_7_without_gateway())
+    for i in range(8):
+        add(rsps, "GET", f"addresses/search_hostname/default.c{i}/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/", CREATED_21, 201, json_body=GATEWAY_ROW_BODY)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    backend = make(gateway=GATEWAY_OVERRIDE)
+    counter = iter(range(8))
+    lock = threading.Lock()
+
+    def one() -> str:
+        with lock:
+            i = next(counter)
+        return backend.allocate(f"default.c{i}", "c").address
+
+    assert set(_in_threads(one, 8)) == {"10.20.0.2"}
+    assert posts(rsps, "addresses/") == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "gateway"),
+    [
+        ({"subnet_id": 7, "gateway": " 10.20.0.1 "}, "10.20.0.1"),
+        ({"subnet": "2001:db8:20::/64", "gateway": "2001:DB8:20:0::1"}, "2001:db8:20::1"),
+        ({"subnet_id": 7}, None),
+    ],
+)
+def test_gateway_override_is_normalised(fields: dict[str, Any], gateway: str | None) -> None:
+    config = PHPIPAMConfig(
+        endpoint=ENDPOINT, app_id="capi", username=USERNAME, password=PASSWORD, **fields
+    )
+    assert config.gateway == gateway
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"subnet_id": 7, "gateway": "10.20.0.300"},
+        {"subnet_id": 7, "gateway": "gw.example.com"},
+        {"subnet": "10.20.0.0/24", "gateway": "2001:db8::1"},
+    ],
+    ids=["bad-ipv4", "name", "other-family"],
+)
+def test_invalid_gateway_override_is_rejected(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="gateway"):
+        PHPIPAMConfig(
+            endpoint=ENDPOINT, app_id="capi", username=USERNAME, password=PASSWORD, **fields
+        )

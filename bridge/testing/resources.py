@@ -44,6 +44,10 @@ class ResourceDef:
     custom : bool
         ``True`` for custom resources: ``metadata.generation`` is maintained and strategic merge
         patches are rejected with 415, as the API server does for CRDs.
+    schemas : mapping of str to mapping
+        ``openAPIV3Schema`` per served version (from the CRD); writes through a version with a
+        schema are pruned by it (:func:`bridge.testing.schema.prune`). Versions without one,
+        and built-in resources, are not pruned. Not part of equality or hashing.
 
     """
 
@@ -58,6 +62,9 @@ class ResourceDef:
     categories: tuple[str, ...] = ()
     storage_version: str | None = None
     custom: bool = True
+    schemas: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
     @property
     def key(self) -> tuple[str, str]:
@@ -70,6 +77,10 @@ class ResourceDef:
         if self.storage_version in self.versions:
             return self.storage_version
         return self.versions[0]
+
+    def schema(self, version: str | None) -> Mapping[str, Any] | None:
+        """Return the ``openAPIV3Schema`` of ``version`` (preferred when ``None``), or ``None``."""
+        return self.schemas.get(version or self.preferred_version)
 
     def api_version(self, version: str) -> str:
         """Return ``apiVersion`` for ``version`` (``v1`` or ``group/version``)."""
@@ -119,8 +130,9 @@ def resources_from_crd(crd: Mapping[str, Any] | str | Path) -> ResourceDef:
     Returns
     -------
     ResourceDef
-        Group, names, scope, every served version, and whether any served version declares
-        the status subresource.
+        Group, names, scope, every served version, whether any served version declares the
+        status subresource, and each served version's ``schema.openAPIV3Schema`` (for
+        pruning).
 
     Raises
     ------
@@ -157,6 +169,11 @@ def resources_from_crd(crd: Mapping[str, Any] | str | Path) -> ResourceDef:
         categories=tuple(names.get("categories", ())),
         storage_version=storage,
         custom=True,
+        schemas={
+            v["name"]: v["schema"]["openAPIV3Schema"]
+            for v in versions
+            if isinstance((v.get("schema") or {}).get("openAPIV3Schema"), Mapping)
+        },
     )
 
 

@@ -47,6 +47,10 @@ class EmulatedKubernetes:
         Also serve kopf's peering CRDs (``kopf.dev/v1``), for kopf without ``--standalone``.
     garbage_collection : bool
         Delete dependents whose every owner is gone (see :class:`ObjectStore`).
+    namespace_lifecycle : bool
+        Namespaces as on a real cluster: no object in a namespace that does not exist (404)
+        or is terminating (403), and deleting a namespace deletes everything in it (see
+        :class:`ObjectStore`).
     history_limit : int
         Watch events kept per resource for resumption (older resourceVersions get 410).
     host, port : str, int
@@ -66,11 +70,16 @@ class EmulatedKubernetes:
         crds: Iterable[Mapping[str, Any] | str | Path] = (),
         peering: bool = False,
         garbage_collection: bool = True,
+        namespace_lifecycle: bool = True,
         history_limit: int = 2000,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self.store = ObjectStore(garbage_collection=garbage_collection, history_limit=history_limit)
+        self.store = ObjectStore(
+            garbage_collection=garbage_collection,
+            namespace_lifecycle=namespace_lifecycle,
+            history_limit=history_limit,
+        )
         """The object store; touch it only through this class's methods from other threads."""
         for defn in BUILTIN_RESOURCES + (KOPF_PEERING_RESOURCES if peering else ()):
             self.store.declare(defn)

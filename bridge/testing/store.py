@@ -11,20 +11,34 @@ import datetime
 import random
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import jsonpatch
 import jsonpointer
 
 from bridge.testing.resources import ResourceDef
+from bridge.testing.schema import prune
 from bridge.testing.selectors import FieldSelector, LabelSelector, SelectorError
 
-__all__ = ["ApiError", "ObjectStore", "WatchEvent", "merge_patch"]
+__all__ = ["IMMORTAL_NAMESPACES", "Admit", "ApiError", "ObjectStore", "WatchEvent", "merge_patch"]
 
 Obj = dict[str, Any]
 _Key = tuple[str, str]  # (group, plural)
 _ObjKey = tuple[str | None, str]  # (namespace, name)
+
+#: An admission check run on every create and update before it is stored:
+#: ``admit(defn, operation, new, old)`` with ``operation`` ``"CREATE"`` or ``"UPDATE"``, the
+#: object as it would be stored and the stored one (``None`` on create); it refuses the write
+#: by raising :class:`ApiError`.
+Admit = Callable[[ResourceDef, str, "Obj", "Obj | None"], None]
+
+_NAMESPACES: _Key = ("", "namespaces")
+#: Namespaces the API server refuses to delete (NamespaceLifecycle admission plugin).
+IMMORTAL_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
+#: The finalizer the namespace strategy puts in ``spec.finalizers`` of every Namespace; the
+#: namespace controller removes it once the namespace is empty.
+_NAMESPACE_FINALIZER = "kubernetes"
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -39,10 +53,10 @@ class ApiError(Exception):
     Parameters
     ----------
     status : int
-        HTTP status code (400, 404, 409, 410, 415, 422).
+        HTTP status code (400, 401, 403, 404, 409, 410, 415, 422).
     reason : str
-        ``Status.reason``: ``BadRequest``, ``NotFound``, ``AlreadyExists``, ``Conflict``,
-        ``Expired``, ``UnsupportedMediaType``, ``Invalid``, ``Forbidden``.
+        ``Status.reason``: ``BadRequest``, ``Unauthorized``, ``Forbidden``, ``NotFound``,
+        ``AlreadyExists``, ``Conflict``, ``Expired``, ``UnsupportedMediaType``, ``Invalid``.
     message : str
         Human-readable message, modelled on the API server's.
 
@@ -135,6 +149,45 @@ def _normalize(defn: ResourceDef, obj: Obj) -> None:
         obj["data"] = data
 
 
+def _condition(type_: str, status: bool, reason: str, message: str) -> Obj:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _now(),
+    }
+
+
+def _merge_conditions(
+    current: builtins.list[Obj], updates: builtins.list[Obj]
+) -> builtins.list[Obj]:
+    """Replace conditions by type; keep ``lastTransitionTime`` when the status is unchanged."""
+    result = [dict(c) for c in current]
+    for update in updates:
+        for index, existing in enumerate(result):
+            if existing.get("type") == update["type"]:
+                same = existing.get("status") == update["status"]
+                if same and all(existing.get(k) == update[k] for k in ("reason", "message")):
+                    break
+                when = existing.get("lastTransitionTime") if same else None
+                result[index] = {
+                    **update,
+                    "lastTransitionTime": when or update["lastTransitionTime"],
+                }
+                break
+        else:
+            result.append(update)
+    return result
+
+
+def _held(defn: ResourceDef, obj: Obj) -> bool:
+    """Whether finalizers keep an object being deleted (a Namespace's ``spec.finalizers`` too)."""
+    if obj["metadata"].get("finalizers"):
+        return True
+    return defn.key == _NAMESPACES and bool((obj.get("spec") or {}).get("finalizers"))
+
+
 def _spec_part(obj: Mapping[str, Any], with_status: bool) -> Obj:
     """Everything that bumps ``metadata.generation`` when changed."""
     skip = {"metadata", "apiVersion", "kind"} | ({"status"} if not with_status else set())
@@ -180,18 +233,35 @@ class ObjectStore:
         resourceVersion receives ``410 Gone`` (``Expired``).
     garbage_collection : bool
         When true, an object whose every ``ownerReferences`` owner is finally deleted is deleted
-        too (background propagation; finalizers of dependents are honoured).
+        too (background propagation; finalizers of dependents are honoured), at once, as the
+        garbage collector of kube-controller-manager does within about a second.
+    namespace_lifecycle : bool
+        When true (the default), namespaces behave as on a real cluster: creating an object in
+        a namespace that does not exist is ``404 NotFound`` and in a terminating one
+        ``403 Forbidden``; deleting a namespace marks it ``Terminating`` and the namespace
+        controller deletes everything in it (see :meth:`delete`). When false, namespaces are
+        plain objects that nothing checks.
 
     Notes
     -----
     Semantics follow ``k8s.io/apiserver`` (``registry/generic/registry/store.go``) and
-    ``apiextensions-apiserver`` (custom resource and status strategies): a global
-    resourceVersion counter, ``generation`` bumped on non-metadata changes, optimistic
-    concurrency, finalizers with ``deletionTimestamp``, status subresource separation.
+    ``apiextensions-apiserver`` (custom resource and status strategies, structural pruning):
+    a global resourceVersion counter, ``generation`` bumped on non-metadata changes,
+    optimistic concurrency, finalizers with ``deletionTimestamp``, status subresource
+    separation, pruning of fields unknown to the CRD schema of the request's version, no-op
+    writes that change nothing. Namespace lifecycle follows the NamespaceLifecycle admission
+    plugin and kube-controller-manager's namespace controller
+    (``pkg/controller/namespace/deletion``).
 
     """
 
-    def __init__(self, *, history_limit: int = 2000, garbage_collection: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        history_limit: int = 2000,
+        garbage_collection: bool = True,
+        namespace_lifecycle: bool = True,
+    ) -> None:
         self._defs: dict[_Key, ResourceDef] = {}
         self._objects: dict[_Key, dict[_ObjKey, Obj]] = {}
         self._history: dict[_Key, deque[WatchEvent]] = {}
@@ -201,6 +271,8 @@ class ObjectStore:
         self._rv = 0
         self._history_limit = history_limit
         self._gc = garbage_collection
+        self._ns_lifecycle = namespace_lifecycle
+        self._bulk_deleting: set[str] = set()  # namespaces whose content is being deleted
         self._closed = False
 
     # -- resources ------------------------------------------------------------------------------
@@ -363,6 +435,9 @@ class ObjectStore:
         namespace: str | None,
         body: Mapping[str, Any],
         version: str | None = None,
+        *,
+        admit: Admit | None = None,
+        warnings: builtins.list[str] | None = None,
     ) -> Obj:
         """Create an object (``POST`` to the collection).
 
@@ -375,7 +450,13 @@ class ObjectStore:
         body : mapping
             The object; ``metadata.generateName`` is honoured when ``name`` is empty.
         version : str or None
-            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+            The requested API version (``apiVersion`` of the answer; its CRD schema prunes the
+            object); preferred when ``None``.
+        admit : Admit or None
+            Admission check of the request's identity (see :data:`Admit`).
+        warnings : list of str or None
+            Receives one ``unknown field "<path>"`` per pruned field (the API server's
+            ``Warning`` headers).
 
         Returns
         -------
@@ -385,11 +466,14 @@ class ObjectStore:
         Raises
         ------
         ApiError
-            400 on a namespace mismatch, 409 ``AlreadyExists``, 422 without a name.
+            400 on a namespace mismatch, 403 ``Forbidden`` in a terminating namespace (or from
+            ``admit``), 404 ``NotFound`` in a namespace that does not exist, 409
+            ``AlreadyExists``, 422 without a name.
 
         """
         namespace = self._check_ns(defn, namespace)
         obj: Obj = copy.deepcopy(dict(body))
+        self._prune(defn, obj, version, warnings)
         meta: Obj = obj.setdefault("metadata", {})
         if defn.namespaced:
             body_ns = meta.get("namespace")
@@ -405,6 +489,7 @@ class ObjectStore:
                     " match the namespace sent on the request",
                 )
             meta["namespace"] = namespace
+            self._check_namespace_accepts(defn, namespace, str(meta.get("name") or ""))
         else:
             meta.pop("namespace", None)
         if not meta.get("name"):
@@ -426,18 +511,22 @@ class ObjectStore:
             raise ApiError(409, "AlreadyExists", f'{defn.plural}{group} "{name}" already exists')
         for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
             meta.pop(field, None)
+        if defn.status_subresource:
+            obj.pop("status", None)
+        if defn.key == _NAMESPACES:
+            # The namespace strategy (PrepareForCreate) sets both, whatever the request says.
+            obj["spec"] = {"finalizers": [_NAMESPACE_FINALIZER]}
+            obj["status"] = {"phase": "Active"}
+        obj["apiVersion"] = defn.api_version(version or defn.preferred_version)
+        obj["kind"] = defn.kind
+        _normalize(defn, obj)
+        if admit is not None:
+            admit(defn, "CREATE", obj, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
         meta["resourceVersion"] = self._next_rv()
         if defn.custom:
             meta["generation"] = 1
-        if defn.status_subresource:
-            obj.pop("status", None)
-        if defn.key == ("", "namespaces"):
-            obj["status"] = {"phase": "Active"}
-        obj["apiVersion"] = defn.api_version(version or defn.preferred_version)
-        obj["kind"] = defn.kind
-        _normalize(defn, obj)
         self._objects[defn.key][(namespace, name)] = obj
         self._uids[meta["uid"]] = (defn.key, (namespace, name))
         rv = int(meta["resourceVersion"])
@@ -453,20 +542,50 @@ class ObjectStore:
         *,
         subresource: str | None = None,
         version: str | None = None,
+        admit: Admit | None = None,
+        warnings: builtins.list[str] | None = None,
     ) -> Obj:
         """Replace an object (``PUT``), on the main endpoint or ``/status``.
+
+        Parameters
+        ----------
+        defn : ResourceDef
+            The resource (from :meth:`resolve`).
+        namespace : str or None
+            The namespace (``None`` for cluster-scoped resources).
+        name : str
+            ``metadata.name``.
+        body : mapping
+            The whole object.
+        subresource : str or None
+            ``"status"`` for the status subresource, ``None`` for the main resource.
+        version : str or None
+            The requested API version (its CRD schema prunes the object); preferred when
+            ``None``.
+        admit : Admit or None
+            Admission check of the request's identity (see :data:`Admit`).
+        warnings : list of str or None
+            Receives one ``unknown field "<path>"`` per pruned field.
+
+        Returns
+        -------
+        dict
+            The stored object; unchanged, with the same resourceVersion, when the write changes
+            nothing once pruned and normalised (no watch event then).
 
         Raises
         ------
         ApiError
             404 if absent, 400 on a name mismatch, 409 on a stale ``metadata.resourceVersion``,
-            422 when adding finalizers to an object being deleted.
+            422 when adding finalizers to an object being deleted, 403 from ``admit``.
 
         """
         old = self._current(defn, namespace, name)
         if body.get("metadata", {}).get("name", name) != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the URL")
-        return self._commit(defn, old, copy.deepcopy(dict(body)), subresource, version)
+        return self._commit(
+            defn, old, copy.deepcopy(dict(body)), subresource, version, admit, warnings
+        )
 
     def patch(
         self,
@@ -478,6 +597,8 @@ class ObjectStore:
         *,
         subresource: str | None = None,
         version: str | None = None,
+        admit: Admit | None = None,
+        warnings: builtins.list[str] | None = None,
     ) -> Obj:
         """Patch an object (``PATCH``) by ``Content-Type``.
 
@@ -498,14 +619,26 @@ class ObjectStore:
         subresource : str or None
             ``"status"`` for the status subresource, ``None`` for the main resource.
         version : str or None
-            The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+            The requested API version (``apiVersion`` of the answer; its CRD schema prunes the
+            patched object); preferred when ``None``.
+        admit : Admit or None
+            Admission check of the request's identity (see :data:`Admit`).
+        warnings : list of str or None
+            Receives one ``unknown field "<path>"`` per pruned field.
+
+        Returns
+        -------
+        dict
+            The stored object; unchanged, with the same resourceVersion, when the patch changes
+            nothing once pruned and normalised (no watch event then).
 
         Raises
         ------
         ApiError
             415 for strategic merge on a custom resource or an unknown patch type, 422 when a
             JSON-patch ``test`` fails or an operation cannot apply, 409 on a stale
-            ``metadata.resourceVersion`` in the patched object, 404 if absent.
+            ``metadata.resourceVersion`` in the patched object, 404 if absent, 403 from
+            ``admit``.
 
         """
         old = self._current(defn, namespace, name)
@@ -533,11 +666,36 @@ class ObjectStore:
                 f"the body of the request was in an unknown format - accepted media"
                 f" types include: {JSON_PATCH}, {MERGE_PATCH}",
             )
-        return self._commit(defn, old, new, subresource, version)
+        return self._commit(defn, old, new, subresource, version, admit, warnings)
+
+    def _prune(
+        self,
+        defn: ResourceDef,
+        obj: Obj,
+        version: str | None,
+        warnings: builtins.list[str] | None,
+    ) -> None:
+        """Prune ``obj`` by the CRD schema of ``version`` (custom resources with a schema)."""
+        schema = defn.schema(version) if defn.custom else None
+        if schema is None:
+            return
+        dropped = prune(obj, schema)
+        if warnings is not None:
+            warnings.extend(f'unknown field "{path}"' for path in dropped)
 
     def _commit(
-        self, defn: ResourceDef, old: Obj, new: Obj, subresource: str | None, version: str | None
+        self,
+        defn: ResourceDef,
+        old: Obj,
+        new: Obj,
+        subresource: str | None,
+        version: str | None,
+        admit: Admit | None = None,
+        warnings: builtins.list[str] | None = None,
     ) -> Obj:
+        # Decoding the request prunes it, before anything is compared (a write of unknown
+        # fields only is a no-op).
+        self._prune(defn, new, version, warnings)
         old_meta = old["metadata"]
         new_meta = new.get("metadata") or {}
         rv = new_meta.get("resourceVersion")
@@ -592,9 +750,23 @@ class ObjectStore:
                     )
             if not meta.get("finalizers"):
                 meta.pop("finalizers", None)
+            if defn.key == _NAMESPACES:
+                # spec.finalizers of a Namespace change only through /finalize (namespace
+                # strategy PrepareForUpdate), i.e. by the namespace controller here.
+                kept = (old.get("spec") or {}).get("finalizers")
+                spec = dict(new["spec"]) if isinstance(new.get("spec"), dict) else {}
+                spec.pop("finalizers", None)
+                if kept is not None:
+                    spec["finalizers"] = copy.deepcopy(kept)
+                if spec or "spec" in old:
+                    new["spec"] = spec
+                else:
+                    new.pop("spec", None)
         new["apiVersion"] = old["apiVersion"]
         new["kind"] = old["kind"]
         _normalize(defn, new)
+        if admit is not None:
+            admit(defn, "UPDATE", new, old)
         if new == old:  # a no-op write changes nothing, not even resourceVersion
             return self._render(defn, old, version)
         if defn.custom and (
@@ -608,7 +780,7 @@ class ObjectStore:
         meta = new["metadata"]
         meta["resourceVersion"] = self._next_rv()
         key = (meta.get("namespace"), meta["name"])
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not _held(defn, new):
             return self._remove(defn, key, new, old, version)
         self._objects[defn.key][key] = new
         self._emit(
@@ -636,6 +808,9 @@ class ObjectStore:
         )
         if self._gc:
             self._collect_dependents(uid)
+        namespace = key[0]
+        if namespace is not None and namespace not in self._bulk_deleting:
+            self._sync_namespace(namespace)
         return self._render(defn, last, version)
 
     def delete(
@@ -651,6 +826,14 @@ class ObjectStore:
 
         With finalizers the object gets ``deletionTimestamp`` (and a generation bump) and stays
         until its last finalizer is removed; without, it is removed at once.
+
+        A Namespace (with ``namespace_lifecycle``) gets ``deletionTimestamp`` and
+        ``status.phase: Terminating``; then the namespace controller deletes every object in
+        it, of all resources at once in a random order (Secrets too): those without
+        finalizers go at once, the others get ``deletionTimestamp`` and stay until their
+        finalizers are removed. The Namespace is removed as soon as nothing is left in it
+        (checked again after each removal); until then its ``NamespaceContentRemaining`` and
+        ``NamespaceFinalizersRemaining`` conditions say what is left, as on a real cluster.
 
         Parameters
         ----------
@@ -674,7 +857,8 @@ class ObjectStore:
         Raises
         ------
         ApiError
-            404 if absent, 409 if a precondition fails.
+            404 if absent, 409 if a precondition fails, 403 for the namespaces ``default``,
+            ``kube-system`` and ``kube-public``.
 
         """
         old = self._current(defn, namespace, name)
@@ -691,6 +875,8 @@ class ObjectStore:
         if meta.get("deletionTimestamp"):
             return self._render(defn, old, version)
         new = copy.deepcopy(old)
+        if defn.key == _NAMESPACES and self._ns_lifecycle:
+            return self._delete_namespace(defn, old, new, version)
         if meta.get("finalizers"):
             new["metadata"]["deletionTimestamp"] = _now()
             new["metadata"]["deletionGracePeriodSeconds"] = 0
@@ -699,6 +885,128 @@ class ObjectStore:
             return self._store(defn, old, new, version)
         new["metadata"]["resourceVersion"] = self._next_rv()
         return self._remove(defn, (meta.get("namespace"), meta["name"]), new, old, version)
+
+    # -- namespaces -----------------------------------------------------------------------------
+
+    def _check_namespace_accepts(self, defn: ResourceDef, namespace: str, name: str) -> None:
+        """Refuse a create as the NamespaceLifecycle admission plugin does.
+
+        Source: ``plugin/pkg/admission/namespace/lifecycle/admission.go``; the messages are
+        ``errors.NewNotFound`` and ``admission.NewForbidden`` of ``k8s.io/apimachinery``.
+        """
+        if not self._ns_lifecycle or _NAMESPACES not in self._defs:
+            return
+        ns = self._objects[_NAMESPACES].get((None, namespace))
+        if ns is None:
+            raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+        if ns["metadata"].get("deletionTimestamp"):
+            resource = f"{defn.plural}.{defn.group}" if defn.group else defn.plural
+            subject = f'{resource} "{name}"' if name else resource
+            raise ApiError(
+                403,
+                "Forbidden",
+                f"{subject} is forbidden: unable to create new content in namespace"
+                f" {namespace} because it is being terminated",
+            )
+
+    def _delete_namespace(self, defn: ResourceDef, old: Obj, new: Obj, version: str | None) -> Obj:
+        name = old["metadata"]["name"]
+        if name in IMMORTAL_NAMESPACES:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+            )
+        new["metadata"]["deletionTimestamp"] = _now()
+        new["metadata"]["deletionGracePeriodSeconds"] = 0
+        new.setdefault("status", {})["phase"] = "Terminating"
+        answer = self._store(defn, old, new, version)
+        self._delete_namespace_content(name)
+        return answer
+
+    def _namespace_content(self, namespace: str) -> builtins.list[tuple[ResourceDef, Obj]]:
+        return [
+            (self._defs[key], obj)
+            for key, objects in self._objects.items()
+            if self._defs[key].namespaced
+            for (ns, _), obj in objects.items()
+            if ns == namespace
+        ]
+
+    def _delete_namespace_content(self, namespace: str) -> None:
+        """Delete everything in a terminating namespace (the namespace controller's job)."""
+        content = self._namespace_content(namespace)
+        random.shuffle(content)  # no order a controller can rely on
+        self._bulk_deleting.add(namespace)
+        try:
+            for defn, obj in content:
+                meta = obj["metadata"]
+                if (namespace, meta["name"]) in self._objects[defn.key]:  # not collected yet
+                    self.delete(defn, namespace, meta["name"])
+        finally:
+            self._bulk_deleting.discard(namespace)
+        self._sync_namespace(namespace)
+
+    def _sync_namespace(self, namespace: str) -> None:
+        """Remove a terminating namespace once empty, else report what is left in it.
+
+        Source: ``pkg/controller/namespace/deletion/namespaced_resources_deleter.go``
+        (conditions ``NamespaceContentRemaining`` and ``NamespaceFinalizersRemaining``).
+        """
+        defn = self._defs.get(_NAMESPACES)
+        if defn is None or not self._ns_lifecycle:
+            return
+        old = self._objects[_NAMESPACES].get((None, namespace))
+        if old is None or not old["metadata"].get("deletionTimestamp"):
+            return
+        new = copy.deepcopy(old)
+        content = self._namespace_content(namespace)
+        if not content:
+            spec = new.setdefault("spec", {})
+            spec["finalizers"] = [
+                f for f in spec.get("finalizers") or [] if f != _NAMESPACE_FINALIZER
+            ]
+            if not spec["finalizers"]:
+                del spec["finalizers"]
+        counts: dict[str, int] = {}
+        finalizers: dict[str, int] = {}
+        for content_defn, obj in content:
+            resource = content_defn.plural + (
+                f".{content_defn.group}" if content_defn.group else ""
+            )
+            counts[resource] = counts.get(resource, 0) + 1
+            for finalizer in obj["metadata"].get("finalizers") or []:
+                finalizers[finalizer] = finalizers.get(finalizer, 0) + 1
+        status = new.setdefault("status", {})
+        status["conditions"] = _merge_conditions(
+            status.get("conditions") or [],
+            [
+                _condition(
+                    "NamespaceContentRemaining",
+                    bool(counts),
+                    "SomeResourcesRemain" if counts else "ContentRemoved",
+                    "Some resources are remaining: "
+                    + ", ".join(
+                        f"{r} has {n} resource instances" for r, n in sorted(counts.items())
+                    )
+                    if counts
+                    else "All content successfully removed",
+                ),
+                _condition(
+                    "NamespaceFinalizersRemaining",
+                    bool(finalizers),
+                    "SomeFinalizersRemain" if finalizers else "ContentHasNoFinalizers",
+                    "Some content in the namespace has finalizers remaining: "
+                    + ", ".join(
+                        f"{f} in {n} resource instances" for f, n in sorted(finalizers.items())
+                    )
+                    if finalizers
+                    else "All content-preserving finalizers finished",
+                ),
+            ],
+        )
+        if new != old:
+            self._store(defn, old, new, None)
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """Delete objects whose every owner is gone (background propagation, simplified)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import kubernetes.client
 import pytest
 from emulator_helpers import GADGETS, WIDGETS, Api
 
@@ -21,3 +22,10 @@ def api(kube: EmulatedKubernetes) -> Iterator[Api]:
     client = Api(kube.url)
     yield client
     client.session.close()
+
+
+@pytest.fixture
+def client(kube: EmulatedKubernetes) -> Iterator[kubernetes.client.ApiClient]:
+    """The official ``kubernetes`` client, configured for the emulator (admin)."""
+    with kube.api_client() as api_client:
+        yield api_client

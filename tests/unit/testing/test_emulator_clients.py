@@ -13,12 +13,6 @@ from kubernetes.client.rest import ApiException
 from bridge.testing import ApiError, EmulatedKubernetes
 
 
-@pytest.fixture
-def client(kube: EmulatedKubernetes) -> kubernetes.client.ApiClient:
-    with kube.api_client() as api_client:
-        yield api_client
-
-
 def test_kubernetes_client_core_and_custom_objects(
     kube: EmulatedKubernetes, client: kubernetes.client.ApiClient
 ) -> None:

@@ -100,6 +100,7 @@ def test_bad_selectors_are_400(api: Api) -> None:
 
 
 def test_field_selectors(labelled: Api) -> None:
+    labelled("POST", "/api/v1/namespaces", {"metadata": {"name": "other"}})
     labelled("POST", f"/apis/{GROUP}/v2/namespaces/other/widgets", widget("a"))
     _, body = labelled("GET", ALL_WIDGETS, fieldSelector="metadata.name=a")
     assert sorted(i["metadata"]["namespace"] for i in body["items"]) == ["default", "other"]
@@ -111,6 +112,7 @@ def test_field_selectors(labelled: Api) -> None:
 
 def test_namespaced_and_cluster_wide_list_and_watch(api: Api, kube: EmulatedKubernetes) -> None:
     api("POST", WIDGETS_PATH, widget("a"))
+    api("POST", "/api/v1/namespaces", {"metadata": {"name": "other"}})
     api("POST", f"/apis/{GROUP}/v2/namespaces/other/widgets", widget("b"))
     assert len(api("GET", ALL_WIDGETS)[1]["items"]) == 2
     assert [i["metadata"]["name"] for i in api("GET", WIDGETS_PATH)[1]["items"]] == ["a"]

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, cast
 
+import kopf
 import kubernetes
 from kubernetes.client import (
     ApiClient,
@@ -28,9 +31,24 @@ from kubernetes.client import (
 
 from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GROUP, POOL_KINDS
 
-__all__ = ["Kube", "NotServedError", "api_client", "in_cluster", "load_configuration"]
+__all__ = [
+    "AccessDeniedError",
+    "Kube",
+    "NotServedError",
+    "access_denied",
+    "api_client",
+    "api_status_message",
+    "authorization_header",
+    "in_cluster",
+    "kopf_connection_info",
+    "load_configuration",
+]
+
+log = logging.getLogger(__name__)
 
 POOL_VERSION = "v1alpha1"
+#: The service account token a pod gets; ``ca.crt`` and ``namespace`` lie beside it
+#: (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
@@ -59,10 +77,210 @@ def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Confi
             config_file=path.split(os.pathsep)[0], client_configuration=configuration
         )
     elif in_cluster():
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
+        # load_incluster_config() with the files named here (its own constants are the
+        # same paths): the token is read again every minute through the configuration's
+        # refresh hook, so a rotated (projected) token is picked up.
+        kubernetes.config.incluster_config.InClusterConfigLoader(
+            token_filename=SERVICE_ACCOUNT_TOKEN,
+            cert_filename=_service_account_file("ca.crt"),
+        ).load_and_set(configuration)
     else:
         kubernetes.config.load_kube_config(client_configuration=configuration)
     return configuration
+
+
+def _service_account_file(name: str) -> str:
+    """Return the path of ``name`` (``ca.crt``, ``namespace``) beside the service account token."""
+    return os.path.join(os.path.dirname(SERVICE_ACCOUNT_TOKEN), name)
+
+
+def authorization_header(configuration: kubernetes.client.Configuration) -> str | None:
+    """Return the ``Authorization`` header the kubernetes client sends with ``configuration``.
+
+    The kubernetes client (``ApiClient.update_params_for_auth``) adds the header entries of
+    ``Configuration.auth_settings()``. In kubernetes 37 that is ``BearerToken``: the value of
+    ``api_key["BearerToken"]`` (alias ``api_key["authorization"]``) with its prefix, through
+    ``get_api_key_with_prefix``, which first runs ``refresh_api_key_hook`` (a token file or
+    an exec plugin read again when expired). The kubeconfig loader stores every kind of
+    credential it turns into a header there, scheme included: ``Bearer <token>`` for
+    ``token``, ``tokenFile``, exec plugins and auth providers, ``Basic <base64>`` for
+    ``username``/``password``; the in-cluster loader stores ``bearer <token>``.
+
+    Parameters
+    ----------
+    configuration:
+        A loaded client configuration (see `load_configuration`).
+
+    Returns
+    -------
+    str or None
+        The header's value, or None when the client sends none (client certificates only,
+        or no credentials).
+    """
+    settings = cast(Mapping[str, Mapping[str, Any]], configuration.auth_settings())
+    for setting in settings.values():
+        key = str(setting.get("key", "")).lower()
+        if setting.get("in") == "header" and key == "authorization" and setting.get("value"):
+            return str(setting["value"])
+    return None
+
+
+def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """Return kopf's connection: the same server, CA, certificate and token as the client's.
+
+    Derived from `load_configuration` (the configuration `api_client` uses), so kopf and the
+    kubernetes client authenticate the same way from every kind of kubeconfig the client
+    supports (client certificate files or inline ``*-data``, ``token``, ``tokenFile``,
+    exec plugins returning a token or a certificate, auth providers, basic auth) and in a
+    pod (service account token and CA; the namespace as kopf's
+    ``login_with_service_account`` reads it). The ``Authorization`` header kopf sends
+    (``kopf.ConnectionInfo.as_http_headers``: ``f"{scheme} {token}"``) is byte for byte the
+    one the client sends (`authorization_header`).
+
+    Parameters
+    ----------
+    kubeconfig:
+        A kubeconfig file; None as in `load_configuration` (``$KUBECONFIG``, else the
+        in-cluster service account, else ``~/.kube/config``).
+
+    Returns
+    -------
+    kopf.ConnectionInfo
+        ``server`` (the client's host), ``ca_path``, ``insecure`` (kubeconfig
+        ``insecure-skip-tls-verify``), ``scheme`` and ``token``, ``certificate_path`` and
+        ``private_key_path`` (files; inline data is written to temporary files by the
+        kubernetes package, removed at exit), ``proxy_url`` (kubeconfig ``proxy-url``),
+        ``default_namespace`` (in a pod).
+
+    Raises
+    ------
+    kubernetes.config.ConfigException
+        When there is no usable configuration (as `load_configuration`).
+
+    Notes
+    -----
+    kopf calls the login handler again when the API server answers 401, so an expired
+    exec-plugin or service-account token is replaced by a fresh one then. kopf has no
+    ``tls-server-name``: with it set, kopf verifies the certificate against the server's
+    host name (a warning is logged).
+    """
+    configuration = load_configuration(kubeconfig)
+    scheme = token = None
+    header = authorization_header(configuration)
+    if header:
+        scheme, _, rest = header.strip().partition(" ")
+        token = rest.strip() or None
+    namespace = None
+    if kubeconfig is None and "KUBECONFIG" not in os.environ and in_cluster():
+        try:
+            with open(_service_account_file("namespace"), encoding="utf-8") as f:
+                namespace = f.read().strip() or None
+        except OSError:
+            namespace = None
+    if getattr(configuration, "tls_server_name", None):
+        log.warning(
+            "the kubeconfig sets tls-server-name %s, which kopf cannot use: kopf verifies "
+            "the API server's certificate against %s",
+            configuration.tls_server_name,
+            configuration.host,
+        )
+    return kopf.ConnectionInfo(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert or None,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token,
+        certificate_path=configuration.cert_file or None,
+        private_key_path=configuration.key_file or None,
+        proxy_url=configuration.proxy or None,
+        default_namespace=namespace,
+    )
+
+
+class AccessDeniedError(RuntimeError):
+    """The API server refused a request: 401 Unauthorized or 403 Forbidden.
+
+    ``str()`` of it is the API server's own message, e.g. ``ipaddressclaims.ipam.cluster.
+    x-k8s.io is forbidden: User "system:serviceaccount:capi:ipam" cannot list resource
+    ...``; made by `access_denied`.
+
+    Parameters
+    ----------
+    status:
+        The HTTP status (401 or 403).
+    message:
+        The message of the API server's ``Status`` body (see `api_status_message`).
+
+    Attributes
+    ----------
+    status, message:
+        As given.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def api_status_message(exc: ApiException) -> str:
+    """Return the API server's message of a failed request.
+
+    The API server answers a failed request with a ``Status`` object
+    (``{"kind": "Status", "status": "Failure", "message": ..., "reason": ..., "code": ...}``,
+    https://kubernetes.io/docs/reference/using-api/api-concepts/); its ``message`` is what
+    a person should read.
+
+    Parameters
+    ----------
+    exc:
+        The kubernetes client's error.
+
+    Returns
+    -------
+    str
+        The ``Status`` body's ``message``; when the body is not such a JSON object, the
+        body's text, else ``"<status> <reason>"``.
+    """
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    if body:
+        try:
+            status = json.loads(body)
+        except ValueError:
+            status = None
+        if isinstance(status, Mapping) and status.get("message"):
+            return str(status["message"])
+        if status is None and str(body).strip():
+            return str(body).strip()
+    return f"{exc.status} {exc.reason}".strip()
+
+
+def access_denied(exc: ApiException) -> AccessDeniedError | None:
+    """Return the `AccessDeniedError` of a 401 or 403 answer, or None for any other error.
+
+    Meant for the start-up handler: a refused discovery or list is fixed by a person (RBAC,
+    credentials), not by retrying, so it stops the operator with the API server's message::
+
+        except ApiException as exc:
+            if (denied := access_denied(exc)) is not None:
+                raise kopf.PermanentError(str(denied)) from exc
+            raise
+
+    Parameters
+    ----------
+    exc:
+        The kubernetes client's error.
+
+    Returns
+    -------
+    AccessDeniedError or None
+        With the status and `api_status_message`; None when the status is not 401/403.
+    """
+    if exc.status in (401, 403):
+        return AccessDeniedError(int(exc.status), api_status_message(exc))
+    return None
 
 
 def api_client(

@@ -20,6 +20,7 @@ __all__ = [
     "CLUSTER_NAME_LABEL",
     "GROUP",
     "HOSTNAME_ANNOTATION",
+    "LOCATION_ANNOTATION",
     "PAUSED_ANNOTATION",
     "POOL_FINALIZER",
     "POOL_KINDS",
@@ -55,6 +56,10 @@ PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 #: Annotation on the IPAddress recording the hostname the address is registered under in
 #: the IPAM, so release finds it even if the pool's hostnameSuffix changed since.
 HOSTNAME_ANNOTATION = "ipam.cluster.x-k8s.io/hostname"
+#: Annotation on the IPAddress recording, as JSON, the IPAM location the address was
+#: registered in (the pool's endpoint, app id, subnet...: `bridge.pools.location_of`), so a
+#: release always goes where the allocation went.
+LOCATION_ANNOTATION = "ipam.cluster.x-k8s.io/ipam-location"
 
 
 class Reason:
@@ -98,7 +103,7 @@ class Claim:
         The pool the claim asks an address from.
     cluster_name:
         ``spec.clusterName``, else the ``cluster.x-k8s.io/cluster-name`` label, else None.
-    labels, annotations:
+    labels, annotations, finalizers:
         The claim's metadata.
     address_ref:
         ``status.addressRef.name`` when the claim is already bound.
@@ -116,6 +121,7 @@ class Claim:
     annotations: Mapping[str, str]
     address_ref: str | None
     deleting: bool
+    finalizers: tuple[str, ...] = ()
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Claim:
@@ -148,6 +154,7 @@ class Claim:
             annotations=dict(meta.get("annotations") or {}),
             address_ref=((status.get("addressRef") or {}).get("name") or None),
             deleting=bool(meta.get("deletionTimestamp")),
+            finalizers=tuple(meta.get("finalizers") or ()),
         )
 
     @property
@@ -199,6 +206,7 @@ def build_ip_address(
     prefix: int,
     gateway: str | None,
     hostname: str,
+    location: str = "",
 ) -> dict[str, Any]:
     """Return the ``IPAddress`` object for a claim, as the contract requires.
 
@@ -214,6 +222,9 @@ def build_ip_address(
         The served IPAddress version to write (``v1beta2`` or ``v1beta1``).
     pool_uid:
         UID of the pool object (owner reference).
+    hostname, location:
+        Where the address is registered in the IPAM (annotations `HOSTNAME_ANNOTATION` and
+        `LOCATION_ANNOTATION`; an empty location is not written).
     """
     labels: dict[str, str] = {}
     if claim.cluster_name:
@@ -233,7 +244,10 @@ def build_ip_address(
             "name": claim.name,
             "namespace": claim.namespace,
             "labels": labels,
-            "annotations": {HOSTNAME_ANNOTATION: hostname},
+            "annotations": {
+                HOSTNAME_ANNOTATION: hostname,
+                **({LOCATION_ANNOTATION: location} if location else {}),
+            },
             "finalizers": [ADDRESS_FINALIZER],
             "ownerReferences": [
                 _owner_ref(claim.api_version, "IPAddressClaim", claim.name, claim.uid, True),
@@ -295,12 +309,15 @@ def claim_status(
     message: str,
     address_ref: str | None = None,
     now: str | None = None,
+    v1beta2_kept: bool = True,
 ) -> dict[str, Any]:
     """Return the ``status`` patch of a claim carrying its Ready condition (and addressRef).
 
     v1beta2 claims get metav1 conditions in ``status.conditions``. v1beta1 claims get CAPI
     conditions there (``severity`` ``Warning`` when False) plus metav1 conditions in
-    ``status.v1beta2.conditions``. Other conditions already present are kept.
+    ``status.v1beta2.conditions`` when ``v1beta2_kept``: the v1beta1 schemas of CAPI < 1.9
+    have no ``status.v1beta2``, and the API server prunes what is written there (structural
+    schema pruning), so it is left out for them. Other conditions already present are kept.
     """
     status = body.get("status") or {}
     generation = (body.get("metadata") or {}).get("generation")
@@ -318,7 +335,8 @@ def claim_status(
             previous=v1beta2,
             now=now,
         )
-        patch["v1beta2"] = {"conditions": _merge(v1beta2, new)}
+        if v1beta2_kept:
+            patch["v1beta2"] = {"conditions": _merge(v1beta2, new)}
         old = status.get("conditions") or []
         legacy = ready_condition(ready=ready, reason=reason, message=message, previous=old, now=now)
         if not ready:
@@ -339,15 +357,16 @@ def claim_status(
 
 
 def ready_of(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """Return ``(status, reason)`` of an object's metav1 Ready condition, or ``(None, None)``.
+    """Return ``(status, reason)`` of an object's Ready condition, or ``(None, None)``.
 
-    Reads ``status.conditions``, or ``status.v1beta2.conditions`` for v1beta1 claims.
+    Reads ``status.conditions``, or for v1beta1 claims ``status.v1beta2.conditions`` when
+    present (CAPI >= 1.9), else their CAPI conditions in ``status.conditions``.
     """
     status = body.get("status") or {}
     version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
     conditions = status.get("conditions") or []
     if version == "v1beta1" and body.get("kind") == "IPAddressClaim":
-        conditions = (status.get("v1beta2") or {}).get("conditions") or []
+        conditions = (status.get("v1beta2") or {}).get("conditions") or conditions
     for condition in conditions:
         if condition.get("type") == "Ready":
             return condition.get("status"), condition.get("reason")

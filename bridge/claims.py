@@ -1,70 +1,58 @@
-"""Allocate and release the address of an IPAddressClaim: the core of the operator.
+"""What an IPAddressClaim needs, decided from what it is now: the core of the operator.
 
-Backend-agnostic: the pool's backend comes from `bridge.pools.backend_for`, the Kubernetes
-reads and writes from `bridge.kube`. Each function returns what the handler must write
-(the claim's status patch and an event) or raises `ClaimError` / `ClaimPaused`.
+`reconcile_claim` is called by the work queue for every sight of a claim (a watch event, the
+start-up listing, the periodic resync, a wake-up) and makes the same decision from the
+claim's current state each time (DESIGN.md section 5):
 
-The order follows the CAPI IPAM contract (CAPI book, ``contracts/ipam.md``): skip while
-paused; (kopf adds the ``ReleaseAddress`` finalizer before any of this runs); allocate in the
-IPAM by hostname; create the ``IPAddress``; set ``status.addressRef`` and Ready. Release:
-free in the IPAM, then delete the ``IPAddress`` (its finalizer first); kopf then removes the
-claim's finalizer.
+- not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
+- being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
+  entry in the IPAM where the IPAddress says it was registered, delete the IPAddress (its
+  ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
+- bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
+  no Cluster read when it already does);
+- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``;
+  allocate in the IPAM by hostname (find first, so a repeat never makes a second entry);
+  create the IPAddress; write ``status.addressRef`` and Ready.
+
+Waiting is quiet: a claim that waits writes its status only when the condition it shows
+changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
+instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from kubernetes.client import ApiException
 
 from backends.errors import BackendError
 from bridge import capi
 from bridge.capi import Claim, Reason
-from bridge.context import Context
-from bridge.errors import ClaimError, PoolError, claim_error_from
-from bridge.pools import BACKEND_NAMES, Pool, backend_for, parse_pool
+from bridge.context import Context, cluster_token, pool_key, pool_token
+from bridge.errors import ClaimError, PoolError, claim_error_from, retry_delay
+from bridge.pool_service import backend_for
+from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
+from bridge.workqueue import Decision
 
-__all__ = ["ClaimPaused", "Outcome", "description_for", "ensure_address", "release_address"]
+__all__ = ["description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
 
-
-class ClaimPaused(Exception):  # noqa: N818 - a state to wait out, not an error
-    """The claim or its Cluster is paused: nothing may be allocated or released.
-
-    Parameters
-    ----------
-    message:
-        Why (which object carries the pause).
-    delay:
-        Seconds before looking again.
-    """
-
-    def __init__(self, message: str, *, delay: float) -> None:
-        super().__init__(message)
-        self.message = message
-        self.delay = delay
+#: Event reason (Warning) when an address could not be freed in the IPAM on release.
+RELEASE_SKIPPED = "ReleaseSkipped"
+#: Event reason (Normal) when an address was freed.
+RELEASED = "AddressReleased"
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What the handler writes after a successful step.
+class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
+    """The claim waits; ``decision`` says for what (and the status to show, if any)."""
 
-    Attributes
-    ----------
-    status:
-        The claim's status patch (may be empty).
-    reason, message:
-        The Event to post (reason empty: no event).
-    backend_calls:
-        True when the step talked to the IPAM (for tests and metrics).
-    """
-
-    status: Mapping[str, Any]
-    reason: str = ""
-    message: str = ""
-    backend_calls: bool = False
+    def __init__(self, decision: Decision, error: ClaimError | None = None) -> None:
+        super().__init__(error.message if error else "waiting")
+        self.decision = decision
+        self.error = error
 
 
 def description_for(claim: Claim) -> str:
@@ -78,50 +66,132 @@ def description_for(claim: Claim) -> str:
     return text
 
 
-def _check_paused(ctx: Context, claim: Claim) -> None:
-    """Raise `ClaimPaused` (or `ClaimError` for a missing Cluster) when the claim must wait.
+# -- the decision --------------------------------------------------------------------------
+
+
+def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
+    """Decide and do what one claim needs now (called by the work queue).
+
+    Parameters
+    ----------
+    ctx:
+        The operator context.
+    namespace, name:
+        The claim.
+
+    Returns
+    -------
+    Decision
+        Done, a retry after a delay (`bridge.errors.retry_delay`), or a wait parked under the
+        claim's Cluster or pool.
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found" and conflicts (the queue logs and retries).
+    """
+    body = ctx.kube.get_claim(ctx.address_version, namespace, name)
+    if body is None:
+        ctx.metrics.pending(f"{namespace}/{name}", None)
+        return Decision.done()
+    try:
+        claim = Claim.from_body(body)
+    except ValueError:
+        return Decision.done()  # no poolRef kind/name: not a claim we can serve
+    if not claim.pool_ref.is_ours:
+        return Decision.done()
+    try:
+        if claim.deleting:
+            return _release(ctx, body, claim)
+        return _ensure(ctx, body, claim)
+    except _Wait as wait:
+        if wait.error is not None:
+            reason, message = wait.error.reason, wait.error.message
+            _show(ctx, body, claim, ready=False, reason=reason, message=message)
+            ctx.metrics.pending(claim.key, reason)
+        return wait.decision
+    except ClaimError as error:
+        _show(ctx, body, claim, ready=False, reason=error.reason, message=error.message)
+        ctx.metrics.pending(claim.key, error.reason)
+        return Decision.retry(error.delay)
+    except ApiException as exc:
+        if exc.status == 409:  # the claim changed under us: its watch event queues it again
+            return Decision.retry(1.0)
+        raise
+
+
+def _paused(ctx: Context, claim: Claim) -> None:
+    """Raise `_Wait` while the claim or its Cluster is paused, or its Cluster is missing.
 
     The Cluster comes from ``spec.clusterName`` or the cluster-name label. A claim being
-    deleted whose Cluster is gone proceeds, so cluster teardown cannot deadlock (in-cluster
-    provider issue #289).
+    deleted whose Cluster is gone proceeds, so a cluster teardown cannot deadlock
+    (in-cluster provider issue #289). A paused claim is woken by its own update (the
+    annotation removed), a claim of a paused or missing Cluster by that Cluster's watch.
     """
-    delay = ctx.settings.requeue_paused_seconds
     if capi.PAUSED_ANNOTATION in claim.annotations:
-        raise ClaimPaused(
-            f"claim {claim.key} carries the {capi.PAUSED_ANNOTATION} annotation", delay=delay
-        )
+        raise _Wait(Decision.done())
     if not claim.cluster_name:
         return
+    token = cluster_token(claim.namespace, claim.cluster_name)
     cluster = ctx.kube.get_cluster(claim.namespace, claim.cluster_name)
     if cluster is None:
         if claim.deleting:
             return
-        raise ClaimError(
-            Reason.ALLOCATION_FAILED,
-            f"Cluster {claim.namespace}/{claim.cluster_name} not found; waiting for it",
-            delay=ctx.settings.requeue_seconds,
+        raise _Wait(
+            Decision.wait(token),
+            ClaimError(
+                Reason.ALLOCATION_FAILED,
+                f"Cluster {claim.namespace}/{claim.cluster_name} not found; waiting for it",
+                delay=0,
+            ),
         )
     if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
-        raise ClaimPaused(f"Cluster {claim.namespace}/{claim.cluster_name} is paused", delay=delay)
+        raise _Wait(Decision.wait(token))
 
 
-def _pool_of(ctx: Context, claim: Claim) -> Pool | None:
+def _belongs_to(address: Mapping[str, Any], claim: Claim) -> bool:
+    spec = address.get("spec") or {}
+    return (
+        (spec.get("claimRef") or {}).get("name") == claim.name
+        and (spec.get("poolRef") or {}).get("name") == claim.pool_ref.name
+        and (spec.get("poolRef") or {}).get("kind") == claim.pool_ref.kind
+    )
+
+
+def _address_of(ctx: Context, claim: Claim) -> dict[str, Any] | None:
+    """Return the claim's IPAddress when it exists and belongs to it, else None."""
+    address = ctx.kube.get_ip_address(
+        ctx.address_version, claim.namespace, claim.address_ref or claim.name
+    )
+    if address is not None and _belongs_to(address, claim):
+        return address
+    return None
+
+
+def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
+    """Return the claim's pool (parsed and as read), or ``(None, None)`` when it is gone.
+
+    Raises
+    ------
+    ClaimError
+        ``PoolNotReady`` when the pool's spec is invalid.
+    """
     body = ctx.kube.get_pool(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name)
     if body is None:
-        return None
+        return None, None
+    body.setdefault("kind", claim.pool_ref.kind)
     try:
-        return parse_pool(body)
+        return parse_pool(body), body
     except PoolError as exc:
-        raise _not_ready(ctx, exc) from exc
+        raise _not_ready(ctx, claim, exc) from exc
 
 
-def _not_ready(ctx: Context, exc: PoolError) -> ClaimError:
-    delay = (
-        ctx.settings.requeue_config_error_seconds
-        if exc.needs_person
-        else (ctx.settings.requeue_seconds)
+def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
+    return ClaimError(
+        Reason.POOL_NOT_READY,
+        exc.message,
+        delay=retry_delay(ctx.settings, exc.reason if exc.needs_person else ""),
     )
-    return ClaimError(Reason.POOL_NOT_READY, exc.message, delay=delay)
 
 
 def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
@@ -134,62 +204,73 @@ def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
     )
 
 
-def _bound(body: Mapping[str, Any], address: Mapping[str, Any], pool_display: str) -> Outcome:
-    spec = address.get("spec") or {}
-    name = str((address.get("metadata") or {}).get("name"))
-    message = f"address {spec.get('address')}/{spec.get('prefix')} from {pool_display}"
-    return Outcome(
-        status=capi.claim_status(
-            body, ready=True, reason=Reason.ALLOCATED, message=message, address_ref=name
-        ),
-        reason=Reason.ALLOCATED,
-        message=message,
+def _pool_display(claim: Claim) -> str:
+    return f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
+
+
+# -- allocation ----------------------------------------------------------------------------
+
+
+def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+    """Bind a live claim: answer from its IPAddress, or allocate one."""
+    address = _address_of(ctx, claim)
+    if address is not None:
+        return _bound(ctx, body, claim, address)
+
+    _paused(ctx, claim)
+    waiting = Decision.wait(
+        pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name),
+        at_most=ctx.settings.requeue_config_error_seconds,
     )
-
-
-def _belongs_to(address: Mapping[str, Any], claim: Claim) -> bool:
-    spec = address.get("spec") or {}
-    return (
-        (spec.get("claimRef") or {}).get("name") == claim.name
-        and (spec.get("poolRef") or {}).get("name") == claim.pool_ref.name
-        and (spec.get("poolRef") or {}).get("kind") == claim.pool_ref.kind
-    )
-
-
-def _ensure(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-    """Do the work of `ensure_address` (without the metrics)."""
-    claim = Claim.from_body(body)
-    _check_paused(ctx, claim)
-    version = ctx.address_version
-    pool_display = f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
-
-    existing = ctx.kube.get_ip_address(version, claim.namespace, claim.address_ref or claim.name)
-    if existing is not None and _belongs_to(existing, claim):
-        return _bound(body, existing, pool_display)
-
-    pool = _pool_of(ctx, claim)
-    if pool is None:
-        raise ClaimError(
-            Reason.POOL_NOT_READY, f"{pool_display} not found", delay=ctx.settings.requeue_seconds
+    pool, pool_body = _pool_of(ctx, claim)
+    if pool is None or pool_body is None:
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
         )
     if pool.deleting:
-        raise ClaimError(
-            Reason.POOL_NOT_READY,
-            f"{pool.display} is being deleted",
-            delay=ctx.settings.requeue_config_error_seconds,
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
         )
+    ready, reason = capi.ready_of(pool_body)
+    pool_status = pool_body.get("status") or {}
+    if (
+        ready == "False"
+        and reason != "DeletionBlocked"
+        and pool_status.get("observedGeneration") == pool.generation
+    ):
+        # The pool's own check failed (credentials, subnet, IPAM down): its claims wait for
+        # it to turn Ready instead of each asking the IPAM (and each failing a login).
+        message = next(
+            (
+                str(c.get("message") or "")
+                for c in pool_status.get("conditions") or []
+                if c.get("type") == "Ready"
+            ),
+            "",
+        )
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
+        )
+
+    if capi.CLAIM_FINALIZER not in claim.finalizers:
+        # The contract: the finalizer goes on before anything is allocated.
+        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
+
     if ctx.gate.closed(pool.key):
         raise ClaimError(
             Reason.POOL_EXHAUSTED,
             f"{pool.display} has no free address",
-            delay=ctx.settings.requeue_exhausted_seconds,
+            delay=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
         )
     try:
         backend = backend_for(ctx, pool)
     except PoolError as exc:
-        raise _not_ready(ctx, exc) from exc
-
+        raise _not_ready(ctx, claim, exc) from exc
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
+    labels = (f"{claim.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
         allocation = ctx.metrics.call(
             BACKEND_NAMES[pool.kind],
@@ -200,179 +281,215 @@ def _ensure(ctx: Context, body: Mapping[str, Any]) -> Outcome:
         error = _backend_error(ctx, exc, pool)
         if error.reason == Reason.POOL_EXHAUSTED:
             ctx.gate.exhausted(pool.key)
+        ctx.metrics.allocations.labels(*labels, error.reason).inc()
         raise error from exc
     ctx.gate.open(pool.key)
 
-    address = capi.build_ip_address(
+    new = capi.build_ip_address(
         claim,
-        version=version,
+        version=ctx.address_version,
         pool_uid=pool.uid,
         address=allocation.address,
         prefix=pool.prefix if pool.prefix is not None else allocation.prefix,
         gateway=pool.gateway or allocation.gateway,
         hostname=hostname,
+        location=location_of(pool),
     )
-    created = ctx.kube.create_ip_address(version, address)
+    created = ctx.kube.create_ip_address(ctx.address_version, new)
     if created is None:
-        # An IPAddress of that name exists but was not ours above: another pool's or a
-        # stale one. Never hand one name to two addresses; a person must look.
+        # An IPAddress of that name exists but is not this claim's (another pool's, or a
+        # stale one): never hand one name to two addresses; a person must look.
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
-            delay=ctx.settings.requeue_config_error_seconds,
+            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
         )
-    outcome = _bound(body, created, pool.display)
-    log.info("claim %s: %s (%s)", claim.key, outcome.message, hostname)
-    return Outcome(outcome.status, outcome.reason, outcome.message, backend_calls=True)
+    ctx.metrics.allocations.labels(*labels, "success").inc()
+    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
+    return _bound(ctx, body, claim, created, check_pause=False)
 
 
-def ensure_address(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-    """Make sure the claim holds an address: allocate it and create its ``IPAddress``.
+def _bound(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    address: Mapping[str, Any],
+    *,
+    check_pause: bool = True,
+) -> Decision:
+    """Show a claim as bound to ``address``; no write (and no Cluster read) when it already is.
 
-    Idempotent. A claim whose ``IPAddress`` already exists (bound before a restart, or
-    recreated by ``clusterctl move`` without status) is answered from that object with no
-    backend call. Otherwise the backend looks the hostname up before it allocates, so a
-    crash between the backend write and the ``IPAddress`` create is healed by the retry.
-    Counts the attempt in the metrics (allocations by result, claims pending by reason).
-
-    Parameters
-    ----------
-    ctx:
-        The operator context.
-    body:
-        The claim object as kopf passes it.
-
-    Returns
-    -------
-    Outcome
-        The status patch (``addressRef`` and Ready True) and an ``AddressAllocated`` event.
-
-    Raises
-    ------
-    ClaimPaused
-        The claim or its Cluster is paused.
-    ClaimError
-        ``PoolNotReady`` (pool missing, invalid, credentials, subnet), ``PoolExhausted``,
-        or ``AllocationFailed`` (Cluster missing, IPAM unreachable, name conflict).
+    A claim recreated without status (``clusterctl move``) is rebuilt from its IPAddress, once
+    its Cluster is not paused. The ``ReleaseAddress`` finalizer is put back if missing.
     """
-    claim_key = _key(body)
-    pool = _pool_label(body)
-    try:
-        outcome = _ensure(ctx, body)
-    except ClaimError as error:
-        ctx.metrics.pending(claim_key, error.reason)
-        ctx.metrics.allocations.labels(*pool, error.reason).inc()
-        raise
-    ctx.metrics.pending(claim_key, None)
-    if outcome.backend_calls:
-        ctx.metrics.allocations.labels(*pool, "success").inc()
-    return outcome
+    ctx.metrics.pending(claim.key, None)
+    spec = address.get("spec") or {}
+    name = str((address.get("metadata") or {}).get("name"))
+    message = f"address {spec.get('address')}/{spec.get('prefix')} from {_pool_display(claim)}"
+    status = _status(ctx, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
+    if not _changes(body, status) and not missing_finalizer:
+        return Decision.done()
+    if check_pause:
+        _paused(ctx, claim)
+    if missing_finalizer:
+        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
+    _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    return Decision.done()
 
 
-def _key(body: Mapping[str, Any]) -> str:
-    meta = body.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+# -- release -------------------------------------------------------------------------------
 
 
-def _pool_label(body: Mapping[str, Any]) -> tuple[str, str]:
-    meta = body.get("metadata") or {}
-    ref = (body.get("spec") or {}).get("poolRef") or {}
-    return f"{meta.get('namespace')}/{ref.get('name')}", str(ref.get("kind"))
+def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+    """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
-
-def release_address(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-    """Free the claim's address in the IPAM and delete its ``IPAddress`` (counted in metrics).
-
-    See `_release` for the semantics; raises what it raises.
+    Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
+    IPAM cannot be reached (its endpoint and credentials went with it): the address is left in
+    the IPAM, a Warning says so, and the claim is let go. The same happens when a bound claim's
+    IPAddress was removed with its ``ProtectAddress`` finalizer stripped (``clusterctl move``
+    deletes the source objects so): the entry now belongs to the moved claim.
     """
-    pool = _pool_label(body)
-    try:
-        outcome = _release(ctx, body)
-    except ClaimError as error:
-        ctx.metrics.releases.labels(*pool, error.reason).inc()
-        raise
-    ctx.metrics.pending(_key(body), None)
-    ctx.metrics.releases.labels(*pool, "success" if outcome.backend_calls else "skipped").inc()
-    return outcome
-
-
-def _release(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-    """Free the claim's address in the IPAM and delete its ``IPAddress``.
-
-    Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists
-    the IPAM cannot be reached (its endpoint and credentials went with it): the address is
-    left in the IPAM, a warning says so, and the claim is let go. The same happens when a
-    bound claim's ``IPAddress`` was removed with its ``ProtectAddress`` finalizer stripped
-    (``clusterctl move`` deletes the source objects so): the entry may belong to the moved
-    claim now, and must not be freed from here.
-
-    Returns
-    -------
-    Outcome
-        An ``AddressReleased`` event (or a ``ReleaseSkipped`` warning reason when the pool
-        is gone or the IPAddress was removed without this operator).
-
-    Raises
-    ------
-    ClaimPaused
-        The claim or its Cluster is paused.
-    ClaimError
-        The IPAM refused or could not be reached: the claim keeps its finalizer.
-    """
-    claim = Claim.from_body(body)
-    _check_paused(ctx, claim)
+    if capi.CLAIM_FINALIZER not in claim.finalizers:
+        return Decision.done()  # nothing of ours holds the claim
+    _paused(ctx, claim)
     version = ctx.address_version
-    address = ctx.kube.get_ip_address(version, claim.namespace, claim.address_ref or claim.name)
-    if address is not None and not _belongs_to(address, claim):
-        address = None
-    spec = (address or {}).get("spec") or {}
-    annotations = ((address or {}).get("metadata") or {}).get("annotations") or {}
+    address = _address_of(ctx, claim)
+    labels = (f"{claim.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
-        # Bound, yet its IPAddress went without us: our ProtectAddress finalizer was stripped.
-        # clusterctl move deletes the source's objects that way (kopf may put the claim's
-        # finalizer back in between), and the same claim now holds this address in the
-        # target management cluster: freeing it here would hand it out twice.
         message = (
             f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        log.warning("claim %s: %s", claim.key, message)
-        return Outcome(status={}, reason="ReleaseSkipped", message=message)
+        return _let_go(ctx, body, claim, RELEASE_SKIPPED, message, labels, "skipped")
 
-    pool = _pool_of(ctx, claim)
+    pool, _ = _pool_of(ctx, claim)
+    spec = (address or {}).get("spec") or {}
     if pool is None:
         if address is not None:
-            ctx.kube.delete_ip_address(version, claim.namespace, claim.name)
+            ctx.kube.delete_ip_address(version, claim.namespace, str(address["metadata"]["name"]))
         message = (
-            f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name} is gone; "
-            f"address {spec.get('address', '(none)')} could not be released in the IPAM"
+            f"{_pool_display(claim)} is gone; address {spec.get('address', '(none)')} could "
+            "not be released in the IPAM"
         )
-        log.warning("claim %s: %s", claim.key, message)
-        return Outcome(status={}, reason="ReleaseSkipped", message=message)
+        return _let_go(ctx, body, claim, RELEASE_SKIPPED, message, labels, "skipped")
 
+    annotations = ((address or {}).get("metadata") or {}).get("annotations") or {}
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
         claim, pool.hostname_suffix
     )
+    # Release where the allocation went: the location recorded on the IPAddress.
+    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
     try:
-        backend = backend_for(ctx, pool)
+        backend = backend_for(ctx, where)
         released = ctx.metrics.call(
             BACKEND_NAMES[pool.kind], "release", lambda: backend.release(hostname)
         )
     except PoolError as exc:
-        raise _not_ready(ctx, exc) from exc
+        ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
+        raise _not_ready(ctx, claim, exc) from exc
     except BackendError as exc:
-        raise _backend_error(ctx, exc, pool) from exc
+        error = _backend_error(ctx, exc, pool)
+        ctx.metrics.releases.labels(*labels, error.reason).inc()
+        raise error from exc
     ctx.gate.open(pool.key)
     if address is not None:
-        ctx.kube.delete_ip_address(version, claim.namespace, claim.name)
+        ctx.kube.delete_ip_address(version, claim.namespace, str(address["metadata"]["name"]))
     what = spec.get("address") or hostname
     message = (
         f"released {what} in {pool.display}"
         if released
         else f"{hostname} was not registered in {pool.display}; nothing to release"
     )
-    log.info("claim %s: %s", claim.key, message)
-    return Outcome(status={}, reason="AddressReleased", message=message, backend_calls=True)
+    decision = _let_go(ctx, body, claim, RELEASED, message, labels, "success")
+    # An address was freed: the claims waiting on this pool may now get one.
+    ctx.wake(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
+    return decision
+
+
+def _let_go(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    reason: str,
+    message: str,
+    labels: tuple[str, str],
+    result: str,
+) -> Decision:
+    """Remove ``ReleaseAddress`` from the claim, count, post the Event, queue the pool."""
+    ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False)
+    ctx.metrics.releases.labels(*labels, result).inc()
+    ctx.metrics.pending(claim.key, None)
+    if reason == RELEASE_SKIPPED:
+        log.warning("claim %s: %s", claim.key, message)
+    else:
+        log.info("claim %s: %s", claim.key, message)
+    ctx.event(body, "Warning" if reason == RELEASE_SKIPPED else "Normal", reason, message)
+    # A pool being deleted waits for its claims: look at it again now.
+    ctx.enqueue(pool_key(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
+    return Decision.done()
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def _status(
+    ctx: Context,
+    body: Mapping[str, Any],
+    *,
+    ready: bool,
+    reason: str,
+    message: str,
+    ref: str | None = None,
+) -> dict[str, Any]:
+    return capi.claim_status(
+        body,
+        ready=ready,
+        reason=reason,
+        message=message,
+        address_ref=ref,
+        v1beta2_kept=ctx.v1beta2_kept is not False,
+    )
+
+
+def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the keys of ``status`` whose value differs from the claim's current status."""
+    current = body.get("status") or {}
+    return {key: value for key, value in status.items() if current.get(key) != value}
+
+
+def _show(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    *,
+    ready: bool,
+    reason: str,
+    message: str,
+    ref: str | None = None,
+) -> None:
+    """Write the claim's Ready condition (and addressRef) where it changed; Event on change.
+
+    An unchanged status is never written again. On a v1beta1 claim the first write shows
+    whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
+    returns what it stored, and what it pruned is never written again.
+    """
+    status = _status(ctx, body, ready=ready, reason=reason, message=message, ref=ref)
+    changed = _changes(body, status)
+    if not changed:
+        return
+    stored = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
+        kept = "v1beta2" in (stored.get("status") or {})
+        if ctx.v1beta2_kept != kept:
+            ctx.v1beta2_kept = kept
+            log.info(
+                "the served v1beta1 IPAddressClaim schema %s status.v1beta2",
+                "keeps" if kept else "prunes",
+            )
+    before = capi.ready_of(body)
+    if before != ("True" if ready else "False", reason):
+        ctx.event(body, "Normal" if ready else "Warning", reason, message)

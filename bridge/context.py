@@ -2,7 +2,12 @@
 
 It holds the settings, the Kubernetes gateway, the served CAPI version, one backend client
 per pool (reused while the pool's spec and Secret stay the same, so a phpIPAM token is
-reused), and the exhaustion gate. Nothing here is module-global.
+reused), the exhaustion gate and the work queue. Nothing here is module-global.
+
+Keys of the work queue and its wake tokens are plain tuples, made by the functions below:
+``("claim", namespace, name)``, ``("pool", namespace, kind, name)``; wake tokens
+``("cluster", namespace, name)`` (the claims of a paused or missing Cluster) and
+``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool).
 """
 
 from __future__ import annotations
@@ -10,19 +15,51 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client import ApiException
 
 from backends.base import IPAMBackend
 from bridge.kube import Kube
 from bridge.metrics import Metrics
 from bridge.settings import Settings
+from bridge.workqueue import WorkQueue
 
-__all__ = ["BackendCache", "Context", "ExhaustionGate"]
+__all__ = [
+    "BackendCache",
+    "Context",
+    "ExhaustionGate",
+    "claim_key",
+    "cluster_token",
+    "pool_key",
+    "pool_token",
+]
 
 log = logging.getLogger(__name__)
 
 PoolKey = tuple[str, str, str]
+
+
+def claim_key(namespace: str, name: str) -> tuple[str, str, str]:
+    """Return the work-queue key of a claim."""
+    return ("claim", namespace, name)
+
+
+def pool_key(namespace: str, kind: str, name: str) -> tuple[str, str, str, str]:
+    """Return the work-queue key of a pool."""
+    return ("pool", namespace, kind, name)
+
+
+def cluster_token(namespace: str, name: str) -> tuple[str, str, str]:
+    """Return the wake token of the claims waiting for a Cluster (unpaused or created)."""
+    return ("cluster", namespace, name)
+
+
+def pool_token(namespace: str, kind: str, name: str) -> tuple[str, str, str, str]:
+    """Return the wake token of the claims waiting for a pool (Ready, or an address freed)."""
+    return ("pool-ready", namespace, kind, name)
 
 
 class BackendCache:
@@ -127,6 +164,12 @@ class Context:
         The exhaustion gate.
     metrics:
         The Prometheus metrics.
+    queue:
+        The work queue (None until start-up wires it; services then only decide).
+    v1beta2_kept:
+        Whether the served v1beta1 IPAddressClaim schema keeps ``status.v1beta2`` (CAPI
+        >= 1.9). None until the first status write of a v1beta1 claim shows it: the API
+        server prunes unknown fields and returns what it stored.
     """
 
     settings: Settings
@@ -135,6 +178,29 @@ class Context:
     backends: BackendCache = field(default_factory=BackendCache)
     gate: ExhaustionGate = field(default_factory=lambda: ExhaustionGate(5.0))
     metrics: Metrics = field(default_factory=Metrics)
+    queue: WorkQueue | None = None
+    v1beta2_kept: bool | None = None
+
+    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
+        """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""
+        if self.queue is not None:
+            self.queue.add(key, after)
+
+    def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Post an Event about ``obj``; a refused one is logged, never raised.
+
+        Events are told, not relied on: the API refuses them in a terminating namespace
+        (403), and that must never stop a release.
+        """
+        try:
+            self.kube.post_event(obj, type=kind, reason=reason, message=message)
+        except ApiException as exc:
+            log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
+
+    def wake(self, token: tuple[str, ...]) -> None:
+        """Wake the keys parked under ``token`` (see `cluster_token`, `pool_token`)."""
+        if self.queue is not None:
+            self.queue.wake(token)
 
     def close(self) -> None:
         """Close backends, the metrics endpoint and the Kubernetes connection pool."""

@@ -17,8 +17,16 @@ from backends.errors import (
     TLSVerificationError,
 )
 from bridge.capi import Reason
+from bridge.settings import Settings
 
-__all__ = ["ClaimError", "PoolError", "PoolReason", "claim_error_from", "pool_error_from"]
+__all__ = [
+    "ClaimError",
+    "PoolError",
+    "PoolReason",
+    "claim_error_from",
+    "pool_error_from",
+    "retry_delay",
+]
 
 #: What to do about an IPAM endpoint whose certificate is not trusted (DESIGN.md section 3).
 TLS_HINT = (
@@ -38,6 +46,24 @@ class PoolReason:
     TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     DELETION_BLOCKED = "DeletionBlocked"
+
+
+def retry_delay(settings: Settings, reason: str) -> float:
+    """Return how long an object waits before it is looked at again, by the reason it waits.
+
+    The one place that decides retry delays (seconds). Causes a person must fix (wrong
+    credentials, unknown subnet, bad spec, TLS, a name conflict) wait
+    ``requeue_config_error_seconds``; an exhausted pool ``requeue_exhausted_seconds`` (one
+    claim per pool then asks the IPAM, see `bridge.context.ExhaustionGate`); everything else
+    (an unreachable IPAM, an API conflict) ``requeue_seconds``. Waits that an event ends
+    (paused, pool not Ready) are parked in the work queue instead, and use these delays only
+    as a safety net.
+    """
+    if reason == Reason.POOL_EXHAUSTED:
+        return settings.requeue_exhausted_seconds
+    if reason in _PERSON_REASONS:
+        return settings.requeue_config_error_seconds
+    return settings.requeue_seconds
 
 
 class PoolError(Exception):
@@ -81,6 +107,19 @@ class ClaimError(Exception):
         self.reason = reason
         self.message = message
         self.delay = delay
+
+
+#: Reasons whose cause a person must fix: retried slowly.
+_PERSON_REASONS = frozenset(
+    {
+        PoolReason.INVALID_SPEC,
+        PoolReason.CREDENTIALS_NOT_FOUND,
+        PoolReason.AUTHENTICATION_FAILED,
+        PoolReason.SUBNET_NOT_FOUND,
+        PoolReason.TLS_VERIFICATION_FAILED,
+        Reason.POOL_NOT_READY,
+    }
+)
 
 
 def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:

@@ -1,12 +1,12 @@
-"""Pools: parse a pool object, build its backend, and compute its status.
+"""Pools, pure: parse a pool object, its IPAM location, build its backend, compute its status.
 
 Everything here is pure or takes its inputs as arguments (Secret data is passed in, not
-read): the Kubernetes reads happen in `bridge.kube`, the orchestration in
-`bridge.claims` and `bridge.handlers.pools`.
+read). What reads Secrets, caches backends and guards deletion is `bridge.pool_service`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -17,29 +17,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.base import IPAMBackend, SubnetInfo
-from backends.errors import BackendError
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from bridge import __version__
 from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, ready_condition
-from bridge.context import Context
-from bridge.errors import PoolError, PoolReason, pool_error_from
+from bridge.errors import PoolError, PoolReason
 
 __all__ = [
     "BACKEND_NAMES",
+    "LOCATION_FIELDS",
     "Pool",
-    "PoolOutcome",
     "PoolReason",
     "TLSSettings",
-    "addresses_of",
-    "backend_for",
     "build_backend",
-    "check_pool",
+    "fingerprint",
+    "location_of",
     "parse_pool",
     "pool_failed_status",
     "pool_status",
-    "reconcile_pool",
+    "with_location",
 ]
 
 USER_AGENT = f"ipam-bridge/{__version__}"
@@ -47,6 +44,20 @@ USER_AGENT = f"ipam-bridge/{__version__}"
 #: here (as the in-cluster provider's do).
 INT64_MAX = 2**63 - 1
 
+
+#: The spec fields of each pool kind that say where its addresses live in the IPAM. They are
+#: immutable (CEL rules in the CRDs) and recorded on every IPAddress (`location_of`).
+LOCATION_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "PHPIPAMIPPool": ("endpoint", "appId", "subnetId", "subnet", "sectionId"),
+    "InfobloxIPPool": (
+        "endpoint",
+        "networkView",
+        "subnet",
+        "recordType",
+        "dnsView",
+        "dnsZone",
+    ),
+}
 
 #: The backend name of each pool kind (metrics label).
 BACKEND_NAMES: Mapping[str, str] = {"PHPIPAMIPPool": "phpipam", "InfobloxIPPool": "infoblox"}
@@ -108,6 +119,55 @@ class Pool:
     def display(self) -> str:
         """``<Kind> <namespace>/<name>`` for messages."""
         return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Names of the Secrets (in the pool's namespace) the pool reads: credentials, CA."""
+        names = [self.credentials_secret]
+        if self.tls.ca_secret_name and self.tls.ca_secret_name not in names:
+            names.append(self.tls.ca_secret_name)
+        return tuple(names)
+
+
+def location_of(pool: Pool) -> str:
+    """Return the pool's IPAM location as compact JSON (the `LOCATION_FIELDS` that are set).
+
+    Written on every IPAddress (``ipam.cluster.x-k8s.io/ipam-location``) so that a release
+    goes where the allocation went even if the pool's spec was changed in a cluster that does
+    not enforce the CRD's immutability rules.
+    """
+    fields = {key: pool.spec[key] for key in LOCATION_FIELDS[pool.kind] if key in pool.spec}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def with_location(pool: Pool, location: str | None) -> Pool:
+    """Return ``pool`` with its location fields replaced by a recorded ``location``.
+
+    Parameters
+    ----------
+    location:
+        A `location_of` JSON text; None, empty or unreadable keeps the pool as it is.
+
+    Returns
+    -------
+    Pool
+        The same pool (when the location matches or cannot be read) or a copy whose ``spec``
+        carries the recorded location fields; credentials, TLS and the rest stay the pool's.
+    """
+    if not location:
+        return pool
+    try:
+        recorded = json.loads(location)
+    except ValueError:
+        return pool
+    if not isinstance(recorded, dict):
+        return pool
+    fields = LOCATION_FIELDS[pool.kind]
+    spec = {k: v for k, v in pool.spec.items() if k not in fields}
+    spec.update({k: v for k, v in recorded.items() if k in fields})
+    if spec == dict(pool.spec):
+        return pool
+    return dataclasses.replace(pool, spec=spec)
 
 
 def _invalid(message: str) -> PoolError:
@@ -373,181 +433,3 @@ def pool_failed_status(
             )
         ],
     }
-
-
-def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
-    """Return the pool's backend client, built from its Secret(s) or taken from the cache.
-
-    Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
-    from the pool's own namespace on every call, so a fixed Secret takes effect at once.
-
-    Raises
-    ------
-    PoolError
-        ``CredentialsNotFound`` when a Secret or one of its keys is missing.
-    """
-    secret = ctx.kube.read_secret(pool.namespace, pool.credentials_secret)
-    if secret is None:
-        raise PoolError(
-            PoolReason.CREDENTIALS_NOT_FOUND,
-            f"Secret {pool.namespace}/{pool.credentials_secret} not found",
-            needs_person=True,
-        )
-    ca_pem: str | None = None
-    if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
-        ca = ctx.kube.read_secret(pool.namespace, pool.tls.ca_secret_name)
-        ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
-        if not ca_pem:
-            raise PoolError(
-                PoolReason.CREDENTIALS_NOT_FOUND,
-                f"CA bundle: Secret {pool.namespace}/{pool.tls.ca_secret_name} or its key "
-                f"{pool.tls.ca_secret_key!r} not found",
-                needs_person=True,
-            )
-    return ctx.backends.get(
-        pool.key,
-        fingerprint(pool, secret, ca_pem),
-        lambda: build_backend(
-            pool,
-            secret,
-            ca_pem,
-            timeout_seconds=ctx.settings.backend_timeout_seconds,
-            retry=ctx.settings.retry_policy(),
-        ),
-    )
-
-
-def check_pool(ctx: Context, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a pool against its IPAM and return its Ready status.
-
-    Returns
-    -------
-    dict
-        The full status (subnet, prefix, gateway, usage, Ready True ``PoolReady``).
-
-    Raises
-    ------
-    PoolError
-        With the reason to show: ``InvalidSpec``, ``CredentialsNotFound``,
-        ``AuthenticationFailed``, ``SubnetNotFound`` or ``BackendUnavailable``.
-    """
-    pool = parse_pool(body)
-    backend = backend_for(ctx, pool)
-    try:
-        info = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind], "describe_subnet", backend.describe_subnet
-        )
-    except BackendError as exc:
-        raise pool_error_from(exc, pool.display) from exc
-    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(info.free)
-    if info.free > 0:
-        ctx.gate.open(pool.key)
-    previous = (body.get("status") or {}).get("conditions") or []
-    return pool_status(pool, info, previous)
-
-
-@dataclass(frozen=True)
-class PoolOutcome:
-    """What to write on a pool after a check.
-
-    Attributes
-    ----------
-    status:
-        The status patch.
-    ready:
-        The Ready condition's status.
-    reason, message:
-        The Ready condition's reason and message (also the Event's).
-    changed:
-        True when Ready's status or reason differs from the pool's previous one: post an
-        Event (transitions only, so a failing pool does not flood the namespace).
-    protect:
-        Whether the ``ProtectPool`` finalizer must be present (False: remove it, the pool
-        is being deleted and no address references it any more).
-    """
-
-    status: Mapping[str, Any]
-    ready: bool
-    reason: str
-    message: str
-    changed: bool
-    protect: bool
-
-
-def _previous_ready(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    for condition in (body.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Ready":
-            return condition.get("status"), condition.get("reason")
-    return None, None
-
-
-def addresses_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
-    """Return the names of the IPAddresses that reference a pool (sorted)."""
-    return sorted(
-        str(item["metadata"]["name"])
-        for item in ctx.kube.list_ip_addresses(ctx.address_version, namespace)
-        if ((item.get("spec") or {}).get("poolRef") or {}).get("kind") == kind
-        and ((item.get("spec") or {}).get("poolRef") or {}).get("name") == name
-    )
-
-
-def reconcile_pool(ctx: Context, body: Mapping[str, Any]) -> PoolOutcome:
-    """Check a pool and decide its status and finalizer (no writes; see the handlers).
-
-    A live pool is checked against its IPAM (`check_pool`). A pool being deleted keeps its
-    ``ProtectPool`` finalizer while any IPAddress references it (reason ``DeletionBlocked``
-    naming them) and loses it once none does; its backend client is then dropped.
-    """
-    meta = body.get("metadata") or {}
-    generation = int(meta.get("generation") or 0)
-    previous = (body.get("status") or {}).get("conditions") or []
-    old_status, old_reason = _previous_ready(body)
-    if meta.get("deletionTimestamp"):
-        users = addresses_of(
-            ctx, str(meta.get("namespace")), str(body.get("kind")), str(meta.get("name"))
-        )
-        if not users:
-            ctx.backends.drop(
-                (str(meta.get("namespace")), str(body.get("kind")), str(meta.get("name")))
-            )
-            ctx.metrics.forget_pool(
-                f"{meta.get('namespace')}/{meta.get('name')}", str(body.get("kind"))
-            )
-            return PoolOutcome(
-                {}, False, "Deleted", "no address references the pool", changed=False, protect=False
-            )
-        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
-        error = PoolError(
-            PoolReason.DELETION_BLOCKED,
-            f"pool is being deleted but {len(users)} IPAddress(es) still reference it: {shown}; "
-            "it goes once their claims are deleted",
-            needs_person=False,
-        )
-        return PoolOutcome(
-            pool_failed_status(generation, error, previous),
-            False,
-            error.reason,
-            error.message,
-            changed=(old_status, old_reason) != ("False", error.reason),
-            protect=True,
-        )
-    try:
-        status = check_pool(ctx, body)
-    except PoolError as error:
-        return PoolOutcome(
-            pool_failed_status(generation, error, previous),
-            False,
-            error.reason,
-            error.message,
-            changed=(old_status, old_reason) != ("False", error.reason),
-            protect=True,
-        )
-    condition = status["conditions"][0]
-    return PoolOutcome(
-        status,
-        True,
-        condition["reason"],
-        condition["message"],
-        changed=(old_status, old_reason) != ("True", condition["reason"]),
-        protect=True,
-    )

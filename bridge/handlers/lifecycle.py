@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import time
+from collections.abc import Hashable
 from typing import Any
 
 import kopf
+from kubernetes.client import ApiException
 
 from bridge.capi import GROUP, SUPPORTED_VERSIONS
+from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
-from bridge.handlers.pools import refresh_pools_forever
-from bridge.kube import Kube, NotServedError, api_client, in_cluster, load_configuration
+from bridge.handlers.pools import resync_forever
+from bridge.kube import Kube, NotServedError, api_client
+from bridge.pool_service import reconcile_pool
 from bridge.settings import Settings
+from bridge.workqueue import Decision, WorkQueue
 
-__all__ = ["cleanup", "configure", "login", "probe", "startup"]
+__all__ = ["cleanup", "configure", "login", "probe", "reconcile", "startup"]
 
 log = logging.getLogger(__name__)
 
-#: Prefix of kopf's bookkeeping annotations on the objects it handles. Claims are CAPI's
-#: objects whose status schema would prune kopf's usual ``status.kopf``, so progress and
-#: the last handled state live in annotations.
-ANNOTATION_PREFIX = "ipam-bridge.ipam.cluster.x-k8s.io"
+#: kopf's own bookkeeping names: private to ipam-bridge, never a contract name. The handlers
+#: use only ``kopf.on.event``, so kopf writes none of them on claims or pools; they are set
+#: so that nothing kopf might ever write collides with another controller's names (v0.1 used
+#: the contract's ``ReleaseAddress`` as kopf's finalizer: kopf then stripped it from other
+#: providers' claims, ``shared/reference/real-cluster.md`` item 1).
+KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
+KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
 
 def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
@@ -34,74 +43,80 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings:
         kopf's settings of the running operator (the start-up handler's ``settings``).
     bridge:
-        Our settings (``IPAM_BRIDGE_*``): worker count.
+        Our settings (``IPAM_BRIDGE_*``).
     """
-    from bridge.capi import CLAIM_FINALIZER
-
-    # kopf's own finalizer is the contract's claim finalizer: kopf adds it before the
-    # create handler runs and removes it only after the delete handler succeeded.
-    settings.persistence.finalizer = CLAIM_FINALIZER
+    settings.persistence.finalizer = KOPF_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
+        prefix=KOPF_ANNOTATION_PREFIX
     )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    # One ClusterKopfPeering (shipped in deploy/) serves both cluster-wide and
-    # namespace-scoped runs; with namespaced peering kopf would wait for a KopfPeering
-    # object in every watched namespace.
-    settings.peering.clusterwide = True
-    # Sync handlers run in this many threads: claims of different objects in parallel.
-    settings.execution.max_workers = bridge.workers
-    # kopf no longer turns log lines into Events; we post our own (kopf.info/warn).
+    # The event handlers only queue keys; the work queue has its own worker threads.
+    settings.execution.max_workers = max(2, min(bridge.workers, 4))
+    # kopf no longer turns log lines into Events; we post our own.
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup.
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    # Retries of a failing handler are paced by the delays our handlers give.
-    settings.queueing.error_delays = [1, 2, 5, 10, 30]
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """Log kopf in like `bridge.kube` does: service account in a pod, else the kubeconfig.
+def login(**_: Any) -> kopf.ConnectionInfo | None:
+    """Log kopf in exactly as `bridge.kube` connects (`bridge.kube.kopf_connection_info`).
 
-    The kubernetes package resolves exec plugins and tokens; kopf gets the result.
+    Service account in a pod, else the kubeconfig (certificates, tokens, exec plugins): the
+    kubernetes package resolves it, kopf gets the result.
     """
-    if in_cluster():
-        return kopf.login_with_service_account(**kwargs)
-    configuration = load_configuration()
-    token = None
-    auth = (configuration.api_key or {}).get("authorization") or ""
-    if auth:
-        token = auth.removeprefix("Bearer ").strip()
-    return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        username=configuration.username or None,
-        password=configuration.password or None,
-        scheme="Bearer" if token else None,
-        token=token,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
-        default_namespace=None,
-    )
+    from bridge import kube
+
+    connect = getattr(kube, "kopf_connection_info", None)  # TEMP until start-up work lands
+    if connect is None:
+        c = kube.load_configuration()
+        return kopf.ConnectionInfo(server=c.host, ca_path=c.ssl_ca_cert, insecure=not c.verify_ssl)
+    return connect()  # type: ignore[no-any-return]
+
+
+def reconcile(ctx: Context, key: Hashable) -> Decision:
+    """Route a work-queue key to its service (`bridge.context.claim_key`, ``pool_key``).
+
+    Raises
+    ------
+    ValueError
+        For a key of no known kind (a bug).
+    """
+    match key:
+        case ("claim", str(namespace), str(name)):
+            return reconcile_claim(ctx, namespace, name)
+        case ("pool", str(namespace), str(kind), str(name)):
+            return reconcile_pool(ctx, namespace, kind, name)
+    raise ValueError(f"unknown work-queue key {key!r}")
+
+
+def _refused(exc: ApiException) -> str:
+    """Return the API server's message of a refused request (its ``Status`` body)."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or f"{exc.status} {exc.reason}")
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Read settings, connect, detect the served CAPI version, start the pool refresher.
+    """Read settings, connect, detect the served CAPI version, start the work queue.
 
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
-    is 0; the `Context` (with its own metrics registry) goes to ``memo.bridge``.
+    is 0; the `Context` (with its own metrics registry and the work queue) goes to
+    ``memo.bridge``. The work queue and the periodic resync run as tasks on kopf's loop until
+    the clean-up.
 
     Raises
     ------
     kopf.PermanentError
-        When the CAPI IPAM CRDs are not served (the operator stops with that message).
-    OSError
-        When the metrics port cannot be bound.
+        When the CAPI IPAM CRDs are not served, when the API server refuses the operator's
+        identity (401/403: its message is shown), or when the metrics port cannot be bound
+        (the operator stops with that message and a non-zero exit code).
     """
     bridge = Settings()
     configure(settings, bridge)
@@ -112,6 +127,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         )
     except NotServedError as exc:
         raise kopf.PermanentError(str(exc)) from exc
+    except ApiException as exc:
+        if exc.status in (401, 403):
+            raise kopf.PermanentError(f"the API server refused: {_refused(exc)}") from exc
+        raise
     log.info("serving CAPI IPAM %s (IPAddressClaim/IPAddress)", version)
     ctx = Context(
         settings=bridge,
@@ -120,19 +139,33 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
     )
     if bridge.metrics_port:
-        port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)
+        try:
+            port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)
+        except OSError as exc:
+            raise kopf.PermanentError(
+                f"cannot listen on {bridge.metrics_address}:{bridge.metrics_port} for metrics "
+                f"(IPAM_BRIDGE_METRICS_PORT): {exc.strerror or exc}"
+            ) from exc
         log.info("serving metrics on :%d/metrics", port)
+    ctx.queue = WorkQueue(
+        lambda key: reconcile(ctx, key),
+        workers=bridge.workers,
+        error_delay=bridge.requeue_seconds,
+    )
     memo.bridge = ctx
-    memo.refresher = asyncio.create_task(refresh_pools_forever(ctx))
+    memo.tasks = [
+        asyncio.create_task(ctx.queue.run(), name="ipam-bridge work queue"),
+        asyncio.create_task(resync_forever(ctx), name="ipam-bridge resync"),
+    ]
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the pool refresher and close backends and connections."""
-    refresher = memo.get("refresher")
-    if refresher is not None:
-        refresher.cancel()
-        await asyncio.gather(refresher, return_exceptions=True)
+    """Stop the work queue (in-flight reconciles finish) and the resync; close connections."""
+    tasks = list(memo.get("tasks") or [])
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     ctx = memo.get("bridge")
     if ctx is not None:
         await asyncio.to_thread(ctx.close)

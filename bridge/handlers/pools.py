@@ -1,118 +1,93 @@
-"""kopf handlers of our pools, and the periodic pool refresher.
+"""kopf handlers of our pools, and the periodic refresh: they only queue keys.
 
-Pools are checked when created, changed, or found at start-up, and then every
-``IPAM_BRIDGE_POOL_REFRESH_SECONDS`` by one refresher task (a kopf timer or daemon would
-put kopf's finalizer, which is the claims' ``ReleaseAddress``, on every pool). The refresher
-also lets a deleted pool go once no IPAddress references it.
+`bridge.pool_service.reconcile_pool` checks a pool against its IPAM, writes its status and
+guards its deletion. A pool event queues the pool only when its state calls for it
+(`bridge.pool_service.needs_check`: found at start-up, new or moved without status, spec
+changed, being deleted), so the pool's own status writes do not loop. Every
+``IPAM_BRIDGE_POOL_REFRESH_SECONDS`` all pools are queued (usage, readiness). A Ready pool
+wakes the claims waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import kopf
-from kubernetes.client import ApiException
 
 from bridge import capi
-from bridge.context import Context
-from bridge.errors import PoolReason
-from bridge.pools import PoolOutcome, reconcile_pool
+from bridge.context import Context, claim_key, pool_key, pool_token
+from bridge.pool_service import needs_check
 
-__all__ = ["check", "deleted", "refresh_pools", "refresh_pools_forever"]
+__all__ = ["pool_event", "resync_forever"]
 
 log = logging.getLogger(__name__)
 
 
-def _post(body: Mapping[str, Any], outcome: PoolOutcome) -> None:
-    if outcome.changed:
-        kopf.event(
-            kopf.Body(cast(kopf.RawBody, dict(body))),
-            type="Normal" if outcome.ready else "Warning",
-            reason=outcome.reason,
-            message=outcome.message,
-        )
-
-
-def _apply(ctx: Context, body: Mapping[str, Any], outcome: PoolOutcome) -> None:
-    meta = body.get("metadata") or {}
-    if outcome.status:
-        ctx.kube.patch_pool_status(
-            meta["namespace"], str(body["kind"]), meta["name"], outcome.status
-        )
-    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, outcome.protect)
-    if outcome.changed:
-        # Not kopf.event: outside a handler kopf has no event queue (LookupError).
-        ctx.kube.post_event(
-            body,
-            type="Normal" if outcome.ready else "Warning",
-            reason=outcome.reason,
-            message=outcome.message,
-        )
-
-
-def check(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Check the pool against its IPAM; write status, finalizer, and an event on change.
-
-    Raises ``kopf.TemporaryError`` while the pool is not Ready, after the short delay for
-    transient causes or the long one for causes a person must fix.
-    """
+async def pool_event(
+    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> None:
+    """Queue the pool when it needs a reconcile; wake its waiting claims when it is Ready."""
     ctx: Context = memo.bridge
-    outcome = reconcile_pool(ctx, body)
-    patch.status.update(outcome.status)
-    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, outcome.protect)
-    _post(body, outcome)
-    if not outcome.ready and outcome.protect:
-        transient = outcome.reason in (PoolReason.BACKEND_UNAVAILABLE, PoolReason.DELETION_BLOCKED)
-        delay = (
-            ctx.settings.requeue_seconds if transient else ctx.settings.requeue_config_error_seconds
-        )
-        raise kopf.TemporaryError(outcome.message, delay=delay)
-
-
-def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Let a pool being deleted go at once if no IPAddress references it."""
-    ctx: Context = memo.bridge
-    _apply(ctx, body, reconcile_pool(ctx, body))
-
-
-def _deleting(meta: kopf.Meta, **_: Any) -> bool:
-    return bool(meta.get("deletionTimestamp"))
+    namespace, name, kind = str(meta.get("namespace")), str(meta.get("name")), str(body["kind"])
+    if type == "DELETED" or needs_check(body, listing=type is None):
+        ctx.enqueue(pool_key(namespace, kind, name))
+    if type == "DELETED" or capi.ready_of(body)[0] == "True":
+        ctx.wake(pool_token(namespace, kind, name))
 
 
 for _plural in capi.POOL_KINDS.values():
-    kopf.on.resume(capi.GROUP, "v1alpha1", _plural, id="check")(check)
-    kopf.on.create(capi.GROUP, "v1alpha1", _plural, id="check")(check)
-    kopf.on.update(capi.GROUP, "v1alpha1", _plural, id="check")(check)
-    kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="deletion", when=_deleting)(deleted)
+    kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="pool")(pool_event)
 
 
-def refresh_pools(ctx: Context) -> int:
-    """Check every pool in scope once and write its status; return how many were checked."""
+def _queue_pools(ctx: Context) -> int:
     count = 0
     for kind in capi.POOL_KINDS:
         for body in ctx.kube.list_pools(kind, ctx.settings.namespaces):
-            try:
-                _apply(ctx, body, reconcile_pool(ctx, body))
-            except Exception:  # one pool must never stop the refresh of the others
-                log.exception(
-                    "pool %s/%s: refresh failed",
-                    body["metadata"].get("namespace"),
-                    body["metadata"].get("name"),
-                )
+            meta = body.get("metadata") or {}
+            ctx.enqueue(pool_key(str(meta.get("namespace")), kind, str(meta.get("name"))))
             count += 1
     return count
 
 
-async def refresh_pools_forever(ctx: Context) -> None:
-    """Run `refresh_pools` every ``pool_refresh_seconds`` until cancelled (by clean-up)."""
+def _queue_claims(ctx: Context) -> int:
+    count = 0
+    for body in ctx.kube.list_claims(ctx.address_version, ctx.settings.namespaces):
+        ref = (body.get("spec") or {}).get("poolRef") or {}
+        if not capi.PoolRef(
+            str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
+        ).is_ours:
+            continue
+        meta = body.get("metadata") or {}
+        ctx.enqueue(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        count += 1
+    return count
+
+
+async def resync_forever(ctx: Context) -> None:
+    """Queue every pool and every claim of ours periodically, until cancelled by the clean-up.
+
+    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims every
+    ``resync_seconds`` (0: never). The resync is the safety net of level-triggered handling:
+    whatever an event missed, the next pass decides again from the objects' state. A list
+    that fails is logged and tried at the next tick.
+    """
+    loop = asyncio.get_running_loop()
+    next_pools = loop.time() + ctx.settings.pool_refresh_seconds
+    resync = ctx.settings.resync_seconds
+    next_claims = loop.time() + resync if resync else None
     while True:
-        await asyncio.sleep(ctx.settings.pool_refresh_seconds)
+        due = min(t for t in (next_pools, next_claims) if t is not None)
+        await asyncio.sleep(max(due - loop.time(), 0.0))
+        now = loop.time()
         try:
-            await asyncio.to_thread(refresh_pools, ctx)
-        except ApiException as exc:
-            log.warning("pool refresh failed: %s %s", exc.status, exc.reason)
+            if now >= next_pools:
+                next_pools = now + ctx.settings.pool_refresh_seconds
+                await asyncio.to_thread(_queue_pools, ctx)
+            if next_claims is not None and now >= next_claims:
+                next_claims = now + resync
+                count = await asyncio.to_thread(_queue_claims, ctx)
+                log.debug("resync: %d claims queued", count)
         except Exception:
-            log.exception("pool refresh failed")
+            log.exception("periodic resync failed; trying again at the next tick")

@@ -1,0 +1,331 @@
+"""Pools, the service: Secrets, backend clients, the IPAM check, and the deletion guard.
+
+`bridge.pools` parses and computes; this module does the I/O around it through
+`bridge.kube` and the pool's backend:
+
+- `backend_for`: reads the pool's Secret(s) and returns its cached backend client;
+- `check_pool`: asks the IPAM about the pool's subnet and returns the Ready status;
+- `reconcile_pool`: what one pool needs now (the work queue calls it for every pool event
+  that needs it and for the periodic refresh): status, the ``ProtectPool`` finalizer on the
+  pool, the ``credentials-in-use`` finalizer on the Secrets it reads, and, while it is being
+  deleted, whether anything may still hold an entry in it.
+
+Credentials outlive the claims that need them (DESIGN.md section 6): a namespace deletion
+removes Secrets, pools and claims in no order, so a Secret that a pool reads carries
+``ipam.cluster.x-k8s.io/credentials-in-use`` while such a pool exists; the pool keeps it until
+its last claim is released, then both go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from backends.base import IPAMBackend
+from backends.errors import BackendError
+from bridge import capi
+from bridge.context import Context, pool_token
+from bridge.errors import PoolError, PoolReason, pool_error_from, retry_delay
+from bridge.pools import (
+    BACKEND_NAMES,
+    Pool,
+    build_backend,
+    fingerprint,
+    parse_pool,
+    pool_failed_status,
+    pool_status,
+)
+from bridge.workqueue import Decision
+
+__all__ = [
+    "CREDENTIALS_FINALIZER",
+    "backend_for",
+    "check_pool",
+    "needs_check",
+    "reconcile_pool",
+    "users_of",
+]
+
+log = logging.getLogger(__name__)
+
+#: Finalizer on a Secret that a pool reads (DESIGN.md section 6).
+CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
+
+
+def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
+    """Return the pool's backend client, built from its Secret(s) or taken from the cache.
+
+    Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
+    from the pool's own namespace on every call, so a fixed Secret takes effect at once. A
+    Secret being deleted is still read (it is kept by `CREDENTIALS_FINALIZER` for releases).
+
+    Parameters
+    ----------
+    ctx:
+        The operator context.
+    pool:
+        The pool (possibly with a recorded location, `bridge.pools.with_location`): the cache
+        key includes its spec, so another location gets its own client.
+
+    Raises
+    ------
+    PoolError
+        ``CredentialsNotFound`` when a Secret or one of its keys is missing; ``InvalidSpec``
+        when the client refuses the configuration.
+    """
+    secret = ctx.kube.read_secret(pool.namespace, pool.credentials_secret)
+    if secret is None:
+        raise PoolError(
+            PoolReason.CREDENTIALS_NOT_FOUND,
+            f"Secret {pool.namespace}/{pool.credentials_secret} not found",
+            needs_person=True,
+        )
+    ca_pem: str | None = None
+    if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
+        ca = ctx.kube.read_secret(pool.namespace, pool.tls.ca_secret_name)
+        ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
+        if not ca_pem:
+            raise PoolError(
+                PoolReason.CREDENTIALS_NOT_FOUND,
+                f"CA bundle: Secret {pool.namespace}/{pool.tls.ca_secret_name} or its key "
+                f"{pool.tls.ca_secret_key!r} not found",
+                needs_person=True,
+            )
+    return ctx.backends.get(
+        pool.key,
+        fingerprint(pool, secret, ca_pem),
+        lambda: build_backend(
+            pool,
+            secret,
+            ca_pem,
+            timeout_seconds=ctx.settings.backend_timeout_seconds,
+            retry=ctx.settings.retry_policy(),
+        ),
+    )
+
+
+def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a pool against its IPAM and return its Ready status.
+
+    Returns
+    -------
+    dict
+        The full status (subnet, prefix, gateway, usage, Ready True ``PoolReady``).
+
+    Raises
+    ------
+    PoolError
+        With the reason to show: ``InvalidSpec``, ``CredentialsNotFound``,
+        ``AuthenticationFailed``, ``SubnetNotFound``, ``TLSVerificationFailed`` or
+        ``BackendUnavailable``.
+    """
+    backend = backend_for(ctx, pool)
+    try:
+        info = ctx.metrics.call(
+            BACKEND_NAMES[pool.kind], "describe_subnet", backend.describe_subnet
+        )
+    except BackendError as exc:
+        raise pool_error_from(exc, pool.display) from exc
+    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(info.free)
+    if info.free > 0:
+        ctx.gate.open(pool.key)
+    previous = (body.get("status") or {}).get("conditions") or []
+    return pool_status(pool, info, previous)
+
+
+def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
+    """Return what may still hold an entry in a pool: its claims and IPAddresses (sorted).
+
+    A claim counts while it carries the ``ReleaseAddress`` finalizer (added before anything
+    is allocated, removed after the release), so a claim between its IPAM write and its
+    IPAddress create, or one whose IPAddress could not be created, keeps the pool. An
+    IPAddress counts while it exists.
+
+    Returns
+    -------
+    list of str
+        ``IPAddressClaim <name>`` and ``IPAddress <name>`` entries.
+    """
+    version = ctx.address_version
+    found: set[str] = set()
+    for claim in ctx.kube.list_claims(version, (namespace,)):
+        ref = (claim.get("spec") or {}).get("poolRef") or {}
+        meta = claim.get("metadata") or {}
+        if (
+            ref.get("kind") == kind
+            and ref.get("name") == name
+            and capi.CLAIM_FINALIZER in (meta.get("finalizers") or [])
+        ):
+            found.add(f"IPAddressClaim {meta.get('name')}")
+    for address in ctx.kube.list_ip_addresses(version, namespace):
+        ref = (address.get("spec") or {}).get("poolRef") or {}
+        if ref.get("kind") == kind and ref.get("name") == name:
+            found.add(f"IPAddress {(address.get('metadata') or {}).get('name')}")
+    return sorted(found)
+
+
+def needs_check(body: Mapping[str, Any], *, listing: bool) -> bool:
+    """Return True when a pool event calls for a reconcile (not our own status write).
+
+    A pool needs one when it is found at start-up (``listing``), is being deleted, has no
+    Ready condition yet (new, or recreated by ``clusterctl move`` without status), or its
+    spec changed since the last check (``status.observedGeneration`` behind
+    ``metadata.generation``). Otherwise the periodic refresh keeps its status current.
+    """
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    if listing or meta.get("deletionTimestamp"):
+        return True
+    if capi.ready_of(body) == (None, None):
+        return True
+    return bool(status.get("observedGeneration") != meta.get("generation"))
+
+
+def _keep_secrets(ctx: Context, pool: Pool) -> None:
+    """Put `CREDENTIALS_FINALIZER` on the Secrets the pool reads (those that exist)."""
+    for name in pool.secrets:
+        ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, True)
+
+
+def _free_secrets(ctx: Context, pool: Pool) -> None:
+    """Remove `CREDENTIALS_FINALIZER` from the pool's Secrets that no other pool reads."""
+    still_read: set[str] = set()
+    for kind in capi.POOL_KINDS:
+        for other in ctx.kube.list_pools(kind, (pool.namespace,)):
+            meta = other.get("metadata") or {}
+            if (kind, meta.get("name")) == (pool.kind, pool.name):
+                continue
+            try:
+                still_read.update(parse_pool(other).secrets)
+            except PoolError:
+                continue
+    for name in pool.secrets:
+        if name not in still_read:
+            ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, False)
+
+
+def _previous_ready(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    return capi.ready_of(body)
+
+
+def _write(
+    ctx: Context,
+    body: Mapping[str, Any],
+    status: Mapping[str, Any],
+    *,
+    ready: bool,
+    reason: str,
+    message: str,
+) -> None:
+    """Write the pool's status where it changed; post an Event when Ready changes."""
+    meta = body.get("metadata") or {}
+    current = body.get("status") or {}
+    changed = {k: v for k, v in status.items() if current.get(k) != v}
+    if changed:
+        ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"], changed)
+    if _previous_ready(body) != ("True" if ready else "False", reason):
+        ctx.event(body, "Normal" if ready else "Warning", reason, message)
+
+
+def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decision:
+    """Decide and do what one pool needs now (called by the work queue).
+
+    A live pool: ``ProtectPool`` and the Secrets' `CREDENTIALS_FINALIZER` are ensured, the
+    pool is checked against its IPAM, the status written where it changed (an Event when
+    Ready changes), and when Ready the claims waiting for it are woken. A pool being deleted
+    keeps ``ProtectPool`` while `users_of` finds anything (``DeletionBlocked`` naming them);
+    then the finalizer goes, the Secrets are let go when no other pool reads them, and its
+    backend client is closed.
+
+    Returns
+    -------
+    Decision
+        Retry after `bridge.errors.retry_delay` of the failure's reason while not Ready or
+        blocked; done otherwise (the periodic refresh queues every pool again).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found" (the queue logs and retries).
+    """
+    body = ctx.kube.get_pool(namespace, kind, name)
+    if body is None:
+        ctx.backends.drop((namespace, kind, name))
+        ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
+        ctx.wake(pool_token(namespace, kind, name))
+        return Decision.done()
+    body.setdefault("kind", kind)
+    meta = body.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    previous = (body.get("status") or {}).get("conditions") or []
+    pool: Pool | None = None
+    error: PoolError | None = None
+    try:
+        pool = parse_pool(body)
+    except PoolError as exc:
+        error = exc
+
+    if meta.get("deletionTimestamp"):
+        return _reconcile_deleting(ctx, body, pool, generation, previous)
+
+    if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
+        ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True)
+    try:
+        if pool is None:
+            raise error or PoolError(PoolReason.INVALID_SPEC, "invalid spec", needs_person=True)
+        _keep_secrets(ctx, pool)
+        status = check_pool(ctx, pool, body)
+    except PoolError as failure:
+        _write(
+            ctx,
+            body,
+            pool_failed_status(generation, failure, previous),
+            ready=False,
+            reason=failure.reason,
+            message=failure.message,
+        )
+        return Decision.retry(retry_delay(ctx.settings, failure.reason))
+    condition = status["conditions"][0]
+    _write(ctx, body, status, ready=True, reason=condition["reason"], message=condition["message"])
+    ctx.wake(pool_token(namespace, kind, name))
+    return Decision.done()
+
+
+def _reconcile_deleting(
+    ctx: Context,
+    body: Mapping[str, Any],
+    pool: Pool | None,
+    generation: int,
+    previous: list[Mapping[str, Any]],
+) -> Decision:
+    """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
+    meta = body.get("metadata") or {}
+    namespace, kind, name = str(meta["namespace"]), str(body["kind"]), str(meta["name"])
+    ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
+    users = users_of(ctx, namespace, kind, name)
+    if users:
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        error = PoolError(
+            PoolReason.DELETION_BLOCKED,
+            f"pool is being deleted but {len(users)} object(s) may still hold an address in "
+            f"it: {shown}; it goes once their claims are released",
+            needs_person=False,
+        )
+        _write(
+            ctx,
+            body,
+            pool_failed_status(generation, error, previous),
+            ready=False,
+            reason=error.reason,
+            message=error.message,
+        )
+        # Each release queues the pool again; this retry is only the safety net.
+        return Decision.retry(ctx.settings.requeue_config_error_seconds)
+    if pool is not None:
+        _free_secrets(ctx, pool)
+    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
+    ctx.backends.drop((namespace, kind, name))
+    ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
+    log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
+    return Decision.done()

@@ -1,0 +1,197 @@
+"""The work queue: one worker per key, deduplication, delays, parking and waking."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+import pytest
+
+pytestmark = pytest.mark.asyncio
+
+from bridge.workqueue import Decision, WorkQueue
+
+
+class Recorder:
+    """A reconcile function that records calls and answers from a script."""
+
+    def __init__(self, answer: Callable[[Hashable, int], Decision] | None = None) -> None:
+        self.calls: list[tuple[Hashable, float]] = []
+        self.running: dict[Hashable, int] = {}
+        self.overlaps = 0
+        self.lock = threading.Lock()
+        self.answer = answer or (lambda key, n: Decision.done())
+        self.hold = 0.0
+
+    def __call__(self, key: Hashable) -> Decision:
+        with self.lock:
+            self.running[key] = self.running.get(key, 0) + 1
+            if self.running[key] > 1:
+                self.overlaps += 1
+            n = sum(1 for k, _ in self.calls if k == key)
+            self.calls.append((key, time.monotonic()))
+        try:
+            if self.hold:
+                time.sleep(self.hold)
+            return self.answer(key, n)
+        finally:
+            with self.lock:
+                self.running[key] -= 1
+
+    def count(self, key: Hashable) -> int:
+        with self.lock:
+            return sum(1 for k, _ in self.calls if k == key)
+
+
+async def run_for(queue: WorkQueue, seconds: float, during: Callable[[], None] | None = None) -> None:
+    task = asyncio.create_task(queue.run())
+    await asyncio.sleep(0.01)
+    if during is not None:
+        during()
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_keys_added_before_run_are_processed_once_each() -> None:
+    rec = Recorder()
+    queue = WorkQueue(rec, workers=2)
+    for _ in range(3):
+        queue.add("a")
+    queue.add("b")
+    await run_for(queue, 0.2)
+    assert rec.count("a") == 1
+    assert rec.count("b") == 1
+
+
+async def test_a_key_never_runs_twice_at_once_and_runs_again_after_an_add_while_busy() -> None:
+    rec = Recorder()
+    rec.hold = 0.15
+    queue = WorkQueue(rec, workers=4)
+
+    def add_while_busy() -> None:
+        queue.add("k")
+
+    task = asyncio.create_task(queue.run())
+    queue.add("k")
+    await asyncio.sleep(0.05)  # "k" is being processed now
+    for _ in range(5):
+        threading.Thread(target=add_while_busy).start()
+    await asyncio.sleep(0.6)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert rec.overlaps == 0
+    assert rec.count("k") == 2  # once, then once more for all the adds made meanwhile
+
+
+async def test_retry_after_delay_is_honoured() -> None:
+    rec = Recorder(lambda key, n: Decision.retry(0.2) if n == 0 else Decision.done())
+    queue = WorkQueue(rec, workers=1)
+    queue.add("k")
+    await run_for(queue, 0.5)
+    assert rec.count("k") == 2
+    first, second = (t for _, t in rec.calls)
+    assert second - first == pytest.approx(0.2, abs=0.1)
+
+
+async def test_an_earlier_add_supersedes_a_later_due_time() -> None:
+    rec = Recorder(lambda key, n: Decision.retry(10.0) if n == 0 else Decision.done())
+    queue = WorkQueue(rec, workers=1)
+    task = asyncio.create_task(queue.run())
+    queue.add("k")
+    await asyncio.sleep(0.2)
+    assert rec.count("k") == 1  # due again in 10 s
+    queue.add("k")
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert rec.count("k") == 2
+
+
+async def test_parked_keys_wait_for_their_token_without_running() -> None:
+    rec = Recorder(lambda key, n: Decision.wait(("pool", "p")) if n == 0 else Decision.done())
+    queue = WorkQueue(rec, workers=2)
+    task = asyncio.create_task(queue.run())
+    for key in ("a", "b", "c"):
+        queue.add(key)
+    await asyncio.sleep(0.3)
+    assert queue.parked(("pool", "p")) == {"a", "b", "c"}
+    assert [rec.count(k) for k in "abc"] == [1, 1, 1]
+    assert queue.wake(("pool", "other")) == 0
+    await asyncio.sleep(0.1)
+    assert [rec.count(k) for k in "abc"] == [1, 1, 1]
+    assert queue.wake(("pool", "p")) == 3
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [rec.count(k) for k in "abc"] == [2, 2, 2]
+    assert queue.parked(("pool", "p")) == frozenset()
+
+
+async def test_a_wake_during_processing_is_not_lost() -> None:
+    woke = threading.Event()
+
+    def answer(key: Hashable, n: int) -> Decision:
+        if n == 0:
+            woke.wait(1.0)  # the wake happens while this reconcile still runs
+            return Decision.wait("token")
+        return Decision.done()
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1)
+    task = asyncio.create_task(queue.run())
+    queue.add("k")
+    await asyncio.sleep(0.05)
+    queue.wake("token")
+    woke.set()
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert rec.count("k") == 2
+
+
+async def test_a_parked_key_with_a_deadline_runs_after_it() -> None:
+    rec = Recorder(lambda key, n: Decision.wait("t", at_most=0.2) if n == 0 else Decision.done())
+    queue = WorkQueue(rec, workers=1)
+    queue.add("k")
+    await run_for(queue, 0.5)
+    assert rec.count("k") == 2
+    assert queue.parked("t") == frozenset()
+
+
+async def test_a_failing_reconcile_is_retried_after_the_error_delay() -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        if n == 0:
+            raise RuntimeError("boom")
+        return Decision.done()
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1, error_delay=0.1)
+    queue.add("k")
+    await run_for(queue, 0.4)
+    assert rec.count("k") == 2
+
+
+async def test_workers_bound_the_parallelism() -> None:
+    rec = Recorder()
+    rec.hold = 0.1
+    queue = WorkQueue(rec, workers=2)
+    peak = 0
+
+    def total_running() -> int:
+        with rec.lock:
+            return sum(rec.running.values())
+
+    task = asyncio.create_task(queue.run())
+    for i in range(6):
+        queue.add(i)
+    for _ in range(30):
+        peak = max(peak, total_running())
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert peak == 2
+    assert all(rec.count(i) == 1 for i in range(6))

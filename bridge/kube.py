@@ -396,6 +396,169 @@ class Kube:
                     raise
         return None
 
+    # -- claims -------------------------------------------------------------------
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an ``IPAddressClaim`` as served in ``version``, or None when it does not exist."""
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, version, namespace, "ipaddressclaims", name
+                ),
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    def list_claims(self, version: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return the ``IPAddressClaim`` objects of ``namespaces`` (empty: all namespaces)."""
+        if namespaces:
+            results = [
+                cast(
+                    dict[str, Any],
+                    self.custom.list_namespaced_custom_object(
+                        GROUP, version, ns, "ipaddressclaims"
+                    ),
+                )
+                for ns in namespaces
+            ]
+        else:
+            results = [
+                cast(
+                    dict[str, Any],
+                    self.custom.list_cluster_custom_object(GROUP, version, "ipaddressclaims"),
+                )
+            ]
+        return [dict(item) for result in results for item in result.get("items") or []]
+
+    def patch_claim_status(
+        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a claim's status subresource; return the claim as stored (None if gone).
+
+        What the served schema does not know is pruned by the API server (e.g.
+        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        """
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
+                ),
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    def set_claim_finalizer(
+        self, claim: Mapping[str, Any], finalizer: str, present: bool
+    ) -> dict[str, Any] | None:
+        """Add or remove ``finalizer`` on a claim (see `set_finalizer`); return the claim."""
+        version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
+        return self.set_finalizer(
+            claim,
+            finalizer,
+            present,
+            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
+                GROUP, version, namespace, "ipaddressclaims", name, body
+            ),
+        )
+
+    def set_secret_finalizer(
+        self, namespace: str, name: str, finalizer: str, present: bool
+    ) -> bool:
+        """Add or remove ``finalizer`` on a Secret; return False when the Secret does not exist.
+
+        Reads the Secret's metadata first (the write is guarded by its resourceVersion); a
+        Secret that is being deleted can lose a finalizer but not get one (the API refuses).
+        """
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if _missing(exc):
+                return False
+            raise
+        meta = secret.metadata
+        if meta is None:
+            return True
+        body = {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "finalizers": list(meta.finalizers or []),
+                "resourceVersion": meta.resource_version,
+            }
+        }
+        if (
+            present
+            and meta.deletion_timestamp is not None
+            and finalizer not in (meta.finalizers or [])
+        ):
+            return True
+        self.set_finalizer(
+            body,
+            finalizer,
+            present,
+            # A merge patch (RFC 7386) replaces the list; the client's default for built-in
+            # kinds is a strategic merge patch, which merges ObjectMeta.finalizers
+            # (patchStrategy "merge") and so could never remove one.
+            lambda n, ns, patch: self.core.patch_namespaced_secret(
+                n, ns, patch, _content_type="application/merge-patch+json"
+            ),
+        )
+        return True
+
+    @staticmethod
+    def set_finalizer(
+        obj: Mapping[str, Any],
+        finalizer: str,
+        present: bool,
+        patch: Any,
+    ) -> dict[str, Any] | None:
+        """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
+
+        Only ``finalizer`` changes: the others are written back as they were read, and a
+        concurrent change of the object makes the API answer 409 (propagated; the caller
+        reads again and retries). Nothing is written when the finalizer is already as asked.
+
+        Parameters
+        ----------
+        obj:
+            The object as last read (``metadata.name``, ``namespace``, ``finalizers``,
+            ``resourceVersion``).
+        patch:
+            ``patch(name, namespace, body)``: the client call that merge-patches the object.
+
+        Returns
+        -------
+        dict or None
+            The object as returned by the patch (None when nothing was written or it is gone).
+        """
+        meta = obj.get("metadata") or {}
+        current = list(meta.get("finalizers") or [])
+        wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
+        if wanted == current:
+            return None
+        try:
+            result = patch(
+                meta["name"],
+                meta.get("namespace"),
+                {
+                    "metadata": {
+                        "finalizers": wanted,
+                        "resourceVersion": meta.get("resourceVersion"),
+                    }
+                },
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+        return result if isinstance(result, dict) else None
+
     # -- IPAddresses --------------------------------------------------------------
 
     def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
         gt=0,
         description="How often a paused claim (or a claim of a paused Cluster) looks again.",
     )
+    resync_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="How often every claim is looked at again from its current state "
+        "(the safety net of event-driven handling); 0 = never.",
+    )
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
     )
@@ -72,10 +78,15 @@ class Settings(BaseSettings):
     )
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     peering_name: str = Field(
-        "ipam-bridge",
-        description="kopf peering object used so that only one replica is active at a time.",
+        "",
+        description="Deprecated and ignored (a warning is logged when set): the operator runs "
+        "without kopf peering.",
     )
-    standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
+    standalone: bool = Field(
+        True,
+        description="Deprecated and ignored (a warning is logged when set): the operator always "
+        "runs without kopf peering, as `--standalone` did.",
+    )
 
     @property
     def namespaces(self) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 from collections.abc import AsyncIterator
@@ -57,6 +58,17 @@ def kube_version_priority(version: str) -> tuple[int, int, int, str]:
 _parse_path.__wrapped__ = _original_parse_path  # type: ignore[attr-defined]
 if not hasattr(_kmock_parsing.parse_path, "__wrapped__"):
     _kmock_parsing.parse_path = _parse_path
+
+
+# The API server's warnings of the request being served (``Warning`` response headers); set
+# per request in KubeEmulator.__call__, filled by the store (pruned fields).
+_WARNINGS: contextvars.ContextVar[list[str]] = contextvars.ContextVar("kube_emulator_warnings")
+
+
+def _warning_header(text: str) -> str:
+    """Format a ``Warning`` header as the API server does (RFC 7234 code 299, agent ``-``)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{escaped}"'
 
 
 def _is_resource_request(request: kmock.Request) -> bool:
@@ -130,7 +142,16 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 del payload._requests[:-limit]
             if self._errors:
                 del self.errors[:-limit]
-        return await super().__call__(raw_request)
+        warnings: list[str] = []
+        token = _WARNINGS.set(warnings)
+        try:
+            response = await super().__call__(raw_request)
+        finally:
+            _WARNINGS.reset(token)
+        if warnings and not response.prepared:
+            for warning in warnings:
+                response.headers.add("Warning", _warning_header(warning))
+        return response
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -222,6 +243,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         sub = request.subresource
         method = str(request.method.value).upper()
         params = request.params
+        warnings = _WARNINGS.get(None)
         if method == "GET" and params.get("watch") in ("true", "1"):
             if name is not None:
                 raise ApiError(
@@ -251,7 +273,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
                     version=version,
                 )
             if method == "POST":
-                return self.store.create(defn, ns, self._body(request), version=version)
+                return self.store.create(
+                    defn, ns, self._body(request), version=version, warnings=warnings
+                )
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
         if sub not in (None, "status"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -259,7 +283,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return self.store.get(defn, ns, name, version=version)
         if method == "PUT":
             return self.store.replace(
-                defn, ns, name, self._body(request), subresource=sub, version=version
+                defn,
+                ns,
+                name,
+                self._body(request),
+                subresource=sub,
+                version=version,
+                warnings=warnings,
             )
         if method == "PATCH":
             ctype = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
@@ -271,6 +301,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._body(request, dict_only=False),
                 subresource=sub,
                 version=version,
+                warnings=warnings,
             )
         if method == "DELETE" and sub is None:
             options = self._body(request) if request.body else None

@@ -91,6 +91,12 @@ class InfobloxConfig:
     extensible_attributes:
         Extensible attributes (EA name -> value) stamped on every record; each EA must be
         defined in the grid.
+    gateway:
+        The pool's gateway override (an IP address), or None to use the network's DHCP
+        ``routers`` option. Reported in every `Allocation` and `SubnetInfo`, and never
+        handed out: next-available-IP does not know the ``routers`` option, so the gateway
+        (override and ``routers``) is excluded in the allocation request itself. Normalised
+        (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
     verify:
         TLS verification: True (default), False, or the path of a CA bundle (PEM).
     timeout_seconds:
@@ -102,8 +108,8 @@ class InfobloxConfig:
     ------
     ValueError
         From the constructor when ``subnet`` is not a CIDR, ``record_type`` is unknown,
-        ``dns_zone`` is set with ``record_type="fixedaddress"``, or ``timeout_seconds`` is
-        not positive.
+        ``dns_zone`` is set with ``record_type="fixedaddress"``, ``gateway`` is not an IP
+        address of the subnet's family, or ``timeout_seconds`` is not positive.
 
     """
 
@@ -117,6 +123,7 @@ class InfobloxConfig:
     dns_view: str = "default"
     dns_zone: str | None = None
     extensible_attributes: Mapping[str, str] = field(default_factory=dict)
+    gateway: str | None = None
     verify: bool | str = True
     timeout_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -134,6 +141,14 @@ class InfobloxConfig:
             raise ValueError("dns_zone applies to host records only (record_type 'host')")
         if self.timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
+        if self.gateway is not None:
+            try:
+                gateway = ipaddress.ip_address(self.gateway.strip())
+            except ValueError:
+                raise ValueError(f"gateway {self.gateway!r} is not an IP address") from None
+            if gateway.version != network.version:
+                raise ValueError("gateway and subnet must be of the same address family")
+            object.__setattr__(self, "gateway", gateway.compressed)
         object.__setattr__(self, "subnet", str(network))
         object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
         object.__setattr__(self, "dns_zone", (self.dns_zone or "").strip(".") or None)
@@ -172,9 +187,22 @@ class InfobloxBackend:
 
     Host mode (``record_type="host"``) keeps one ``record:host`` per hostname; fixed-address
     mode keeps one ``fixedaddress`` (``ipv6fixedaddress`` for IPv6) per hostname. Addresses
-    come from ``func:nextavailableip:<cidr>,<network view>`` inside the create request, so
-    WAPI picks and writes the address in one step (backends.md B.5; never the racy
-    ``_function=next_available_ip`` followed by a create, ansible#45218).
+    come from next-available-IP inside the create request, so WAPI picks and writes the
+    address in one step (backends.md B.5; never the racy ``_function=next_available_ip``
+    followed by a create, ansible#45218): ``func:nextavailableip:<cidr>,<network view>``,
+    or, when the network has a gateway, the object-function form that excludes it
+    (``{"_object_function": "next_available_ip", "_object": "network"|"ipv6network",
+    "_object_parameters": {"network", "network_view"}, "_result_field": "ips",
+    "_parameters": {"num": 1, "exclude": [<gateway>...]}}``; infoblox-go-client
+    ``IpNextAvailableInfo``, nios-go-client ``FuncCall``). WAPI skips the network and
+    broadcast addresses and used addresses on its own, but not the DHCP ``routers`` option.
+
+    Never handed out to a claim: the gateway (the pool's override and the ``routers``
+    option, read again before every create) and, for IPv4 below /31, the network and
+    broadcast addresses. Should WAPI still return one, the record just created is deleted
+    and the attempt fails with `BackendUnavailableError` (retried by the policy); a record
+    of the hostname at such an address is removed before a new one is created, never
+    adopted.
 
     Authentication is HTTP Basic on the first request; afterwards the ``ibapauth`` session
     cookie the grid sets is sent instead. A 401 drops the cookie and repeats the request
@@ -351,39 +379,74 @@ class InfobloxBackend:
 
     def _describe_once(self) -> SubnetInfo:
         record = self._get_network()
-        gateway = _gateway_from_options(record.get("options"))
+        routers = _gateway_from_options(record.get("options"))
         with self._gateway_lock:
-            self._gateway, self._gateway_known = gateway, True
+            self._gateway, self._gateway_known = routers, True
         total = _capacity(self._network)
-        used = self._count_used()
+        used_addresses = self._used_addresses()
+        # A gateway nobody registered is not free either: it is never handed out.
+        used = len(used_addresses | self._gateways(routers))
         return SubnetInfo(
             cidr=self.config.subnet,
             prefix=self._network.prefixlen,
-            gateway=gateway,
+            gateway=self.config.gateway or routers,
             total=total,
             used=used,
             free=max(total - used, 0),
         )
 
     def _find_once(self, hostname: str) -> Allocation | None:
-        entries = self._search(hostname)
-        if not entries:
+        usable = self._usable(self._search(hostname))
+        if not usable:
             return None
-        return self._allocation(hostname, min(entries, key=lambda e: e.address))
+        return self._allocation(hostname, min(usable, key=lambda e: e.address))
+
+    def _usable(self, entries: list[_Entry]) -> list[_Entry]:
+        """Return the entries that may be a claim's address (not gateway, network, broadcast)."""
+        if not entries:
+            return []
+        never = self._never_assigned(self._cached_gateway())
+        return [e for e in entries if e.address not in never]
 
     def _allocate_once(self, hostname: str, description: str) -> Allocation:
-        existing = self._find_once(hostname)
-        if existing is not None:
+        entries = self._search(hostname)
+        usable = self._usable(entries)
+        if usable:
+            existing = self._allocation(hostname, min(usable, key=lambda e: e.address))
             log.debug("infoblox: %s already holds %s", hostname, existing.address)
             return existing
+        if entries:
+            # Only addresses that are never assigned (a record left by an older version, or
+            # by an attempt interrupted below): ours to remove, never to adopt.
+            self._remove_entries(hostname, entries)
+        # The routers option as it is now: what next-available-IP must skip.
+        routers = self._refresh_gateway()
+        entry = self._create_or_explain(hostname, description, self._gateways(routers))
+        if entry.address in self._never_assigned(routers):
+            self._remove_entries(hostname, [entry])
+            raise BackendUnavailableError(
+                f"WAPI handed out {entry.address} of {self.config.subnet}, which is never "
+                "assigned (the gateway, network or broadcast address); the record was removed"
+            )
+        allocation = self._allocation(hostname, entry)
+        log.info(
+            "infoblox: allocated %s to %s in %s", allocation.address, hostname, self.config.subnet
+        )
+        return allocation
+
+    def _create_or_explain(
+        self, hostname: str, description: str, exclude: frozenset[IPAddr]
+    ) -> _Entry:
+        """Create the record; turn WAPI's errors into what they mean for this pool."""
         try:
-            entry = self._create(hostname, description)
+            return self._create(hostname, description, exclude)
         except ConflictError as exc:
             if self.config.record_type != "host":
                 raise  # fixedaddress names are not unique: this is a lost address race
-            again = self._find_once(hostname)
-            if again is not None:
-                return again  # another writer registered the same name meanwhile
+            again = self._usable(self._search(hostname))
+            if again:
+                # Another writer registered the same name meanwhile.
+                return min(again, key=lambda e: e.address)
             name = self._record_name(hostname)
             if name.lower() in exc.message.lower():
                 raise InvalidRequestError(
@@ -397,14 +460,18 @@ class InfobloxBackend:
             if isinstance(exc, _RefNotFoundError | _UnknownEAError) or not self._network_missing():
                 raise
             raise self._subnet_not_found() from exc
-        allocation = self._allocation(hostname, entry)
-        log.info(
-            "infoblox: allocated %s to %s in %s", allocation.address, hostname, self.config.subnet
-        )
-        return allocation
 
     def _release_once(self, hostname: str) -> bool:
         entries = self._search(hostname)
+        self._remove_entries(hostname, entries)
+        return bool(entries)
+
+    def _remove_entries(self, hostname: str, entries: list[_Entry]) -> None:
+        """Delete the records of ``entries``.
+
+        A host record that also holds addresses outside the network keeps them: only this
+        network's addresses are removed from it.
+        """
         by_ref: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_ref.setdefault(entry.ref, []).append(entry)
@@ -419,7 +486,6 @@ class InfobloxBackend:
                 ", ".join(str(e.address) for e in group),
                 hostname,
             )
-        return bool(entries)
 
     # ----------------------------------------------------------------- WAPI objects
 
@@ -455,8 +521,8 @@ class InfobloxBackend:
                 entries.append(_Entry(address=address, ref=str(record["_ref"])))
         return entries
 
-    def _create(self, hostname: str, description: str) -> _Entry:
-        nextavailable = f"func:nextavailableip:{self.config.subnet},{self.config.network_view}"
+    def _create(self, hostname: str, description: str, exclude: frozenset[IPAddr]) -> _Entry:
+        nextavailable = self._next_available(exclude)
         body: dict[str, Any] = {
             "name": self._record_name(hostname),
             "comment": description[:MAX_COMMENT],
@@ -554,7 +620,8 @@ class InfobloxBackend:
             return False
         return False
 
-    def _count_used(self) -> int:
+    def _used_addresses(self) -> set[IPAddr]:
+        """Addresses WAPI reports ``USED`` in the network, without network and broadcast."""
         params = [
             ("network", self.config.subnet),
             ("network_view", self.config.network_view),
@@ -562,11 +629,17 @@ class InfobloxBackend:
             ("_return_fields", "ip_address,types"),
         ]
         skip = {"NETWORK", "BROADCAST"}
-        return sum(
-            1
-            for item in self._paged(self._address_type, params)
-            if not skip.intersection(item.get("types") or ())
-        )
+        used: set[IPAddr] = set()
+        for item in self._paged(self._address_type, params):
+            if skip.intersection(item.get("types") or ()):
+                continue
+            address = _parse_address(item.get("ip_address"))
+            if address is None:
+                raise BackendUnavailableError(
+                    f"WAPI listed a used address of {self.config.subnet} without ip_address"
+                )
+            used.add(address)
+        return used
 
     def _paged(self, obj_type: str, params: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
         """Yield every result of a search, page by page (``_paging=1``, ``next_page_id``)."""
@@ -646,19 +719,60 @@ class InfobloxBackend:
         return Allocation(
             address=str(entry.address),
             prefix=self._network.prefixlen,
-            gateway=self._cached_gateway(),
+            gateway=self.config.gateway or self._cached_gateway(),
             hostname=hostname,
             ref=entry.ref,
         )
 
     def _cached_gateway(self) -> str | None:
+        """Return the network's ``routers`` gateway, read once (`describe_subnet` refreshes)."""
         with self._gateway_lock:
             if self._gateway_known:
                 return self._gateway
+        return self._refresh_gateway()
+
+    def _refresh_gateway(self) -> str | None:
         gateway = _gateway_from_options(self._get_network().get("options"))
         with self._gateway_lock:
             self._gateway, self._gateway_known = gateway, True
         return gateway
+
+    def _gateways(self, routers: str | None) -> frozenset[IPAddr]:
+        """Return the gateways (override and ``routers``) next-available-IP could hand out."""
+        found = set()
+        for text in (self.config.gateway, routers):
+            address = _parse_address(text)
+            if address is not None and _in_hosts(address, self._network):
+                found.add(address)
+        return frozenset(found)
+
+    def _never_assigned(self, routers: str | None) -> frozenset[IPAddr]:
+        """Addresses of the network never given to a claim."""
+        net = self._network
+        never = set(self._gateways(routers))
+        if net.version == 4 and net.prefixlen < 31:
+            never.update((net.network_address, net.broadcast_address))
+        return frozenset(never)
+
+    def _next_available(self, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
+        """Return the address value of a create, from which WAPI picks the address itself.
+
+        Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (B.5 form 1);
+        with them the object-function form (B.5 form 2), the only single-call way to
+        exclude addresses.
+        """
+        if not exclude:
+            return f"func:nextavailableip:{self.config.subnet},{self.config.network_view}"
+        return {
+            "_object_function": "next_available_ip",
+            "_object": self._network_type,
+            "_object_parameters": {
+                "network": self.config.subnet,
+                "network_view": self.config.network_view,
+            },
+            "_result_field": "ips",
+            "_parameters": {"num": 1, "exclude": [str(a) for a in sorted(exclude)]},
+        }
 
     # ----------------------------------------------------------------- transport
 
@@ -835,6 +949,19 @@ def _gateway_from_options(options: object) -> str | None:
         if address is not None:
             return str(address)
     return None
+
+
+def _in_hosts(address: IPAddr, network: IPNetwork) -> bool:
+    """Return True when next-available-IP can hand ``address`` out of ``network``.
+
+    Everything in the network but, for IPv4 below /31, the network and broadcast addresses
+    (backends.md B.5).
+    """
+    if address not in network:
+        return False
+    if network.version == 4 and network.prefixlen < 31:
+        return address not in (network.network_address, network.broadcast_address)
+    return True
 
 
 def _capacity(network: IPNetwork) -> int:

@@ -43,6 +43,21 @@ HTML_403 = (
 )
 NEXT_V4 = "func:nextavailableip:10.20.0.0/24,default"
 NEXT_V6 = "func:nextavailableip:2001:db8:20::/64,default"
+
+
+def next_excluding(*exclude: str, cidr: str = "10.20.0.0/24", network: str = "network") -> Any:
+    """The object-function form of next-available-IP that excludes addresses (B.5 form 2)."""
+    return {
+        "_object_function": "next_available_ip",
+        "_object": network,
+        "_object_parameters": {"network": cidr, "network_view": "default"},
+        "_result_field": "ips",
+        "_parameters": {"num": 1, "exclude": list(exclude)},
+    }
+
+
+#: What allocations in 10.20.0.0/24 send: the routers option 10.20.0.1 is excluded.
+NEXT_V4_NO_GW = next_excluding("10.20.0.1")
 HOST_REF = "record:host/ZG5zLmhvc3QkLl9kZWZhdWx0LmgxMA:m1.ns1/%20"
 FIXED_REF = "fixedaddress/ZG5zLmZpeGVkX2FkZHJlc3MkMTAuMjAuMC4xMC4wLi4:10.20.0.10/default"
 NETWORK_REF = "network/ZG5zLm5ldHdvcmskMTAuMjAuMC4wLzI0LzA:10.20.0.0/24/default"
@@ -171,6 +186,12 @@ def kwargs_of(call: Any) -> dict[str, Any]:
 
 def body_of(call: Any) -> Any:
     return json.loads(call.request.body)
+
+
+def post_body(rsps: responses.RequestsMock) -> Any:
+    """The body of the one POST (the create) among the calls."""
+    (post,) = [c for c in rsps.calls if c.request.method == "POST"]
+    return body_of(post)
 
 
 # ------------------------------------------------------------------------------ config
@@ -318,7 +339,7 @@ def test_gateway_is_read_once_and_cached(rsps: responses.RequestsMock, make: Any
 # ------------------------------------------------------------------------------ allocate
 
 
-def test_allocate_host_v4_without_dns_is_one_create_with_nextavailableip(
+def test_allocate_host_v4_without_dns_is_one_create_excluding_the_gateway(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
     rsps.get(f"{WAPI}/record:host", json=[])
@@ -340,7 +361,7 @@ def test_allocate_host_v4_without_dns_is_one_create_with_nextavailableip(
     assert body_of(posts[0]) == {
         "name": "m1.ns1",
         "comment": "ipam-bridge ns1/m1 cluster c1",
-        "ipv4addrs": [{"ipv4addr": NEXT_V4, "configure_for_dhcp": False}],
+        "ipv4addrs": [{"ipv4addr": NEXT_V4_NO_GW, "configure_for_dhcp": False}],
         "configure_for_dns": False,
         "network_view": "default",
     }
@@ -368,7 +389,7 @@ def test_allocate_host_with_dns_zone_and_extensible_attributes(
     allocation = backend.allocate("m1.ns1", "x" * 300)
 
     assert (allocation.address, allocation.ref, allocation.hostname) == ("10.20.0.3", ref, "m1.ns1")
-    body = body_of(rsps.calls[1])
+    body = post_body(rsps)
     assert body["name"] == fqdn
     assert body["configure_for_dns"] is True
     assert body["view"] == "internal"
@@ -401,9 +422,7 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
     assert allocation == Allocation(
         address="2001:db8:20::2", prefix=64, gateway=None, hostname="m6.ns1", ref=ref
     )
-    assert body_of(rsps.calls[1])["ipv6addrs"] == [
-        {"ipv6addr": NEXT_V6, "configure_for_dhcp": False}
-    ]
+    assert post_body(rsps)["ipv6addrs"] == [{"ipv6addr": NEXT_V6, "configure_for_dhcp": False}]
 
 
 def test_allocate_fixedaddress_v4(rsps: responses.RequestsMock, make: Any) -> None:
@@ -425,11 +444,11 @@ def test_allocate_fixedaddress_v4(rsps: responses.RequestsMock, make: Any) -> No
     allocation = backend.allocate("m1.ns1", "ipam-bridge ns1/m1")
 
     assert (allocation.address, allocation.ref) == ("10.20.0.10", FIXED_REF)
-    assert body_of(rsps.calls[1]) == {
+    assert post_body(rsps) == {
         "name": "m1.ns1",
         "comment": "ipam-bridge ns1/m1",
         "network_view": "default",
-        "ipv4addr": NEXT_V4,
+        "ipv4addr": NEXT_V4_NO_GW,
         "mac": "00:00:00:00:00:00",
         "extattrs": {"Owner": {"value": "capi"}},
     }
@@ -463,7 +482,7 @@ def test_allocate_fixedaddress_v6_sends_deterministic_duid(
     allocation = make(subnet="2001:db8:20::/64", record_type="fixedaddress").allocate("m6.ns1", "d")
 
     assert allocation.address == "2001:db8:20::5"
-    body = body_of(rsps.calls[1])
+    body = post_body(rsps)
     assert body["ipv6addr"] == NEXT_V6
     assert "mac" not in body
     assert body["duid"] == _duid_for("m6.ns1")
@@ -501,13 +520,14 @@ def test_allocate_exhausted_is_not_retried(
     rsps: responses.RequestsMock, make: Any, sleeps: list[float]
 ) -> None:
     rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps)
     rsps.post(f"{WAPI}/record:host", status=400, json=EXHAUSTED)
     with pytest.raises(SubnetExhaustedError) as info:
         make().allocate("m1.ns1", "d")
     assert info.value.status == 400
     assert "Cannot find 1 available IP" in info.value.message
     assert sleeps == []
-    assert len(rsps.calls) == 2
+    assert len(rsps.calls) == 3
 
 
 def test_allocate_host_name_used_by_foreign_record_is_invalid_request(
@@ -520,6 +540,7 @@ def test_allocate_host_name_used_by_foreign_record_is_invalid_request(
         "The record 'm1.ns1' already exists.",
     )
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.99.0.7")])  # only another subnet
+    add_network(rsps)
     rsps.post(f"{WAPI}/record:host", status=400, json=conflict)
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.99.0.7")])
     with pytest.raises(InvalidRequestError) as info:
@@ -570,13 +591,15 @@ def test_allocate_fixedaddress_lost_race_is_retried_with_a_new_lookup(
     assert allocation.address == "10.20.0.11"
     assert len(sleeps) == 1
     methods = [c.request.method for c in rsps.calls]
-    assert methods == ["GET", "POST", "GET", "POST", "GET"]
+    # search, gateway, create; search, gateway (read again before every create), create
+    assert methods == ["GET", "GET", "POST", "GET", "GET", "POST"]
 
 
 def test_allocate_conflict_race_exhausts_attempts_as_conflict_error(
     rsps: responses.RequestsMock, make: Any, sleeps: list[float]
 ) -> None:
     conflict = wapi_error("AdmConDataError: x", "Client.Ibap.Data.Conflict", "Fixed address x")
+    add_network(rsps)
     for _ in range(3):
         rsps.get(f"{WAPI}/fixedaddress", json=[])
         rsps.post(f"{WAPI}/fixedaddress", status=400, json=conflict)
@@ -589,6 +612,7 @@ def test_allocate_unknown_extensible_attribute(
     rsps: responses.RequestsMock, make: Any, sleeps: list[float]
 ) -> None:
     rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps)
     rsps.post(
         f"{WAPI}/record:host",
         status=400,
@@ -602,7 +626,7 @@ def test_allocate_unknown_extensible_attribute(
         make(extensible_attributes={"Tenant": "a"}).allocate("m1.ns1", "d")
     assert "'Tenant'" in info.value.message
     assert sleeps == []
-    assert len(rsps.calls) == 2  # no network probe for an EA error
+    assert len(rsps.calls) == 3  # the gateway read, and no network probe for an EA error
 
 
 @pytest.mark.parametrize(
@@ -616,6 +640,7 @@ def test_allocate_unknown_network_by_error_text(
     rsps: responses.RequestsMock, make: Any, text: str
 ) -> None:
     rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_network(rsps)  # the gateway read: the network was still there
     rsps.post(
         f"{WAPI}/fixedaddress",
         status=400,
@@ -625,13 +650,14 @@ def test_allocate_unknown_network_by_error_text(
     )
     with pytest.raises(SubnetNotFoundError):
         make(record_type="fixedaddress").allocate("m1.ns1", "d")
-    assert len(rsps.calls) == 2  # classified by text: no network probe
+    assert len(rsps.calls) == 3  # classified by text: no network probe after the create
 
 
 def test_allocate_unknown_network_by_probe_after_unclassified_error(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
     rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps)  # the gateway read; the network goes before the create
     rsps.post(
         f"{WAPI}/record:host",
         status=400,
@@ -994,3 +1020,161 @@ def test_close_logs_out_when_a_session_cookie_exists(
 def test_close_without_session_sends_nothing(rsps: responses.RequestsMock, make: Any) -> None:
     make().close()
     assert len(rsps.calls) == 0
+
+
+# ------------------------------------------------------------------------------ the gateway
+
+
+def add_create(rsps: responses.RequestsMock, address: str) -> None:
+    rsps.post(f"{WAPI}/record:host", status=201, json=host_v4(address))
+
+
+def test_network_without_gateway_keeps_the_function_string(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps, routers=None)
+    add_create(rsps, "10.20.0.1")
+
+    allocation = make().allocate("m1.ns1", "d")
+
+    assert (allocation.address, allocation.gateway) == ("10.20.0.1", None)
+    assert post_body(rsps)["ipv4addrs"][0]["ipv4addr"] == NEXT_V4
+
+
+@pytest.mark.parametrize(
+    ("override", "routers", "excluded", "reported"),
+    [
+        ("10.20.0.254", "10.20.0.1", ["10.20.0.1", "10.20.0.254"], "10.20.0.254"),
+        ("10.20.0.254", None, ["10.20.0.254"], "10.20.0.254"),
+        ("10.20.0.1", "10.20.0.1", ["10.20.0.1"], "10.20.0.1"),
+        ("10.99.0.1", "10.20.0.1", ["10.20.0.1"], "10.99.0.1"),  # outside: never offered
+        ("10.20.0.255", "10.20.0.1", ["10.20.0.1"], "10.20.0.255"),  # broadcast: never offered
+    ],
+    ids=["override-and-routers", "override-only", "same", "outside", "broadcast"],
+)
+def test_gateway_override_is_excluded_with_the_routers_option(
+    rsps: responses.RequestsMock,
+    make: Any,
+    override: str,
+    routers: str | None,
+    excluded: list[str],
+    reported: str,
+) -> None:
+    rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps, routers=routers)
+    add_create(rsps, "10.20.0.2")
+
+    allocation = make(gateway=override).allocate("m1.ns1", "d")
+
+    assert (allocation.address, allocation.gateway) == ("10.20.0.2", reported)
+    assert post_body(rsps)["ipv4addrs"][0]["ipv4addr"] == next_excluding(*excluded)
+
+
+@pytest.mark.parametrize("record_type", ["host", "fixedaddress"])
+def test_ipv6_gateway_override_is_excluded_on_the_ipv6network(
+    rsps: responses.RequestsMock, make: Any, record_type: str
+) -> None:
+    cidr = "2001:db8:20::/64"
+    obj = "record:host" if record_type == "host" else "ipv6fixedaddress"
+    rsps.get(f"{WAPI}/{obj}", json=[])
+    rsps.get(
+        f"{WAPI}/ipv6network",
+        match=[matchers.query_param_matcher(network_query(cidr))],
+        json=[{"_ref": "ipv6network/x", "network": cidr, "network_view": "default"}],
+    )
+    created: dict[str, Any] = {"_ref": f"{obj}/x:m6.ns1", "name": "m6.ns1"}
+    if record_type == "host":
+        created["ipv6addrs"] = [{"ipv6addr": "2001:db8:20::2", "host": "m6.ns1"}]
+    else:
+        created["ipv6addr"] = "2001:db8:20::2"
+    rsps.post(f"{WAPI}/{obj}", status=201, json=created)
+
+    backend = make(subnet=cidr, gateway="2001:DB8:20::1", record_type=record_type)
+    allocation = backend.allocate("m6.ns1", "d")
+
+    assert (allocation.address, allocation.gateway) == ("2001:db8:20::2", "2001:db8:20::1")
+    body = post_body(rsps)
+    sent = body["ipv6addrs"][0]["ipv6addr"] if record_type == "host" else body["ipv6addr"]
+    assert sent == next_excluding("2001:db8:20::1", cidr=cidr, network="ipv6network")
+
+
+def test_gateway_handed_out_anyway_is_removed_and_retried(
+    rsps: responses.RequestsMock, make: Any, sleeps: list[float]
+) -> None:
+    """An excluded address coming back (a grid that ignored the exclusion) is never kept."""
+    rsps.get(f"{WAPI}/record:host", json=[])
+    add_network(rsps, routers="10.20.0.1")
+    rsps.post(f"{WAPI}/record:host", status=201, json=host_v4("10.20.0.5"))
+    rsps.delete(ref_url(HOST_REF), json=HOST_REF)
+    rsps.post(f"{WAPI}/record:host", status=201, json=host_v4("10.20.0.2"))
+
+    allocation = make(gateway="10.20.0.5").allocate("m1.ns1", "d")
+
+    assert allocation.address == "10.20.0.2"
+    methods = [c.request.method for c in rsps.calls]
+    assert methods == ["GET", "GET", "POST", "DELETE", "GET", "GET", "POST"]
+    assert len(sleeps) == 1  # a failed attempt of the retry policy
+
+
+def test_record_of_the_hostname_at_the_gateway_is_replaced_not_adopted(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    """Left by an older version that did not exclude the routers option."""
+    rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.1")])
+    add_network(rsps, routers="10.20.0.1")
+
+    backend = make()
+    assert backend.find("m1.ns1") is None
+
+    rsps.delete(ref_url(HOST_REF), json=HOST_REF)
+    rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.1")])
+    add_create(rsps, "10.20.0.2")
+    allocation = backend.allocate("m1.ns1", "d")
+
+    assert allocation.address == "10.20.0.2"
+    assert [c.request.method for c in rsps.calls].count("DELETE") == 1
+    assert post_body(rsps)["ipv4addrs"][0]["ipv4addr"] == NEXT_V4_NO_GW
+
+
+def test_describe_counts_an_unregistered_gateway_as_used(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    add_network(rsps, routers="10.20.0.1")
+    rsps.get(
+        f"{WAPI}/ipv4address",
+        json={
+            "result": [
+                {
+                    "_ref": "ipv4address/x:10.20.0.0",
+                    "ip_address": "10.20.0.0",
+                    "types": ["NETWORK"],
+                },
+                {"_ref": "ipv4address/x:10.20.0.7", "ip_address": "10.20.0.7", "types": ["HOST"]},
+            ]
+        },
+    )
+
+    plain = make().describe_subnet()
+    overridden = make(gateway="10.20.0.254").describe_subnet()
+
+    assert plain == SubnetInfo(
+        cidr="10.20.0.0/24", prefix=24, gateway="10.20.0.1", total=254, used=2, free=252
+    )
+    assert (overridden.gateway, overridden.used, overridden.free) == ("10.20.0.254", 3, 251)
+
+
+@pytest.mark.parametrize(
+    ("subnet", "gateway"),
+    [("10.20.0.0/24", "10.20.0.300"), ("10.20.0.0/24", "2001:db8::1"), ("2001:db8::/64", "gw")],
+)
+def test_config_rejects_a_bad_gateway(subnet: str, gateway: str) -> None:
+    with pytest.raises(ValueError, match="gateway"):
+        InfobloxConfig(endpoint=GM, subnet=subnet, username="u", password="p", gateway=gateway)
+
+
+def test_config_normalises_the_gateway() -> None:
+    config = InfobloxConfig(
+        endpoint=GM, subnet="2001:db8::/64", username="u", password="p", gateway=" 2001:DB8::1 "
+    )
+    assert config.gateway == "2001:db8::1"

@@ -11,8 +11,8 @@ from ib_helpers import SEED, Wapi, host_body
 
 from mock_infoblox import InfobloxStore
 
-NODES = ipaddress.ip_network("10.20.0.0/24")
-RANGE = (ipaddress.ip_address("10.20.0.200"), ipaddress.ip_address("10.20.0.250"))
+NODES = ipaddress.IPv4Network("10.20.0.0/24")
+RANGE = (ipaddress.IPv4Address("10.20.0.200"), ipaddress.IPv4Address("10.20.0.250"))
 SEEDED_USED = {ipaddress.ip_address(u["ip"]) for u in SEED["used"]}
 
 EXHAUSTED = {
@@ -194,7 +194,7 @@ def test_parallel_creates_never_share_an_address(wapi: Wapi, store: InfobloxStor
     with ThreadPoolExecutor(max_workers=25) as pool:
         results = list(pool.map(create, range(100)))
     assert {status for status, _ in results} == {201}
-    addresses = [ipaddress.ip_address(a) for _, a in results]
+    addresses = [ipaddress.IPv4Address(a) for _, a in results]
     assert len(set(addresses)) == 100
     assert not any(RANGE[0] <= a <= RANGE[1] for a in addresses)
     assert not SEEDED_USED & set(addresses)
@@ -212,3 +212,75 @@ def test_store_allocation_is_atomic_across_threads(store: InfobloxStore) -> None
     with ThreadPoolExecutor(max_workers=16) as pool:
         addresses = list(pool.map(create, range(100)))
     assert len(set(addresses)) == 100
+
+
+def next_excluding(cidr: str, exclude: list[str], network: str = "network") -> dict[str, Any]:
+    """The object-function value ipam-bridge sends to skip the gateway (B.5 form 2)."""
+    return {
+        "_object_function": "next_available_ip",
+        "_object": network,
+        "_object_parameters": {"network": cidr, "network_view": "default"},
+        "_result_field": "ips",
+        "_parameters": {"num": 1, "exclude": exclude},
+    }
+
+
+def test_routers_option_is_not_skipped_but_exclude_is(wapi: Wapi, store: InfobloxStore) -> None:
+    """next-available-IP knows used addresses, not DHCP option 3: the gap the client closes."""
+    store.seed({"networks": [{"network": "10.40.0.0/29", "gateway": "10.40.0.1"}]})
+    network = wapi.get("network", network="10.40.0.0/29", _return_fields="options").json()[0]
+    assert {"name": "routers", "num": 3, "value": "10.40.0.1"}.items() <= next(
+        o for o in network["options"] if o["name"] == "routers"
+    ).items()
+
+    plain = allocate(wapi, "plain.default", cidr="10.40.0.0/29")
+    assert address_of(plain) == ipaddress.ip_address("10.40.0.1")  # the gateway, handed out
+
+    for name, expected in (("a.default", "10.40.0.2"), ("b.default", "10.40.0.3")):
+        body = host_body(name)
+        body["ipv4addrs"] = [{"ipv4addr": next_excluding("10.40.0.0/29", ["10.40.0.4"])}]
+        created = wapi.post("record:host", body, _return_fields="ipv4addrs")
+        assert address_of(created) == ipaddress.ip_address(expected)
+    body = host_body("c.default")
+    body["ipv4addrs"] = [{"ipv4addr": next_excluding("10.40.0.0/29", ["10.40.0.4"])}]
+    assert address_of(wapi.post("record:host", body, _return_fields="ipv4addrs")) == (
+        ipaddress.ip_address("10.40.0.5")  # .4 skipped, nothing recorded for it
+    )
+    assert wapi.get("ipv4address", network="10.40.0.0/29", ip_address="10.40.0.4").json()[0][
+        "status"
+    ] == ("UNUSED")
+
+
+def test_exclude_of_the_only_free_address_is_exhaustion(wapi: Wapi, store: InfobloxStore) -> None:
+    store.seed({"networks": [{"network": "10.40.1.0/30", "gateway": "10.40.1.1"}]})
+    first = wapi.post(
+        "fixedaddress",
+        {"ipv4addr": next_excluding("10.40.1.0/30", ["10.40.1.1"]), "mac": "00:00:00:00:00:00"},
+        _return_fields="ipv4addr",
+    )
+    assert (first.status_code, first.json()["ipv4addr"]) == (201, "10.40.1.2")
+    second = wapi.post(
+        "fixedaddress",
+        {"ipv4addr": next_excluding("10.40.1.0/30", ["10.40.1.1"]), "mac": "00:00:00:00:00:00"},
+    )
+    assert (second.status_code, second.json()) == (400, EXHAUSTED)
+
+
+def test_ipv6_object_function_with_exclude(wapi: Wapi) -> None:
+    value = next_excluding("2001:db8:20::/64", ["2001:db8:20::1"], network="ipv6network")
+    host = wapi.post(
+        "record:host",
+        {"name": "v6.default", "configure_for_dns": False, "ipv6addrs": [{"ipv6addr": value}]},
+        _return_fields="ipv6addrs",
+    )
+    assert host.json()["ipv6addrs"][0]["ipv6addr"] == "2001:db8:20::2"
+    fixed = wapi.post(
+        "ipv6fixedaddress", {"ipv6addr": value, "duid": "00:04"}, _return_fields="ipv6addr"
+    )
+    assert fixed.json()["ipv6addr"] == "2001:db8:20::3"
+    wrong = wapi.post(
+        "ipv6fixedaddress",
+        {"ipv6addr": next_excluding("2001:db8:20::/64", []), "duid": "00:05"},
+    )
+    assert wrong.status_code == 400
+    assert wrong.json()["code"] == "Client.Ibap.Proto"

@@ -196,3 +196,44 @@ def test_sections(api: Api) -> None:
     assert [s["id"] for s in sections] == [3] and by_name["id"] == 3
     assert [s["id"] for s in subnets] == [7, 8, 9, 10, 11, 12]
     assert api.call("GET", "/sections/99/").status_code == 404
+
+
+def test_gateway_without_a_row_is_handed_out_until_registered(api: Api, store: Store) -> None:
+    """first_free knows no gateway but a row (A.5): what ipam-bridge's reservation relies on."""
+    bare = store.add_subnet("10.30.4.0/29", section_id=3)  # no gateway row
+    assert "gateway" not in api.call("GET", f"/subnets/{bare.id}/").json()["data"]
+    assert api.call("GET", f"/subnets/{bare.id}/first_free/").json()["data"] == "10.30.4.1"
+
+    body = {
+        "subnetId": bare.id,
+        "ip": "10.30.4.1",
+        "hostname": "ipam-bridge-reserved-gateway",
+        "description": "ipam-bridge: the subnet's gateway, never assign",
+    }
+    registered = api.call("POST", "/addresses/", json=body)
+    assert registered.status_code == 201
+    assert registered.json()["message"] == "Address created"
+    assert "data" not in registered.json()  # 5a: no data, the id only
+    again = api.call("POST", "/addresses/", json=body)  # a second operator: 5b
+    assert (again.status_code, again.json()["message"]) == (409, "IP address already exists")
+
+    assert claim(api, bare.id, "node-1").json()["data"] == "10.30.4.2"
+    # Still no gateway as phpIPAM reports it: the row is a plain address (is_gateway 0).
+    assert "gateway" not in api.call("GET", f"/subnets/{bare.id}/").json()["data"]
+    found = api.call("GET", "/addresses/search/10.30.4.1/").json()["data"]
+    assert [(r["subnetId"], r["hostname"], r["is_gateway"]) for r in found] == [
+        (bare.id, "ipam-bridge-reserved-gateway", 0)
+    ]
+    usage = api.call("GET", f"/subnets/{bare.id}/usage/").json()["data"]
+    assert (usage["used"], usage["freehosts"], usage["maxhosts"]) == ("2", "4", "6")
+
+
+@pytest.mark.parametrize("address", ["10.30.5.0", "10.30.5.7"], ids=["network", "broadcast"])
+def test_network_and_broadcast_cannot_be_registered_below_31(
+    api: Api, store: Store, address: str
+) -> None:
+    """5d / 5e: only first_free of an "is pool" subnet ever hands them out."""
+    subnet = store.add_subnet("10.30.5.0/29", section_id=3)
+    answer = api.call("POST", "/addresses/", json={"subnetId": subnet.id, "ip": address})
+    assert answer.status_code == 500
+    assert answer.json()["message"] == f"{address} is not a valid address for subnet 10.30.5.0/29"

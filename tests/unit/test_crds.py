@@ -10,7 +10,11 @@ What an API server would check, without one:
   server would: defaults applied first (like the API server does on decode), then the OpenAPI schema
   with ``jsonschema`` (unknown fields rejected, as with ``kubectl``'s default strict field
   validation), then the ``x-kubernetes-validations`` CEL rules evaluated with ``celpy``
-  (cel-python).
+  (cel-python);
+- updates: transition rules (those that use ``oldSelf``) are evaluated as the API server does,
+  only on an update and only where the old object has a value at the rule's place (for an object
+  property, whether it exists; list items are not correlated here, and no transition rule sits
+  below a list).
 
 The CEL rules only use standard CEL functions (a test enforces it), so celpy evaluates them with the
 same semantics as the API server (regular expressions are RE2 in both). What is not checked here:
@@ -315,34 +319,58 @@ def _json_path(path: Any) -> str:
 CEL_ENV = celpy.Environment()
 
 
-def cel_errors(node: Schema, value: Any, path: str = "") -> list[str]:
-    """Evaluate every x-kubernetes-validations rule whose field is present in ``value``."""
+#: "No old value here": a create, or a field the old object does not have.
+NO_OLD = object()
+
+
+def is_transition_rule(rule: Obj) -> bool:
+    return re.search(r"\boldSelf\b", rule["rule"]) is not None
+
+
+def cel_errors(node: Schema, value: Any, path: str = "", old: Any = NO_OLD) -> list[str]:
+    """Evaluate every x-kubernetes-validations rule whose field is present in ``value``.
+
+    Transition rules run only when ``old`` (the old object's value at the same place) exists.
+    """
     errors: list[str] = []
     for rule in node.get("x-kubernetes-validations", []):
+        activation = {"self": json_to_cel(value)}
+        if is_transition_rule(rule):
+            if old is NO_OLD:
+                continue
+            activation["oldSelf"] = json_to_cel(old)
         program = CEL_ENV.program(CEL_ENV.compile(rule["rule"]))
         try:
-            ok = program.evaluate({"self": json_to_cel(value)})
+            ok = program.evaluate(activation)
         except CELEvalError as exc:
             errors.append(f"{path}: CEL error in {rule['rule']!r}: {exc}")
             continue
         if not (isinstance(ok, BoolType) and bool(ok)):
             errors.append(f"{path}: {rule['message']}")
+
+    def old_at(key: str) -> Any:
+        return old.get(key, NO_OLD) if isinstance(old, dict) else NO_OLD
+
     if isinstance(value, dict):
         for name, sub in node.get("properties", {}).items():
             if name in value:
-                errors += cel_errors(sub, value[name], f"{path}.{name}")
+                errors += cel_errors(sub, value[name], f"{path}.{name}", old_at(name))
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
             for key, item in value.items():
-                errors += cel_errors(extra, item, f"{path}.{key}")
+                errors += cel_errors(extra, item, f"{path}.{key}", old_at(key))
     elif isinstance(value, list) and isinstance(node.get("items"), dict):
         for index, item in enumerate(value):
             errors += cel_errors(node["items"], item, f"{path}[{index}]")
     return errors
 
 
-def validation_errors(schema: Schema, obj: Obj) -> list[str]:
-    """All errors the API server would report for ``obj``: OpenAPI first, then CEL."""
+def validation_errors(schema: Schema, obj: Obj, old: Obj | None = None) -> list[str]:
+    """All errors the API server would report for ``obj``: OpenAPI first, then CEL.
+
+    With ``old`` (the stored object, defaulted as the API server reads it) ``obj`` is an
+    update and the transition rules are evaluated too.
+    """
     defaulted = apply_defaults(schema, obj)
     validator = jsonschema.Draft7Validator(to_json_schema(schema), format_checker=FORMATS)
     errors = [
@@ -350,12 +378,14 @@ def validation_errors(schema: Schema, obj: Obj) -> list[str]:
     ]
     # The API server skips CEL rules when the object does not even have the right types.
     if not any("is not of type" in e for e in errors):
-        errors += cel_errors(schema, defaulted)
+        stored = NO_OLD if old is None else apply_defaults(schema, old)
+        errors += cel_errors(schema, defaulted, old=stored)
     return errors
 
 
-def pool_errors(obj: Obj) -> list[str]:
-    return validation_errors(schema_of(load_crd(POOL_FILES[obj["kind"]]), "v1alpha1"), obj)
+def pool_errors(obj: Obj, old: Obj | None = None) -> list[str]:
+    """Errors of creating ``obj``, or of updating ``old`` to ``obj``."""
+    return validation_errors(schema_of(load_crd(POOL_FILES[obj["kind"]]), "v1alpha1"), obj, old)
 
 
 # =========================================================================== tests: every CRD
@@ -500,10 +530,12 @@ def test_cel_rules_parse_and_name_schema_fields(vid: str, crd: Obj, version: Obj
             expression = rule["rule"]
             CEL_ENV.compile(expression)  # raises CELParseError on a syntax error
             assert rule.get("message") and "\n" not in rule["message"], (path, rule)
-            assert "oldSelf" not in expression, "transition rules are not used"
+            if is_transition_rule(rule):
+                # The API server has no old value below a list without list-type map/set.
+                assert "[]" not in path, (path, "transition rule below a list")
             called = set(re.findall(r"([A-Za-z_]\w*)\s*\(", expression))
             assert called <= STANDARD_CEL_FUNCTIONS, (path, called - STANDARD_CEL_FUNCTIONS)
-            for chain in re.findall(r"\bself((?:\.[A-Za-z_]\w*)+)", expression):
+            for chain in re.findall(r"\b(?:self|oldSelf)((?:\.[A-Za-z_]\w*)+)", expression):
                 current = node
                 for field in chain.lstrip(".").split("."):
                     if current.get("type") != "object":
@@ -958,6 +990,161 @@ def test_cel_rules_are_evaluated_not_just_parsed() -> None:
     }
     assert validation_errors(schema, {"a": "xy"}) == []
     assert validation_errors(schema, {"a": "yx"}) == [": a starts with x"]
+
+
+# --------------------------------------------------------------------------- updates
+
+IMMUTABLE = (
+    "is immutable: the addresses already registered stay where they are; create a new pool to "
+    "use another location"
+)
+PHP_BY_ID = changed(PHP, subnet=DELETE, sectionId=DELETE, subnetId=7)
+IB_NO_DNS = changed(IB, dnsView=DELETE, dnsZone=DELETE)
+
+# (old pool, new pool, the fields whose change is refused)
+LOCATION_CHANGES: dict[str, tuple[Obj, Obj, set[str]]] = {
+    "phpipam-endpoint": (
+        example(PHP),
+        changed(PHP, endpoint="https://phpipam2.example.com/api"),
+        {"endpoint"},
+    ),
+    "phpipam-endpoint-path": (
+        example(PHP),
+        changed(PHP, endpoint="https://phpipam.example.com/api/"),
+        {"endpoint"},
+    ),
+    "phpipam-app-id": (example(PHP), changed(PHP, appId="capi2"), {"appId"}),
+    "phpipam-subnet": (example(PHP), changed(PHP, subnet="10.20.1.0/24"), {"subnet"}),
+    "phpipam-section-id": (example(PHP), changed(PHP, sectionId=4), {"sectionId"}),
+    "phpipam-section-id-removed": (example(PHP), changed(PHP, sectionId=DELETE), {"sectionId"}),
+    "phpipam-section-id-added": (changed(PHP, sectionId=DELETE), example(PHP), {"sectionId"}),
+    "phpipam-subnet-id": (
+        PHP_BY_ID,
+        changed(PHP, subnet=DELETE, sectionId=DELETE, subnetId=8),
+        {"subnetId"},
+    ),
+    "phpipam-cidr-to-id": (example(PHP), PHP_BY_ID, {"subnet", "subnetId", "sectionId"}),
+    "phpipam-id-to-cidr": (PHP_BY_ID, changed(PHP, sectionId=DELETE), {"subnet", "subnetId"}),
+    "infoblox-endpoint": (
+        example(IB),
+        changed(IB, endpoint="https://gm2.example.com"),
+        {"endpoint"},
+    ),
+    "infoblox-subnet": (example(IB), changed(IB, subnet="10.30.1.0/24"), {"subnet"}),
+    "infoblox-network-view": (example(IB), changed(IB, networkView="lab"), {"networkView"}),
+    "infoblox-network-view-back-to-default": (
+        changed(IB, networkView="lab"),
+        changed(IB, networkView=DELETE),
+        {"networkView"},
+    ),
+    "infoblox-record-type": (
+        IB_NO_DNS,
+        changed(IB, dnsView=DELETE, dnsZone=DELETE, recordType="fixedaddress"),
+        {"recordType"},
+    ),
+    "infoblox-dns-view": (example(IB), changed(IB, dnsView="internal"), {"dnsView"}),
+    "infoblox-dns-zone": (example(IB), changed(IB, dnsZone="k8s.example.com"), {"dnsZone"}),
+    "infoblox-dns-zone-removed": (example(IB), changed(IB, dnsZone=DELETE), {"dnsZone"}),
+    "infoblox-dns-zone-added": (changed(IB, dnsZone=DELETE), example(IB), {"dnsZone"}),
+}
+
+
+def refused_fields(errors: list[str]) -> set[str]:
+    """The fields named by "<field> is immutable: ..." errors (every error must be one)."""
+    fields = set()
+    for error in errors:
+        where, _, message = error.partition(": ")
+        field, _, rest = message.partition(" ")
+        assert rest == IMMUTABLE, error
+        assert where in (".spec", f".spec.{field}"), error
+        fields.add(field)
+    return fields
+
+
+@pytest.mark.parametrize(("old", "new", "fields"), LOCATION_CHANGES.values(), ids=LOCATION_CHANGES)
+def test_ipam_location_cannot_change(old: Obj, new: Obj, fields: set[str]) -> None:
+    assert pool_errors(old) == []
+    assert pool_errors(new) == []  # valid as a new pool: only the change is refused
+    assert refused_fields(pool_errors(new, old)) == fields
+    assert pool_errors(old, old) == []
+
+
+def test_every_location_field_is_immutable() -> None:
+    """The rules cover exactly the IPAM location of each kind, no more."""
+    location = {
+        PHP: {"endpoint", "appId", "subnetId", "subnet", "sectionId"},
+        IB: {"endpoint", "subnet", "networkView", "recordType", "dnsView", "dnsZone"},
+    }
+    for kind, fields in location.items():
+        spec = schema_of(load_crd(POOL_FILES[kind]), "v1alpha1")["properties"]["spec"]
+        messages = [
+            r["message"] for _, node in walk(spec) for r in node.get("x-kubernetes-validations", [])
+        ]
+        named = {m.split(" ", 1)[0] for m in messages if m.endswith(IMMUTABLE)}
+        assert named == fields, kind
+        for field in fields:
+            assert "Immutable" in spec["properties"][field]["description"], (kind, field)
+
+
+# (old pool, new pool): updates of everything but the location, all accepted
+MUTABLE_CHANGES: dict[str, tuple[Obj, Obj]] = {
+    "phpipam-no-op": (example(PHP), example(PHP)),
+    "phpipam-gateway-prefix-suffix": (
+        example(PHP),
+        changed(PHP, gateway="10.20.0.254", prefix=23, hostnameSuffix="other.example.com"),
+    ),
+    "phpipam-gateway-removed": (example(PHP), changed(PHP, gateway=DELETE, hostnameSuffix=DELETE)),
+    "phpipam-credentials-and-tls": (
+        example(PHP),
+        changed(PHP, credentialsRef={"name": "rotated"}, tls={"insecureSkipVerify": True}),
+    ),
+    "phpipam-by-id-gateway": (
+        PHP_BY_ID,
+        changed(PHP, subnet=DELETE, sectionId=DELETE, subnetId=7, gateway="10.20.0.2"),
+    ),
+    "infoblox-no-op": (example(IB), example(IB)),
+    "infoblox-wapi-version-and-eas": (
+        example(IB),
+        changed(IB, wapiVersion="2.13.6", extensibleAttributes={"Owner": "someone-else"}),
+    ),
+    "infoblox-gateway-prefix-credentials": (
+        example(IB),
+        changed(IB, gateway=DELETE, prefix=25, credentialsRef={"name": "rotated"}),
+    ),
+    "infoblox-network-view-default-spelled-out": (
+        changed(IB, networkView=DELETE, recordType=DELETE),
+        changed(IB, networkView="default", recordType="host"),
+    ),
+}
+
+
+@pytest.mark.parametrize(("old", "new"), MUTABLE_CHANGES.values(), ids=MUTABLE_CHANGES)
+def test_everything_but_the_location_can_change(old: Obj, new: Obj) -> None:
+    assert pool_errors(new, old) == []
+
+
+def test_status_and_metadata_updates_are_accepted() -> None:
+    for kind in POOL_FILES:
+        old = example(kind)
+        new = with_status(kind, VALID_STATUS)
+        new["metadata"]["labels"] = {"cluster.x-k8s.io/cluster-name": "moved"}
+        assert pool_errors(new, old) == []
+
+
+def test_transition_rules_need_an_old_object() -> None:
+    """On create (no old object) and where the old object has no value, they do not run."""
+    schema: Schema = {
+        "type": "object",
+        "properties": {
+            "a": {
+                "type": "string",
+                "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "a fixed"}],
+            }
+        },
+    }
+    assert validation_errors(schema, {"a": "x"}) == []
+    assert validation_errors(schema, {"a": "x"}, old={}) == []
+    assert validation_errors(schema, {"a": "y"}, old={"a": "x"}) == [".a: a fixed"]
 
 
 # =========================================================================== tests: CAPI copies

@@ -86,7 +86,36 @@ def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Confi
         ).load_and_set(configuration)
     else:
         kubernetes.config.load_kube_config(client_configuration=configuration)
+    _trim_tokens(configuration)
     return configuration
+
+
+def _strip_api_keys(configuration: kubernetes.client.Configuration) -> None:
+    for key in ("BearerToken", "authorization"):
+        value = configuration.api_key.get(key)
+        if isinstance(value, str):
+            configuration.api_key[key] = value.strip()
+
+
+def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
+    """Strip the whitespace around the token the client sends, now and on every refresh.
+
+    The kubernetes package reads ``tokenFile`` and the service account token without
+    stripping them (``kube_config.py`` ``_load_user_token``, ``incluster_config.py``
+    ``_read_token_file``): a file ending in a newline makes every request fail with
+    ``Invalid header value``. client-go (kubectl) trims them, and so does this. The
+    configuration's ``refresh_api_key_hook`` writes the untrimmed value back before each
+    request, so it is wrapped.
+    """
+    refresh = configuration.refresh_api_key_hook
+    if refresh is not None:
+
+        def refresh_and_trim(target: kubernetes.client.Configuration) -> None:
+            refresh(target)
+            _strip_api_keys(target)
+
+        configuration.refresh_api_key_hook = refresh_and_trim
+    _strip_api_keys(configuration)
 
 
 def _service_account_file(name: str) -> str:

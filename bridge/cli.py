@@ -1,4 +1,9 @@
-"""``ipam-bridge run | demo | version``: the command line of the operator."""
+"""``ipam-bridge run | demo | version``: the command line of the operator.
+
+``run`` never fails silently: the ports it must listen on are checked before kopf starts
+(`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
+handler) ends the process with one line on stderr and exit code 1.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,27 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from bridge import __version__
+from bridge.metrics import PortUnavailableError, check_port
 from bridge.settings import Settings
 
-__all__ = ["LOG_REFKEY", "ObjectRefFilter", "main", "run_operator"]
+__all__ = [
+    "DEPRECATED_PEERING",
+    "LOG_REFKEY",
+    "ObjectRefFilter",
+    "StartupError",
+    "check_ports",
+    "main",
+    "run_operator",
+]
+
+log = logging.getLogger(__name__)
 
 #: The key of the object reference (``{apiVersion, kind, namespace, name, uid}``) in JSON logs.
 LOG_REFKEY = "object"
@@ -90,6 +107,69 @@ def _configure_logging(settings: Settings) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+#: The message logged (once per process) when a deprecated peering option is given.
+DEPRECATED_PEERING = (
+    "%s: deprecated and ignored: ipam-bridge always runs without kopf peering "
+    "(run one replica; leader election on a Lease replaces it)"
+)
+_warned_deprecated: set[str] = set()
+
+
+class StartupError(RuntimeError):
+    """kopf's start-up activity failed: the message joins what the failed handlers raised."""
+
+
+def _liveness_host_port(endpoint: str) -> tuple[str, int]:
+    """Return the host and port kopf's liveness server binds for ``endpoint``.
+
+    The same defaults as kopf's ``health_reporter`` (``kopf/_core/engines/probing.py``):
+    host ``localhost``, port 80.
+    """
+    parts = urllib.parse.urlsplit(endpoint)
+    return parts.hostname or "localhost", parts.port or 80
+
+
+def check_ports(settings: Settings, liveness: str | None, *, liveness_setting: str) -> None:
+    """Check that the metrics and liveness ports can be bound, before kopf starts.
+
+    kopf serves its liveness endpoint from a background task: a port it cannot bind would
+    fail there while the operator runs on half-started; the metrics server starts in the
+    start-up handler, which kopf retries every 60 s. Checking both here stops the process
+    at once instead.
+
+    Parameters
+    ----------
+    settings:
+        ``metrics_address`` and ``metrics_port`` (0: no metrics endpoint).
+    liveness:
+        kopf's liveness endpoint URL, or None (no endpoint).
+    liveness_setting:
+        What chose the liveness URL (``IPAM_BRIDGE_HEALTH_PORT`` or ``--liveness``).
+
+    Raises
+    ------
+    PortUnavailableError
+        The first port that cannot be bound, naming the address, port and setting.
+    """
+    check_port(
+        settings.metrics_port,
+        settings.metrics_address,
+        purpose="metrics",
+        setting="IPAM_BRIDGE_METRICS_PORT",
+    )
+    if liveness:
+        host, port = _liveness_host_port(liveness)
+        check_port(port, host, purpose="health", setting=liveness_setting)
+
+
+def _warn_deprecated(names: Iterable[str]) -> None:
+    """Log `DEPRECATED_PEERING` for the names not warned about yet in this process."""
+    new = [name for name in names if name not in _warned_deprecated]
+    if new:
+        _warned_deprecated.update(new)
+        log.warning(DEPRECATED_PEERING, ", ".join(new))
+
+
 def run_operator(
     namespaces: Sequence[str] = (),
     *,
@@ -99,6 +179,10 @@ def run_operator(
 ) -> None:
     """Run the operator in this process until SIGTERM or SIGINT (kopf stops gracefully).
 
+    kopf always runs standalone (no kopf peering): with a peering name kopf waits for a
+    ``ClusterKopfPeering`` object and, in a cluster that has kopf's peering CRDs but not that
+    object, serves nothing and says nothing.
+
     Parameters
     ----------
     namespaces:
@@ -107,7 +191,8 @@ def run_operator(
     all_namespaces:
         Serve all namespaces even when ``IPAM_BRIDGE_NAMESPACE`` names some.
     standalone:
-        Skip kopf peering (one replica); None takes ``IPAM_BRIDGE_STANDALONE``.
+        Deprecated and ignored (``--standalone``): True or False logs a warning once.
+        ``IPAM_BRIDGE_STANDALONE`` and ``IPAM_BRIDGE_PEERING_NAME`` are ignored the same way.
     liveness:
         kopf liveness endpoint URL; None builds ``http://0.0.0.0:<port>/healthz`` from
         ``IPAM_BRIDGE_HEALTH_PORT`` (0: no endpoint).
@@ -116,6 +201,11 @@ def run_operator(
     ------
     pydantic.ValidationError
         When an ``IPAM_BRIDGE_*`` variable is invalid.
+    PortUnavailableError
+        When the metrics or liveness port cannot be bound (before kopf starts).
+    StartupError
+        When kopf's start-up activity failed (e.g. a ``kopf.PermanentError`` of the start-up
+        handler: CAPI's CRDs not served, access denied by the API server).
     """
     import bridge.handlers  # noqa: F401  (registers the handlers)
 
@@ -125,18 +215,52 @@ def run_operator(
         os.environ["IPAM_BRIDGE_NAMESPACE"] = "" if all_namespaces else ",".join(namespaces)
     settings = Settings()
     _configure_logging(settings)
+    deprecated = [
+        name
+        for name, given in (
+            ("--standalone", standalone is not None),
+            ("IPAM_BRIDGE_STANDALONE", "standalone" in settings.model_fields_set),
+            ("IPAM_BRIDGE_PEERING_NAME", "peering_name" in settings.model_fields_set),
+        )
+        if given
+    ]
+    _warn_deprecated(deprecated)
+    liveness_setting = "--liveness" if liveness else "IPAM_BRIDGE_HEALTH_PORT"
     if liveness is None and settings.health_port:
         liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
-    standalone = settings.standalone if standalone is None else standalone
-    kopf.run(
-        standalone=standalone,
-        # kopf makes peering mandatory when a peering name is given, and a standalone
-        # operator has no peering resources: it would stay paused ("peering CRD is missing").
-        peering_name=None if standalone else settings.peering_name,
-        namespaces=list(settings.namespaces),
-        clusterwide=not settings.namespaces,
-        liveness_endpoint=liveness,
-    )
+    check_ports(settings, liveness, liveness_setting=liveness_setting)
+    try:
+        kopf.run(
+            # No kopf peering, ever (see above); peering_name=None: kopf would make peering
+            # mandatory whenever a name is given.
+            standalone=True,
+            peering_name=None,
+            namespaces=list(settings.namespaces),
+            clusterwide=not settings.namespaces,
+            liveness_endpoint=liveness,
+        )
+    except Exception as exc:
+        failed = _activity_failures(exc)
+        if failed is None:
+            raise
+        raise StartupError("; ".join(failed) or str(exc)) from exc
+
+
+def _activity_failures(exc: BaseException) -> list[str] | None:
+    """Return the messages of the failed handlers of a kopf ``ActivityError``, else None.
+
+    kopf raises ``kopf._core.engines.activities.ActivityError`` (not exported) out of
+    ``kopf.run`` when a start-up handler failed for good; its ``outcomes`` map handler ids
+    to outcomes whose ``exception`` is what the handler raised.
+    """
+    outcomes = getattr(exc, "outcomes", None)
+    if type(exc).__name__ != "ActivityError" or not isinstance(outcomes, Mapping):
+        return None
+    return [
+        str(outcome.exception)
+        for outcome in outcomes.values()
+        if getattr(outcome, "exception", None) is not None
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -163,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
         "--standalone",
         action="store_true",
         default=None,
-        help="no peering: do not wait for other replicas",
+        help="deprecated and ignored: the operator always runs without kopf peering",
     )
     run.add_argument(
         "--liveness",
@@ -187,7 +311,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ipam-bridge`` console script; returns the exit code."""
+    """Entry point of the ``ipam-bridge`` console script; return the exit code.
+
+    ``run`` returns 1 with one line on stderr (``ipam-bridge: <message>``) when a port
+    cannot be bound or kopf's start-up failed; 0 after a clean stop (SIGTERM, SIGINT).
+    """
     args = _parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
@@ -196,12 +324,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bridge.demo import run_demo
 
         return run_demo(claims=args.claims, backend=args.backend)
-    run_operator(
-        args.namespace,
-        all_namespaces=args.all_namespaces,
-        standalone=args.standalone,
-        liveness=args.liveness,
-    )
+    try:
+        run_operator(
+            args.namespace,
+            all_namespaces=args.all_namespaces,
+            standalone=args.standalone,
+            liveness=args.liveness,
+        )
+    except PortUnavailableError as exc:
+        print(f"ipam-bridge: {exc}", file=sys.stderr)
+        return 1
+    except StartupError as exc:
+        print(f"ipam-bridge: start-up failed: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,6 +7,9 @@ in prometheus-client's global registry), so several operators can run in one pro
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +20,120 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "PortUnavailableError", "check_port", "listen_address"]
 
 T = TypeVar("T")
+
+
+def listen_address(address: str, port: int) -> str:
+    """Return ``address:port`` as a person writes it (``[::]:8080`` for an IPv6 address)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+class PortUnavailableError(OSError):
+    """A TCP port the operator must listen on cannot be bound.
+
+    ``str()`` of it is the whole message, e.g. ``cannot listen on 0.0.0.0:8080 for metrics
+    (IPAM_BRIDGE_METRICS_PORT): Address already in use``. It is an `OSError` (the error of
+    the failed ``bind``) so that code catching ``OSError`` keeps working.
+
+    Parameters
+    ----------
+    address:
+        The address to listen on (``0.0.0.0``, ``::``, a host name).
+    port:
+        The TCP port.
+    purpose:
+        What the port serves (``metrics``, ``health``), for the message.
+    setting:
+        What chose the port (``IPAM_BRIDGE_METRICS_PORT``, ``--liveness``), for the message.
+    reason:
+        Why it cannot be bound (the system's text, e.g. ``Address already in use``).
+    code:
+        The ``errno`` of the failure (``errno.EADDRINUSE``...), or None when unknown.
+
+    Attributes
+    ----------
+    address, port, purpose, setting, reason:
+        As given; ``errno`` is ``code``.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        purpose: str,
+        setting: str,
+        reason: str,
+        code: int | None = None,
+    ) -> None:
+        super().__init__(
+            f"cannot listen on {listen_address(address, port)} for {purpose} ({setting}): {reason}"
+        )
+        # errno alone (no strerror) keeps str() the message above (CPython's OSError.__str__).
+        self.errno = code
+        self.address = address
+        self.port = port
+        self.purpose = purpose
+        self.setting = setting
+        self.reason = reason
+
+    @classmethod
+    def from_os_error(
+        cls, exc: OSError, address: str, port: int, purpose: str, setting: str
+    ) -> PortUnavailableError:
+        """Build the error from the ``OSError`` of a failed ``bind`` or address lookup."""
+        code = exc.errno if isinstance(exc.errno, int) else None
+        if isinstance(exc, socket.gaierror):
+            reason = exc.strerror or str(exc)
+        elif code is not None:
+            reason = os.strerror(code)
+        else:
+            reason = str(exc) or type(exc).__name__
+        return cls(address, port, purpose, setting, reason, code)
+
+
+def check_port(port: int, address: str, *, purpose: str, setting: str) -> None:
+    """Check that a server can listen on ``address:port`` now, and release the port again.
+
+    Binds (and listens on) a TCP socket for every address ``address`` resolves to, with
+    ``SO_REUSEADDR`` as the servers that will listen there do (prometheus-client's WSGI
+    server, aiohttp's ``TCPSite`` for kopf's liveness endpoint), so a port held only by
+    connections in ``TIME_WAIT`` is not reported, and a port another process listens on is.
+
+    Parameters
+    ----------
+    port:
+        TCP port; 0 checks nothing (the endpoint is off).
+    address:
+        Address or host name to bind (``0.0.0.0`` binds every IPv4 address).
+    purpose, setting:
+        For the message of the error (see `PortUnavailableError`).
+
+    Raises
+    ------
+    PortUnavailableError
+        When the address does not resolve, or the port is in use, privileged or not
+        assignable on this machine.
+    """
+    if not port:
+        return
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise PortUnavailableError.from_os_error(exc, address, port, purpose, setting) from exc
+    if not infos:  # pragma: no cover - getaddrinfo raises rather than return nothing
+        raise PortUnavailableError(
+            address, port, purpose, setting, "no address", errno.EADDRNOTAVAIL
+        )
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(sockaddr)
+                sock.listen(1)
+        except OSError as exc:
+            raise PortUnavailableError.from_os_error(exc, address, port, purpose, setting) from exc
 
 
 class Metrics:
@@ -189,7 +303,13 @@ class Metrics:
         """
         self.pool_free.remove(pool, kind)  # a no-op for an unknown series
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
+    def serve(
+        self,
+        port: int,
+        address: str = "0.0.0.0",
+        *,
+        setting: str = "IPAM_BRIDGE_METRICS_PORT",
+    ) -> int:
         """Serve ``/metrics`` over HTTP with prometheus-client's WSGI server, in a thread.
 
         Parameters
@@ -198,6 +318,8 @@ class Metrics:
             TCP port; 0 picks a free one.
         address:
             Address to bind (``0.0.0.0`` in a pod, so the metrics Service reaches it).
+        setting:
+            What chose the port, named in the error (default ``IPAM_BRIDGE_METRICS_PORT``).
 
         Returns
         -------
@@ -206,10 +328,16 @@ class Metrics:
 
         Raises
         ------
-        OSError
-            When the port cannot be bound (in use, or privileged).
+        PortUnavailableError
+            When the port cannot be bound (in use, privileged, or an address this machine
+            does not have); an `OSError`, its message names the address, port and setting.
         """
-        server, thread = start_http_server(port, addr=address, registry=self.registry)
+        try:
+            server, thread = start_http_server(port, addr=address, registry=self.registry)
+        except OSError as exc:
+            raise PortUnavailableError.from_os_error(
+                exc, address, port, "metrics", setting
+            ) from exc
         self._server = (server, thread)
         return int(server.server_port)
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +19,13 @@ from kopf._core.actions.execution import cause_var
 
 from bridge import __version__, cli
 from bridge.settings import Settings
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
 
 REF = {
     "apiVersion": "ipam.cluster.x-k8s.io/v1beta2",
@@ -54,8 +66,18 @@ def kopf_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
-    for name in ("NAMESPACE", "STANDALONE", "HEALTH_PORT", "LOG_FORMAT", "LOG_LEVEL"):
+    for name in (
+        "NAMESPACE",
+        "STANDALONE",
+        "PEERING_NAME",
+        "LOG_FORMAT",
+        "LOG_LEVEL",
+        "METRICS_ADDRESS",
+    ):
         monkeypatch.delenv(f"IPAM_BRIDGE_{name}", raising=False)
+    # The pre-flight port check binds the metrics and health ports: pick free ones.
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", str(free_port()))
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", str(free_port("0.0.0.0")))
     yield calls
 
 
@@ -67,14 +89,18 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == __version__
 
 
-def test_run_defaults_to_cluster_wide_with_peering(kopf_run: list[dict[str, Any]]) -> None:
+def test_run_defaults_to_cluster_wide_without_kopf_peering(
+    kopf_run: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["run"]) == 0
     (call,) = kopf_run
     assert call["clusterwide"] is True
     assert call["namespaces"] == []
-    assert call["standalone"] is False
-    assert call["peering_name"] == Settings().peering_name
+    # kopf waits for a peering object whenever a peering name is given: never give one
+    assert call["standalone"] is True
+    assert call["peering_name"] is None
     assert call["liveness_endpoint"] == f"http://0.0.0.0:{Settings().health_port}/healthz"
+    assert "deprecated" not in capsys.readouterr().err
 
 
 def test_run_namespaces_reach_kopf_and_the_settings(
@@ -120,30 +146,203 @@ def test_namespace_and_all_namespaces_exclude_each_other(
     assert kopf_run == []
 
 
-def test_standalone_passes_no_peering_name(
-    kopf_run: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["run", "--standalone"], {}, "--standalone"),
+        (["run"], {"IPAM_BRIDGE_STANDALONE": "false"}, "IPAM_BRIDGE_STANDALONE"),
+        (["run"], {"IPAM_BRIDGE_PEERING_NAME": "ipam-bridge"}, "IPAM_BRIDGE_PEERING_NAME"),
+    ],
+)
+def test_peering_options_are_accepted_ignored_and_warned_about_once(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
 ) -> None:
-    # kopf makes peering mandatory whenever a peering name is given; standalone has no
-    # peering resources, so the operator would stay paused forever
-    cli.main(["run", "--standalone"])
-    monkeypatch.setenv("IPAM_BRIDGE_STANDALONE", "true")
-    cli.main(["run"])
+    monkeypatch.setattr(cli, "_warned_deprecated", set())
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(argv) == 0
+    assert cli.main(argv) == 0
     for call in kopf_run:
         assert call["standalone"] is True
         assert call["peering_name"] is None
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert len(warnings) == 1, warnings
+    assert named in warnings[0] and "WARNING" in warnings[0]
+
+
+def test_all_peering_options_in_one_warning(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(cli, "_warned_deprecated", set())
+    monkeypatch.setenv("IPAM_BRIDGE_STANDALONE", "true")
+    monkeypatch.setenv("IPAM_BRIDGE_PEERING_NAME", "x")
+    cli.main(["run", "--standalone"])
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert "--standalone, IPAM_BRIDGE_STANDALONE, IPAM_BRIDGE_PEERING_NAME: deprecated" in warning
 
 
 def test_liveness_endpoint(kopf_run: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "9444")
+    health, liveness = free_port("0.0.0.0"), free_port()
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", str(health))
     cli.main(["run"])
-    cli.main(["run", "--liveness", "http://127.0.0.1:7000/healthz"])
+    cli.main(["run", "--liveness", f"http://127.0.0.1:{liveness}/healthz"])
     monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
     cli.main(["run"])
     assert [c["liveness_endpoint"] for c in kopf_run] == [
-        "http://0.0.0.0:9444/healthz",
-        "http://127.0.0.1:7000/healthz",
+        f"http://0.0.0.0:{health}/healthz",
+        f"http://127.0.0.1:{liveness}/healthz",
         None,
     ]
+
+
+# -- start-up never fails silently ----------------------------------------------------------
+
+
+@pytest.fixture
+def occupied() -> Iterator[int]:
+    """A port another process listens on (127.0.0.1)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])
+
+
+def test_metrics_port_in_use_stops_run_before_kopf(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    occupied: int,
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_ADDRESS", "127.0.0.1")
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", str(occupied))
+    assert cli.main(["run"]) == 1
+    assert kopf_run == []
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ipam-bridge: cannot listen on 127.0.0.1:{occupied} for metrics "
+        "(IPAM_BRIDGE_METRICS_PORT): Address already in use"
+    )
+
+
+def test_metrics_on_all_addresses_conflicts_with_one_address(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    occupied: int,
+) -> None:
+    # the default address 0.0.0.0 cannot be bound while 127.0.0.1:<port> is listened on
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", str(occupied))
+    assert cli.main(["run"]) == 1
+    assert kopf_run == []
+    assert f"cannot listen on 0.0.0.0:{occupied} for metrics" in capsys.readouterr().err
+
+
+def test_health_port_in_use_stops_run_before_kopf(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    occupied: int,
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", str(occupied))
+    assert cli.main(["run"]) == 1
+    assert cli.main(["run", "--liveness", f"http://127.0.0.1:{occupied}/healthz"]) == 1
+    assert kopf_run == []
+    from_setting, from_flag = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("ipam-bridge:")
+    ]
+    assert from_setting == (
+        f"ipam-bridge: cannot listen on 0.0.0.0:{occupied} for health "
+        "(IPAM_BRIDGE_HEALTH_PORT): Address already in use"
+    )
+    assert from_flag == (
+        f"ipam-bridge: cannot listen on 127.0.0.1:{occupied} for health "
+        "(--liveness): Address already in use"
+    )
+
+
+def test_an_address_this_machine_does_not_have(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_ADDRESS", "192.0.2.1")  # TEST-NET-1: bind only
+    assert cli.main(["run"]) == 1
+    assert kopf_run == []
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("for metrics (IPAM_BRIDGE_METRICS_PORT): Cannot assign requested address")
+    )
+
+
+def test_ports_zero_are_not_checked(
+    kopf_run: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, occupied: int
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", "0")
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
+    assert cli.main(["run"]) == 0
+    assert len(kopf_run) == 1
+
+
+def test_a_taken_port_ends_the_real_process_within_seconds(occupied: int, tmp_path: Any) -> None:
+    # no cluster and no kubeconfig needed: the check runs before kopf
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("IPAM_BRIDGE_")},
+        "KUBECONFIG": str(tmp_path / "no-such-kubeconfig"),
+        "IPAM_BRIDGE_HEALTH_PORT": str(occupied),
+        "IPAM_BRIDGE_METRICS_PORT": "0",
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"ipam-bridge: cannot listen on 0.0.0.0:{occupied} for health "
+        "(IPAM_BRIDGE_HEALTH_PORT): Address already in use"
+    )
+
+
+def test_a_failed_start_up_ends_run_with_the_handlers_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kopf._core.actions.execution import Outcome
+    from kopf._core.engines.activities import ActivityError
+
+    def failing_run(**_: Any) -> None:
+        outcome = Outcome(final=True, exception=kopf.PermanentError("forbidden: User x"))
+        raise ActivityError("One or more handlers failed.", outcomes={"startup": outcome})
+
+    monkeypatch.setattr(kopf, "run", failing_run)
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", "0")
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
+    assert cli.main(["run"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "ipam-bridge: start-up failed: forbidden: User x"
+    )
+
+
+def test_other_errors_of_kopf_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_run(**_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(kopf, "run", broken_run)
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", "0")
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["run"])
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -8,12 +8,22 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp.web
 import attrs
 import kmock
 from kmock._internal import parsing as _kmock_parsing
 
+from bridge.testing.auth import (
+    AccessLog,
+    Identity,
+    RequestAttributes,
+    User,
+    forbidden,
+    owner_references_admission,
+    request_attributes,
+)
 from bridge.testing.resources import ResourceDef
-from bridge.testing.store import ApiError, ObjectStore
+from bridge.testing.store import Admit, ApiError, ObjectStore
 
 __all__ = ["KubeEmulator"]
 
@@ -63,12 +73,31 @@ if not hasattr(_kmock_parsing.parse_path, "__wrapped__"):
 # The API server's warnings of the request being served (``Warning`` response headers); set
 # per request in KubeEmulator.__call__, filled by the store (pruned fields).
 _WARNINGS: contextvars.ContextVar[list[str]] = contextvars.ContextVar("kube_emulator_warnings")
+# Who makes the request being served, and what it asks (for admission checks).
+_REQUESTER: contextvars.ContextVar[tuple[Identity, RequestAttributes]] = contextvars.ContextVar(
+    "kube_emulator_requester"
+)
 
 
 def _warning_header(text: str) -> str:
     """Format a ``Warning`` header as the API server does (RFC 7234 code 299, agent ``-``)."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'299 - "{escaped}"'
+
+
+def _admin() -> Identity:
+    return Identity(User("admin", ("system:masters", "system:authenticated")))
+
+
+def _status_response(error: ApiError, attributes: RequestAttributes) -> aiohttp.web.Response:
+    body = error.to_status()
+    if attributes.resource_request:
+        body["details"] = {
+            "name": attributes.name,
+            "group": attributes.api_group,
+            "kind": attributes.resource,
+        }
+    return aiohttp.web.json_response(body, status=error.status)
 
 
 def _is_resource_request(request: kmock.Request) -> bool:
@@ -94,6 +123,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
     history_size : int
         How many recent requests kmock keeps for assertions (``emulator.requests``-style
         views); kmock matches each request against its whole history, so it is kept short.
+    admin : Identity
+        The unrestricted identity (user ``admin`` in ``system:masters``).
+    identities : dict of str to Identity
+        Bearer token -> identity; the admin's is added on creation.
+    require_token : bool
+        When false (the default), a request without credentials is served as the admin;
+        when true it gets ``401 Unauthorized``, as do unknown tokens in any case.
+    access_log : AccessLog
+        Every authorization decision (requests, and checks admission makes for them).
 
     Notes
     -----
@@ -110,17 +148,22 @@ class KubeEmulator(kmock.KubernetesScaffold):
       made 200 objects take minutes;
     - ``_errors`` (the accumulated server-side errors, trimmed the same way).
 
-    Not emulated: server-side apply, bookmarks, pagination (``limit``/``continue``),
-    ``DeleteOptions.propagationPolicy`` (always background), namespace termination, RBAC,
-    schema validation, pruning and defaulting.
+    Authentication and authorization run first, before kmock sees the request (kmock's DSL
+    reactions, fault injection included, apply to authorized requests only). See
+    ``bridge/testing/README.md`` for what is emulated and what is not.
 
     """
 
     store: ObjectStore = attrs.field(factory=ObjectStore)
     history_size: int = 4
+    admin: Identity = attrs.field(factory=_admin)
+    identities: dict[str, Identity] = attrs.field(factory=dict)
+    require_token: bool = False
+    access_log: AccessLog = attrs.field(factory=AccessLog)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self.identities[self.admin.token] = self.admin
         # The API answers a successful create with 201 Created (the kubernetes client's
         # create_* methods deserialize only a 201); errors carry their own status.
         # A sub-priority above kmock's own fallbacks (discovery, 404): resource requests are the
@@ -142,16 +185,48 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 del payload._requests[:-limit]
             if self._errors:
                 del self.errors[:-limit]
+        attributes = request_attributes(raw_request.method, raw_request.path, raw_request.query)
+        identity = self.authenticate(raw_request.headers.get("Authorization"))
+        if identity is None:
+            return _status_response(ApiError(401, "Unauthorized", "Unauthorized"), attributes)
+        allowed, reason = identity.authorize(attributes)
+        self.access_log.record(identity.user, attributes, allowed)
+        if not allowed:
+            return _status_response(forbidden(identity.user, attributes, reason), attributes)
         warnings: list[str] = []
         token = _WARNINGS.set(warnings)
+        requester = _REQUESTER.set((identity, attributes))
         try:
             response = await super().__call__(raw_request)
         finally:
+            _REQUESTER.reset(requester)
             _WARNINGS.reset(token)
         if warnings and not response.prepared:
             for warning in warnings:
                 response.headers.add("Warning", _warning_header(warning))
         return response
+
+    def authenticate(self, authorization: str | None) -> Identity | None:
+        """Return the identity of an ``Authorization`` header, or ``None`` (401).
+
+        Parameters
+        ----------
+        authorization : str or None
+            The header; ``Bearer <token>`` is understood.
+
+        Returns
+        -------
+        Identity or None
+            The token's identity; the admin for no header unless :attr:`require_token`;
+            ``None`` for an unknown token or another scheme.
+
+        """
+        if not authorization:
+            return None if self.require_token else self.admin
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return self.identities.get(token.strip())
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -244,6 +319,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         method = str(request.method.value).upper()
         params = request.params
         warnings = _WARNINGS.get(None)
+        admit = self._admission()
         if method == "GET" and params.get("watch") in ("true", "1"):
             if name is not None:
                 raise ApiError(
@@ -274,7 +350,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 )
             if method == "POST":
                 return self.store.create(
-                    defn, ns, self._body(request), version=version, warnings=warnings
+                    defn, ns, self._body(request), version=version, admit=admit, warnings=warnings
                 )
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
         if sub not in (None, "status"):
@@ -289,6 +365,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._body(request),
                 subresource=sub,
                 version=version,
+                admit=admit,
                 warnings=warnings,
             )
         if method == "PATCH":
@@ -301,12 +378,23 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 self._body(request, dict_only=False),
                 subresource=sub,
                 version=version,
+                admit=admit,
                 warnings=warnings,
             )
         if method == "DELETE" and sub is None:
             options = self._body(request) if request.body else None
             return self.store.delete(defn, ns, name, options, version=version)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    def _admission(self) -> Admit | None:
+        """Return the admission checks of the request being served (restricted identities)."""
+        requester = _REQUESTER.get(None)
+        if requester is None or requester[0].authorizer is None:
+            return None
+        identity, attributes = requester
+        return owner_references_admission(
+            identity, attributes, self.access_log, self.store.find_kind
+        )
 
     @staticmethod
     def _body(request: kmock.Request, *, dict_only: bool = True) -> Any:

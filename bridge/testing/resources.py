@@ -203,8 +203,17 @@ BUILTIN_RESOURCES: tuple[ResourceDef, ...] = (
         kind="Event",
         custom=False,
     ),
+    ResourceDef(
+        group="coordination.k8s.io",
+        versions=("v1",),
+        plural="leases",
+        singular="lease",
+        kind="Lease",
+        custom=False,
+    ),
 )
-"""Served by every emulator: namespaces, secrets, configmaps, core and events.k8s.io events."""
+"""Served by every emulator: namespaces, secrets, configmaps, core and events.k8s.io events,
+and coordination.k8s.io leases (leader election)."""
 
 
 def _peering(plural: str, kind: str, namespaced: bool) -> ResourceDef:

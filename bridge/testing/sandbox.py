@@ -23,6 +23,7 @@ from typing import Any, Self
 import yaml
 
 from bridge.capi import GROUP
+from bridge.testing.auth import Identity
 from bridge.testing.objects import ObjectHelpers, wait_for
 from bridge.testing.server import EmulatedKubernetes
 
@@ -130,6 +131,19 @@ def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> li
     return documents
 
 
+def _identity(identity: str | Identity) -> Identity | None:
+    """Resolve the ``identity`` argument of `Sandbox`: None for the admin."""
+    if isinstance(identity, Identity):
+        return identity
+    if identity == "admin":
+        return None
+    if identity == "operator":
+        from bridge.testing.rbac import deploy_identity
+
+        return deploy_identity()
+    raise ValueError(f"identity must be 'admin', 'operator' or an Identity, not {identity!r}")
+
+
 @contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in values}
@@ -165,6 +179,14 @@ class Sandbox(ObjectHelpers):
         Start the operator on entry (False: call `start_operator` later).
     cluster_crd:
         Serve CAPI's ``Cluster`` CRD (False: a cluster with only CAPI's IPAM CRDs).
+    identity:
+        Who the operator runs as: ``"admin"`` (unrestricted, the default), ``"operator"``
+        (the ServiceAccount of ``deploy/`` with the RBAC of ``deploy/``, read when the
+        sandbox is made: `bridge.testing.rbac.deploy_identity`), or any `Identity`. With a
+        restricted identity the operator's kubeconfig carries its bearer token, requests
+        without a token are refused (401) so that nothing runs as the admin by accident,
+        the identity's namespace is created, and ``kube.access_log`` records what it did.
+        The sandbox's own helpers (``create``, ``claim``, ``kube.patch``...) stay admin.
     """
 
     def __init__(
@@ -175,17 +197,23 @@ class Sandbox(ObjectHelpers):
         settings: Mapping[str, str] | None = None,
         start_operator: bool = True,
         cluster_crd: bool = True,
+        identity: str | Identity = "admin",
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ipam-bridge-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.capi_versions = capi_versions
+        restricted = _identity(identity)
         self.kube = EmulatedKubernetes(
             crds=[
                 doc
                 for doc in crd_documents(capi_versions)
                 if cluster_crd or doc["spec"]["group"] != CLUSTER_CRD["spec"]["group"]
-            ]
+            ],
+            identities=[restricted] if restricted else [],
+            require_token=restricted is not None,
         )
+        self.identity: Identity = restricted or self.kube.admin
+        """The operator's identity (its token is in ``workdir/kubeconfig``)."""
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self._autostart = start_operator
         self._thread: threading.Thread | None = None
@@ -200,7 +228,10 @@ class Sandbox(ObjectHelpers):
 
     def __enter__(self) -> Self:
         self.kube.__enter__()
-        kubeconfig = self.kube.write_kubeconfig(self.workdir / "kubeconfig")
+        kubeconfig = self.kube.write_kubeconfig(self.workdir / "kubeconfig", self.identity)
+        parts = self.identity.name.split(":")
+        if parts[:2] == ["system", "serviceaccount"] and len(parts) == 4:
+            self.namespace(parts[2])  # where the operator's own objects (events, leases) go
         self._env = _environment({**self.settings, "KUBECONFIG": str(kubeconfig)})
         self._env.__enter__()
         if self._autostart:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 import aiohttp.web
 import yaml
 
+from bridge.testing.auth import AccessLog, Identity
 from bridge.testing.emulator import KubeEmulator
 from bridge.testing.resources import (
     BUILTIN_RESOURCES,
@@ -53,6 +54,10 @@ class EmulatedKubernetes:
         :class:`ObjectStore`).
     history_limit : int
         Watch events kept per resource for resumption (older resourceVersions get 410).
+    identities : iterable of Identity
+        Identities besides the admin (see :meth:`add_identity`).
+    require_token : bool
+        Refuse requests without a bearer token (401) instead of serving them as the admin.
     host, port : str, int
         Where to listen; port 0 picks a free one.
 
@@ -61,6 +66,12 @@ class EmulatedKubernetes:
     >>> with EmulatedKubernetes(crds=[crd]) as kube:          # doctest: +SKIP
     ...     kube.write_kubeconfig(tmp_path / "kubeconfig")
     ...     kube.create({"apiVersion": "v1", "kind": "Secret", ...})
+
+    A restricted identity with the RBAC of ``deploy/``:
+
+    >>> operator = kube.add_identity(deploy_identity())      # doctest: +SKIP
+    ... kube.write_kubeconfig(tmp_path / "operator", identity=operator)
+    ... kube.access_log.permissions(operator, allowed=False)
 
     """
 
@@ -72,6 +83,8 @@ class EmulatedKubernetes:
         garbage_collection: bool = True,
         namespace_lifecycle: bool = True,
         history_limit: int = 2000,
+        identities: Iterable[Identity] = (),
+        require_token: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -89,8 +102,10 @@ class EmulatedKubernetes:
             self.store.create(
                 self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
             )
-        self.handler = KubeEmulator(store=self.store)
+        self.handler = KubeEmulator(store=self.store, require_token=require_token)
         """The kmock handler: use its DSL to inject faults (``kube.handler['get ...'] << 500``)."""
+        for identity in identities:
+            self.add_identity(identity)
         self._host = host
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -195,27 +210,65 @@ class EmulatedKubernetes:
         """
         return self.declare(resources_from_crd(crd))
 
-    def kubeconfig(self) -> dict[str, Any]:
-        """Return a kubeconfig document (context ``emulator``, no credentials) for :attr:`url`."""
+    # -- identities -----------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> Identity:
+        """The unrestricted identity (user ``admin``); the default of every client helper."""
+        return self.handler.admin
+
+    @property
+    def access_log(self) -> AccessLog:
+        """Every authorization decision: who asked for what, allowed or denied."""
+        return self.handler.access_log
+
+    def add_identity(self, identity: Identity) -> Identity:
+        """Accept ``identity``'s bearer token from now on; returns ``identity``.
+
+        Examples
+        --------
+        >>> from bridge.testing.rbac import RBACAuthorizer           # doctest: +SKIP
+        >>> user = service_account_user("ns", "sa")
+        >>> kube.add_identity(Identity(user, RBACAuthorizer.from_files("rbac.yaml")))
+
+        """
+        self.handler.identities[identity.token] = identity
+        return identity
+
+    def kubeconfig(self, identity: Identity | None = None) -> dict[str, Any]:
+        """Return a kubeconfig document (context ``emulator``) for :attr:`url`.
+
+        Parameters
+        ----------
+        identity : Identity, optional
+            Whose bearer token the user entry carries (default: the admin).
+
+        """
+        who = identity or self.admin
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {}}],
+            "users": [{"name": who.name, "user": {"token": who.token}}],
             "contexts": [
-                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
+                {"name": "emulator", "context": {"cluster": "emulator", "user": who.name}}
             ],
             "current-context": "emulator",
         }
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
-        """Write :meth:`kubeconfig` as YAML to ``path`` and return it as a Path."""
+    def write_kubeconfig(self, path: str | Path, identity: Identity | None = None) -> Path:
+        """Write :meth:`kubeconfig` (of ``identity``, default admin) to ``path``; return it."""
         path = Path(path)
-        path.write_text(yaml.safe_dump(self.kubeconfig()), encoding="utf-8")
+        path.write_text(yaml.safe_dump(self.kubeconfig(identity)), encoding="utf-8")
         return path
 
-    def connection_info(self) -> kopf.ConnectionInfo:
+    def connection_info(self, identity: Identity | None = None) -> kopf.ConnectionInfo:
         """Return credentials for a ``@kopf.on.login`` handler (no kubeconfig needed).
+
+        Parameters
+        ----------
+        identity : Identity, optional
+            Whose bearer token kopf sends (default: the admin).
 
         Examples
         --------
@@ -225,18 +278,28 @@ class EmulatedKubernetes:
         """
         import kopf
 
-        return kopf.ConnectionInfo(server=self.url, default_namespace="default")
+        who = identity or self.admin
+        return kopf.ConnectionInfo(
+            server=self.url, scheme="Bearer", token=who.token, default_namespace="default"
+        )
 
-    def api_client(self) -> kubernetes.client.ApiClient:
+    def api_client(self, identity: Identity | None = None) -> kubernetes.client.ApiClient:
         """Return a ``kubernetes.client.ApiClient`` configured explicitly for :attr:`url`.
 
         The configuration is built here, not loaded from ``$KUBECONFIG`` (which the
         ``kubernetes`` package reads at import time), and is not made the global default.
+
+        Parameters
+        ----------
+        identity : Identity, optional
+            Whose bearer token the client sends (default: the admin).
+
         """
         import kubernetes.client
 
         config = kubernetes.client.Configuration()
         config.host = self.url
+        config.api_key = {"BearerToken": f"Bearer {(identity or self.admin).token}"}
         return kubernetes.client.ApiClient(config)
 
     # -- direct object access (no HTTP) ---------------------------------------------------------

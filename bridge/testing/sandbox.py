@@ -199,10 +199,10 @@ class Sandbox(ObjectHelpers):
         cluster_crd: bool = True,
         identity: str | Identity = "admin",
     ) -> None:
+        restricted = _identity(identity)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ipam-bridge-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         self.capi_versions = capi_versions
-        restricted = _identity(identity)
         self.kube = EmulatedKubernetes(
             crds=[
                 doc

@@ -18,6 +18,9 @@ import pytest
 from emulator_helpers import GROUP, WIDGETS
 
 from bridge.testing import EmulatedKubernetes
+from bridge.testing.auth import Identity, service_account_user
+from bridge.testing.objects import wait_for
+from bridge.testing.rbac import RBACAuthorizer
 
 FINALIZER = "example.com/test-finalizer"
 API_VERSION = f"{GROUP}/v2"
@@ -186,3 +189,97 @@ def test_kopf_run_subprocess_with_kubeconfig(kube: EmulatedKubernetes, tmp_path:
         process.terminate()
         output, _ = process.communicate(timeout=15)
     assert b"Traceback" not in output, output.decode()
+
+
+def restricted_identity(*verbs_on_widgets: str) -> Identity:
+    """The ServiceAccount tools/kopf with a ClusterRole on widgets and Events."""
+    rules = [
+        {"apiGroups": [GROUP], "resources": ["widgets"], "verbs": list(verbs_on_widgets)},
+        {"apiGroups": [GROUP], "resources": ["widgets/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    objects = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "kopf"},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kopf"},
+            "roleRef": {"kind": "ClusterRole", "name": "kopf"},
+            "subjects": [{"kind": "ServiceAccount", "name": "kopf", "namespace": "tools"}],
+        },
+    ]
+    return Identity(service_account_user("tools", "kopf"), RBACAuthorizer(objects))
+
+
+def run_restricted_operator(kube: EmulatedKubernetes, identity: Identity, until: Any) -> None:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kube.connection_info(identity)
+
+    @kopf.on.create(GROUP, "widgets", registry=registry)
+    def create_fn(patch: kopf.Patch, **_: Any) -> None:
+        patch.status["phase"] = "Ready"
+
+    @kopf.on.delete(GROUP, "widgets", registry=registry)
+    def delete_fn(**_: Any) -> None:
+        pass
+
+    with kopf.testing.KopfRunner(
+        ["run", "--standalone", "-A"], timeout=30, registry=registry, settings=operator_settings()
+    ) as runner:
+        kube.create(widget("w1"))
+        until()
+    assert runner.exception is None
+
+
+def test_kopf_with_a_restricted_identity_and_the_verbs_it_used() -> None:
+    with EmulatedKubernetes(crds=[WIDGETS], require_token=True) as kube:
+        identity = kube.add_identity(restricted_identity("get", "list", "watch", "patch"))
+        run_restricted_operator(
+            kube,
+            identity,
+            lambda: kube.wait_for(
+                API_VERSION,
+                "widgets",
+                name="w1",
+                namespace="default",
+                condition=lambda o: (o or {}).get("status", {}).get("phase") == "Ready",
+            ),
+        )
+        used = kube.access_log.permissions(identity)
+        denied = kube.access_log.permissions(identity, allowed=False)
+    assert denied == set()
+    # kopf lists and watches cluster-wide, patches its finalizer/annotations and the status.
+    assert {
+        (GROUP, "widgets", "list"),
+        (GROUP, "widgets", "watch"),
+        (GROUP, "widgets", "patch"),
+        (GROUP, "widgets/status", "patch"),
+    } <= used
+    assert {resource for _, resource, _ in used} <= {"widgets", "widgets/status", "events"}
+
+
+def test_kopf_without_patch_is_refused_and_the_log_says_what_is_missing() -> None:
+    with EmulatedKubernetes(crds=[WIDGETS], require_token=True) as kube:
+        identity = kube.add_identity(restricted_identity("get", "list", "watch"))
+        run_restricted_operator(
+            kube,
+            identity,
+            lambda: wait_for(
+                lambda: (
+                    (GROUP, "widgets", "patch")
+                    in kube.access_log.permissions(identity, allowed=False)
+                ),
+                timeout=15,
+            ),
+        )
+        assert FINALIZER not in (kube.get(API_VERSION, "widgets", "w1", "default") or {}).get(
+            "metadata", {}
+        ).get("finalizers", [])

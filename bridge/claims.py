@@ -31,7 +31,13 @@ from backends.errors import BackendError
 from bridge import capi
 from bridge.capi import Claim, Reason
 from bridge.context import Context, cluster_token, pool_key, pool_token
-from bridge.errors import ClaimError, PoolError, claim_error_from, retry_delay
+from bridge.errors import (
+    ClaimError,
+    PoolError,
+    claim_error_from,
+    exhausted_message,
+    retry_delay,
+)
 from bridge.pool_service import backend_for
 from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
 from bridge.workqueue import Decision
@@ -262,7 +268,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     if ctx.gate.closed(pool.key):
         raise ClaimError(
             Reason.POOL_EXHAUSTED,
-            f"{pool.display} has no free address",
+            exhausted_message(pool.display),
             delay=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
         )
     try:

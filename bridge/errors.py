@@ -24,6 +24,7 @@ __all__ = [
     "PoolError",
     "PoolReason",
     "claim_error_from",
+    "exhausted_message",
     "pool_error_from",
     "retry_delay",
 ]
@@ -153,6 +154,11 @@ def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
     )
 
 
+def exhausted_message(pool_display: str) -> str:
+    """Return the message of a claim waiting on an exhausted pool (one text, always)."""
+    return f"{pool_display} has no free address; waiting for one to be released"
+
+
 def claim_error_from(
     exc: BackendError,
     pool_display: str,
@@ -175,10 +181,10 @@ def claim_error_from(
             delay=config_error_seconds,
         )
     if isinstance(exc, SubnetExhaustedError):
+        # The same text as a claim that waits behind the exhaustion gate shows: a waiting
+        # claim's condition must not change (and be written) each time it looks again.
         return ClaimError(
-            Reason.POOL_EXHAUSTED,
-            f"{pool_display} has no free address: {exc.message}",
-            delay=exhausted_seconds,
+            Reason.POOL_EXHAUSTED, exhausted_message(pool_display), delay=exhausted_seconds
         )
     if isinstance(exc, AuthenticationFailedError | SubnetNotFoundError | InvalidRequestError):
         return ClaimError(

@@ -42,7 +42,6 @@ __all__: list[str] = []
 POOLS = f"{GROUP}/v1alpha1"
 CLUSTERS = "cluster.x-k8s.io/v1beta2"
 #: kopf's progress annotations on claims (see ``bridge.handlers.lifecycle``).
-PROGRESS = "ipam-bridge.ipam.cluster.x-k8s.io/"
 #: The promise of DESIGN.md section 2: a claim resumes within seconds of being unpaused.
 UNPAUSE_BOUND_SECONDS = 10.0
 
@@ -68,25 +67,16 @@ def allocations(server: MockPhpipamServer) -> list[str]:
     ]
 
 
-def progress(body: Mapping[str, Any] | None, handler: str) -> dict[str, Any]:
-    """Return kopf's progress record of ``handler`` on an object ({} when none)."""
-    raw = ((body or {}).get("metadata") or {}).get("annotations", {}).get(PROGRESS + handler)
-    return dict(json.loads(raw)) if raw else {}
+def wait_paused(sandbox: Sandbox, name: str) -> dict[str, Any]:
+    """Give the operator time to see a paused claim; return it (it must be left alone).
 
-
-def wait_paused(sandbox: Sandbox, name: str, handler: str) -> dict[str, Any]:
-    """Wait until ``handler`` ran on a claim and found it paused; return the claim."""
-    return dict(
-        wait_for(
-            lambda: (
-                (c := sandbox.get_claim(NAMESPACE, name))
-                and "paused" in str(progress(c, handler).get("message", ""))
-                and c
-            ),
-            timeout=15,
-            message=f"{handler} of claim {name} to find it paused",
-        )
-    )
+    A paused claim costs no write (no progress annotations, no status): what shows that the
+    operator saw it and waited is that nothing happened to it.
+    """
+    time.sleep(1.5)
+    claim = sandbox.get_claim(NAMESPACE, name)
+    assert claim is not None
+    return claim
 
 
 def cluster(
@@ -175,9 +165,9 @@ def test_paused_claim_waits_and_resumes_within_seconds(
         cluster(sandbox, "c1", annotated=True)
         sandbox.claim(NAMESPACE, "m1", "pool", labels={CLUSTER_NAME_LABEL: "c1"})
 
-    claim = wait_paused(sandbox, "m1", "allocate")
-    assert CLAIM_FINALIZER in claim["metadata"]["finalizers"]
-    assert not (claim.get("status") or {}).get("addressRef")
+    claim = wait_paused(sandbox, "m1")
+    assert CLAIM_FINALIZER not in (claim["metadata"].get("finalizers") or [])  # nothing written
+    assert not claim.get("status")
     assert sandbox.addresses(NAMESPACE) == []
     assert allocations(phpipam) == []
     assert hosts(phpipam, 7) == {}
@@ -213,7 +203,7 @@ def test_paused_cluster_blocks_release_until_unpaused(
     sandbox.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": True}}, NAMESPACE)
 
     sandbox.delete_claim(NAMESPACE, "m1")
-    claim = wait_paused(sandbox, "m1", "release")
+    claim = wait_paused(sandbox, "m1")
     assert claim["metadata"].get("deletionTimestamp")
     assert hosts(phpipam, 7) == {"m1.test": "10.20.0.2"}
     assert [a["metadata"]["name"] for a in sandbox.addresses(NAMESPACE)] == ["m1"]

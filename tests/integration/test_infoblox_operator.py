@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-import bridge.handlers.claims as claim_handlers
+import bridge.handlers.lifecycle as lifecycle
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -21,9 +21,10 @@ from bridge.capi import (
     GROUP,
     HOSTNAME_ANNOTATION,
 )
-from bridge.claims import Outcome, ensure_address
+from bridge.claims import reconcile_claim
 from bridge.context import Context
 from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.workqueue import Decision
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import NON_DNS_VIEW, InfobloxStore, SearchFilter
 
@@ -634,24 +635,23 @@ def test_restart_costs_no_backend_call_for_bound_claims(
 
     sandbox.stop_operator()
     journal.clear()
-    # Observe the operator's allocate handler: it is called once per claim on resume.
-    seen: list[tuple[str, bool]] = []
-    original = ensure_address
+    # Observe the operator's reconciles: each claim is looked at once at start-up.
+    seen: list[str] = []
+    original = reconcile_claim
 
-    def spy(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-        outcome = original(ctx, body)
-        seen.append((str(body["metadata"]["name"]), outcome.backend_calls))
-        return outcome
+    def spy(ctx: Context, namespace: str, name: str) -> Decision:
+        decision = original(ctx, namespace, name)
+        seen.append(name)
+        return decision
 
-    monkeypatch.setattr(claim_handlers, "ensure_address", spy)
+    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
     sandbox.start_operator()
     wait_for(
-        lambda: {n for n, _ in seen} >= set(names),
+        lambda: set(seen) >= set(names),
         timeout=20,
-        message="resume handlers of the bound claims",
+        message="start-up reconciles of the bound claims",
     )
 
-    assert [n for n, called in seen if called] == []
     assert journal.writes() == []
     assert journal.naming(hostnames) == []
     assert objects(infoblox, "record:host") == grid_before
@@ -692,16 +692,16 @@ def test_restart_writes_nothing_to_bound_claims(
 
     monkeypatch.setattr(store, "patch", recording_patch)
     seen: list[str] = []
-    original = ensure_address
+    original = reconcile_claim
 
-    def spy(ctx: Context, body: Mapping[str, Any]) -> Outcome:
-        outcome = original(ctx, body)
-        seen.append(str(body["metadata"]["name"]))
-        return outcome
+    def spy(ctx: Context, namespace: str, name: str) -> Decision:
+        decision = original(ctx, namespace, name)
+        seen.append(name)
+        return decision
 
-    monkeypatch.setattr(claim_handlers, "ensure_address", spy)
+    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
     sandbox.start_operator()
-    wait_for(lambda: set(seen) >= set(names), timeout=20, message="resume handlers")
+    wait_for(lambda: set(seen) >= set(names), timeout=20, message="start-up reconciles")
     # A bound claim is answered from its IPAddress: nothing to write back.
     sandbox.delete_claim(NAMESPACE, "r0")
     wait_for(

@@ -1,0 +1,144 @@
+"""``ipam-bridge run`` (the real process) starts and serves, or stops saying why (issue 9, 10).
+
+- In a cluster that has kopf's peering CRDs (another kopf operator installed them) but no
+  ``ClusterKopfPeering`` for us, v0.1 started, served nothing and said nothing: the
+  operator runs without kopf peering, with no option to set.
+- A start-up that cannot succeed (CAPI's CRDs missing) ends the process with exit code 1
+  and the start-up handler's message as its last line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from integration_env import CREDENTIALS, NAMESPACE
+
+from bridge.testing.sandbox import FAST_SETTINGS, Sandbox
+from bridge.testing.server import EmulatedKubernetes
+from mock_phpipam.server import MockPhpipamServer
+
+
+def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    """kopf's peering CRD (``kopf.dev/v1``, as kopf's docs install it)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev",
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _environment(kubeconfig: Path, **settings: str) -> dict[str, str]:
+    """This environment without any ``IPAM_BRIDGE_*`` setting, plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPAM_BRIDGE_")}
+    env.update(KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1", **settings)
+    return env
+
+
+@pytest.fixture
+def peering_cluster(tmp_path: Path) -> Iterator[Sandbox]:
+    """An emulated cluster with kopf's peering CRDs and no peering object; no operator."""
+    with Sandbox(tmp_path, start_operator=False) as sandbox:
+        sandbox.kube.declare_crd(
+            _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster")
+        )
+        sandbox.kube.declare_crd(_peering_crd("KopfPeering", "kopfpeerings", "Namespaced"))
+        sandbox.namespace(NAMESPACE)
+        yield sandbox
+
+
+def test_default_run_serves_in_a_cluster_with_kopf_peering_crds(
+    peering_cluster: Sandbox, phpipam: MockPhpipamServer, tmp_path: Path
+) -> None:
+    # Only the sandbox's quick timings; no peering or standalone setting, no flag.
+    timings = {
+        key: value
+        for key, value in FAST_SETTINGS.items()
+        if key not in ("IPAM_BRIDGE_STANDALONE", "IPAM_BRIDGE_NAMESPACE")
+    }
+    timings.update(
+        IPAM_BRIDGE_METRICS_PORT=str(_free_port()),
+        IPAM_BRIDGE_METRICS_ADDRESS="127.0.0.1",
+        IPAM_BRIDGE_HEALTH_PORT="0",
+    )
+    env = _environment(peering_cluster.workdir / "kubeconfig", **timings)
+    log_path = tmp_path / "operator.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bridge.cli", "run"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        peering_cluster.phpipam_pool(
+            NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
+        )
+        peering_cluster.claim(NAMESPACE, "m1", "pool")
+        try:
+            (claim,) = peering_cluster.wait_claims_bound(NAMESPACE, 1, timeout=60)
+        except Exception:
+            process.terminate()
+            process.wait(timeout=30)
+            pytest.fail("the claim was not bound:\n" + log_path.read_text(errors="replace"))
+        assert claim["status"]["addressRef"] == {"name": "m1"}
+        assert process.poll() is None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        process.wait(timeout=30)
+    output = log_path.read_text(errors="replace")
+    assert "peering" not in output.lower(), output
+    assert peering_cluster.kube.list("kopf.dev/v1", "clusterkopfpeerings") == []
+
+
+def test_run_without_capi_crds_exits_1_with_the_handlers_message(tmp_path: Path) -> None:
+    with EmulatedKubernetes() as kube:
+        env = _environment(
+            kube.write_kubeconfig(tmp_path / "kubeconfig"),
+            IPAM_BRIDGE_METRICS_PORT="0",
+            IPAM_BRIDGE_HEALTH_PORT="0",
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "bridge.cli", "run"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "ipam-bridge: start-up failed: API group ipam.cluster.x-k8s.io is not served "
+        "(are CAPI's CRDs installed?)"
+    )

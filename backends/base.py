@@ -23,13 +23,16 @@ class SubnetInfo:
     prefix:
         The prefix length in bits (0-32 for IPv4, 0-128 for IPv6).
     gateway:
-        The gateway address the IPAM records for the subnet, or None when it has none.
+        The subnet's gateway: the pool's override when the backend was given one, else what
+        the IPAM records for the subnet, or None when neither is known.
     total:
-        Addresses that can be handed out (IPv4 excludes network and broadcast below /31).
+        Addresses in the range the IPAM allocates from (IPv4 excludes network and broadcast
+        below /31).
     used:
-        Addresses registered in the IPAM, whoever registered them.
+        Addresses registered in the IPAM, whoever registered them, plus a gateway in that
+        range that nothing registers yet (it is never handed out either).
     free:
-        ``total - used`` as the IPAM counts it (never negative).
+        ``total - used`` (never negative): what allocations can still get.
     """
 
     cidr: str
@@ -51,7 +54,7 @@ class Allocation:
     prefix:
         Prefix length of the subnet the address is in.
     gateway:
-        The subnet's gateway, or None when the IPAM has none.
+        The subnet's gateway (the pool's override, else the IPAM's), or None.
     hostname:
         The hostname the address is registered under (the claim's key).
     ref:
@@ -87,8 +90,9 @@ class IPAMBackend(Protocol):
         """Return the address registered under ``hostname`` in this subnet, or None.
 
         The match is exact (the IPAM may compare case-insensitively); entries with the
-        same hostname in other subnets are ignored. When several entries match, the
-        oldest one wins.
+        same hostname in other subnets are ignored, and so are entries at an address that
+        is never handed out (the gateway, the network or broadcast address). When several
+        entries match, the oldest one wins.
         """
         ...
 
@@ -97,7 +101,8 @@ class IPAMBackend(Protocol):
 
         Looks the hostname up first and returns the existing entry if there is one, so a
         repeated call never creates a second entry. The reservation itself is atomic on
-        the IPAM side; a lost race is retried.
+        the IPAM side; a lost race is retried. Never returns the gateway (the pool's or
+        the IPAM's), nor the network or broadcast address of an IPv4 subnet below /31.
 
         Parameters
         ----------

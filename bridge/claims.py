@@ -239,15 +239,16 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
         )
-    ready, reason = capi.ready_of(pool_body)
+    ready, _ = capi.ready_of(pool_body)
     pool_status = pool_body.get("status") or {}
-    if (
-        ready == "False"
-        and reason != "DeletionBlocked"
-        and pool_status.get("observedGeneration") == pool.generation
-    ):
-        # The pool's own check failed (credentials, subnet, IPAM down): its claims wait for
-        # it to turn Ready instead of each asking the IPAM (and each failing a login).
+    if ready != "True" or pool_status.get("observedGeneration") != pool.generation:
+        # Only a pool whose current spec was checked Ready is asked for an address: claims of
+        # a broken pool (credentials, subnet, IPAM down) wait for it instead of each asking
+        # the IPAM (and each failing a login), and get no finalizer, so they never hold the
+        # pool's deletion. A pool not checked yet (just created or changed) is waited for
+        # without a status write: its check wakes the claim within moments.
+        if ready != "False" or pool_status.get("observedGeneration") != pool.generation:
+            raise _Wait(waiting)
         message = next(
             (
                 str(c.get("message") or "")

@@ -2,7 +2,8 @@
 
 ``run`` never fails silently: the ports it must listen on are checked before kopf starts
 (`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
-handler) ends the process with one line on stderr and exit code 1.
+handler, a 401/403 of kopf's first requests) ends the process with one line on stderr and
+exit code 1.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import kopf
 
 from bridge import __version__
+from bridge.kube import AccessDeniedError
 from bridge.metrics import PortUnavailableError, check_port
 from bridge.settings import Settings
 
@@ -206,6 +208,9 @@ def run_operator(
     StartupError
         When kopf's start-up activity failed (e.g. a ``kopf.PermanentError`` of the start-up
         handler: CAPI's CRDs not served, access denied by the API server).
+    bridge.kube.AccessDeniedError
+        When the API server refused one of kopf's own requests with 401 or 403 (e.g. its
+        first list of claims or pools: missing RBAC); the message is the API server's.
     """
     import bridge.handlers  # noqa: F401  (registers the handlers)
 
@@ -241,9 +246,28 @@ def run_operator(
         )
     except Exception as exc:
         failed = _activity_failures(exc)
-        if failed is None:
-            raise
-        raise StartupError("; ".join(failed) or str(exc)) from exc
+        if failed is not None:
+            raise StartupError("; ".join(failed) or str(exc)) from exc
+        denied = _kopf_access_denied(exc)
+        if denied is not None:
+            raise denied from exc
+        raise
+
+
+def _kopf_access_denied(exc: BaseException) -> AccessDeniedError | None:
+    """Return an `AccessDeniedError` for a 401/403 of kopf's own requests, else None.
+
+    kopf ends ``kopf.run`` with its ``APIForbiddenError`` (``kopf/_cogs/clients/errors.py``,
+    not exported) when its first list of a watched resource is refused (RBAC); its
+    ``message`` is the API server's ``Status`` message.
+    """
+    try:
+        from kopf._cogs.clients.errors import APIError
+    except ImportError:  # a kopf without it: the error propagates as it is
+        return None
+    if isinstance(exc, APIError) and exc.status in (401, 403):
+        return AccessDeniedError(exc.status, exc.message or str(exc))
+    return None
 
 
 def _activity_failures(exc: BaseException) -> list[str] | None:
@@ -314,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ipam-bridge`` console script; return the exit code.
 
     ``run`` returns 1 with one line on stderr (``ipam-bridge: <message>``) when a port
-    cannot be bound or kopf's start-up failed; 0 after a clean stop (SIGTERM, SIGINT).
+    cannot be bound, kopf's start-up failed or the API server refused kopf's requests
+    (401/403); 0 after a clean stop (SIGTERM, SIGINT).
     """
     args = _parser().parse_args(argv)
     if args.command == "version":
@@ -336,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except StartupError as exc:
         print(f"ipam-bridge: start-up failed: {exc}", file=sys.stderr)
+        return 1
+    except AccessDeniedError as exc:
+        print(f"ipam-bridge: the API server refused: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -3,8 +3,12 @@
 - In a cluster that has kopf's peering CRDs (another kopf operator installed them) but no
   ``ClusterKopfPeering`` for us, v0.1 started, served nothing and said nothing: the
   operator runs without kopf peering, with no option to set.
-- A start-up that cannot succeed (CAPI's CRDs missing) ends the process with exit code 1
-  and the start-up handler's message as its last line.
+- The operator runs as ``deploy/``'s ServiceAccount with a bearer token in its kubeconfig:
+  kopf logs in with that token (`bridge.kube.kopf_connection_info`); v0.1's kopf connected
+  anonymously and was refused for ever.
+- A start-up that cannot succeed (CAPI's CRDs missing, the token refused, RBAC refusing
+  kopf's first list) ends the process with exit code 1 and a last line that says why, in
+  the API server's words.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import FAST_SETTINGS, Sandbox
+from bridge.testing.auth import Identity, service_account_user
+from bridge.testing.rbac import RBACAuthorizer
+from bridge.testing.sandbox import FAST_SETTINGS, Sandbox, crd_documents
 from bridge.testing.server import EmulatedKubernetes
 from mock_phpipam.server import MockPhpipamServer
 
@@ -67,8 +73,12 @@ def _environment(kubeconfig: Path, **settings: str) -> dict[str, str]:
 
 @pytest.fixture
 def peering_cluster(tmp_path: Path) -> Iterator[Sandbox]:
-    """An emulated cluster with kopf's peering CRDs and no peering object; no operator."""
-    with Sandbox(tmp_path, start_operator=False) as sandbox:
+    """An emulated cluster with kopf's peering CRDs and no peering object; no operator yet.
+
+    The operator's kubeconfig carries the bearer token of ``deploy/``'s ServiceAccount, with
+    ``deploy/``'s RBAC; requests without a token are refused.
+    """
+    with Sandbox(tmp_path, start_operator=False, identity="operator") as sandbox:
         sandbox.kube.declare_crd(
             _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster")
         )
@@ -120,6 +130,11 @@ def test_default_run_serves_in_a_cluster_with_kopf_peering_crds(
     output = log_path.read_text(errors="replace")
     assert "peering" not in output.lower(), output
     assert peering_cluster.kube.list("kopf.dev/v1", "clusterkopfpeerings") == []
+    # kopf's watches ran as the ServiceAccount (its token), none was refused
+    log = peering_cluster.kube.access_log
+    mine = log.records(peering_cluster.identity)
+    assert any(r.verb == "watch" and r.resource == "ipaddressclaims" for r in mine), mine
+    assert log.records(allowed=False) == []
 
 
 def test_run_without_capi_crds_exits_1_with_the_handlers_message(tmp_path: Path) -> None:
@@ -142,3 +157,40 @@ def test_run_without_capi_crds_exits_1_with_the_handlers_message(tmp_path: Path)
         "ipam-bridge: start-up failed: API group ipam.cluster.x-k8s.io is not served "
         "(are CAPI's CRDs installed?)"
     )
+
+
+def _run(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "run"],
+        env=_environment(kubeconfig, IPAM_BRIDGE_METRICS_PORT="0", IPAM_BRIDGE_HEALTH_PORT="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_rbac_refusing_kopfs_first_list_exits_1_with_the_api_servers_message(
+    tmp_path: Path,
+) -> None:
+    nobody = Identity(service_account_user("ipam-bridge-system", "nobody"), RBACAuthorizer([]))
+    with EmulatedKubernetes(crds=crd_documents(), identities=[nobody], require_token=True) as kube:
+        result = _run(kube.write_kubeconfig(tmp_path / "kubeconfig", nobody))
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("ipam-bridge: the API server refused: "), last
+    assert (
+        'is forbidden: User "system:serviceaccount:ipam-bridge-system:nobody" cannot list '
+        "resource" in last
+    ), last
+
+
+def test_an_unknown_token_exits_1_at_start_up(tmp_path: Path) -> None:
+    stranger = Identity(service_account_user("ipam-bridge-system", "gone"))
+    with EmulatedKubernetes(crds=crd_documents(), require_token=True) as kube:
+        # a kubeconfig whose token the API server does not know (a deleted ServiceAccount)
+        result = _run(kube.write_kubeconfig(tmp_path / "kubeconfig", stranger))
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("ipam-bridge: "), last
+    assert "Unauthorized" in last, last

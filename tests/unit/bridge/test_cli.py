@@ -334,6 +334,26 @@ def test_a_failed_start_up_ends_run_with_the_handlers_message(
     )
 
 
+def test_a_refused_kopf_request_ends_run_with_the_api_servers_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kopf._cogs.clients.errors import APIForbiddenError
+
+    message = 'ipaddressclaims.ipam.cluster.x-k8s.io is forbidden: User "u" cannot list'
+
+    def refused_run(**_: Any) -> None:
+        status = {"kind": "Status", "code": 403, "reason": "Forbidden", "message": message}
+        raise APIForbiddenError(status, status=403, headers={})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kopf, "run", refused_run)
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", "0")
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
+    assert cli.main(["run"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ipam-bridge: the API server refused: {message}"
+    )
+
+
 def test_other_errors_of_kopf_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_run(**_: Any) -> None:
         raise RuntimeError("a bug")

@@ -3,7 +3,7 @@
 Starts a mock IPAM (phpIPAM, or Infoblox WAPI) and the in-memory Kubernetes API on
 127.0.0.1, runs the real operator against them, creates a Secret, a pool and claims, prints
 what each claim got and what the IPAM recorded, deletes the claims and shows the addresses
-released. Needs the ``demo`` extra (kmock) and a source checkout (for the CRD files).
+released. ``pip install ipam-bridge`` brings all it needs (kmock; the CRDs as package data).
 """
 
 from __future__ import annotations

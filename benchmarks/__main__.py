@@ -1,8 +1,10 @@
-"""``python -m benchmarks``: operator throughput/latency, backend calls per claim, client ops/s.
+"""``python -m benchmarks``: operator throughput/latency, backend calls per claim, client ops/s,
+API writes per allocation, per release and per waiting claim-minute.
 
 Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
-real kopf operator. Figures only; nothing passes or fails. Defaults finish in about a minute
-on 2 cores.
+real kopf operator. Figures only; nothing passes or fails. Defaults finish in about three
+minutes on 2 cores (the API-writes part watches waiting claims for a minute); ``--quick``
+shortens that watch to 10 s, ``--only writes`` runs that part alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from benchmarks.api_writes import RESOURCES, WritesResult, run_writes_bench
 from benchmarks.client_bench import ClientResult, run_client_bench
 from benchmarks.common import percentile, table
 from benchmarks.operator_bench import OperatorResult, run_operator_bench
@@ -67,7 +70,33 @@ def _parser() -> argparse.ArgumentParser:
         help="latency injected by the mock, ms, comma-separated (default 0,20)",
     )
     parser.add_argument(
-        "--only", choices=("operator", "client"), default=None, help="run one part only"
+        "--writes-claims",
+        type=int,
+        default=50,
+        help="claims allocated then released while API writes are counted (default 50)",
+    )
+    parser.add_argument(
+        "--waiting",
+        type=int,
+        default=10,
+        help="waiting claims on an exhausted pool, and as many of a paused Cluster (default 10)",
+    )
+    parser.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=None,
+        help="how long waiting claims are watched (default 60, 10 with --quick)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="watch waiting claims for 10 s instead of 60 (figures still per minute)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("operator", "client", "writes"),
+        default=None,
+        help="run one part only",
     )
     parser.add_argument(
         "--timeout",
@@ -179,6 +208,37 @@ def _client_table(results: Sequence[ClientResult]) -> str:
     )
 
 
+def _writes_tables(result: WritesResult) -> str:
+    writes = table(
+        ["phase", "per", "API writes", *RESOURCES, "phpIPAM requests"],
+        [
+            [
+                p.label,
+                p.unit,
+                p.per_unit(),
+                *(p.per_unit(c) for c in RESOURCES),
+                p.backend_per_unit,
+            ]
+            for p in result.phases
+        ],
+    )
+    verbs = "\n".join(
+        f"  {p.label}: {_breakdown(p.verbs, p.units) or 'none'}" for p in result.phases
+    )
+    outside = ", ".join(f"{k} {v}" for k, v in sorted(result.outside_while_waiting.items()))
+    return (
+        f"(d) operator's Kubernetes API writes (create/update/patch/delete requests, from the "
+        f"emulator's access log; the benchmark's own writes excluded) and phpIPAM requests "
+        f"(mock journal); {result.claims} claims allocated then released, {result.waiting} "
+        f"claims waiting on an exhausted pool and {result.waiting} of a paused Cluster "
+        f"watched for {result.wait_seconds:g} s; production requeue/refresh timing\n"
+        + writes
+        + "\nwrites by verb and resource, per unit:\n"
+        + verbs
+        + f"\n  other namespaces while waiting (total): {outside or 'none'}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected benchmarks and print their tables; return the exit code."""
     args = _parser().parse_args(argv)
@@ -186,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     print(
         f"ipam-bridge benchmarks: Python {platform.python_version()}, {platform.machine()}, "
-        f"claims={args.claims} workers={args.workers} client-ops={args.client_ops}",
+        f"claims={args.claims} workers={args.workers} client-ops={args.client_ops} "
+        f"writes-claims={args.writes_claims} waiting={args.waiting}",
         flush=True,
     )
     if args.only in (None, "operator"):
@@ -203,6 +264,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_client_bench(args.client_ops, threads=threads, latency_ms=latency)
                 )
         print("\n" + _client_table(client), flush=True)
+    if args.only in (None, "writes"):
+        wait_seconds = (
+            args.wait_seconds if args.wait_seconds is not None else (10.0 if args.quick else 60.0)
+        )
+        print(
+            f"  API writes: {args.writes_claims} claims, {args.waiting}+{args.waiting} waiting "
+            f"for {wait_seconds:g} s ...",
+            flush=True,
+        )
+        writes = run_writes_bench(
+            args.writes_claims, args.waiting, wait_seconds, timeout=args.timeout
+        )
+        print("\n" + _writes_tables(writes), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

@@ -441,14 +441,21 @@ class Kube:
                 return None
             raise
 
-    def list_claims(self, version: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-        """Return the ``IPAddressClaim`` objects of ``namespaces`` (empty: all namespaces)."""
+    def list_claims(
+        self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the ``IPAddressClaim`` objects of ``namespaces`` (empty: all namespaces).
+
+        ``limit`` asks the API server for at most that many per namespace (a cheap check
+        that the operator may list claims at all).
+        """
+        extra: dict[str, Any] = {"limit": limit} if limit else {}
         if namespaces:
             results = [
                 cast(
                     dict[str, Any],
                     self.custom.list_namespaced_custom_object(
-                        GROUP, version, ns, "ipaddressclaims"
+                        GROUP, version, ns, "ipaddressclaims", **extra
                     ),
                 )
                 for ns in namespaces
@@ -457,7 +464,9 @@ class Kube:
             results = [
                 cast(
                     dict[str, Any],
-                    self.custom.list_cluster_custom_object(GROUP, version, "ipaddressclaims"),
+                    self.custom.list_cluster_custom_object(
+                        GROUP, version, "ipaddressclaims", **extra
+                    ),
                 )
             ]
         return [dict(item) for result in results for item in result.get("items") or []]

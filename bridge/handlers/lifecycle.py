@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import logging
 import time
 from collections.abc import Hashable
@@ -17,7 +16,8 @@ from bridge.capi import GROUP, SUPPORTED_VERSIONS
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
 from bridge.handlers.pools import resync_forever
-from bridge.kube import Kube, NotServedError, api_client
+from bridge.kube import Kube, NotServedError, access_denied, api_client, kopf_connection_info
+from bridge.metrics import PortUnavailableError
 from bridge.pool_service import reconcile_pool
 from bridge.settings import Settings
 from bridge.workqueue import Decision, WorkQueue
@@ -68,13 +68,7 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
     Service account in a pod, else the kubeconfig (certificates, tokens, exec plugins): the
     kubernetes package resolves it, kopf gets the result.
     """
-    from bridge import kube
-
-    connect = getattr(kube, "kopf_connection_info", None)  # TEMP until start-up work lands
-    if connect is None:
-        c = kube.load_configuration()
-        return kopf.ConnectionInfo(server=c.host, ca_path=c.ssl_ca_cert, insecure=not c.verify_ssl)
-    return connect()  # type: ignore[no-any-return]
+    return kopf_connection_info()
 
 
 def reconcile(ctx: Context, key: Hashable) -> Decision:
@@ -91,15 +85,6 @@ def reconcile(ctx: Context, key: Hashable) -> Decision:
         case ("pool", str(namespace), str(kind), str(name)):
             return reconcile_pool(ctx, namespace, kind, name)
     raise ValueError(f"unknown work-queue key {key!r}")
-
-
-def _refused(exc: ApiException) -> str:
-    """Return the API server's message of a refused request (its ``Status`` body)."""
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or f"{exc.status} {exc.reason}")
 
 
 @kopf.on.startup()
@@ -125,11 +110,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         version = await asyncio.to_thread(
             kube.preferred_version, GROUP, "ipaddresses", SUPPORTED_VERSIONS
         )
+        # Discovery is open to every identity; listing claims is not: a refused identity
+        # stops here, with the API server's message, instead of kopf retrying its watches.
+        await asyncio.to_thread(kube.list_claims, version, bridge.namespaces, limit=1)
     except NotServedError as exc:
         raise kopf.PermanentError(str(exc)) from exc
     except ApiException as exc:
-        if exc.status in (401, 403):
-            raise kopf.PermanentError(f"the API server refused: {_refused(exc)}") from exc
+        if (denied := access_denied(exc)) is not None:
+            raise kopf.PermanentError(f"the API server refused: {denied}") from exc
         raise
     log.info("serving CAPI IPAM %s (IPAddressClaim/IPAddress)", version)
     ctx = Context(
@@ -141,11 +129,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if bridge.metrics_port:
         try:
             port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)
-        except OSError as exc:
-            raise kopf.PermanentError(
-                f"cannot listen on {bridge.metrics_address}:{bridge.metrics_port} for metrics "
-                f"(IPAM_BRIDGE_METRICS_PORT): {exc.strerror or exc}"
-            ) from exc
+        except PortUnavailableError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
         log.info("serving metrics on :%d/metrics", port)
     ctx.queue = WorkQueue(
         lambda key: reconcile(ctx, key),

@@ -203,6 +203,17 @@ BUILTIN_RESOURCES: tuple[ResourceDef, ...] = (
         kind="Event",
         custom=False,
     ),
+    # kopf lists and watches CRDs to notice resources that appear later (an operator needs
+    # list/watch on them); the collection is served, empty: CRD objects are not stored.
+    ResourceDef(
+        group="apiextensions.k8s.io",
+        versions=("v1",),
+        plural="customresourcedefinitions",
+        singular="customresourcedefinition",
+        kind="CustomResourceDefinition",
+        namespaced=False,
+        custom=False,
+    ),
     ResourceDef(
         group="coordination.k8s.io",
         versions=("v1",),

@@ -14,7 +14,7 @@ import importlib.resources
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -104,18 +104,33 @@ def repo_crds() -> list[Path]:
     return files
 
 
-def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> list[dict[str, Any]]:
+def crd_documents(
+    capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1"),
+    capi_crds: Sequence[str | Path] = (),
+) -> list[dict[str, Any]]:
     """Return the CRDs to serve, with CAPI's IPAM CRDs limited to ``capi_versions``.
 
     ``("v1beta1",)`` emulates a CAPI 1.6-1.10 management cluster (no v1beta2); the first
-    version listed is the storage (and preferred) version.
+    version listed is the storage (and preferred) version. ``capi_crds`` names CRD files of a
+    CAPI release (e.g. ``tests/data/capi-crds/v1.8.12/ipam.cluster.x-k8s.io_*.yaml``) to
+    serve instead of the copies in ``crds/capi/``: their schemas, as that release serves them
+    (the emulator prunes what they do not know).
     """
+    release = [
+        doc
+        for path in capi_crds
+        for doc in yaml.safe_load_all(Path(path).read_text(encoding="utf-8"))
+        if doc and doc.get("kind") == "CustomResourceDefinition"
+    ]
+    replaced = {doc["spec"]["names"]["kind"] for doc in release}
     documents: list[dict[str, Any]] = []
     for path in repo_crds():
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        for doc in [*yaml.safe_load_all(path.read_text(encoding="utf-8"))]:
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             doc = copy.deepcopy(doc)
+            if doc["spec"]["group"] == GROUP and doc["spec"]["names"]["kind"] in replaced:
+                continue
             if doc["spec"]["group"] == GROUP and doc["spec"]["names"]["kind"] in (
                 "IPAddressClaim",
                 "IPAddress",
@@ -127,6 +142,15 @@ def crd_documents(capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> li
                     version["storage"] = i == 0
                 doc["spec"]["versions"] = versions
             documents.append(doc)
+    for doc in release:
+        doc = copy.deepcopy(doc)
+        versions = [v for v in doc["spec"]["versions"] if v["name"] in capi_versions]
+        versions.sort(key=lambda v: capi_versions.index(v["name"]))
+        for i, version in enumerate(versions):
+            version["served"] = True
+            version["storage"] = i == 0
+        doc["spec"]["versions"] = versions
+        documents.append(doc)
     documents.append(copy.deepcopy(CLUSTER_CRD))
     return documents
 
@@ -186,6 +210,8 @@ class Sandbox(ObjectHelpers):
         restricted identity the operator's kubeconfig carries its bearer token, requests
         without a token are refused (401) so that nothing runs as the admin by accident,
         the identity's namespace is created, and ``kube.access_log`` records what it did.
+    capi_crds:
+        CRD files of a CAPI release to serve instead of ``crds/capi/`` (see `crd_documents`).
         The sandbox's own helpers (``create``, ``claim``, ``kube.patch``...) stay admin.
     """
 
@@ -198,6 +224,7 @@ class Sandbox(ObjectHelpers):
         start_operator: bool = True,
         cluster_crd: bool = True,
         identity: str | Identity = "admin",
+        capi_crds: Sequence[str | Path] = (),
     ) -> None:
         restricted = _identity(identity)
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ipam-bridge-")
@@ -206,7 +233,7 @@ class Sandbox(ObjectHelpers):
         self.kube = EmulatedKubernetes(
             crds=[
                 doc
-                for doc in crd_documents(capi_versions)
+                for doc in crd_documents(capi_versions, capi_crds)
                 if cluster_crd or doc["spec"]["group"] != CLUSTER_CRD["spec"]["group"]
             ],
             identities=[restricted] if restricted else [],

@@ -30,13 +30,6 @@ BARE_SUBNET_ID = 20
 BARE_CIDR = ipaddress.IPv4Network("10.20.9.0/29")
 BARE_GATEWAY = "10.20.9.1"
 
-#: bridge/pools.py does not pass the pool's ``gateway`` to the backends' config yet.
-WAITING_FOR_WIRING = pytest.mark.xfail(
-    strict=False,
-    reason="waiting for lifecycle: bridge/pools.py must pass gateway=pool.gateway to the "
-    "backend config (another engineer's change)",
-)
-
 
 def bound_addresses(sandbox: Sandbox) -> dict[str, dict[str, Any]]:
     """Return ``{IPAddress name: spec}`` of `NAMESPACE`."""
@@ -69,7 +62,6 @@ def assert_exhausted_without_special_addresses(
 # ------------------------------------------------------------------------------ phpIPAM
 
 
-@WAITING_FOR_WIRING
 def test_phpipam_gateway_without_a_row_is_never_handed_out(
     phpipam: MockPhpipamServer, sandbox: Sandbox
 ) -> None:
@@ -162,7 +154,6 @@ def test_infoblox_routers_option_is_never_handed_out(
     assert "10.40.0.1" not in str(used.get("objects", {}).get("record:host", []))
 
 
-@WAITING_FOR_WIRING
 @pytest.mark.parametrize(
     ("network", "routers", "override", "first"),
     [

@@ -178,7 +178,9 @@ def test_rbac_refusing_kopfs_first_list_exits_1_with_the_api_servers_message(
         result = _run(kube.write_kubeconfig(tmp_path / "kubeconfig", nobody))
     assert result.returncode == 1, result.stderr
     last = result.stderr.splitlines()[-1]
-    assert last.startswith("ipam-bridge: the API server refused: "), last
+    # The start-up handler lists one claim: the refusal stops the process at once (before
+    # kopf's watches would retry it).
+    assert last.startswith("ipam-bridge: start-up failed: the API server refused: "), last
     assert (
         'is forbidden: User "system:serviceaccount:ipam-bridge-system:nobody" cannot list '
         "resource" in last

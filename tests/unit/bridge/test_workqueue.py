@@ -9,9 +9,9 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
-pytestmark = pytest.mark.asyncio
-
 from bridge.workqueue import Decision, WorkQueue
+
+pytestmark = pytest.mark.asyncio
 
 
 class Recorder:
@@ -45,7 +45,9 @@ class Recorder:
             return sum(1 for k, _ in self.calls if k == key)
 
 
-async def run_for(queue: WorkQueue, seconds: float, during: Callable[[], None] | None = None) -> None:
+async def run_for(
+    queue: WorkQueue, seconds: float, during: Callable[[], None] | None = None
+) -> None:
     task = asyncio.create_task(queue.run())
     await asyncio.sleep(0.01)
     if during is not None:

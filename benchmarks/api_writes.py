@@ -54,7 +54,6 @@ CLUSTERS = "cluster.x-k8s.io/v1beta2"
 _PRODUCTION_TIMING = (
     "requeue_seconds",
     "requeue_exhausted_seconds",
-    "requeue_paused_seconds",
     "pool_refresh_seconds",
     "resync_seconds",
 )

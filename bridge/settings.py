@@ -55,11 +55,6 @@ class Settings(BaseSettings):
         description="How often a claim waiting on an exhausted pool tries again; within "
         "this time of a pool being found exhausted its claims wait without asking the IPAM.",
     )
-    requeue_paused_seconds: float = Field(
-        5.0,
-        gt=0,
-        description="How often a paused claim (or a claim of a paused Cluster) looks again.",
-    )
     resync_seconds: float = Field(
         300.0,
         ge=0,

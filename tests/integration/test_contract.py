@@ -136,12 +136,17 @@ def pool(sandbox: Sandbox, phpipam: MockPhpipamServer) -> str:
 
 @pytest.fixture
 def slow_pause(make_sandbox: Callable[..., Sandbox]) -> Sandbox:
-    """A sandbox whose paused-claim requeue delay is the production default.
-
-    So that "resumes within 10 s of unpausing" is measured as users get it.
+    """A sandbox with the production delays (resync, requeues): an unpause is noticed through
+    the Cluster watch, not through a short test delay, so "resumes within seconds of
+    unpausing" is measured as users get it.
     """
-    default = Settings.model_fields["requeue_paused_seconds"].default
-    return make_sandbox(settings={"IPAM_BRIDGE_REQUEUE_PAUSED_SECONDS": str(default)})
+    names = ("requeue_seconds", "requeue_exhausted_seconds", "resync_seconds")
+    return make_sandbox(
+        settings={
+            f"IPAM_BRIDGE_{name.upper()}": str(Settings.model_fields[name].default)
+            for name in names
+        }
+    )
 
 
 # -- 1. pause -----------------------------------------------------------------------------

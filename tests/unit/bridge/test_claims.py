@@ -1,78 +1,811 @@
-"""bridge.claims: release decisions that must never free an address another cluster holds."""
+"""bridge.claims: what `reconcile_claim` decides and writes, with a fake API and a fake IPAM.
 
+Also the pure helpers the decision relies on: `bridge.errors` (delays, claim errors, the one
+exhausted message), `bridge.pools` (the recorded IPAM location) and `bridge.capi` (claim
+status on v1beta1 schemas without ``status.v1beta2``).
+"""
+
+from __future__ import annotations
+
+import json
 from typing import Any, cast
 
 import pytest
+from fakes import (
+    DELETED_AT,
+    FakeIPAM,
+    FakeKube,
+    FakeQueue,
+    claim,
+    install_backend,
+    ours,
+    phpipam_pool,
+    pool_condition,
+)
+from kubernetes.client import ApiException
 
-from bridge.claims import ClaimPaused, release_address
-from bridge.context import Context
+from backends import errors as be
+from bridge import capi
+from bridge.capi import Reason
+from bridge.claims import reconcile_claim
+from bridge.context import Context, ExhaustionGate, cluster_token, pool_key, pool_token
+from bridge.errors import TLS_HINT, PoolReason, claim_error_from, exhausted_message, retry_delay
 from bridge.kube import Kube
+from bridge.pools import LOCATION_FIELDS, location_of, parse_pool, with_location
 from bridge.settings import Settings
+from bridge.workqueue import Decision, WorkQueue
 
-GROUP = "ipam.cluster.x-k8s.io"
-
-
-class FakeKube:
-    """Only what `release_address` reads; any backend or pool access fails the test."""
-
-    def __init__(
-        self, address: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None
-    ) -> None:
-        self.address = address
-        self.cluster = cluster
-        self.deleted: list[str] = []
-
-    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.address
-
-    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.cluster
-
-    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
-        raise AssertionError("the pool must not be looked up")
-
-    def delete_ip_address(self, version: str, namespace: str, name: str) -> None:
-        self.deleted.append(name)
+NS = "ns"
+POOL = "pool"
+KIND = "PHPIPAMIPPool"
+DISPLAY = f"{KIND} {NS}/{POOL}"
+POOL_TOKEN = pool_token(NS, KIND, POOL)
 
 
-def claim(*, bound: bool, cluster: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool", "name": "pool"}}
-    if cluster:
-        spec["clusterName"] = cluster
-    return {
-        "apiVersion": f"{GROUP}/v1beta2",
-        "kind": "IPAddressClaim",
-        "metadata": {
-            "name": "m1",
-            "namespace": "ns",
-            "uid": "u",
-            "deletionTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": spec,
-        "status": {"addressRef": {"name": "m1"}} if bound else {},
+class World:
+    """A context over a `FakeKube`, a `FakeIPAM`, a `FakeQueue` and a hand-driven gate clock."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, version: str = "v1beta2") -> None:
+        self.kube = FakeKube()
+        self.ipam = FakeIPAM(timeline=self.kube.timeline)
+        self.built = install_backend(monkeypatch, self.ipam)
+        self.queue = FakeQueue()
+        self.now = 1000.0
+        self.ctx = Context(
+            settings=Settings(),
+            kube=cast(Kube, self.kube),
+            address_version=version,
+            gate=ExhaustionGate(5.0, clock=lambda: self.now),
+            queue=cast(WorkQueue, self.queue),
+        )
+        self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
+
+    def reconcile(self, name: str = "c1") -> Decision:
+        return reconcile_claim(self.ctx, NS, name)
+
+    def stored(self, name: str = "c1") -> dict[str, Any]:
+        return self.kube.claims[(NS, name)]
+
+    def delete(self, name: str = "c1") -> None:
+        self.stored(name)["metadata"]["deletionTimestamp"] = DELETED_AT
+
+    def reset(self) -> None:
+        """Forget what was recorded so far (the store keeps its objects)."""
+        self.kube.writes.clear()
+        self.kube.reads.clear()
+        self.kube.timeline.clear()
+        self.ipam.calls.clear()
+        self.built.clear()
+        self.queue.added.clear()
+        self.queue.woken.clear()
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> World:
+    return World(monkeypatch)
+
+
+def ready(body: dict[str, Any]) -> dict[str, Any]:
+    """Return the Ready condition of a stored claim (v1beta2 shape)."""
+    return next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
+
+
+def bind(world: World, name: str = "c1", **kwargs: Any) -> None:
+    """Add a ready pool (when missing) and an ours claim, and let the services bind it."""
+    if (NS, KIND, POOL) not in world.kube.pools:
+        world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim(name, **kwargs))
+    assert world.reconcile(name) == Decision.done()
+    assert (NS, name) in world.kube.addresses
+    world.reset()
+
+
+# -- pure helpers -------------------------------------------------------------------------
+
+
+def test_retry_delay_by_reason() -> None:
+    settings = Settings(
+        requeue_seconds=1, requeue_config_error_seconds=2, requeue_exhausted_seconds=3
+    )
+    assert retry_delay(settings, Reason.POOL_EXHAUSTED) == 3
+    for reason in (
+        PoolReason.INVALID_SPEC,
+        PoolReason.CREDENTIALS_NOT_FOUND,
+        PoolReason.AUTHENTICATION_FAILED,
+        PoolReason.SUBNET_NOT_FOUND,
+        PoolReason.TLS_VERIFICATION_FAILED,
+        Reason.POOL_NOT_READY,
+    ):
+        assert retry_delay(settings, reason) == 2, reason
+    for reason in (PoolReason.BACKEND_UNAVAILABLE, Reason.ALLOCATION_FAILED, ""):
+        assert retry_delay(settings, reason) == 1, reason
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason", "delay"),
+    [
+        (be.SubnetExhaustedError("full"), Reason.POOL_EXHAUSTED, 3),
+        (be.TLSVerificationError("self-signed"), Reason.POOL_NOT_READY, 2),
+        (be.AuthenticationFailedError("bad password"), Reason.POOL_NOT_READY, 2),
+        (be.SubnetNotFoundError("no subnet"), Reason.POOL_NOT_READY, 2),
+        (be.InvalidRequestError("rejected"), Reason.POOL_NOT_READY, 2),
+        (be.BackendUnavailableError("down"), Reason.ALLOCATION_FAILED, 1),
+        (be.ConflictError("lost race"), Reason.ALLOCATION_FAILED, 1),
+    ],
+)
+def test_claim_error_from(exc: be.BackendError, reason: str, delay: float) -> None:
+    error = claim_error_from(
+        exc, DISPLAY, retry_seconds=1, config_error_seconds=2, exhausted_seconds=3
+    )
+    assert (error.reason, error.delay) == (reason, delay)
+    assert error.message.startswith(DISPLAY)
+    if isinstance(exc, be.SubnetExhaustedError):
+        # One text, whatever the IPAM said: a waiting claim's condition never flaps.
+        assert error.message == exhausted_message(DISPLAY)
+        assert "full" not in error.message
+    else:
+        assert exc.message in error.message
+    assert (TLS_HINT in error.message) is isinstance(exc, be.TLSVerificationError)
+
+
+def test_exhausted_message_names_the_pool_and_the_wait() -> None:
+    assert exhausted_message(DISPLAY) == exhausted_message(DISPLAY)
+    assert DISPLAY in exhausted_message(DISPLAY)
+    assert "released" in exhausted_message(DISPLAY)
+
+
+def test_location_of_is_compact_json_of_the_location_fields_only() -> None:
+    pool = parse_pool(phpipam_pool(sectionId=3, hostnameSuffix="lab", gateway="10.0.0.1"))
+    text = location_of(pool)
+    assert text == (
+        '{"appId":"capi","endpoint":"https://ipam.example.com","sectionId":3,'
+        '"subnet":"10.0.0.0/29"}'
+    )
+    body = phpipam_pool()
+    body.update(kind="InfobloxIPPool")
+    body["spec"] = {
+        "endpoint": "https://ib.example.com",
+        "subnet": "10.1.0.0/24",
+        "networkView": "nv",
+        "credentialsRef": {"name": "creds"},
+        "wapiVersion": "2.12",
     }
+    recorded = json.loads(location_of(parse_pool(body)))
+    assert recorded == {
+        "endpoint": "https://ib.example.com",
+        "networkView": "nv",
+        "subnet": "10.1.0.0/24",
+    }
+    assert set(recorded) <= set(LOCATION_FIELDS["InfobloxIPPool"])
 
 
-def context(kube: FakeKube) -> Context:
-    return Context(settings=Settings(), kube=cast(Kube, kube), address_version="v1beta2")
+def test_with_location_keeps_the_pool_unless_a_different_location_was_recorded() -> None:
+    pool = parse_pool(phpipam_pool(sectionId=3, hostnameSuffix="lab"))
+    for location in (None, "", "not json", "[1, 2]", location_of(pool)):
+        assert with_location(pool, location) is pool, location
+    old = json.dumps(
+        {"endpoint": "https://old.example.com", "appId": "legacy", "subnetId": 7, "other": "x"}
+    )
+    moved = with_location(pool, old)
+    assert moved is not pool
+    assert moved.key == pool.key and moved.credentials_secret == "creds"
+    assert moved.spec["endpoint"] == "https://old.example.com"
+    assert moved.spec["appId"] == "legacy" and moved.spec["subnetId"] == 7
+    # The recorded location is the whole location: current location fields it lacks go.
+    assert "subnet" not in moved.spec and "sectionId" not in moved.spec
+    # What is not a location field is the pool's, never the record's.
+    assert moved.spec["hostnameSuffix"] == "lab" and "other" not in moved.spec
+    assert pool.spec["endpoint"] == "https://ipam.example.com"  # the pool is not changed
 
 
-def test_bound_claim_whose_address_was_force_removed_is_let_go_without_the_ipam() -> None:
-    kube = FakeKube(address=None)
-    outcome = release_address(context(kube), claim(bound=True))
-    assert outcome.reason == "ReleaseSkipped"
-    assert not outcome.backend_calls
-    assert "ns/m1" in outcome.message and "left" in outcome.message
-    assert kube.deleted == []
+def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:
+    body = claim(version="v1beta1")
+    failed = capi.claim_status(
+        body, ready=False, reason=Reason.POOL_NOT_READY, message="m", v1beta2_kept=False
+    )
+    assert set(failed) == {"conditions"}
+    (condition,) = failed["conditions"]
+    assert condition["status"] == "False" and condition["severity"] == "Warning"
+    assert "observedGeneration" not in condition  # CAPI v1beta1 conditions have none
+    bound = capi.claim_status(
+        body,
+        ready=True,
+        reason=Reason.ALLOCATED,
+        message="m",
+        address_ref="c1",
+        v1beta2_kept=False,
+    )
+    assert set(bound) == {"addressRef", "conditions"}
+    assert "severity" not in bound["conditions"][0]
+    kept = capi.claim_status(body, ready=True, reason=Reason.ALLOCATED, message="m")
+    assert kept["v1beta2"]["conditions"][0]["observedGeneration"] == 1
 
 
-def test_force_removed_address_still_waits_while_the_cluster_is_paused() -> None:
-    kube = FakeKube(address=None, cluster={"spec": {"paused": True}})
-    with pytest.raises(ClaimPaused):
-        release_address(context(kube), claim(bound=True, cluster="c1"))
+def test_ready_of_falls_back_to_the_v1beta1_conditions() -> None:
+    legacy = {"type": "Ready", "status": "False", "reason": Reason.POOL_EXHAUSTED}
+    newer = {"type": "Ready", "status": "True", "reason": Reason.ALLOCATED}
+    body = claim(version="v1beta1", status={"conditions": [legacy]})
+    assert capi.ready_of(body) == ("False", Reason.POOL_EXHAUSTED)
+    body["status"]["v1beta2"] = {"conditions": [newer]}
+    assert capi.ready_of(body) == ("True", Reason.ALLOCATED)
+    body["status"]["v1beta2"] = {}
+    assert capi.ready_of(body) == ("False", Reason.POOL_EXHAUSTED)
+    # Only v1beta1 claims read status.v1beta2.
+    v1beta2 = claim(status={"conditions": [legacy], "v1beta2": {"conditions": [newer]}})
+    assert capi.ready_of(v1beta2) == ("False", Reason.POOL_EXHAUSTED)
+    assert capi.ready_of(claim()) == (None, None)
 
 
-def test_unbound_claim_still_asks_the_pool() -> None:
-    kube = FakeKube(address=None)
-    with pytest.raises(AssertionError, match="pool must not be looked up"):
-        release_address(context(kube), claim(bound=False))
+# -- not ours, gone -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        claim(kind="InClusterIPPool"),
+        claim(group="other.example.com"),
+        claim(group=""),
+        claim(kind="InClusterIPPool", finalizers=(capi.CLAIM_FINALIZER,), deleting=True),
+        claim(kind="InClusterIPPool", address_ref="c1", finalizers=(capi.CLAIM_FINALIZER,)),
+    ],
+    ids=["other-kind", "other-group", "no-group", "foreign-deleting", "foreign-bound"],
+)
+def test_a_claim_that_is_not_ours_is_never_written(world: World, body: dict[str, Any]) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_cluster(NS, "c")
+    world.kube.add_claim(body)
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == []
+    assert world.kube.reads == [("get_claim", "ns/c1")]
+    assert world.ipam.calls == []
+    assert world.stored()["metadata"]["finalizers"] == body["metadata"]["finalizers"]
+
+
+def test_a_claim_that_is_gone_or_names_no_pool_is_done(world: World) -> None:
+    assert world.reconcile("missing") == Decision.done()
+    body = claim()
+    del body["spec"]["poolRef"]["kind"]
+    world.kube.add_claim(body)
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == [] and world.ipam.calls == []
+
+
+# -- waiting ------------------------------------------------------------------------------
+
+
+def test_a_paused_claim_writes_nothing_and_reads_no_cluster(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim(cluster="c", annotations={capi.PAUSED_ANNOTATION: ""}))
+    # Woken by its own update (the annotation removed): not parked, no timer.
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == []
+    assert world.kube.read("get_cluster") == [] and world.kube.read("get_pool") == []
+    assert world.ipam.calls == []
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [{"spec": {"paused": True}}, {"metadata": {"annotations": {capi.PAUSED_ANNOTATION: ""}}}],
+    ids=["spec.paused", "annotation"],
+)
+def test_a_claim_of_a_paused_cluster_is_parked_under_the_cluster(
+    world: World, cluster: dict[str, Any]
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_cluster(NS, "c", **cluster)
+    world.kube.add_claim(claim(cluster="c"))
+    decision = world.reconcile()
+    assert decision == Decision.wait(cluster_token(NS, "c"))
+    assert world.kube.writes == []
+    assert world.kube.read("get_pool") == [] and world.ipam.calls == []
+    # The Cluster named by the label counts as well.
+    world.kube.add_claim(claim("c2", status={}))
+    world.stored("c2")["metadata"]["labels"] = {capi.CLUSTER_NAME_LABEL: "c"}
+    assert world.reconcile("c2") == Decision.wait(cluster_token(NS, "c"))
+    assert world.kube.writes == []
+
+
+def test_a_missing_cluster_is_shown_once(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim(cluster="c"))
+    decision = world.reconcile()
+    assert decision == Decision.wait(cluster_token(NS, "c"))
+    assert world.kube.ops() == ["claim.status", "event"]
+    condition = ready(world.stored())
+    assert (condition["status"], condition["reason"]) == ("False", Reason.ALLOCATION_FAILED)
+    assert "Cluster ns/c not found" in condition["message"]
+    assert world.kube.events[0][:2] == ("Warning", Reason.ALLOCATION_FAILED)
+    assert (
+        world.ipam.calls == []
+        and capi.CLAIM_FINALIZER not in world.stored()["metadata"]["finalizers"]
+    )
+    assert world.ctx.metrics.pending_claims() == {"ns/c1": Reason.ALLOCATION_FAILED}
+    world.reset()
+    assert world.reconcile() == decision
+    assert world.kube.writes == []
+    # The Cluster appears: the claim is bound.
+    world.kube.add_cluster(NS, "c")
+    assert world.reconcile() == Decision.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+    assert world.ctx.metrics.pending_claims() == {}
+
+
+@pytest.mark.parametrize(
+    ("pool", "fragment"),
+    [
+        (None, f"{DISPLAY} not found"),
+        (
+            phpipam_pool(deleting=True, finalizers=(capi.POOL_FINALIZER,), status=pool_condition()),
+            f"{DISPLAY} is being deleted",
+        ),
+        (
+            phpipam_pool(
+                generation=2,
+                status=pool_condition(
+                    "False", PoolReason.AUTHENTICATION_FAILED, "login refused", generation=2
+                ),
+            ),
+            f"{DISPLAY} is not ready: login refused",
+        ),
+    ],
+    ids=["missing", "deleting", "not-ready"],
+)
+def test_a_claim_waits_for_its_pool_without_asking_the_ipam(
+    world: World, pool: dict[str, Any] | None, fragment: str
+) -> None:
+    if pool is not None:
+        world.kube.add_pool(pool)
+    world.kube.add_claim(claim())
+    decision = world.reconcile()
+    assert decision.wake_on == (POOL_TOKEN,)
+    assert decision.after == world.ctx.settings.requeue_config_error_seconds  # safety net
+    condition = ready(world.stored())
+    assert (condition["status"], condition["reason"]) == ("False", Reason.POOL_NOT_READY)
+    assert condition["message"] == fragment
+    assert world.kube.ops() == ["claim.status", "event"]
+    assert world.ipam.calls == [] and world.built == []
+    assert world.kube.read("read_secret") == []
+    # Nothing was allocated: the contract's finalizer is not needed yet.
+    assert world.stored()["metadata"]["finalizers"] == []
+    world.reset()
+    assert world.reconcile() == decision
+    assert world.kube.writes == []
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        None,  # never checked yet
+        pool_condition(generation=1),  # checked Ready for its previous spec
+        pool_condition("False", PoolReason.AUTHENTICATION_FAILED, "old spec", generation=1),
+    ],
+    ids=["unchecked", "stale-ready", "stale-failure"],
+)
+def test_a_pool_not_checked_for_its_current_spec_is_waited_for_quietly(
+    world: World, status: dict[str, Any] | None
+) -> None:
+    world.kube.add_pool(phpipam_pool(generation=2, status=status))
+    world.kube.add_claim(claim())
+    decision = world.reconcile()
+    assert decision == Decision.wait(POOL_TOKEN, at_most=60)
+    # Its check wakes the claim within moments: nothing to show meanwhile.
+    assert world.kube.writes == [] and world.ipam.calls == [] and world.built == []
+    # Checked Ready for the current spec: the claim is bound.
+    world.kube.pools[(NS, KIND, POOL)]["status"] = pool_condition(generation=2)
+    assert world.reconcile() == Decision.done()
+    assert [call[0] for call in world.ipam.calls] == ["allocate"]
+
+
+# -- allocation -----------------------------------------------------------------------------
+
+
+def test_the_finalizer_goes_on_before_the_ipam_is_asked(world: World) -> None:
+    pool = phpipam_pool(status=pool_condition(), hostnameSuffix="lab.example")
+    world.kube.add_pool(pool)
+    world.kube.add_cluster(NS, "c")
+    world.kube.add_claim(claim(cluster="c"))
+    assert world.reconcile() == Decision.done()
+    assert [step for step in world.kube.timeline if step[0] != "read"] == [
+        ("kube", "claim.finalizer", "ns/c1"),
+        ("backend", "allocate", "c1.ns.lab.example"),
+        ("kube", "address.create", "ns/c1"),
+        ("kube", "claim.status", "ns/c1"),
+        ("kube", "event", "ns/c1"),
+    ]
+    assert world.kube.of("claim.finalizer")[0].detail == (capi.CLAIM_FINALIZER, True)
+    address = world.kube.addresses[(NS, "c1")]
+    annotations = address["metadata"]["annotations"]
+    assert annotations[capi.HOSTNAME_ANNOTATION] == "c1.ns.lab.example"
+    assert annotations[capi.LOCATION_ANNOTATION] == location_of(parse_pool(pool))
+    assert address["spec"] == {
+        "address": "10.0.0.2",
+        "prefix": 29,
+        "gateway": "10.0.0.1",
+        "claimRef": {"name": "c1"},
+        "poolRef": {"apiGroup": capi.GROUP, "kind": KIND, "name": POOL},
+    }
+    assert address["metadata"]["labels"] == {capi.CLUSTER_NAME_LABEL: "c"}
+    stored = world.stored()
+    assert stored["status"]["addressRef"] == {"name": "c1"}
+    condition = ready(stored)
+    assert (condition["status"], condition["reason"]) == ("True", Reason.ALLOCATED)
+    assert condition["message"] == f"address 10.0.0.2/29 from {DISPLAY}"
+    assert world.kube.events == [("Normal", Reason.ALLOCATED, condition["message"])]
+    assert world.ipam.entries == {"c1.ns.lab.example": "10.0.0.2"}
+
+
+def test_a_bound_claim_costs_no_write_no_backend_call_and_no_cluster_read(world: World) -> None:
+    world.kube.add_cluster(NS, "c")
+    bind(world, cluster="c")
+    # Even a paused Cluster is not read: nothing needs doing.
+    world.kube.add_cluster(NS, "c", spec={"paused": True})
+    for _ in range(2):
+        assert world.reconcile() == Decision.done()
+    assert world.kube.writes == [] and world.ipam.calls == [] and world.built == []
+    assert world.kube.read("get_cluster") == [] and world.kube.read("get_pool") == []
+
+
+def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
+    world: World,
+) -> None:
+    world.kube.add_cluster(NS, "c", spec={"paused": True})
+    body = ours(cluster="c", address_ref="c1")
+    message = f"address 10.0.0.5/29 from {DISPLAY}"
+    body["status"] = capi.claim_status(
+        body, ready=True, reason=Reason.ALLOCATED, message=message, address_ref="c1"
+    )
+    world.kube.add_claim(body)
+    address = capi.build_ip_address(
+        capi.Claim.from_body(body),
+        version="v1beta2",
+        pool_uid="uid-pool",
+        address="10.0.0.5",
+        prefix=29,
+        gateway=None,
+        hostname="c1.ns",
+    )
+    world.kube.add_address(address)
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == [] and world.ipam.calls == []
+    assert world.kube.reads == [("get_claim", "ns/c1"), ("get_ip_address", "ns/c1")]
+
+
+def moved(world: World, *, finalizer: bool = True) -> None:
+    """Bind c1 (of Cluster c), then recreate the claim as clusterctl move does: no status."""
+    world.kube.add_cluster(NS, "c")
+    bind(world, cluster="c")
+    del world.kube.claims[(NS, "c1")]
+    world.kube.add_claim(
+        claim(cluster="c", finalizers=(capi.CLAIM_FINALIZER,) if finalizer else ())
+    )
+
+
+def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world: World) -> None:
+    moved(world)
+    world.kube.add_cluster(NS, "c", spec={"paused": True})
+    assert world.reconcile() == Decision.wait(cluster_token(NS, "c"))
+    assert world.kube.writes == [] and world.ipam.calls == []
+    world.reset()
+    world.kube.add_cluster(NS, "c")
+    assert world.reconcile() == Decision.done()
+    assert len(world.kube.of("claim.status")) == 1
+    # The pause was checked before the write.
+    timeline = world.kube.timeline
+    assert timeline.index(("read", "get_cluster", "ns/c")) < timeline.index(
+        ("kube", "claim.status", "ns/c1")
+    )
+    stored = world.stored()
+    assert stored["status"]["addressRef"] == {"name": "c1"}
+    assert ready(stored)["reason"] == Reason.ALLOCATED
+    assert world.ipam.calls == [] and world.built == []
+    assert world.kube.of("address.create") == []
+    world.reset()
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == []
+
+
+def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
+    moved(world, finalizer=False)
+    assert world.reconcile() == Decision.done()
+    assert world.kube.ops()[:2] == ["claim.finalizer", "claim.status"]
+    assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
+    assert world.ipam.calls == []
+
+
+def test_an_ipaddress_of_that_name_that_is_not_the_claims_is_never_taken_over(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    other = capi.build_ip_address(
+        capi.Claim.from_body(claim(pool="other-pool")),
+        version="v1beta2",
+        pool_uid="x",
+        address="10.9.9.9",
+        prefix=24,
+        gateway=None,
+        hostname="c1.ns",
+    )
+    world.kube.add_address(other)
+    world.kube.add_claim(claim())
+    decision = world.reconcile()
+    assert decision.after == world.ctx.settings.requeue_config_error_seconds
+    condition = ready(world.stored())
+    assert condition["reason"] == Reason.ALLOCATION_FAILED
+    assert "IPAddress ns/c1 already exists" in condition["message"]
+    assert "10.0.0.2 stays registered as c1.ns" in condition["message"]
+    assert world.kube.addresses[(NS, "c1")]["spec"]["address"] == "10.9.9.9"
+    assert world.kube.of("address.create") == []
+    assert "addressRef" not in world.stored()["status"]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "delay"),
+    [
+        (be.AuthenticationFailedError("login refused"), Reason.POOL_NOT_READY, 60),
+        (be.BackendUnavailableError("connection refused"), Reason.ALLOCATION_FAILED, 10),
+    ],
+)
+def test_backend_failures_are_shown_and_retried(
+    world: World, error: be.BackendError, reason: str, delay: float
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+    world.ipam.error = error
+    assert world.reconcile() == Decision.retry(delay)
+    condition = ready(world.stored())
+    assert (condition["reason"], condition["message"]) == (reason, f"{DISPLAY}: {error.message}")
+    assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
+    assert world.kube.addresses == {}
+    world.reset()
+    assert world.reconcile() == Decision.retry(delay)
+    assert world.kube.writes == []  # the same failure is not written again
+
+
+def test_a_missing_secret_keeps_the_claim_waiting_with_pool_not_ready(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(secret="nope", status=pool_condition()))
+    world.kube.add_claim(claim())
+    assert world.reconcile() == Decision.retry(60)
+    condition = ready(world.stored())
+    assert condition["reason"] == Reason.POOL_NOT_READY
+    assert "Secret ns/nope not found" in condition["message"]
+    assert world.ipam.calls == []
+
+
+def test_an_exhausted_pool_is_asked_once_per_hold_and_shown_once(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.cidr = "10.0.0.0/30"  # hosts .1 (the gateway) and .2
+    world.ipam.entries["someone.else"] = "10.0.0.2"
+    world.kube.add_claim(claim())
+    assert world.reconcile() == Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    assert world.kube.ops() == ["claim.finalizer", "claim.status", "event"]
+    condition = ready(world.stored())
+    assert (condition["reason"], condition["message"]) == (
+        Reason.POOL_EXHAUSTED,
+        exhausted_message(DISPLAY),
+    )
+    assert [c[0] for c in world.ipam.calls] == ["allocate"]
+    world.reset()
+    # The gate is closed: no backend call, and the same condition is not written again.
+    assert world.reconcile() == Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    assert world.kube.writes == [] and world.ipam.calls == []
+    # Another claim of the pool gets its finalizer and waits the same way.
+    world.kube.add_claim(claim("c2"))
+    world.reconcile("c2")
+    assert world.ipam.calls == []
+    assert ready(world.stored("c2"))["reason"] == Reason.POOL_EXHAUSTED
+    world.reset()
+    # After the hold one claim asks again; still full: still nothing to write.
+    world.now += 6
+    world.reconcile()
+    world.reconcile("c2")
+    assert [c[0] for c in world.ipam.calls] == ["allocate"]
+    assert world.kube.writes == []
+    # An address is freed: the next look binds the claim.
+    world.ipam.entries.clear()
+    world.now += 6
+    assert world.reconcile() == Decision.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+
+
+def test_a_conflict_on_the_claim_is_retried_soon_without_a_status_write(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+
+    def conflict(*_: Any) -> None:
+        raise ApiException(status=409, reason="Conflict")
+
+    monkeypatch.setattr(world.kube, "set_claim_finalizer", conflict)
+    assert world.reconcile() == Decision.retry(1.0)
+    assert world.kube.writes == [] and world.ipam.calls == []
+
+
+# -- v1beta1 claims on schemas that prune status.v1beta2 ---------------------------------------
+
+
+@pytest.mark.parametrize("prunes", [True, False])
+def test_a_v1beta1_claim_is_written_once_whatever_the_schema_keeps(
+    monkeypatch: pytest.MonkeyPatch, prunes: bool
+) -> None:
+    world = World(monkeypatch, version="v1beta1")
+    world.kube.prune_v1beta2 = prunes
+    world.kube.add_claim(claim(version="v1beta1"))  # its pool is missing
+    decision = world.reconcile()
+    assert decision.wake_on == (POOL_TOKEN,)
+    assert world.ctx.v1beta2_kept is (not prunes)
+    (write,) = world.kube.of("claim.status")
+    assert "v1beta2" in write.detail  # the first write tells what the schema keeps
+    assert ("v1beta2" in world.stored()["status"]) is not prunes
+    assert capi.ready_of(world.stored()) == ("False", Reason.POOL_NOT_READY)
+    for _ in range(3):
+        world.reset()
+        assert world.reconcile() == decision
+        assert world.kube.writes == []
+    # Another claim is written without status.v1beta2 when the schema prunes it.
+    world.kube.add_claim(claim("c2", version="v1beta1"))
+    world.reconcile("c2")
+    (write,) = world.kube.of("claim.status")
+    assert ("v1beta2" in write.detail) is not prunes
+    # Bound, then looked at again: no write either.
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    assert world.reconcile() == Decision.done()
+    assert world.kube.addresses[(NS, "c1")]["apiVersion"] == f"{capi.GROUP}/v1beta1"
+    assert capi.ready_of(world.stored()) == ("True", Reason.ALLOCATED)
+    world.reset()
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == []
+
+
+# -- release ------------------------------------------------------------------------------
+
+
+def test_release_goes_where_the_allocation_went(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition(), hostnameSuffix="old.example"))
+    bind(world)
+    recorded = location_of(parse_pool(world.kube.pools[(NS, KIND, POOL)]))
+    # The pool's spec is changed where immutability is not enforced.
+    pool = world.kube.pools[(NS, KIND, POOL)]
+    pool["spec"].update(endpoint="https://new.example.com", hostnameSuffix="new.example")
+    pool["metadata"]["generation"] = 2
+    # An exhausted gate is opened by a release.
+    world.ctx.gate.exhausted((NS, KIND, POOL))
+    world.delete()
+    assert world.reconcile() == Decision.done()
+    assert world.ipam.calls == [("release", "c1.ns.old.example", recorded)]
+    assert world.ipam.entries == {}
+    assert world.kube.ops() == [
+        "address.finalizer",
+        "address.delete",
+        "claim.finalizer",
+        "event",
+    ]
+    assert world.kube.of("address.finalizer")[0].detail == (capi.ADDRESS_FINALIZER, False)
+    assert world.kube.of("claim.finalizer")[0].detail == (capi.CLAIM_FINALIZER, False)
+    assert world.kube.addresses == {} and (NS, "c1") not in world.kube.claims
+    assert world.kube.events == [
+        ("Normal", "AddressReleased", f"released 10.0.0.2 in {DISPLAY}"),
+    ]
+    assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
+    assert world.queue.woken == [POOL_TOKEN]
+    assert not world.ctx.gate.closed((NS, KIND, POOL))
+
+
+def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> None:
+    # A crash between the IPAM write and the IPAddress create: only the hostname knows.
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.3"
+    world.kube.add_claim(ours(deleting=True))
+    assert world.reconcile() == Decision.done()
+    pool = parse_pool(world.kube.pools[(NS, KIND, POOL)])
+    assert world.ipam.calls == [("release", "c1.ns", location_of(pool))]
+    assert world.ipam.entries == {}
+    assert world.kube.ops() == ["claim.finalizer", "event"]
+    assert world.kube.events[0][:2] == ("Normal", "AddressReleased")
+    assert (NS, "c1") not in world.kube.claims
+    assert world.queue.woken == [POOL_TOKEN]
+
+
+def test_an_unbound_claim_never_registered_is_let_go(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(ours(deleting=True))
+    assert world.reconcile() == Decision.done()
+    assert [c[0] for c in world.ipam.calls] == ["release"]
+    assert world.kube.events == [
+        ("Normal", "AddressReleased", f"c1.ns was not registered in {DISPLAY}; nothing to release")
+    ]
+    assert (NS, "c1") not in world.kube.claims
+
+
+def test_a_bound_claim_whose_ipaddress_was_force_removed_is_let_go_without_the_ipam(
+    world: World,
+) -> None:
+    bind(world)
+    del world.kube.addresses[(NS, "c1")]  # clusterctl move: finalizers stripped, deleted
+    world.delete()
+    assert world.reconcile() == Decision.done()
+    assert world.ipam.calls == [] and world.built == []
+    assert world.kube.read("get_pool") == [] and world.kube.read("read_secret") == []
+    assert world.kube.ops() == ["claim.finalizer", "event"]
+    kind, reason, message = world.kube.events[0]
+    assert (kind, reason) == ("Warning", "ReleaseSkipped")
+    assert "ns/c1" in message and "left" in message
+    assert world.ipam.entries == {"c1.ns": "10.0.0.2"}  # it belongs to the moved claim now
+    assert (NS, "c1") not in world.kube.claims
+    assert world.queue.woken == []
+
+
+def test_a_force_removed_address_still_waits_while_the_cluster_is_paused(world: World) -> None:
+    world.kube.add_cluster(NS, "c")
+    bind(world, cluster="c")
+    del world.kube.addresses[(NS, "c1")]
+    world.kube.add_cluster(NS, "c", spec={"paused": True})
+    world.delete()
+    assert world.reconcile() == Decision.wait(cluster_token(NS, "c"))
+    assert world.kube.writes == [] and world.ipam.calls == []
+    assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
+
+
+def test_a_paused_claim_is_not_released(world: World) -> None:
+    bind(world)
+    world.stored()["metadata"]["annotations"] = {capi.PAUSED_ANNOTATION: ""}
+    world.delete()
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == [] and world.ipam.calls == []
+    assert (NS, "c1") in world.kube.addresses
+
+
+def test_a_claim_whose_cluster_is_gone_is_still_released(world: World) -> None:
+    world.kube.add_cluster(NS, "c")
+    bind(world, cluster="c")
+    del world.kube.clusters[(NS, "c")]
+    world.delete()
+    assert world.reconcile() == Decision.done()
+    assert [c[0] for c in world.ipam.calls] == ["release"]
+    assert (NS, "c1") not in world.kube.claims
+
+
+def test_release_is_skipped_when_the_pool_is_gone(world: World) -> None:
+    bind(world)
+    del world.kube.pools[(NS, KIND, POOL)]
+    world.delete()
+    assert world.reconcile() == Decision.done()
+    assert world.ipam.calls == [] and world.built == []
+    assert world.kube.ops() == ["address.finalizer", "address.delete", "claim.finalizer", "event"]
+    kind, reason, message = world.kube.events[0]
+    assert (kind, reason) == ("Warning", "ReleaseSkipped")
+    assert message == f"{DISPLAY} is gone; address 10.0.0.2 could not be released in the IPAM"
+    assert world.kube.addresses == {} and (NS, "c1") not in world.kube.claims
+    assert world.ipam.entries == {"c1.ns": "10.0.0.2"}
+    assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
+
+
+def test_a_claim_being_deleted_without_our_finalizer_is_left_alone(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim(deleting=True, finalizers=("someone.else/keep",)))
+    assert world.reconcile() == Decision.done()
+    assert world.kube.writes == [] and world.ipam.calls == []
+
+
+def test_a_failed_release_keeps_the_claim_and_says_why(world: World) -> None:
+    bind(world)
+    world.delete()
+    world.ipam.error = be.BackendUnavailableError("IPAM down")
+    assert world.reconcile() == Decision.retry(10)
+    assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
+    assert (NS, "c1") in world.kube.addresses
+    condition = ready(world.stored())
+    assert (condition["status"], condition["reason"]) == ("False", Reason.ALLOCATION_FAILED)
+    assert world.queue.woken == [] and world.queue.added == []
+    world.ipam.error = None
+    world.reset()
+    assert world.reconcile() == Decision.done()
+    assert (NS, "c1") not in world.kube.claims
+
+
+def test_a_refused_event_never_stops_a_release(world: World) -> None:
+    bind(world)
+    world.delete()
+    world.kube.event_error = ApiException(status=403, reason="Forbidden")
+    assert world.reconcile() == Decision.done()
+    assert (NS, "c1") not in world.kube.claims and world.kube.addresses == {}

@@ -1,0 +1,574 @@
+"""Fakes of the Kubernetes gateway, an IPAM backend and the work queue for service tests.
+
+`FakeKube` implements the `bridge.kube.Kube` methods the services call, over in-memory
+objects, with the API server's behaviour that matters to them: finalizer patches guarded by
+``resourceVersion`` (409 on a stale one), an object being deleted goes when its last finalizer
+does, status merge patches return what was stored (optionally pruning ``status.v1beta2`` as a
+CAPI < 1.9 schema does), creates of an existing name answer "exists". Every write is recorded
+in `FakeKube.writes` (and every read in `FakeKube.reads`); `FakeKube.timeline` interleaves
+writes with the calls of any `FakeBackend` given the same list.
+
+`FakeBackend` implements `backends.base.IPAMBackend` over a small subnet; `install_backend`
+makes `bridge.pool_service.backend_for` build it, one client per pool location.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import pytest
+from kubernetes.client import ApiException
+
+from backends.base import Allocation, SubnetInfo
+from backends.errors import BackendError, SubnetExhaustedError
+from bridge import pool_service
+from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP, POOL_KINDS
+from bridge.pools import Pool, location_of
+
+DELETED_AT = "2026-01-01T00:00:00Z"
+
+
+class Write(NamedTuple):
+    """One recorded API write: ``op``, the object (``ns/name`` or ``ns/Kind/name``), detail."""
+
+    op: str
+    target: str
+    detail: Any = None
+
+
+def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """Apply a JSON merge patch (RFC 7386) to ``into``."""
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+class FakeKube:
+    """In-memory objects behind the `bridge.kube.Kube` methods the services use.
+
+    Objects are stored as given (use the ``add_*`` helpers); reads return deep copies, so
+    a service can never change the store except through a write method.
+
+    Attributes
+    ----------
+    writes:
+        Every write, in order (`Write`). Ops: ``claim.finalizer``, ``claim.status``,
+        ``address.create``, ``address.finalizer``, ``address.delete``, ``pool.finalizer``,
+        ``pool.status``, ``secret.finalizer``, ``event``. Finalizer details are
+        ``(finalizer, present)``; an event's is ``(type, reason, message)``.
+    reads:
+        Every read: ``(method, target)``.
+    timeline:
+        Reads (``("read", method, target)``), writes (``("kube", op, target)``) and backend
+        calls, in order.
+    prune_v1beta2:
+        When True, `patch_claim_status` stores no ``status.v1beta2`` (a CAPI < 1.9 schema).
+    """
+
+    def __init__(self, timeline: list[tuple[str, ...]] | None = None) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.addresses: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pools: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.clusters: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[Write] = []
+        self.reads: list[tuple[str, str]] = []
+        self.timeline: list[tuple[str, ...]] = timeline if timeline is not None else []
+        self.prune_v1beta2 = False
+        self.event_error: ApiException | None = None
+        #: Called with the namespace once a `list_pools` has listed (races in tests).
+        self.on_list_pools: Callable[[str], None] | None = None
+        self._version = 100
+
+    # -- helpers for tests ----------------------------------------------------------------
+
+    def _rv(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def _read(self, read: tuple[str, str]) -> None:
+        self.reads.append(read)
+        self.timeline.append(("read", *read))
+
+    def _record(self, op: str, target: str, detail: Any = None) -> None:
+        self.writes.append(Write(op, target, detail))
+        self.timeline.append(("kube", op, target))
+
+    def add_claim(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(dict(body))
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("resourceVersion", self._rv())
+        meta.setdefault("generation", 1)
+        self.claims[(meta["namespace"], meta["name"])] = stored
+        return stored
+
+    def add_address(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(dict(body))
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("resourceVersion", self._rv())
+        self.addresses[(meta["namespace"], meta["name"])] = stored
+        return stored
+
+    def add_pool(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(dict(body))
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("resourceVersion", self._rv())
+        meta.setdefault("generation", 1)
+        self.pools[(meta["namespace"], stored["kind"], meta["name"])] = stored
+        return stored
+
+    def add_cluster(self, namespace: str, name: str, **body: Any) -> None:
+        self.clusters[(namespace, name)] = {
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {"namespace": namespace, "name": name, **body.pop("metadata", {})},
+            **body,
+        }
+
+    def add_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        *,
+        finalizers: tuple[str, ...] = (),
+        deleting: bool = False,
+    ) -> None:
+        self.secrets[(namespace, name)] = {
+            "data": dict(data),
+            "finalizers": list(finalizers),
+            "deleting": deleting,
+        }
+
+    def secret_finalizers(self, namespace: str, name: str) -> list[str]:
+        return list(self.secrets[(namespace, name)]["finalizers"])
+
+    def ops(self) -> list[str]:
+        """Return the ops of the recorded writes, in order."""
+        return [write.op for write in self.writes]
+
+    def of(self, op: str) -> list[Write]:
+        """Return the recorded writes of one op."""
+        return [write for write in self.writes if write.op == op]
+
+    @property
+    def events(self) -> list[tuple[str, str, str]]:
+        """``(type, reason, message)`` of every Event posted."""
+        return [write.detail for write in self.of("event")]
+
+    def read(self, method: str) -> list[str]:
+        """Return the targets of the recorded reads of one method."""
+        return [target for name, target in self.reads if name == method]
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._read(("get_claim", f"{namespace}/{name}"))
+        found = self.claims.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list_claims(self, version: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        self._read(("list_claims", ",".join(namespaces)))
+        return [
+            copy.deepcopy(body)
+            for (ns, _), body in self.claims.items()
+            if not namespaces or ns in namespaces
+        ]
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._read(("get_ip_address", f"{namespace}/{name}"))
+        found = self.addresses.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list_ip_addresses(self, version: str, namespace: str) -> list[dict[str, Any]]:
+        self._read(("list_ip_addresses", namespace))
+        return [copy.deepcopy(b) for (ns, _), b in self.addresses.items() if ns == namespace]
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        self._read(("get_pool", f"{namespace}/{kind}/{name}"))
+        found = self.pools.get((namespace, kind, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        assert kind in POOL_KINDS
+        self._read(("list_pools", f"{','.join(namespaces)}/{kind}"))
+        items = [
+            copy.deepcopy(body)
+            for (ns, k, _), body in self.pools.items()
+            if k == kind and (not namespaces or ns in namespaces)
+        ]
+        if self.on_list_pools is not None:
+            for namespace in namespaces:
+                self.on_list_pools(namespace)  # after the listing: the caller's view is stale
+        return items
+
+    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._read(("get_cluster", f"{namespace}/{name}"))
+        found = self.clusters.get((namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        self._read(("read_secret", f"{namespace}/{name}"))
+        found = self.secrets.get((namespace, name))
+        return dict(found["data"]) if found is not None else None
+
+    # -- writes -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _conflict() -> ApiException:
+        return ApiException(status=409, reason="Conflict")
+
+    def _set_finalizers(
+        self,
+        store: dict[Any, dict[str, Any]],
+        key: Any,
+        obj: Mapping[str, Any],
+        finalizer: str,
+        present: bool,
+        op: str,
+        target: str,
+    ) -> dict[str, Any] | None:
+        """Add or remove a finalizer as `bridge.kube.Kube.set_finalizer` does, over ``store``."""
+        meta = obj.get("metadata") or {}
+        current = list(meta.get("finalizers") or [])
+        wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
+        if wanted == current:
+            return None
+        stored = store.get(key)
+        if stored is None:
+            return None
+        if meta.get("resourceVersion") != stored["metadata"].get("resourceVersion"):
+            raise self._conflict()
+        self._record(op, target, (finalizer, present))
+        stored["metadata"]["finalizers"] = wanted
+        stored["metadata"]["resourceVersion"] = self._rv()
+        if not wanted and stored["metadata"].get("deletionTimestamp"):
+            del store[key]
+        return copy.deepcopy(stored)
+
+    def set_claim_finalizer(
+        self, claim: Mapping[str, Any], finalizer: str, present: bool
+    ) -> dict[str, Any] | None:
+        meta = claim.get("metadata") or {}
+        key = (meta["namespace"], meta["name"])
+        return self._set_finalizers(
+            self.claims, key, claim, finalizer, present, "claim.finalizer", "/".join(key)
+        )
+
+    def patch_claim_status(
+        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        stored = self.claims.get((namespace, name))
+        if stored is None:
+            return None
+        self._record("claim.status", f"{namespace}/{name}", copy.deepcopy(dict(status)))
+        current = stored.setdefault("status", {})
+        _merge(current, status)
+        if self.prune_v1beta2:
+            current.pop("v1beta2", None)
+        stored["metadata"]["resourceVersion"] = self._rv()
+        return copy.deepcopy(stored)
+
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self.addresses:
+            return None
+        self._record("address.create", "/".join(key), copy.deepcopy(dict(body)))
+        stored = copy.deepcopy(dict(body))
+        stored["metadata"]["resourceVersion"] = self._rv()
+        stored["metadata"]["uid"] = f"uid-address-{meta['name']}"
+        self.addresses[key] = stored
+        return copy.deepcopy(stored)
+
+    def delete_ip_address(self, version: str, namespace: str, name: str) -> None:
+        stored = self.addresses.get((namespace, name))
+        if stored is None:
+            return
+        finalizers = list(stored["metadata"].get("finalizers") or [])
+        if ADDRESS_FINALIZER in finalizers:
+            self._record("address.finalizer", f"{namespace}/{name}", (ADDRESS_FINALIZER, False))
+            finalizers.remove(ADDRESS_FINALIZER)
+            stored["metadata"]["finalizers"] = finalizers
+        self._record("address.delete", f"{namespace}/{name}")
+        if finalizers:  # someone else's finalizer holds it
+            stored["metadata"]["deletionTimestamp"] = DELETED_AT
+        else:
+            del self.addresses[(namespace, name)]
+
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> None:
+        meta = pool.get("metadata") or {}
+        key = (meta["namespace"], str(pool["kind"]), meta["name"])
+        self._set_finalizers(
+            self.pools, key, pool, finalizer, present, "pool.finalizer", "/".join(key)
+        )
+
+    def patch_pool_status(
+        self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        stored = self.pools.get((namespace, kind, name))
+        if stored is None:
+            return
+        self._record("pool.status", f"{namespace}/{kind}/{name}", copy.deepcopy(dict(status)))
+        _merge(stored.setdefault("status", {}), status)
+        stored["metadata"]["resourceVersion"] = self._rv()
+
+    def set_secret_finalizer(
+        self, namespace: str, name: str, finalizer: str, present: bool
+    ) -> bool:
+        secret = self.secrets.get((namespace, name))
+        if secret is None:
+            return False
+        current = secret["finalizers"]
+        if present and secret["deleting"] and finalizer not in current:
+            return True  # the API refuses new finalizers on an object being deleted
+        wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
+        if wanted != current:
+            self._record("secret.finalizer", f"{namespace}/{name}", (finalizer, present))
+            secret["finalizers"] = wanted
+        return True
+
+    def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+        if self.event_error is not None:
+            raise self.event_error
+        meta = obj.get("metadata") or {}
+        self._record(
+            "event", f"{meta.get('namespace')}/{meta.get('name')}", (type, reason, message)
+        )
+
+    def close(self) -> None:
+        pass
+
+
+# -- the IPAM ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeIPAM:
+    """What the fake IPAM holds, shared by every `FakeBackend` client of it."""
+
+    cidr: str = "10.0.0.0/29"
+    gateway: str | None = "10.0.0.1"
+    #: hostname -> address.
+    entries: dict[str, str] = field(default_factory=dict)
+    #: ``(operation, hostname, location)`` of every call, in order.
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Raised by the next calls (and kept) when set.
+    error: BackendError | None = None
+    timeline: list[tuple[str, ...]] | None = None
+
+
+class FakeBackend:
+    """An `backends.base.IPAMBackend` client of a `FakeIPAM`, at one location.
+
+    Parameters
+    ----------
+    ipam:
+        The shared IPAM state.
+    location:
+        `bridge.pools.location_of` of the pool the client was built for (recorded with each
+        call).
+    """
+
+    def __init__(self, ipam: FakeIPAM | None = None, location: str = "") -> None:
+        self.ipam = ipam if ipam is not None else FakeIPAM()
+        self.location = location
+        self.closed = False
+
+    def _call(self, operation: str, hostname: str) -> None:
+        self.ipam.calls.append((operation, hostname, self.location))
+        if self.ipam.timeline is not None:
+            self.ipam.timeline.append(("backend", operation, hostname))
+        if self.ipam.error is not None:
+            raise self.ipam.error
+
+    def _network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return ipaddress.ip_network(self.ipam.cidr)
+
+    def _allocation(self, hostname: str) -> Allocation:
+        address = self.ipam.entries[hostname]
+        return Allocation(
+            address=address,
+            prefix=self._network().prefixlen,
+            gateway=self.ipam.gateway,
+            hostname=hostname,
+            ref=f"ref-{address}",
+        )
+
+    def describe_subnet(self) -> SubnetInfo:
+        self._call("describe_subnet", "")
+        hosts = list(self._network().hosts())
+        used = len(self.ipam.entries) + (1 if self.ipam.gateway else 0)
+        return SubnetInfo(
+            cidr=self.ipam.cidr,
+            prefix=self._network().prefixlen,
+            gateway=self.ipam.gateway,
+            total=len(hosts),
+            used=used,
+            free=max(len(hosts) - used, 0),
+        )
+
+    def find(self, hostname: str) -> Allocation | None:
+        self._call("find", hostname)
+        return self._allocation(hostname) if hostname in self.ipam.entries else None
+
+    def allocate(self, hostname: str, description: str) -> Allocation:
+        self._call("allocate", hostname)
+        if hostname not in self.ipam.entries:
+            taken = set(self.ipam.entries.values()) | {self.ipam.gateway}
+            free = [str(a) for a in self._network().hosts() if str(a) not in taken]
+            if not free:
+                raise SubnetExhaustedError(f"subnet {self.ipam.cidr} has no free address")
+            self.ipam.entries[hostname] = free[0]
+        return self._allocation(hostname)
+
+    def release(self, hostname: str) -> bool:
+        self._call("release", hostname)
+        return self.ipam.entries.pop(hostname, None) is not None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[FakeBackend]:
+    """Make `bridge.pool_service.backend_for` build `FakeBackend` clients of ``ipam``.
+
+    Returns the list of clients built, in order (each knows the location it was built for).
+    """
+    built: list[FakeBackend] = []
+
+    def build(pool: Pool, secret: Mapping[str, str], ca_pem: str | None, **_: Any) -> FakeBackend:
+        built.append(FakeBackend(ipam, location_of(pool)))
+        return built[-1]
+
+    monkeypatch.setattr(pool_service, "build_backend", build)
+    return built
+
+
+# -- the work queue ---------------------------------------------------------------------------
+
+
+class FakeQueue:
+    """Records `add` and `wake` (the `bridge.workqueue.WorkQueue` methods the services call)."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[Any, float]] = []
+        self.woken: list[Any] = []
+
+    def add(self, key: Any, after: float = 0.0) -> None:
+        self.added.append((key, after))
+
+    def wake(self, token: Any) -> int:
+        self.woken.append(token)
+        return 0
+
+
+# -- object builders --------------------------------------------------------------------------
+
+
+def phpipam_pool(
+    name: str = "pool",
+    namespace: str = "ns",
+    *,
+    secret: str = "creds",
+    generation: int = 1,
+    deleting: bool = False,
+    finalizers: tuple[str, ...] = (),
+    status: Mapping[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "PHPIPAMIPPool",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "generation": generation,
+            "finalizers": list(finalizers),
+        },
+        "spec": {
+            "endpoint": "https://ipam.example.com",
+            "appId": "capi",
+            "subnet": "10.0.0.0/29",
+            "credentialsRef": {"name": secret},
+            **spec,
+        },
+    }
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = DELETED_AT
+    if status is not None:
+        body["status"] = copy.deepcopy(dict(status))
+    return body
+
+
+def claim(
+    name: str = "c1",
+    namespace: str = "ns",
+    *,
+    pool: str = "pool",
+    kind: str = "PHPIPAMIPPool",
+    group: str = GROUP,
+    version: str = "v1beta2",
+    cluster: str | None = None,
+    finalizers: tuple[str, ...] = (),
+    deleting: bool = False,
+    address_ref: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    status: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return an IPAddressClaim body (``ours`` by default: a PHPIPAMIPPool of our group)."""
+    spec: dict[str, Any] = {"poolRef": {"apiGroup": group, "kind": kind, "name": pool}}
+    if cluster:
+        spec["clusterName"] = cluster
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "IPAddressClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "finalizers": list(finalizers),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": spec,
+    }
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = DELETED_AT
+    body["status"] = copy.deepcopy(dict(status or {}))
+    if address_ref:
+        body["status"]["addressRef"] = {"name": address_ref}
+    return body
+
+
+def ours(**kwargs: Any) -> dict[str, Any]:
+    """Return `claim` carrying the contract's ``ReleaseAddress`` finalizer."""
+    return claim(finalizers=(CLAIM_FINALIZER,), **kwargs)
+
+
+def pool_condition(
+    status: str = "True", reason: str = "PoolReady", message: str = "ok", *, generation: int = 1
+) -> dict[str, Any]:
+    """Return a pool ``status`` whose Ready condition is ``status`` for ``generation``."""
+    return {
+        "observedGeneration": generation,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": DELETED_AT,
+                "observedGeneration": generation,
+            }
+        ],
+    }

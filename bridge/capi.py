@@ -9,6 +9,7 @@ contracts/ipam.md``); see ``shared/reference/capi-ipam-contract.md`` sections 1 
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,13 +63,30 @@ HOSTNAME_ANNOTATION = "ipam.cluster.x-k8s.io/hostname"
 LOCATION_ANNOTATION = "ipam.cluster.x-k8s.io/ipam-location"
 
 
-class Reason:
-    """Reasons of the claim's Ready condition (CAPI ``v1beta2`` condition constants)."""
+class Reason(enum.StrEnum):
+    """Every reason of a Ready condition or an Event the operator writes, claims' and pools'.
 
+    A `enum.StrEnum`: members are the plain strings the API stores (CAPI ``v1beta2``
+    condition constants for claims; DESIGN.md section 3 for pools).
+    """
+
+    # Claims: the Ready condition.
     ALLOCATED = "AddressAllocated"
     POOL_NOT_READY = "PoolNotReady"
     POOL_EXHAUSTED = "PoolExhausted"
     ALLOCATION_FAILED = "AllocationFailed"
+    # Claims: Events of a release (Normal, Warning).
+    RELEASED = "AddressReleased"
+    RELEASE_SKIPPED = "ReleaseSkipped"
+    # Pools: the Ready condition.
+    POOL_READY = "PoolReady"
+    INVALID_SPEC = "InvalidSpec"
+    CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
+    AUTHENTICATION_FAILED = "AuthenticationFailed"
+    SUBNET_NOT_FOUND = "SubnetNotFound"
+    TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
+    BACKEND_UNAVAILABLE = "BackendUnavailable"
+    DELETION_BLOCKED = "DeletionBlocked"
 
 
 @dataclass(frozen=True)

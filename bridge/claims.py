@@ -46,11 +46,6 @@ __all__ = ["description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
 
-#: Event reason (Warning) when an address could not be freed in the IPAM on release.
-RELEASE_SKIPPED = "ReleaseSkipped"
-#: Event reason (Normal) when an address was freed.
-RELEASED = "AddressReleased"
-
 
 class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
     """The claim waits; ``decision`` says for what (and the status to show, if any)."""
@@ -371,7 +366,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        return _let_go(ctx, body, claim, RELEASE_SKIPPED, message, labels, "skipped")
+        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
     pool, _ = _pool_of(ctx, claim)
     spec = (address or {}).get("spec") or {}
@@ -382,7 +377,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             f"{_pool_display(claim)} is gone; address {spec.get('address', '(none)')} could "
             "not be released in the IPAM"
         )
-        return _let_go(ctx, body, claim, RELEASE_SKIPPED, message, labels, "skipped")
+        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
     annotations = ((address or {}).get("metadata") or {}).get("annotations") or {}
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
@@ -411,7 +406,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         if released
         else f"{hostname} was not registered in {pool.display}; nothing to release"
     )
-    decision = _let_go(ctx, body, claim, RELEASED, message, labels, "success")
+    decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
     # An address was freed: the claims waiting on this pool may now get one.
     ctx.wake(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
     return decision
@@ -421,7 +416,7 @@ def _let_go(
     ctx: Context,
     body: Mapping[str, Any],
     claim: Claim,
-    reason: str,
+    reason: Reason,
     message: str,
     labels: tuple[str, str],
     result: str,
@@ -430,11 +425,11 @@ def _let_go(
     ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False)
     ctx.metrics.releases.labels(*labels, result).inc()
     ctx.metrics.pending(claim.key, None)
-    if reason == RELEASE_SKIPPED:
+    if reason == Reason.RELEASE_SKIPPED:
         log.warning("claim %s: %s", claim.key, message)
     else:
         log.info("claim %s: %s", claim.key, message)
-    ctx.event(body, "Warning" if reason == RELEASE_SKIPPED else "Normal", reason, message)
+    ctx.event(body, "Warning" if reason == Reason.RELEASE_SKIPPED else "Normal", reason, message)
     # A pool being deleted waits for its claims: look at it again now.
     ctx.enqueue(pool_key(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
     return Decision.done()
@@ -448,7 +443,7 @@ def _status(
     body: Mapping[str, Any],
     *,
     ready: bool,
-    reason: str,
+    reason: Reason,
     message: str,
     ref: str | None = None,
 ) -> dict[str, Any]:
@@ -474,7 +469,7 @@ def _show(
     claim: Claim,
     *,
     ready: bool,
-    reason: str,
+    reason: Reason,
     message: str,
     ref: str | None = None,
 ) -> None:

@@ -22,7 +22,6 @@ from bridge.settings import Settings
 __all__ = [
     "ClaimError",
     "PoolError",
-    "PoolReason",
     "claim_error_from",
     "exhausted_message",
     "pool_error_from",
@@ -34,19 +33,6 @@ TLS_HINT = (
     "set spec.tls.caSecretRef to a Secret holding the CA bundle (PEM) that signed the "
     "endpoint's certificate"
 )
-
-
-class PoolReason:
-    """Reasons of a pool's Ready condition (DESIGN.md section 3)."""
-
-    READY = "PoolReady"
-    INVALID_SPEC = "InvalidSpec"
-    CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
-    AUTHENTICATION_FAILED = "AuthenticationFailed"
-    SUBNET_NOT_FOUND = "SubnetNotFound"
-    TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
-    BACKEND_UNAVAILABLE = "BackendUnavailable"
-    DELETION_BLOCKED = "DeletionBlocked"
 
 
 def retry_delay(settings: Settings, reason: str) -> float:
@@ -82,7 +68,7 @@ class PoolError(Exception):
         the object is retried after the longer delay.
     """
 
-    def __init__(self, reason: str, message: str, *, needs_person: bool) -> None:
+    def __init__(self, reason: Reason, message: str, *, needs_person: bool) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -103,7 +89,7 @@ class ClaimError(Exception):
         Seconds before the operator tries again.
     """
 
-    def __init__(self, reason: str, message: str, *, delay: float) -> None:
+    def __init__(self, reason: Reason, message: str, *, delay: float) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -113,11 +99,11 @@ class ClaimError(Exception):
 #: Reasons whose cause a person must fix: retried slowly.
 _PERSON_REASONS = frozenset(
     {
-        PoolReason.INVALID_SPEC,
-        PoolReason.CREDENTIALS_NOT_FOUND,
-        PoolReason.AUTHENTICATION_FAILED,
-        PoolReason.SUBNET_NOT_FOUND,
-        PoolReason.TLS_VERIFICATION_FAILED,
+        Reason.INVALID_SPEC,
+        Reason.CREDENTIALS_NOT_FOUND,
+        Reason.AUTHENTICATION_FAILED,
+        Reason.SUBNET_NOT_FOUND,
+        Reason.TLS_VERIFICATION_FAILED,
         Reason.POOL_NOT_READY,
     }
 )
@@ -131,24 +117,22 @@ def pool_error_from(exc: BackendError, pool_display: str) -> PoolError:
     """
     if isinstance(exc, TLSVerificationError):
         return PoolError(
-            PoolReason.TLS_VERIFICATION_FAILED,
+            Reason.TLS_VERIFICATION_FAILED,
             f"{pool_display}: {exc.message}; {TLS_HINT}",
             needs_person=True,
         )
     if isinstance(exc, AuthenticationFailedError):
         return PoolError(
-            PoolReason.AUTHENTICATION_FAILED, f"{pool_display}: {exc.message}", needs_person=True
+            Reason.AUTHENTICATION_FAILED, f"{pool_display}: {exc.message}", needs_person=True
         )
     if isinstance(exc, SubnetNotFoundError):
         return PoolError(
-            PoolReason.SUBNET_NOT_FOUND, f"{pool_display}: {exc.message}", needs_person=True
+            Reason.SUBNET_NOT_FOUND, f"{pool_display}: {exc.message}", needs_person=True
         )
     if isinstance(exc, InvalidRequestError):
-        return PoolError(
-            PoolReason.INVALID_SPEC, f"{pool_display}: {exc.message}", needs_person=True
-        )
+        return PoolError(Reason.INVALID_SPEC, f"{pool_display}: {exc.message}", needs_person=True)
     return PoolError(
-        PoolReason.BACKEND_UNAVAILABLE,
+        Reason.BACKEND_UNAVAILABLE,
         f"{pool_display}: IPAM unavailable: {exc.message}",
         needs_person=False,
     )

@@ -25,8 +25,9 @@ from typing import Any
 from backends.base import IPAMBackend
 from backends.errors import BackendError
 from bridge import capi
+from bridge.capi import Reason
 from bridge.context import Context, pool_token
-from bridge.errors import PoolError, PoolReason, pool_error_from, retry_delay
+from bridge.errors import PoolError, pool_error_from, retry_delay
 from bridge.pools import (
     BACKEND_NAMES,
     Pool,
@@ -77,7 +78,7 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
     secret = ctx.kube.read_secret(pool.namespace, pool.credentials_secret)
     if secret is None:
         raise PoolError(
-            PoolReason.CREDENTIALS_NOT_FOUND,
+            Reason.CREDENTIALS_NOT_FOUND,
             f"Secret {pool.namespace}/{pool.credentials_secret} not found",
             needs_person=True,
         )
@@ -87,7 +88,7 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
         ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
         if not ca_pem:
             raise PoolError(
-                PoolReason.CREDENTIALS_NOT_FOUND,
+                Reason.CREDENTIALS_NOT_FOUND,
                 f"CA bundle: Secret {pool.namespace}/{pool.tls.ca_secret_name} or its key "
                 f"{pool.tls.ca_secret_key!r} not found",
                 needs_person=True,
@@ -273,7 +274,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True)
     try:
         if pool is None:
-            raise error or PoolError(PoolReason.INVALID_SPEC, "invalid spec", needs_person=True)
+            raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
         _keep_secrets(ctx, pool)
         status = check_pool(ctx, pool, body)
     except PoolError as failure:
@@ -307,7 +308,7 @@ def _reconcile_deleting(
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
-            PoolReason.DELETION_BLOCKED,
+            Reason.DELETION_BLOCKED,
             f"pool is being deleted but {len(users)} object(s) may still hold an address in "
             f"it: {shown}; it goes once their claims are released",
             needs_person=False,

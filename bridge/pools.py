@@ -21,14 +21,13 @@ from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from bridge import __version__
-from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, ready_condition
-from bridge.errors import PoolError, PoolReason
+from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, Reason, ready_condition
+from bridge.errors import PoolError
 
 __all__ = [
     "BACKEND_NAMES",
     "LOCATION_FIELDS",
     "Pool",
-    "PoolReason",
     "TLSSettings",
     "build_backend",
     "fingerprint",
@@ -171,7 +170,7 @@ def with_location(pool: Pool, location: str | None) -> Pool:
 
 
 def _invalid(message: str) -> PoolError:
-    return PoolError(PoolReason.INVALID_SPEC, message, needs_person=True)
+    return PoolError(Reason.INVALID_SPEC, message, needs_person=True)
 
 
 def _opt_str(spec: Mapping[str, Any], key: str) -> str | None:
@@ -289,7 +288,7 @@ def _phpipam(
     username, password = secret.get("username"), secret.get("password")
     if not token and not (username and password):
         raise PoolError(
-            PoolReason.CREDENTIALS_NOT_FOUND,
+            Reason.CREDENTIALS_NOT_FOUND,
             f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
             "'username' and 'password', or 'token'",
             needs_person=True,
@@ -321,7 +320,7 @@ def _infoblox(
     username, password = secret.get("username"), secret.get("password")
     if not (username and password):
         raise PoolError(
-            PoolReason.CREDENTIALS_NOT_FOUND,
+            Reason.CREDENTIALS_NOT_FOUND,
             f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
             "'username' and 'password'",
             needs_person=True,
@@ -408,7 +407,7 @@ def pool_status(
         "conditions": [
             ready_condition(
                 ready=True,
-                reason=PoolReason.READY,
+                reason=Reason.POOL_READY,
                 message=f"subnet {info.cidr}: {info.free} of {info.total} addresses free",
                 observed_generation=pool.generation,
                 previous=previous,

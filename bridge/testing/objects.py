@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bridge.capi import GROUP, POOL_KINDS, ready_of
+from bridge.capi import GROUP, POOL_KINDS, Reason, ready_of
 
 __all__ = ["ObjectHelpers", "wait_for"]
 
@@ -245,7 +245,7 @@ class ObjectHelpers(ABC):
         name: str,
         kind: str = "PHPIPAMIPPool",
         *,
-        reason: str = "PoolReady",
+        reason: str = Reason.POOL_READY,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Wait until a pool's Ready condition has ``reason``; return the pool."""

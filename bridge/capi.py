@@ -14,6 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from bridge.models import IPAddressClaim, problem_of
+
 __all__ = [
     "ADDRESS_FINALIZER",
     "CLAIM_FINALIZER",
@@ -148,31 +152,36 @@ class Claim:
         Raises
         ------
         ValueError
-            When ``spec.poolRef`` lacks a kind or name (the claim cannot be handled).
+            When the body is not a claim the operator can handle (``spec.poolRef`` lacks a
+            kind or a name); the message names the field.
         """
-        meta = body.get("metadata") or {}
-        spec = body.get("spec") or {}
-        ref = spec.get("poolRef") or {}
-        if not ref.get("kind") or not ref.get("name"):
-            raise ValueError("spec.poolRef must name a kind and a name")
-        labels = dict(meta.get("labels") or {})
-        status = body.get("status") or {}
+        try:
+            model = IPAddressClaim.model_validate(body)
+        except ValidationError as exc:
+            raise ValueError(problem_of(exc)) from exc
+        return cls.from_model(model)
+
+    @classmethod
+    def from_model(cls, claim: IPAddressClaim) -> Claim:
+        """Return the operator's view of a parsed `bridge.models.IPAddressClaim`."""
+        meta, spec = claim.metadata, claim.spec
+        address_ref = claim.status.address_ref
         return cls(
-            api_version=str(body.get("apiVersion") or f"{GROUP}/v1beta2"),
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            uid=str(meta.get("uid") or ""),
+            api_version=claim.api_version or f"{GROUP}/v1beta2",
+            namespace=meta.namespace,
+            name=meta.name,
+            uid=meta.uid,
             pool_ref=PoolRef(
-                api_group=str(ref.get("apiGroup") or ""),
-                kind=str(ref["kind"]),
-                name=str(ref["name"]),
+                api_group=spec.pool_ref.api_group,
+                kind=spec.pool_ref.kind,
+                name=spec.pool_ref.name,
             ),
-            cluster_name=spec.get("clusterName") or labels.get(CLUSTER_NAME_LABEL) or None,
-            labels=labels,
-            annotations=dict(meta.get("annotations") or {}),
-            address_ref=((status.get("addressRef") or {}).get("name") or None),
-            deleting=bool(meta.get("deletionTimestamp")),
-            finalizers=tuple(meta.get("finalizers") or ()),
+            cluster_name=spec.cluster_name or meta.labels.get(CLUSTER_NAME_LABEL) or None,
+            labels=dict(meta.labels),
+            annotations=dict(meta.annotations),
+            address_ref=(address_ref.name if address_ref is not None else None) or None,
+            deleting=meta.deleting,
+            finalizers=meta.finalizers,
         )
 
     @property

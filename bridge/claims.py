@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client import ApiException
+from pydantic import ValidationError
 
 from backends.errors import BackendError
 from bridge import capi
@@ -38,6 +39,7 @@ from bridge.errors import (
     exhausted_message,
     retry_delay,
 )
+from bridge.models import IPAddress
 from bridge.pool_service import backend_for
 from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
 from bridge.workqueue import Decision
@@ -150,19 +152,31 @@ def _paused(ctx: Context, claim: Claim) -> None:
         raise _Wait(Decision.wait(token))
 
 
-def _belongs_to(address: Mapping[str, Any], claim: Claim) -> bool:
-    spec = address.get("spec") or {}
+def _belongs_to(address: IPAddress, claim: Claim) -> bool:
+    spec = address.spec
     return (
-        (spec.get("claimRef") or {}).get("name") == claim.name
-        and (spec.get("poolRef") or {}).get("name") == claim.pool_ref.name
-        and (spec.get("poolRef") or {}).get("kind") == claim.pool_ref.kind
+        spec.claim_ref.name == claim.name
+        and spec.pool_ref.name == claim.pool_ref.name
+        and spec.pool_ref.kind == claim.pool_ref.kind
     )
 
 
-def _address_of(ctx: Context, claim: Claim) -> dict[str, Any] | None:
+def _parse_address(body: Mapping[str, Any] | None) -> IPAddress | None:
+    """Return an IPAddress body as read, parsed; None when absent or not an IPAddress's shape."""
+    if body is None:
+        return None
+    try:
+        return IPAddress.model_validate(body)
+    except ValidationError:
+        return None
+
+
+def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
     """Return the claim's IPAddress when it exists and belongs to it, else None."""
-    address = ctx.kube.get_ip_address(
-        ctx.address_version, claim.namespace, claim.address_ref or claim.name
+    address = _parse_address(
+        ctx.kube.get_ip_address(
+            ctx.address_version, claim.namespace, claim.address_ref or claim.name
+        )
     )
     if address is not None and _belongs_to(address, claim):
         return address
@@ -297,7 +311,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         hostname=hostname,
         location=location_of(pool),
     )
-    created = ctx.kube.create_ip_address(ctx.address_version, new)
+    created = _parse_address(ctx.kube.create_ip_address(ctx.address_version, new))
     if created is None:
         # An IPAddress of that name exists but is not this claim's (another pool's, or a
         # stale one): never hand one name to two addresses; a person must look.
@@ -316,7 +330,7 @@ def _bound(
     ctx: Context,
     body: Mapping[str, Any],
     claim: Claim,
-    address: Mapping[str, Any],
+    address: IPAddress,
     *,
     check_pause: bool = True,
 ) -> Decision:
@@ -326,9 +340,8 @@ def _bound(
     its Cluster is not paused. The ``ReleaseAddress`` finalizer is put back if missing.
     """
     ctx.metrics.pending(claim.key, None)
-    spec = address.get("spec") or {}
-    name = str((address.get("metadata") or {}).get("name"))
-    message = f"address {spec.get('address')}/{spec.get('prefix')} from {_pool_display(claim)}"
+    name = address.metadata.name
+    message = f"address {address.spec.address}/{address.spec.prefix} from {_pool_display(claim)}"
     status = _status(ctx, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
     if not _changes(body, status) and not missing_finalizer:
@@ -369,17 +382,17 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
     pool, _ = _pool_of(ctx, claim)
-    spec = (address or {}).get("spec") or {}
+    registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            ctx.kube.delete_ip_address(version, claim.namespace, str(address["metadata"]["name"]))
+            ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name)
         message = (
-            f"{_pool_display(claim)} is gone; address {spec.get('address', '(none)')} could "
+            f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
         )
         return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
-    annotations = ((address or {}).get("metadata") or {}).get("annotations") or {}
+    annotations = address.metadata.annotations if address is not None else {}
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
         claim, pool.hostname_suffix
     )
@@ -399,8 +412,8 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         raise error from exc
     ctx.gate.open(pool.key)
     if address is not None:
-        ctx.kube.delete_ip_address(version, claim.namespace, str(address["metadata"]["name"]))
-    what = spec.get("address") or hostname
+        ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name)
+    what = registered or hostname
     message = (
         f"released {what} in {pool.display}"
         if released

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import ipaddress
 import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
 
 from backends.base import IPAMBackend, SubnetInfo
 from backends.infoblox import InfobloxBackend, InfobloxConfig
@@ -23,6 +24,7 @@ from backends.retry import RetryPolicy
 from bridge import __version__
 from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, Reason, ready_condition
 from bridge.errors import PoolError
+from bridge.models import POOL_MODELS, problem_of
 
 __all__ = [
     "BACKEND_NAMES",
@@ -179,70 +181,42 @@ def _opt_str(spec: Mapping[str, Any], key: str) -> str | None:
 
 
 def parse_pool(body: Mapping[str, Any]) -> Pool:
-    """Parse a pool object (either kind) and validate what the CRD schema cannot.
+    """Parse a pool object (either kind) and validate it (`bridge.models.POOL_MODELS`).
 
     Raises
     ------
     PoolError
         Reason ``InvalidSpec`` when a field is missing or malformed (the same checks the
         CRD makes, repeated so that a cluster without our CRD validation still gets a
-        clear message).
+        clear message, naming the field).
     """
     kind = str(body.get("kind") or "")
     if kind not in POOL_KINDS:
         raise _invalid(f"unknown pool kind {kind!r}")
-    meta = body.get("metadata") or {}
-    spec: Mapping[str, Any] = body.get("spec") or {}
-    endpoint = _opt_str(spec, "endpoint")
-    if not endpoint or not endpoint.startswith(("http://", "https://")):
-        raise _invalid("spec.endpoint must be an http:// or https:// URL")
-    creds = (spec.get("credentialsRef") or {}).get("name")
-    if not creds:
-        raise _invalid("spec.credentialsRef.name must name a Secret in the pool's namespace")
-    if (spec.get("credentialsRef") or {}).get("namespace") not in (None, "", meta.get("namespace")):
-        raise _invalid("spec.credentialsRef cannot name a Secret in another namespace")
-    gateway = _opt_str(spec, "gateway")
-    if gateway is not None:
-        try:
-            ipaddress.ip_address(gateway)
-        except ValueError as exc:
-            raise _invalid(f"spec.gateway {gateway!r} is not an IP address") from exc
-    prefix = spec.get("prefix")
-    if prefix is not None and (not isinstance(prefix, int) or not 0 <= prefix <= 128):
-        raise _invalid("spec.prefix must be an integer from 0 to 128")
-    if kind == "PHPIPAMIPPool":
-        if not _opt_str(spec, "appId"):
-            raise _invalid("spec.appId is required")
-        if (spec.get("subnetId") is None) == (spec.get("subnet") is None):
-            raise _invalid("exactly one of spec.subnetId and spec.subnet must be set")
-    subnet = _opt_str(spec, "subnet")
-    if subnet is not None:
-        try:
-            ipaddress.ip_network(subnet, strict=True)
-        except ValueError as exc:
-            raise _invalid(f"spec.subnet {subnet!r} is not a CIDR network") from exc
-    elif kind == "InfobloxIPPool":
-        raise _invalid("spec.subnet is required")
-    tls = spec.get("tls") or {}
-    ca_ref = tls.get("caSecretRef") or {}
+    try:
+        model = POOL_MODELS[kind].from_body(body)
+    except ValidationError as exc:
+        raise _invalid(problem_of(exc)) from exc
+    meta, spec = model.metadata, model.spec
+    ca_ref = spec.tls.ca_secret_ref
     return Pool(
         kind=kind,
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        generation=int(meta.get("generation") or 0),
-        credentials_secret=str(creds),
-        gateway=gateway,
-        prefix=prefix,
-        hostname_suffix=_opt_str(spec, "hostnameSuffix"),
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        generation=meta.generation,
+        credentials_secret=spec.credentials_ref.name,
+        gateway=spec.gateway,
+        prefix=spec.prefix,
+        hostname_suffix=spec.hostname_suffix,
         tls=TLSSettings(
-            insecure_skip_verify=bool(tls.get("insecureSkipVerify", False)),
-            ca_secret_name=ca_ref.get("name") or None,
-            ca_secret_key=str(ca_ref.get("key") or "ca.crt"),
+            insecure_skip_verify=spec.tls.insecure_skip_verify,
+            ca_secret_name=ca_ref.name,
+            ca_secret_key=ca_ref.key or "ca.crt",
         ),
-        cluster_name=(meta.get("labels") or {}).get(CLUSTER_NAME_LABEL),
-        spec=spec,
-        deleting=bool(meta.get("deletionTimestamp")),
+        cluster_name=meta.labels.get(CLUSTER_NAME_LABEL),
+        spec=body.get("spec") or {},
+        deleting=meta.deleting,
     )
 
 
@@ -327,7 +301,7 @@ def _infoblox(
         )
     spec = pool.spec
     record_type = str(spec.get("recordType") or "host")
-    if record_type not in ("host", "fixedaddress"):
+    if record_type not in ("host", "fixedaddress"):  # a recorded location is not parsed again
         raise _invalid(f"spec.recordType {record_type!r} must be 'host' or 'fixedaddress'")
     config = InfobloxConfig(
         endpoint=str(spec["endpoint"]).rstrip("/"),

@@ -1,7 +1,11 @@
-import pytest
+import json
+import re
 
-from bridge import capi
-from bridge.capi import Claim
+import pytest
+from kubernetes.client import ApiClient
+
+from bridge import capi, models
+from bridge.capi import Claim, Reason
 
 
 def claim_body(version="v1beta2", **overrides):
@@ -238,3 +242,72 @@ def test_ready_of_reads_the_served_shape():
     )
     assert capi.ready_of(v1) == ("False", "PoolExhausted")
     assert capi.ready_of(claim_body()) == (None, None)
+
+
+def test_claim_reads_null_fields_as_omitted():
+    body = claim_body(
+        metadata={"labels": None, "annotations": None, "finalizers": None},
+        spec={"clusterName": None},
+        status={"addressRef": None, "conditions": None},
+    )
+    claim = Claim.from_body(body)
+    assert (claim.labels, claim.annotations, claim.finalizers) == ({}, {}, ())
+    assert claim.cluster_name is None and claim.address_ref is None and not claim.deleting
+    bound = Claim.from_body(
+        claim_body(
+            status={"addressRef": {"name": "m1-eth0-0"}},
+            metadata={"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["f"]},
+        )
+    )
+    assert (bound.address_ref, bound.deleting, bound.finalizers) == ("m1-eth0-0", True, ("f",))
+
+
+def test_ip_address_model_reads_the_served_shape():
+    address = models.IPAddress.model_validate(
+        {
+            "metadata": {"name": "a", "annotations": {capi.HOSTNAME_ANNOTATION: "h"}},
+            "spec": {
+                "address": "10.0.0.5",
+                "prefix": 24,
+                "claimRef": {"name": "a"},
+                "poolRef": {"apiGroup": capi.GROUP, "kind": "PHPIPAMIPPool", "name": "p"},
+                "unknown": "ignored",
+            },
+        }
+    )
+    assert (address.spec.address, address.spec.prefix, address.spec.gateway) == (
+        "10.0.0.5",
+        24,
+        None,
+    )
+    assert address.spec.claim_ref.name == "a" and address.spec.pool_ref.kind == "PHPIPAMIPPool"
+    assert address.metadata.annotations == {capi.HOSTNAME_ANNOTATION: "h"}
+
+
+def test_reasons_are_one_str_enum_written_as_plain_strings():
+    assert {r.value for r in Reason} == {
+        "AddressAllocated",
+        "PoolNotReady",
+        "PoolExhausted",
+        "AllocationFailed",
+        "AddressReleased",
+        "ReleaseSkipped",
+        "PoolReady",
+        "InvalidSpec",
+        "CredentialsNotFound",
+        "AuthenticationFailed",
+        "SubnetNotFound",
+        "TLSVerificationFailed",
+        "BackendUnavailable",
+        "DeletionBlocked",
+    }
+    for reason in Reason:
+        assert re.fullmatch(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", reason)
+    status = capi.claim_status(
+        claim_body("v1beta1"), ready=False, reason=Reason.POOL_EXHAUSTED, message="m"
+    )
+    written = json.loads(json.dumps(status))
+    assert written["conditions"][0]["reason"] == "PoolExhausted"
+    event = ApiClient().sanitize_for_serialization({"reason": Reason.RELEASED})
+    assert json.dumps(event) == '{"reason": "AddressReleased"}'
+    assert f"{Reason.DELETION_BLOCKED}" == str(Reason.DELETION_BLOCKED) == "DeletionBlocked"

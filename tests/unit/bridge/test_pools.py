@@ -176,3 +176,29 @@ def test_client_refusals_become_invalid_spec(endpoint):
         )
     assert info.value.reason == "InvalidSpec"
     assert "pw" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (ib_pool(recordType="a"), "spec.recordType 'a' must be 'host' or 'fixedaddress'"),
+        (php_pool(subnetId="seven"), "spec.subnetId"),
+        ({"kind": "PHPIPAMIPPool", "metadata": {"namespace": "ns"}}, "spec.endpoint"),
+        (php_pool(credentialsRef={"name": "c", "namespace": "other"}, gateway="x"), "another"),
+    ],
+)
+def test_invalid_pools_name_the_field(body, fragment):
+    with pytest.raises(PoolError) as info:
+        parse_pool(body)
+    assert (info.value.reason, info.value.needs_person) == ("InvalidSpec", True)
+    assert fragment in info.value.message
+
+
+def test_pool_null_and_empty_fields_read_as_unset():
+    pool = parse_pool(
+        php_pool(gateway="", hostnameSuffix=None, tls={"caSecretRef": {"name": "", "key": ""}})
+    )
+    assert (pool.gateway, pool.hostname_suffix, pool.prefix) == (None, None, None)
+    assert (pool.tls.ca_secret_name, pool.tls.ca_secret_key) == (None, "ca.crt")
+    assert pool.spec["gateway"] == ""  # the raw spec is kept as read
+    assert parse_pool(ib_pool(recordType="", tls=None)).secrets == ("creds",)

@@ -1,0 +1,397 @@
+"""Typed views of the Kubernetes objects the operator reads: claims, IPAddresses, pool specs.
+
+Bodies are parsed once, at the edge, with ``model_validate(body)``; the code behind works with
+typed attributes. The models follow the API's camelCase field names (aliases, and
+``populate_by_name``), ignore fields they do not use, and treat a ``null`` like an omitted
+field (the API and the clients write both). Shapes: CAPI ``api/ipam/v1beta2`` (and v1beta1)
+``IPAddressClaim`` and ``IPAddress``; our pool CRDs in ``bridge/crds/``.
+
+The pool models repeat the checks of the CRD schemas, so that a cluster without our CRD
+validation still gets a clear message; `problem_of` turns a `pydantic.ValidationError` into
+that one message, naming the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "POOL_MODELS",
+    "Condition",
+    "IPAddress",
+    "IPAddressClaim",
+    "IPAddressClaimSpec",
+    "IPAddressClaimStatus",
+    "IPAddressSpec",
+    "IPPool",
+    "IPPoolReference",
+    "InfobloxIPPool",
+    "InfobloxIPPoolSpec",
+    "LocalObjectReference",
+    "ObjectMeta",
+    "OwnerReference",
+    "PHPIPAMIPPool",
+    "PHPIPAMIPPoolSpec",
+    "PoolSpec",
+    "PoolTLS",
+    "SecretKeyRef",
+    "SecretRef",
+    "problem_of",
+]
+
+
+def _blank_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+#: An optional text field where an empty string means "not set".
+OptionalText = Annotated[str | None, BeforeValidator(_blank_is_none)]
+
+
+class _Model(BaseModel):
+    """Base of the models: camelCase aliases, unknown fields ignored, ``null`` = omitted."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        # Text fields take numbers as the clients wrote them (``appId: 5``), as before.
+        coerce_numbers_to_str=True,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_omitted(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+# -- metadata -------------------------------------------------------------------------------
+
+
+class OwnerReference(_Model):
+    """``metadata.ownerReferences[]``."""
+
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool = False
+    block_owner_deletion: bool = False
+
+
+class ObjectMeta(_Model):
+    """The parts of ``metadata`` the operator reads."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    generation: int = 0
+    resource_version: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: tuple[str, ...] = ()
+    deletion_timestamp: str | None = None
+    owner_references: tuple[OwnerReference, ...] = ()
+
+    @property
+    def deleting(self) -> bool:
+        """True once ``deletionTimestamp`` is set."""
+        return bool(self.deletion_timestamp)
+
+
+class Condition(_Model):
+    """A status condition: metav1 (v1beta2) or CAPI v1beta1 (with ``severity``)."""
+
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int | None = None
+    severity: str | None = None
+
+
+class LocalObjectReference(_Model):
+    """A reference by name within the object's namespace (``addressRef``, ``claimRef``)."""
+
+    name: str = ""
+
+
+class IPPoolReference(_Model):
+    """``spec.poolRef`` of a claim or an IPAddress."""
+
+    api_group: str = ""
+    kind: str = ""
+    name: str = ""
+
+
+# -- IPAddressClaim -------------------------------------------------------------------------
+
+
+class IPAddressClaimSpec(_Model):
+    """``spec`` of an ``IPAddressClaim``."""
+
+    pool_ref: IPPoolReference = Field(default_factory=IPPoolReference, validate_default=True)
+    cluster_name: OptionalText = None
+
+    @field_validator("pool_ref")
+    @classmethod
+    def _names_a_pool(cls, ref: IPPoolReference) -> IPPoolReference:
+        if not ref.kind or not ref.name:
+            raise ValueError("spec.poolRef must name a kind and a name")
+        return ref
+
+
+class _Conditions(_Model):
+    conditions: tuple[Condition, ...] = ()
+
+
+class IPAddressClaimStatus(_Model):
+    """``status`` of an ``IPAddressClaim`` (``v1beta2`` only on v1beta1 claims, CAPI >= 1.9)."""
+
+    address_ref: LocalObjectReference | None = None
+    conditions: tuple[Condition, ...] = ()
+    v1beta2: _Conditions | None = None
+
+
+class IPAddressClaim(_Model):
+    """An ``IPAddressClaim`` as the API returns it (either served version)."""
+
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: IPAddressClaimSpec
+    status: IPAddressClaimStatus = Field(default_factory=IPAddressClaimStatus)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_may_be_empty(cls, data: Any) -> Any:
+        # A missing spec reads as an empty one: the poolRef check says what is missing.
+        if isinstance(data, Mapping) and not data.get("spec"):
+            return {**data, "spec": {}}
+        return data
+
+
+# -- IPAddress ------------------------------------------------------------------------------
+
+
+class IPAddressSpec(_Model):
+    """``spec`` of an ``IPAddress``."""
+
+    address: str | None = None
+    prefix: int | None = None
+    gateway: str | None = None
+    claim_ref: LocalObjectReference = Field(default_factory=LocalObjectReference)
+    pool_ref: IPPoolReference = Field(default_factory=IPPoolReference)
+
+
+class IPAddress(_Model):
+    """An ``IPAddress`` as the API returns it (either served version)."""
+
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: IPAddressSpec = Field(default_factory=IPAddressSpec)
+
+
+# -- pools ----------------------------------------------------------------------------------
+
+
+class SecretRef(_Model):
+    """``spec.credentialsRef``: a Secret in the pool's own namespace.
+
+    The pool's namespace comes from the validation context (`IPPool.from_body`).
+    """
+
+    name: str = Field(min_length=1)
+    namespace: OptionalText = None
+
+    @field_validator("namespace")
+    @classmethod
+    def _is_local(cls, namespace: str | None, info: ValidationInfo) -> str | None:
+        if namespace is not None and namespace != (info.context or {}).get("namespace"):
+            raise ValueError("spec.credentialsRef cannot name a Secret in another namespace")
+        return namespace
+
+
+class SecretKeyRef(_Model):
+    """``spec.tls.caSecretRef``: a key of a Secret in the pool's namespace."""
+
+    name: OptionalText = None
+    key: OptionalText = None
+
+
+class PoolTLS(_Model):
+    """``spec.tls``."""
+
+    insecure_skip_verify: bool = False
+    ca_secret_ref: SecretKeyRef = Field(default_factory=SecretKeyRef)
+
+
+def _cidr(subnet: str | None) -> str | None:
+    """Check that a set ``subnet`` is a CIDR network (host bits clear)."""
+    if subnet:
+        try:
+            ipaddress.ip_network(subnet, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"spec.subnet {subnet!r} is not a CIDR network") from exc
+    return subnet
+
+
+class PoolSpec(_Model):
+    """The ``spec`` fields both pool kinds share."""
+
+    endpoint: str = Field(pattern=r"^https?://")
+    credentials_ref: SecretRef
+    gateway: OptionalText = None
+    prefix: int | None = Field(default=None, ge=0, le=128, strict=True)
+    hostname_suffix: OptionalText = None
+    tls: PoolTLS = Field(default_factory=PoolTLS)
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway_is_an_address(cls, gateway: str | None) -> str | None:
+        if gateway is not None:
+            try:
+                ipaddress.ip_address(gateway)
+            except ValueError as exc:
+                raise ValueError(f"spec.gateway {gateway!r} is not an IP address") from exc
+        return gateway
+
+
+class PHPIPAMIPPoolSpec(PoolSpec):
+    """``spec`` of a ``PHPIPAMIPPool``: exactly one of ``subnetId`` and ``subnet``."""
+
+    app_id: str = Field(min_length=1)
+    subnet_id: int | None = None
+    subnet: str | None = None
+    section_id: int | None = None
+
+    @model_validator(mode="after")
+    def _one_subnet(self) -> PHPIPAMIPPoolSpec:
+        if (self.subnet_id is None) == (self.subnet is None):
+            raise ValueError("exactly one of spec.subnetId and spec.subnet must be set")
+        _cidr(self.subnet)
+        return self
+
+
+def _host_by_default(value: Any) -> Any:
+    return value or "host"
+
+
+class InfobloxIPPoolSpec(PoolSpec):
+    """``spec`` of an ``InfobloxIPPool``."""
+
+    wapi_version: OptionalText = None
+    network_view: OptionalText = None
+    subnet: str = Field(min_length=1)
+    record_type: Annotated[Literal["host", "fixedaddress"], BeforeValidator(_host_by_default)] = (
+        "host"
+    )
+    dns_view: OptionalText = None
+    dns_zone: OptionalText = None
+    extensible_attributes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet_is_a_network(cls, subnet: str) -> str:
+        return _cidr(subnet) or subnet
+
+
+class IPPool(_Model):
+    """A pool object: its metadata and its kind's spec (see the subclasses)."""
+
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PoolSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_may_be_empty(cls, data: Any) -> Any:
+        # A missing spec reads as an empty one: the field checks say what is missing.
+        if isinstance(data, Mapping) and not data.get("spec"):
+            return {**data, "spec": {}}
+        return data
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        """Validate a pool object as the API returns it.
+
+        Raises
+        ------
+        pydantic.ValidationError
+            When a field is missing or malformed (`problem_of` says which).
+        """
+        namespace = (body.get("metadata") or {}).get("namespace")
+        return cls.model_validate(body, context={"namespace": namespace})
+
+
+class PHPIPAMIPPool(IPPool):
+    """A ``PHPIPAMIPPool``."""
+
+    spec: PHPIPAMIPPoolSpec
+
+
+class InfobloxIPPool(IPPool):
+    """An ``InfobloxIPPool``."""
+
+    spec: InfobloxIPPoolSpec
+
+
+#: The model of each pool kind.
+POOL_MODELS: Mapping[str, type[IPPool]] = {
+    "PHPIPAMIPPool": PHPIPAMIPPool,
+    "InfobloxIPPool": InfobloxIPPool,
+}
+
+
+#: What to say when a field fails a declared constraint (required, type, pattern, range).
+_FIELD_MESSAGES: Mapping[str, str] = {
+    "spec.endpoint": "spec.endpoint must be an http:// or https:// URL",
+    "spec.credentialsRef": "spec.credentialsRef.name must name a Secret in the pool's namespace",
+    "spec.credentialsRef.name": (
+        "spec.credentialsRef.name must name a Secret in the pool's namespace"
+    ),
+    "spec.prefix": "spec.prefix must be an integer from 0 to 128",
+    "spec.appId": "spec.appId is required",
+    "spec.subnet": "spec.subnet is required",
+    "spec.recordType": "spec.recordType {input!r} must be 'host' or 'fixedaddress'",
+}
+
+
+def problem_of(exc: ValidationError) -> str:
+    """Return one clear message, naming the field, for the first problem a model found.
+
+    A check of ours (a ``ValueError`` in a validator) says its own message; a declared
+    constraint gets the field's message, else ``<field path>: <pydantic's message>``.
+    """
+    errors = exc.errors()
+    if not errors:
+        return str(exc)
+    error = errors[0]
+    context = error.get("ctx") or {}
+    if error["type"] == "value_error" and "error" in context:
+        return str(context["error"])
+    path = ".".join(str(part) for part in error["loc"])
+    template = _FIELD_MESSAGES.get(path)
+    if template is not None:
+        return template.format(input=error.get("input"))
+    return f"{path}: {error['msg']}" if path else str(error["msg"])

@@ -154,9 +154,17 @@ def test_backend_down_for_a_while(sandbox: Sandbox, phpipam: MockPhpipamServer) 
     def visible() -> bool:
         claims = {c["metadata"]["name"]: c for c in sandbox.claims(NAMESPACE)}
         (pool,) = pools(sandbox, NAMESPACE)
-        return sandbox.ready(pool) == ("False", "BackendUnavailable") and all(
-            n in claims and sandbox.ready(claims[n]) == ("False", "AllocationFailed")
-            for n in during + doomed
+        # New claims wait for the pool (PoolNotReady) once its check saw the outage, or show
+        # their own failed attempt (AllocationFailed) if they tried first; deleting claims
+        # show their failed release.
+        waiting = {("False", "AllocationFailed"), ("False", "PoolNotReady")}
+        return (
+            sandbox.ready(pool) == ("False", "BackendUnavailable")
+            and all(n in claims and sandbox.ready(claims[n]) in waiting for n in during)
+            and all(
+                n in claims and sandbox.ready(claims[n]) == ("False", "AllocationFailed")
+                for n in doomed
+            )
         )
 
     poll(

@@ -29,7 +29,7 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate, cluster_token, pool_key, pool_token
-from bridge.errors import TLS_HINT, PoolReason, claim_error_from, exhausted_message, retry_delay
+from bridge.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.kube import Kube
 from bridge.pools import LOCATION_FIELDS, location_of, parse_pool, with_location
 from bridge.settings import Settings
@@ -109,15 +109,15 @@ def test_retry_delay_by_reason() -> None:
     )
     assert retry_delay(settings, Reason.POOL_EXHAUSTED) == 3
     for reason in (
-        PoolReason.INVALID_SPEC,
-        PoolReason.CREDENTIALS_NOT_FOUND,
-        PoolReason.AUTHENTICATION_FAILED,
-        PoolReason.SUBNET_NOT_FOUND,
-        PoolReason.TLS_VERIFICATION_FAILED,
+        Reason.INVALID_SPEC,
+        Reason.CREDENTIALS_NOT_FOUND,
+        Reason.AUTHENTICATION_FAILED,
+        Reason.SUBNET_NOT_FOUND,
+        Reason.TLS_VERIFICATION_FAILED,
         Reason.POOL_NOT_READY,
     ):
         assert retry_delay(settings, reason) == 2, reason
-    for reason in (PoolReason.BACKEND_UNAVAILABLE, Reason.ALLOCATION_FAILED, ""):
+    for reason in (Reason.BACKEND_UNAVAILABLE, Reason.ALLOCATION_FAILED, ""):
         assert retry_delay(settings, reason) == 1, reason
 
 
@@ -342,7 +342,7 @@ def test_a_missing_cluster_is_shown_once(world: World) -> None:
             phpipam_pool(
                 generation=2,
                 status=pool_condition(
-                    "False", PoolReason.AUTHENTICATION_FAILED, "login refused", generation=2
+                    "False", Reason.AUTHENTICATION_FAILED, "login refused", generation=2
                 ),
             ),
             f"{DISPLAY} is not ready: login refused",
@@ -377,7 +377,7 @@ def test_a_claim_waits_for_its_pool_without_asking_the_ipam(
     [
         None,  # never checked yet
         pool_condition(generation=1),  # checked Ready for its previous spec
-        pool_condition("False", PoolReason.AUTHENTICATION_FAILED, "old spec", generation=1),
+        pool_condition("False", Reason.AUTHENTICATION_FAILED, "old spec", generation=1),
     ],
     ids=["unchecked", "stale-ready", "stale-failure"],
 )

@@ -21,8 +21,9 @@ from fakes import (
 
 from backends import errors as be
 from bridge import capi
+from bridge.capi import Reason
 from bridge.context import Context, ExhaustionGate, pool_token
-from bridge.errors import PoolError, PoolReason
+from bridge.errors import PoolError
 from bridge.kube import Kube
 from bridge.pool_service import (
     CREDENTIALS_FINALIZER,
@@ -139,14 +140,14 @@ def test_backend_for_reuses_the_client_until_spec_or_secret_change(world: World)
 def test_backend_for_names_the_missing_secret_or_ca_key(world: World) -> None:
     with pytest.raises(PoolError) as missing:
         backend_for(world.ctx, parse_pool(phpipam_pool(secret="nope")))
-    assert missing.value.reason == PoolReason.CREDENTIALS_NOT_FOUND
+    assert missing.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert missing.value.needs_person
     assert "Secret ns/nope not found" in missing.value.message
     world.kube.add_secret(NS, "ca", {"other.pem": "x"})
     with_ca = parse_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca", "key": "bundle.pem"}}))
     with pytest.raises(PoolError) as no_key:
         backend_for(world.ctx, with_ca)
-    assert no_key.value.reason == PoolReason.CREDENTIALS_NOT_FOUND
+    assert no_key.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert "ns/ca" in no_key.value.message and "'bundle.pem'" in no_key.value.message
     assert world.built == []
     world.kube.secrets[(NS, "ca")]["data"]["bundle.pem"] = "PEM"
@@ -205,8 +206,8 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
         "10.0.0.1",
     )
     assert status["observedGeneration"] == 1
-    assert (world.ready()["status"], world.ready()["reason"]) == ("True", PoolReason.READY)
-    assert world.kube.events[0][:2] == ("Normal", PoolReason.READY)
+    assert (world.ready()["status"], world.ready()["reason"]) == ("True", Reason.POOL_READY)
+    assert world.kube.events[0][:2] == ("Normal", Reason.POOL_READY)
     assert world.queue.woken == [TOKEN]
     assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
     # A check that finds free addresses opens the exhaustion gate.
@@ -237,10 +238,10 @@ def test_usage_changes_are_written_without_an_event(world: World) -> None:
 @pytest.mark.parametrize(
     ("secret", "error", "reason", "delay"),
     [
-        ("nope", None, PoolReason.CREDENTIALS_NOT_FOUND, 60),
+        ("nope", None, Reason.CREDENTIALS_NOT_FOUND, 60),
         ("creds", be.AuthenticationFailedError("login refused"), "AuthenticationFailed", 60),
-        ("creds", be.SubnetNotFoundError("no such subnet"), PoolReason.SUBNET_NOT_FOUND, 60),
-        ("creds", be.BackendUnavailableError("timed out"), PoolReason.BACKEND_UNAVAILABLE, 10),
+        ("creds", be.SubnetNotFoundError("no such subnet"), Reason.SUBNET_NOT_FOUND, 60),
+        ("creds", be.BackendUnavailableError("timed out"), Reason.BACKEND_UNAVAILABLE, 10),
     ],
 )
 def test_a_failing_pool_is_shown_once_and_wakes_nobody(
@@ -264,14 +265,14 @@ def test_a_failing_pool_is_shown_once_and_wakes_nobody(
     world.ipam.error = None
     assert world.reconcile() == Decision.done()
     assert world.ready()["status"] == "True"
-    assert [e[:2] for e in world.kube.events] == [("Normal", PoolReason.READY)]
+    assert [e[:2] for e in world.kube.events] == [("Normal", Reason.POOL_READY)]
     assert world.queue.woken == [TOKEN]
 
 
 def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
     world.kube.add_pool(phpipam_pool(endpoint="ftp://nowhere"))
     assert world.reconcile() == Decision.retry(60)
-    assert world.ready()["reason"] == PoolReason.INVALID_SPEC
+    assert world.ready()["reason"] == Reason.INVALID_SPEC
     assert world.ipam.calls == [] and world.kube.of("secret.finalizer") == []
 
 
@@ -330,7 +331,7 @@ def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> 
     assert decision == Decision.retry(world.ctx.settings.requeue_config_error_seconds)
     assert world.kube.ops() == ["pool.status", "event"]
     condition = world.ready()
-    assert (condition["status"], condition["reason"]) == ("False", PoolReason.DELETION_BLOCKED)
+    assert (condition["status"], condition["reason"]) == ("False", Reason.DELETION_BLOCKED)
     assert (
         "1 object(s)" in condition["message"] and "IPAddressClaim holding" in condition["message"]
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from bridge import __version__
+from bridge import __version__, logcontext
 from bridge.kube import AccessDeniedError
 from bridge.metrics import PortUnavailableError, check_port
 from bridge.settings import Settings
@@ -40,12 +40,16 @@ LOG_REFKEY = "object"
 
 
 def _handler_object_ref() -> Mapping[str, Any] | None:
-    """Return the reference of the object whose kopf handler runs in this context, or None.
+    """Return the reference of the object reconciled or handled in this context, or None.
 
-    kopf keeps the cause of the running handler in a context variable
+    A reconcile of the work queue names its object with `bridge.logcontext.about`. kopf keeps
+    the cause of the running handler in a context variable
     (``kopf._core.actions.execution.cause_var``, copied into the threads of sync handlers);
     its logger carries ``extra["k8s_ref"]``, the reference kopf's formatters print.
     """
+    ours = logcontext.current()  # a reconcile of the work queue
+    if ours is not None:
+        return ours
     try:
         from kopf._core.actions.execution import cause_var
     except ImportError:  # a kopf without it: lines keep the names in their text only

@@ -226,6 +226,7 @@ def _write(
     if changed:
         ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"], changed)
     if _previous_ready(body) != ("True" if ready else "False", reason):
+        log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
         ctx.event(body, "Normal" if ready else "Warning", reason, message)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 from kubernetes.client import ApiException
 
+from bridge import logcontext
 from bridge.capi import GROUP, SUPPORTED_VERSIONS
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
@@ -81,9 +82,13 @@ def reconcile(ctx: Context, key: Hashable) -> Decision:
     """
     match key:
         case ("claim", str(namespace), str(name)):
-            return reconcile_claim(ctx, namespace, name)
+            with logcontext.about(
+                f"{GROUP}/{ctx.address_version}", "IPAddressClaim", namespace, name
+            ):
+                return reconcile_claim(ctx, namespace, name)
         case ("pool", str(namespace), str(kind), str(name)):
-            return reconcile_pool(ctx, namespace, kind, name)
+            with logcontext.about(f"{GROUP}/v1alpha1", kind, namespace, name):
+                return reconcile_pool(ctx, namespace, kind, name)
     raise ValueError(f"unknown work-queue key {key!r}")
 
 

@@ -40,6 +40,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PoolKey = tuple[str, str, str]
+CacheKey = tuple[str, str, str, str]
 
 
 def claim_key(namespace: str, name: str) -> tuple[str, str, str]:
@@ -70,15 +71,17 @@ class BackendCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[PoolKey, tuple[str, IPAMBackend]] = {}
+        self._entries: dict[CacheKey, tuple[str, IPAMBackend]] = {}
 
-    def get(self, key: PoolKey, fingerprint: str, build: Callable[[], IPAMBackend]) -> IPAMBackend:
+    def get(self, key: CacheKey, fingerprint: str, build: Callable[[], IPAMBackend]) -> IPAMBackend:
         """Return the cached backend of ``key`` if built from ``fingerprint``, else build one.
 
         Parameters
         ----------
         key:
-            ``(namespace, kind, name)`` of the pool.
+            ``(namespace, kind, name, location)`` of the pool: a release at a location
+            recorded on an IPAddress (`bridge.pools.with_location`) gets a client of its own
+            and never replaces (and closes) the one the pool's current location uses.
         fingerprint:
             Digest of the pool spec, Secret data and CA (see `bridge.pools.fingerprint`).
         build:
@@ -102,11 +105,12 @@ class BackendCache:
             return len(self._entries)
 
     def drop(self, key: PoolKey) -> None:
-        """Close and forget the backend of a pool (the pool is gone)."""
+        """Close and forget every backend of a pool ``(namespace, kind, name)`` (it is gone)."""
         with self._lock:
-            entry = self._entries.pop(key, None)
-        if entry is not None:
-            entry[1].close()
+            gone = [k for k in self._entries if k[:3] == key]
+            entries = [self._entries.pop(k) for k in gone]
+        for _, backend in entries:
+            backend.close()
 
     def close(self) -> None:
         """Close every backend."""
@@ -180,6 +184,17 @@ class Context:
     metrics: Metrics = field(default_factory=Metrics)
     queue: WorkQueue | None = None
     v1beta2_kept: bool | None = None
+    _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def namespace_lock(self, namespace: str) -> threading.Lock:
+        """Return the lock that serialises decisions about a namespace's shared Secrets.
+
+        Two pools that read one Secret, deleted at once (a namespace deletion), must not
+        each see the other and both keep the Secret's finalizer.
+        """
+        with self._locks_guard:
+            return self._namespace_locks.setdefault(namespace, threading.Lock())
 
     def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
         """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""

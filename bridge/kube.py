@@ -736,6 +736,24 @@ class Kube:
             if not _missing(exc):
                 raise
 
+    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored."""
+        meta = pool.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(key) == value:
+            return
+        try:
+            self.custom.patch_namespaced_custom_object(
+                GROUP,
+                POOL_VERSION,
+                meta["namespace"],
+                POOL_KINDS[str(pool["kind"])],
+                meta["name"],
+                {"metadata": {"annotations": {key: value}}},
+            )
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+
     def patch_pool_status(
         self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
     ) -> None:

@@ -33,6 +33,7 @@ from bridge.pools import (
     Pool,
     build_backend,
     fingerprint,
+    location_of,
     parse_pool,
     pool_failed_status,
     pool_status,
@@ -41,6 +42,7 @@ from bridge.workqueue import Decision
 
 __all__ = [
     "CREDENTIALS_FINALIZER",
+    "SECRETS_ANNOTATION",
     "backend_for",
     "check_pool",
     "needs_check",
@@ -52,6 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Finalizer on a Secret that a pool reads (DESIGN.md section 6).
 CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
+#: Annotation on a pool naming (comma-separated) the Secrets it put `CREDENTIALS_FINALIZER`
+#: on: a Secret it stopped reading, or the Secrets of a pool whose spec no longer parses, are
+#: still let go. Our bookkeeping on our own object; copied by ``clusterctl move`` like the
+#: Secrets' finalizers it describes.
+SECRETS_ANNOTATION = "ipam-bridge.io/secrets-in-use"
 
 
 def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
@@ -94,7 +101,7 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
                 needs_person=True,
             )
     return ctx.backends.get(
-        pool.key,
+        (*pool.key, location_of(pool)),
         fingerprint(pool, secret, ca_pem),
         lambda: build_backend(
             pool,
@@ -183,27 +190,54 @@ def needs_check(body: Mapping[str, Any], *, listing: bool) -> bool:
     return bool(status.get("observedGeneration") != meta.get("generation"))
 
 
-def _keep_secrets(ctx: Context, pool: Pool) -> None:
-    """Put `CREDENTIALS_FINALIZER` on the Secrets the pool reads (those that exist)."""
-    for name in pool.secrets:
-        ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, True)
+def _recorded_secrets(body: Mapping[str, Any]) -> set[str]:
+    """Return the Secrets a pool's `SECRETS_ANNOTATION` says it protects."""
+    raw = str(((body.get("metadata") or {}).get("annotations") or {}).get(SECRETS_ANNOTATION, ""))
+    return {name for name in raw.split(",") if name}
 
 
-def _free_secrets(ctx: Context, pool: Pool) -> None:
-    """Remove `CREDENTIALS_FINALIZER` from the pool's Secrets that no other pool reads."""
-    still_read: set[str] = set()
+def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str]) -> set[str]:
+    """Return the Secrets that the pools of a namespace read, but pool ``(kind, name)``."""
+    read: set[str] = set()
     for kind in capi.POOL_KINDS:
-        for other in ctx.kube.list_pools(kind, (pool.namespace,)):
-            meta = other.get("metadata") or {}
-            if (kind, meta.get("name")) == (pool.kind, pool.name):
+        for other in ctx.kube.list_pools(kind, (namespace,)):
+            if (kind, (other.get("metadata") or {}).get("name")) == besides:
                 continue
             try:
-                still_read.update(parse_pool(other).secrets)
+                read.update(parse_pool(other).secrets)
             except PoolError:
-                continue
+                read.update(_recorded_secrets(other))  # unreadable spec: keep what it held
+    return read
+
+
+def _free_secrets(ctx: Context, namespace: str, names: set[str], besides: tuple[str, str]) -> None:
+    """Remove `CREDENTIALS_FINALIZER` from ``names`` that no pool but ``besides`` reads.
+
+    Call with `Context.namespace_lock` held.
+    """
+    if not names:
+        return
+    for name in sorted(names - _read_by_pools(ctx, namespace, besides=besides)):
+        ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
+
+
+def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
+    """Protect the Secrets the pool reads; let go of those it read before and no longer does.
+
+    The pool's `SECRETS_ANNOTATION` names every Secret it put `CREDENTIALS_FINALIZER` on; it
+    is widened before a Secret is protected (so none is ever protected unremembered) and
+    narrowed after a Secret it stopped reading (``credentialsRef`` changed) was let go.
+    """
+    wanted, recorded = set(pool.secrets), _recorded_secrets(body)
+    if not wanted <= recorded:
+        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, ",".join(sorted(wanted | recorded)))
     for name in pool.secrets:
-        if name not in still_read:
-            ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, False)
+        ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, True)
+    stale = recorded - wanted
+    if stale:
+        with ctx.namespace_lock(pool.namespace):
+            _free_secrets(ctx, pool.namespace, stale, besides=(pool.kind, pool.name))
+        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, ",".join(sorted(wanted)))
 
 
 def _previous_ready(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -276,7 +310,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
-        _keep_secrets(ctx, pool)
+        _keep_secrets(ctx, body, pool)
         status = check_pool(ctx, pool, body)
     except PoolError as failure:
         _write(
@@ -324,9 +358,10 @@ def _reconcile_deleting(
         )
         # Each release queues the pool again; this retry is only the safety net.
         return Decision.retry(ctx.settings.requeue_config_error_seconds)
-    if pool is not None:
-        _free_secrets(ctx, pool)
-    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
+    held = _recorded_secrets(body) | set(pool.secrets if pool is not None else ())
+    with ctx.namespace_lock(namespace):  # see Context.namespace_lock
+        _free_secrets(ctx, namespace, held, besides=(kind, name))
+        ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
     ctx.backends.drop((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)

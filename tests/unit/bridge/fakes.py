@@ -311,6 +311,21 @@ class FakeKube:
             self.pools, key, pool, finalizer, present, "pool.finalizer", "/".join(key)
         )
 
+    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
+        meta = pool.get("metadata") or {}
+        stored = self.pools.get((meta["namespace"], str(pool["kind"]), meta["name"]))
+        if stored is None:
+            return
+        annotations = stored["metadata"].setdefault("annotations", {})
+        if annotations.get(key) == value:
+            return
+        self._record("pool.annotate", f"{meta['namespace']}/{meta['name']}", (key, value))
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+        stored["metadata"]["resourceVersion"] = self._rv()
+
     def patch_pool_status(
         self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
     ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, cast
 
 import pytest
@@ -161,11 +162,6 @@ def test_backend_for_a_secret_being_deleted_still_works(world: World) -> None:
     assert backend_for(world.ctx, parse_pool(phpipam_pool())) is world.built[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: backend_for caches by pool key only, so a client for a recorded location "
-    "replaces (and closes) the pool's current client instead of getting its own",
-)
 def test_a_recorded_location_gets_its_own_client(world: World) -> None:
     pool = parse_pool(phpipam_pool())
     current = cast(FakeBackend, backend_for(world.ctx, pool))
@@ -189,6 +185,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert world.reconcile() == Decision.done()
     assert world.kube.ops() == [
         "pool.finalizer",
+        "pool.annotate",  # the Secrets it protects, remembered before they are protected
         "secret.finalizer",
         "secret.finalizer",
         "pool.status",
@@ -406,12 +403,6 @@ def test_a_secret_being_deleted_gets_no_new_finalizer_but_keeps_its_own(world: W
     assert world.ready()["status"] == "True"  # still readable for releases
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a Secret a pool stopped reading (credentialsRef changed) keeps "
-    "credentials-in-use forever: nothing ever removes it, so its deletion (and the "
-    "namespace's) never completes",
-)
 def test_a_secret_no_pool_reads_any_more_is_let_go(world: World) -> None:
     world.kube.add_secret(NS, "new-creds", {"username": "u", "password": "p2"})
     world.kube.add_pool(phpipam_pool())
@@ -429,12 +420,6 @@ def test_a_secret_no_pool_reads_any_more_is_let_go(world: World) -> None:
     assert world.kube.secret_finalizers(NS, "creds") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: two pools reading one Secret, deleted together (a namespace deletion) and "
-    "reconciled by two workers at once, each see the other and keep the Secret; the last "
-    "one goes and the Secret keeps credentials-in-use forever",
-)
 def test_two_pools_sharing_a_secret_deleted_at_once_let_it_go(world: World) -> None:
     kube = world.kube
     for name in ("a", "b"):
@@ -442,17 +427,20 @@ def test_two_pools_sharing_a_secret_deleted_at_once_let_it_go(world: World) -> N
         world.reconcile(name)
         world.delete(name)
     assert kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]
-    # Worker 1 reconciles pool a; while it lists the other pools, worker 2 reconciles b.
-    interleaved: list[str] = []
+    # Worker 1 reconciles pool a; while it lists the other pools, worker 2 starts on b (and
+    # must wait for a's decision about the shared Secret: the namespace lock).
+    workers: list[threading.Thread] = []
 
     def worker_2(namespace: str) -> None:
-        if not interleaved:
-            interleaved.append("b")
-            world.reconcile("b")
+        if not workers:
+            workers.append(threading.Thread(target=world.reconcile, args=("b",)))
+            workers[0].start()
+            workers[0].join(0.2)  # it gets as far as the lock, no further
 
     kube.on_list_pools = worker_2
     world.reconcile("a")
-    assert interleaved == ["b"]
+    workers[0].join(5)
+    assert len(workers) == 1 and not workers[0].is_alive()
     assert kube.pools == {}  # both pools are gone...
     assert kube.secret_finalizers(NS, "creds") == []  # ...and nothing holds their Secret
 

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
+import bridge.handlers.lifecycle as lifecycle
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX, KOPF_FINALIZER
+from bridge.kube import Kube
 from bridge.pool_service import CREDENTIALS_FINALIZER
 from bridge.testing.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
@@ -353,3 +355,92 @@ def test_pool_deletion_waits_for_a_claim_that_holds_an_entry_without_an_ipaddres
     other = sandbox.get_object(CLAIMS, "ipaddresses", "m1", NAMESPACE)
     assert other is not None and other["spec"]["claimRef"] == {"name": "someone-else"}
     assert ADDRESS_FINALIZER not in (other["metadata"].get("finalizers") or [])
+
+
+# -- upgrade and restart ------------------------------------------------------------------
+
+V01_PREFIX = "ipam-bridge.ipam.cluster.x-k8s.io/"
+
+
+def test_upgrade_from_v0_1_keeps_every_address_and_reads_no_cluster(
+    sandbox: Sandbox, phpipam: MockPhpipamServer, pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster(sandbox, "c1")
+    names = ["m1", "m2", "m3"]
+    for name in names:
+        sandbox.claim(NAMESPACE, name, pool, cluster="c1")
+    sandbox.wait_claims_bound(NAMESPACE, 3)
+    sandbox.stop_operator()
+
+    # Make the objects look as v0.1 left them: kopf's bookkeeping under the old prefix, no
+    # location on the IPAddresses, no credentials-in-use on the Secret.
+    for claim in sandbox.claims(NAMESPACE):
+        sandbox.kube.patch(
+            CLAIMS,
+            "ipaddressclaims",
+            claim["metadata"]["name"],
+            {
+                "metadata": {
+                    "annotations": {
+                        V01_PREFIX + "last-handled-configuration": '{"spec": {}}',
+                        V01_PREFIX + "allocate": '{"success": true}',
+                    }
+                }
+            },
+            NAMESPACE,
+        )
+    for address in sandbox.addresses(NAMESPACE):
+        sandbox.kube.patch(
+            CLAIMS,
+            "ipaddresses",
+            address["metadata"]["name"],
+            {"metadata": {"annotations": {"ipam.cluster.x-k8s.io/ipam-location": None}}},
+            NAMESPACE,
+        )
+    sandbox.kube.patch(
+        "v1", "secrets", "pool-credentials", {"metadata": {"finalizers": None}}, NAMESPACE
+    )
+    before = {c["metadata"]["name"]: c for c in sandbox.claims(NAMESPACE)}
+    entries = hosts(phpipam, 7)
+    phpipam.store.clear_journal()
+
+    cluster_reads: list[str] = []
+    original = Kube.get_cluster
+
+    def counting(self: Kube, namespace: str, name: str) -> Any:
+        cluster_reads.append(name)
+        return original(self, namespace, name)
+
+    monkeypatch.setattr(Kube, "get_cluster", counting)
+    seen: list[str] = []
+    reconcile = lifecycle.reconcile_claim
+
+    def spy(ctx: Any, namespace: str, name: str) -> Any:
+        decision = reconcile(ctx, namespace, name)
+        seen.append(name)
+        return decision
+
+    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
+    with claim_writes(sandbox) as writes:
+        sandbox.start_operator()
+        wait_for(lambda: set(names) <= set(seen), message="every claim looked at")
+        sandbox.wait_pool_ready(NAMESPACE, pool)
+        time.sleep(1)
+    # Bound claims: no write, no Cluster read, no IPAM call; the Secret is protected again.
+    assert writes == []
+    assert cluster_reads == []
+    assert [r for r in phpipam.store.requests() if "/addresses/" in r.path] == []
+    after = {c["metadata"]["name"]: c for c in sandbox.claims(NAMESPACE)}
+    for name in names:
+        assert (
+            after[name]["metadata"]["resourceVersion"]
+            == before[name]["metadata"]["resourceVersion"]
+        )
+        assert after[name]["metadata"]["finalizers"] == [CLAIM_FINALIZER]
+    secret = sandbox.get_object("v1", "secrets", "pool-credentials", NAMESPACE) or {}
+    assert CREDENTIALS_FINALIZER in (secret.get("metadata") or {}).get("finalizers", [])
+
+    # A v0.1 claim is still released, at the pool's location, and nothing else is touched.
+    sandbox.delete_claim(NAMESPACE, "m1")
+    wait_for(lambda: sandbox.get_claim(NAMESPACE, "m1") is None, message="m1 released")
+    assert hosts(phpipam, 7) == {k: v for k, v in entries.items() if not k.startswith("m1.")}

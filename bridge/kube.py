@@ -383,17 +383,7 @@ class Kube:
 
     def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         """Return a pool object of one of our kinds, or None when it does not exist."""
-        try:
-            return cast(
-                dict[str, Any],
-                self.custom.get_namespaced_custom_object(
-                    GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name
-                ),
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
+        return self._get(GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name)
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """Return a Secret's data decoded to text (``data`` and ``stringData``), or None."""
@@ -413,33 +403,30 @@ class Kube:
     def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return the CAPI ``Cluster`` object, or None when it (or the Cluster CRD) is absent."""
         for version in ("v1beta2", "v1beta1"):
-            try:
-                return cast(
-                    dict[str, Any],
-                    self.custom.get_namespaced_custom_object(
-                        CLUSTER_GROUP, version, namespace, "clusters", name
-                    ),
-                )
-            except ApiException as exc:
-                if not _missing(exc):
-                    raise
+            cluster = self._get(CLUSTER_GROUP, version, namespace, "clusters", name)
+            if cluster is not None:
+                return cluster
         return None
 
-    # -- claims -------------------------------------------------------------------
-
-    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return an ``IPAddressClaim`` as served in ``version``, or None when it does not exist."""
+    def _get(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """Return a namespaced custom object, or None when it (or its resource) is not found."""
         try:
             return cast(
                 dict[str, Any],
-                self.custom.get_namespaced_custom_object(
-                    GROUP, version, namespace, "ipaddressclaims", name
-                ),
+                self.custom.get_namespaced_custom_object(group, version, namespace, plural, name),
             )
         except ApiException as exc:
             if _missing(exc):
                 return None
             raise
+
+    # -- claims -------------------------------------------------------------------
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an ``IPAddressClaim`` as served in ``version``, or None when it does not exist."""
+        return self._get(GROUP, version, namespace, "ipaddressclaims", name)
 
     def list_claims(
         self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
@@ -601,17 +588,7 @@ class Kube:
 
     def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
         """Return an ``IPAddress``, or None when it does not exist."""
-        try:
-            return cast(
-                dict[str, Any],
-                self.custom.get_namespaced_custom_object(
-                    GROUP, version, namespace, "ipaddresses", name
-                ),
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
+        return self._get(GROUP, version, namespace, "ipaddresses", name)
 
     def create_ip_address(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create an ``IPAddress``; return it, or None when one of that name already exists."""

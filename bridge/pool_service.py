@@ -240,10 +240,6 @@ def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
         ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, ",".join(sorted(wanted)))
 
 
-def _previous_ready(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    return capi.ready_of(body)
-
-
 def _write(
     ctx: Context,
     body: Mapping[str, Any],
@@ -259,7 +255,7 @@ def _write(
     changed = {k: v for k, v in status.items() if current.get(k) != v}
     if changed:
         ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"], changed)
-    if _previous_ready(body) != ("True" if ready else "False", reason):
+    if capi.ready_of(body) != ("True" if ready else "False", reason):
         log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
         ctx.event(body, "Normal" if ready else "Warning", reason, message)
 
@@ -293,8 +289,6 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         return Decision.done()
     body.setdefault("kind", kind)
     meta = body.get("metadata") or {}
-    generation = int(meta.get("generation") or 0)
-    previous = (body.get("status") or {}).get("conditions") or []
     pool: Pool | None = None
     error: PoolError | None = None
     try:
@@ -303,7 +297,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         error = exc
 
     if meta.get("deletionTimestamp"):
-        return _reconcile_deleting(ctx, body, pool, generation, previous)
+        return _reconcile_deleting(ctx, body, pool)
 
     if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
         ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True)
@@ -313,14 +307,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         _keep_secrets(ctx, body, pool)
         status = check_pool(ctx, pool, body)
     except PoolError as failure:
-        _write(
-            ctx,
-            body,
-            pool_failed_status(generation, failure, previous),
-            ready=False,
-            reason=failure.reason,
-            message=failure.message,
-        )
+        _write_failure(ctx, body, failure)
         return Decision.retry(retry_delay(ctx.settings, failure.reason))
     condition = status["conditions"][0]
     _write(ctx, body, status, ready=True, reason=condition["reason"], message=condition["message"])
@@ -328,13 +315,15 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     return Decision.done()
 
 
-def _reconcile_deleting(
-    ctx: Context,
-    body: Mapping[str, Any],
-    pool: Pool | None,
-    generation: int,
-    previous: list[Mapping[str, Any]],
-) -> Decision:
+def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> None:
+    """Write Ready False with the error's reason and message (see `_write`)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    previous = (body.get("status") or {}).get("conditions") or []
+    status = pool_failed_status(generation, error, previous)
+    _write(ctx, body, status, ready=False, reason=error.reason, message=error.message)
+
+
+def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None) -> Decision:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
     namespace, kind, name = str(meta["namespace"]), str(body["kind"]), str(meta["name"])
@@ -348,14 +337,7 @@ def _reconcile_deleting(
             f"it: {shown}; it goes once their claims are released",
             needs_person=False,
         )
-        _write(
-            ctx,
-            body,
-            pool_failed_status(generation, error, previous),
-            ready=False,
-            reason=error.reason,
-            message=error.message,
-        )
+        _write_failure(ctx, body, error)
         # Each release queues the pool again; this retry is only the safety net.
         return Decision.retry(ctx.settings.requeue_config_error_seconds)
     held = _recorded_secrets(body) | set(pool.secrets if pool is not None else ())

@@ -103,6 +103,16 @@ def repo_crds() -> list[Path]:
     return files
 
 
+def _serve_only(crd: dict[str, Any], versions: tuple[str, ...]) -> None:
+    """Keep only ``versions`` of a CRD (in place), served, the first one the storage version."""
+    kept = [v for v in crd["spec"]["versions"] if v["name"] in versions]
+    kept.sort(key=lambda v: versions.index(v["name"]))
+    for i, version in enumerate(kept):
+        version["served"] = True
+        version["storage"] = i == 0
+    crd["spec"]["versions"] = kept
+
+
 def crd_documents(
     capi_versions: tuple[str, ...] = ("v1beta2", "v1beta1"),
     capi_crds: Sequence[str | Path] = (),
@@ -134,21 +144,11 @@ def crd_documents(
                 "IPAddressClaim",
                 "IPAddress",
             ):
-                versions = [v for v in doc["spec"]["versions"] if v["name"] in capi_versions]
-                versions.sort(key=lambda v: capi_versions.index(v["name"]))
-                for i, version in enumerate(versions):
-                    version["served"] = True
-                    version["storage"] = i == 0
-                doc["spec"]["versions"] = versions
+                _serve_only(doc, capi_versions)
             documents.append(doc)
     for doc in release:
         doc = copy.deepcopy(doc)
-        versions = [v for v in doc["spec"]["versions"] if v["name"] in capi_versions]
-        versions.sort(key=lambda v: capi_versions.index(v["name"]))
-        for i, version in enumerate(versions):
-            version["served"] = True
-            version["storage"] = i == 0
-        doc["spec"]["versions"] = versions
+        _serve_only(doc, capi_versions)
         documents.append(doc)
     documents.append(copy.deepcopy(CLUSTER_CRD))
     return documents

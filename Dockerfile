@@ -24,6 +24,9 @@ COPY README.md* ./
 COPY backends ./backends
 COPY bridge ./bridge
 COPY mock_phpipam ./mock_phpipam
+COPY mock_infoblox ./mock_infoblox
+# bridge/crds links to crds/: the CRDs are package data (the demo serves them).
+COPY crds ./crds
 RUN pip install --no-deps . \
  && python -m compileall -q /opt/venv \
  && ipam-bridge --help > /dev/null

@@ -197,6 +197,12 @@ def restricted_identity(*verbs_on_widgets: str) -> Identity:
         {"apiGroups": [GROUP], "resources": ["widgets"], "verbs": list(verbs_on_widgets)},
         {"apiGroups": [GROUP], "resources": ["widgets/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # kopf lists and watches CRDs to notice resources created later.
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
     ]
     objects = [
         {
@@ -263,7 +269,12 @@ def test_kopf_with_a_restricted_identity_and_the_verbs_it_used() -> None:
         (GROUP, "widgets", "patch"),
         (GROUP, "widgets/status", "patch"),
     } <= used
-    assert {resource for _, resource, _ in used} <= {"widgets", "widgets/status", "events"}
+    assert {resource for _, resource, _ in used} <= {
+        "widgets",
+        "widgets/status",
+        "events",
+        "customresourcedefinitions",
+    }
 
 
 def test_kopf_without_patch_is_refused_and_the_log_says_what_is_missing() -> None:

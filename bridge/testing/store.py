@@ -17,6 +17,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
+from bridge.testing import cel
 from bridge.testing.resources import ResourceDef
 from bridge.testing.schema import prune
 from bridge.testing.selectors import FieldSelector, LabelSelector, SelectorError
@@ -59,18 +60,22 @@ class ApiError(Exception):
         ``AlreadyExists``, ``Conflict``, ``Expired``, ``UnsupportedMediaType``, ``Invalid``.
     message : str
         Human-readable message, modelled on the API server's.
+    details : dict or None
+        ``Status.details`` (``name``, ``group``, ``kind``, ``causes``), when the API server
+        sends them (``422 Invalid``).
 
     """
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.message = message
+        self.details = details
 
     def to_status(self) -> Obj:
         """Return the ``v1 Status`` body the API server would send."""
-        return {
+        status: Obj = {
             "apiVersion": "v1",
             "kind": "Status",
             "metadata": {},
@@ -79,6 +84,9 @@ class ApiError(Exception):
             "reason": self.reason,
             "message": self.message,
         }
+        if self.details is not None:
+            status["details"] = copy.deepcopy(self.details)
+        return status
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -241,6 +249,11 @@ class ObjectStore:
         ``403 Forbidden``; deleting a namespace marks it ``Terminating`` and the namespace
         controller deletes everything in it (see :meth:`delete`). When false, namespaces are
         plain objects that nothing checks.
+    crd_validation : bool
+        When true (the default), writes of custom resources are checked against the CRD's
+        ``x-kubernetes-validations`` (CEL) rules of the request's version, transition rules
+        included, and refused with ``422 Invalid`` (see :mod:`bridge.testing.cel`); only when
+        cel-python (``celpy``) is installed (a test dependency), otherwise nothing is checked.
 
     Notes
     -----
@@ -248,9 +261,9 @@ class ObjectStore:
     ``apiextensions-apiserver`` (custom resource and status strategies, structural pruning):
     a global resourceVersion counter, ``generation`` bumped on non-metadata changes,
     optimistic concurrency, finalizers with ``deletionTimestamp``, status subresource
-    separation, pruning of fields unknown to the CRD schema of the request's version, no-op
-    writes that change nothing. Namespace lifecycle follows the NamespaceLifecycle admission
-    plugin and kube-controller-manager's namespace controller
+    separation, pruning of fields unknown to the CRD schema of the request's version, the
+    CRD's CEL validation rules, no-op writes that change nothing. Namespace lifecycle follows
+    the NamespaceLifecycle admission plugin and kube-controller-manager's namespace controller
     (``pkg/controller/namespace/deletion``).
 
     """
@@ -261,6 +274,7 @@ class ObjectStore:
         history_limit: int = 2000,
         garbage_collection: bool = True,
         namespace_lifecycle: bool = True,
+        crd_validation: bool = True,
     ) -> None:
         self._defs: dict[_Key, ResourceDef] = {}
         self._objects: dict[_Key, dict[_ObjKey, Obj]] = {}
@@ -272,6 +286,8 @@ class ObjectStore:
         self._history_limit = history_limit
         self._gc = garbage_collection
         self._ns_lifecycle = namespace_lifecycle
+        self._crd_validation = crd_validation and cel.AVAILABLE
+        self._validators: dict[tuple[_Key, str], cel.Validator] = {}
         self._bulk_deleting: set[str] = set()  # namespaces whose content is being deleted
         self._closed = False
 
@@ -280,6 +296,8 @@ class ObjectStore:
     def declare(self, defn: ResourceDef) -> None:
         """Serve ``defn`` (re-declaring replaces the description and keeps the objects)."""
         self._defs[defn.key] = defn
+        for version in defn.versions:
+            self._validators.pop((defn.key, version), None)
         self._objects.setdefault(defn.key, {})
         self._history.setdefault(defn.key, deque(maxlen=self._history_limit))
         self._watchers.setdefault(defn.key, set())
@@ -288,6 +306,11 @@ class ObjectStore:
     def resources(self) -> builtins.list[ResourceDef]:
         """All declared resources."""
         return list(self._defs.values())
+
+    @property
+    def crd_validation(self) -> bool:
+        """Whether CRD validation rules are enforced (asked for, and cel-python installed)."""
+        return self._crd_validation
 
     @property
     def resource_version(self) -> int:
@@ -520,6 +543,7 @@ class ObjectStore:
         obj["apiVersion"] = defn.api_version(version or defn.preferred_version)
         obj["kind"] = defn.kind
         _normalize(defn, obj)
+        self._validate(defn, obj, None, version, warnings)
         if admit is not None:
             admit(defn, "CREATE", obj, None)
         meta["uid"] = str(uuid.uuid4())
@@ -683,6 +707,63 @@ class ObjectStore:
         if warnings is not None:
             warnings.extend(f'unknown field "{path}"' for path in dropped)
 
+    def _validate(
+        self,
+        defn: ResourceDef,
+        new: Obj,
+        old: Obj | None,
+        version: str | None,
+        warnings: builtins.list[str] | None,
+    ) -> None:
+        """Enforce the CEL rules of the CRD schema of ``version`` (custom resources only).
+
+        As the API server's custom resource strategies, on create and on update of the main
+        resource and of ``/status`` alike, on the whole object as it would be stored; rules
+        that fail on a value unchanged since ``old`` become warnings (validation ratcheting).
+
+        Raises
+        ------
+        ApiError
+            ``422 Invalid``: ``<Kind>.<group> "<name>" is invalid: <field>: Invalid value:
+            "<type>": <message>`` (several as ``[..., ...]``), with ``details.causes``.
+
+        """
+        if not self._crd_validation or not defn.custom:
+            return
+        version = version or defn.preferred_version
+        schema = defn.schema(version)
+        if schema is None:
+            return
+        validator = self._validators.get((defn.key, version))
+        if validator is None:
+            validator = self._validators[(defn.key, version)] = cel.Validator(schema)
+        if not validator.has_rules:
+            return
+        errors, ratcheted = validator.validate(new, old)
+        if warnings is not None:
+            warnings.extend(str(error) for error in ratcheted)
+        if not errors:
+            return
+        name = str(new["metadata"].get("name") or "")
+        qualified = f"{defn.kind}.{defn.group}" if defn.group else defn.kind
+        text = ", ".join(str(error) for error in errors)
+        if len(errors) > 1:
+            text = f"[{text}]"
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{qualified} "{name}" is invalid: {text}',
+            details={
+                "name": name,
+                "group": defn.group,
+                "kind": defn.kind,
+                "causes": [
+                    {"reason": e.reason, "message": e.body, "field": e.field or "<nil>"}
+                    for e in errors
+                ],
+            },
+        )
+
     def _commit(
         self,
         defn: ResourceDef,
@@ -765,6 +846,7 @@ class ObjectStore:
         new["apiVersion"] = old["apiVersion"]
         new["kind"] = old["kind"]
         _normalize(defn, new)
+        self._validate(defn, new, old, version, warnings)
         if admit is not None:
             admit(defn, "UPDATE", new, old)
         if new == old:  # a no-op write changes nothing, not even resourceVersion

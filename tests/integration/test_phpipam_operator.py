@@ -377,7 +377,11 @@ class BadPool:
     #: of the broken pool.
     spec: Callable[[MockPhpipamServer, int], dict[str, Any]]
     credentials: Mapping[str, str] | None
-    fix: Callable[[Sandbox, MockPhpipamServer], object]
+    #: The fix (given the mock and the closed port). The pool's IPAM location (endpoint,
+    #: subnetId, subnet) is immutable (the CRD's CEL rules): a wrong location is fixed on the
+    #: IPAM's side, as a person would without recreating the pool. A mock server it returns is
+    #: stopped after the test.
+    fix: Callable[[Sandbox, MockPhpipamServer, int], object]
     #: The subnet the claim's address comes from once fixed.
     fixed_subnet: int
 
@@ -390,7 +394,7 @@ BAD_POOLS = [
         "PoolNotReady",
         lambda m, _: {"endpoint": m.url, "subnet_id": 7},
         None,
-        lambda sb, m: sb.secret(NAMESPACE, "bad-credentials", CREDENTIALS),
+        lambda sb, m, _: sb.secret(NAMESPACE, "bad-credentials", CREDENTIALS),
         7,
     ),
     BadPool(
@@ -400,7 +404,7 @@ BAD_POOLS = [
         "PoolNotReady",
         lambda m, _: {"endpoint": m.url, "subnet_id": 7},
         {"username": CREDENTIALS["username"], "password": WRONG_PASSWORD},
-        lambda sb, m: sb.kube.patch(
+        lambda sb, m, _: sb.kube.patch(
             "v1",
             "secrets",
             "bad-credentials",
@@ -416,10 +420,11 @@ BAD_POOLS = [
         "PoolNotReady",
         lambda m, _: {"endpoint": m.url, "subnet_id": 999},
         CREDENTIALS,
-        lambda sb, m: sb.kube.patch(
-            f"{GROUP}/v1alpha1", "phpipamippools", "bad", {"spec": {"subnetId": 10}}, NAMESPACE
+        # The subnet the pool names is created in phpIPAM.
+        lambda sb, m, _: m.store.add_subnet(
+            "10.20.3.0/28", section_id=3, subnet_id=999, gateway="10.20.3.1"
         ),
-        10,
+        999,
     ),
     BadPool(
         "unknown-cidr",
@@ -428,14 +433,10 @@ BAD_POOLS = [
         "PoolNotReady",
         lambda m, _: {"endpoint": m.url, "subnet": "10.99.0.0/24"},
         CREDENTIALS,
-        lambda sb, m: sb.kube.patch(
-            f"{GROUP}/v1alpha1",
-            "phpipamippools",
-            "bad",
-            {"spec": {"subnet": "10.20.2.0/28"}},
-            NAMESPACE,
+        lambda sb, m, _: m.store.add_subnet(
+            "10.99.0.0/24", section_id=3, subnet_id=11, gateway="10.99.0.1"
         ),
-        10,
+        11,
     ),
     BadPool(
         # An unreachable IPAM: the pool says BackendUnavailable and keeps checking; its claims
@@ -446,9 +447,8 @@ BAD_POOLS = [
         "PoolNotReady",
         lambda m, port: {"endpoint": f"http://127.0.0.1:{port}/api", "subnet_id": 7},
         CREDENTIALS,
-        lambda sb, m: sb.kube.patch(
-            f"{GROUP}/v1alpha1", "phpipamippools", "bad", {"spec": {"endpoint": m.url}}, NAMESPACE
-        ),
+        # phpIPAM comes up at the pool's endpoint (the same data as the good pool's).
+        lambda sb, m, port: MockPhpipamServer(m.store, port=port).__enter__(),
         7,
     ),
 ]
@@ -456,7 +456,10 @@ BAD_POOLS = [
 
 @pytest.mark.parametrize("case", BAD_POOLS, ids=[c.id for c in BAD_POOLS])
 def test_bad_pool_is_reported_contained_and_recovers(
-    case: BadPool, make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
+    case: BadPool,
+    make_sandbox: Callable[..., Sandbox],
+    phpipam: MockPhpipamServer,
+    request: pytest.FixtureRequest,
 ) -> None:
     sandbox = make_sandbox(settings=QUICK_CONFIG_RETRY)
     port = closed_port()
@@ -519,7 +522,9 @@ def test_bad_pool_is_reported_contained_and_recovers(
     # Fixed: the pool becomes Ready and the waiting claim is bound. (The PoolReady event is
     # checked by test_recovery_seen_by_the_refresher_is_reported: here either the refresher
     # or the pool handler may see the recovery first.)
-    case.fix(sandbox, phpipam)
+    fixed = case.fix(sandbox, phpipam, port)
+    if isinstance(fixed, MockPhpipamServer):
+        request.addfinalizer(lambda: fixed.__exit__(None, None, None))
     pool = sandbox.wait_pool_ready(NAMESPACE, "bad", timeout=15)
     assert ready(pool)["status"] == "True"
     claim = sandbox.wait_claim_reason(NAMESPACE, "stuck", "AddressAllocated", timeout=15)

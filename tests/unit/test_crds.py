@@ -9,12 +9,13 @@ What an API server would check, without one:
 - example objects (``tests/data/*.yaml`` and variations of them) are accepted or rejected as the API
   server would: defaults applied first (like the API server does on decode), then the OpenAPI schema
   with ``jsonschema`` (unknown fields rejected, as with ``kubectl``'s default strict field
-  validation), then the ``x-kubernetes-validations`` CEL rules evaluated with ``celpy``
-  (cel-python);
+  validation), then the ``x-kubernetes-validations`` CEL rules, evaluated by
+  ``bridge.testing.cel`` (cel-python), the implementation the in-memory API enforces them with;
 - updates: transition rules (those that use ``oldSelf``) are evaluated as the API server does,
   only on an update and only where the old object has a value at the rule's place (for an object
-  property, whether it exists; list items are not correlated here, and no transition rule sits
-  below a list).
+  property, whether it exists; items of lists other than ``list-type: map`` are not correlated,
+  and no transition rule sits below a list); a rule without ``oldSelf`` that fails on a value
+  unchanged since the old object is ratcheted (a warning, not an error), as on the API server.
 
 The CEL rules only use standard CEL functions (a test enforces it), so celpy evaluates them with the
 same semantics as the API server (regular expressions are RE2 in both). What is not checked here:
@@ -31,13 +32,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import celpy
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
-from celpy.adapter import json_to_cel
-from celpy.celtypes import BoolType
-from celpy.evaluation import CELEvalError
+
+from bridge.testing import cel
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
@@ -316,53 +315,18 @@ def _json_path(path: Any) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-CEL_ENV = celpy.Environment()
-
-
-#: "No old value here": a create, or a field the old object does not have.
-NO_OLD = object()
-
-
 def is_transition_rule(rule: Obj) -> bool:
-    return re.search(r"\boldSelf\b", rule["rule"]) is not None
+    return cel.is_transition_rule(rule)
 
 
-def cel_errors(node: Schema, value: Any, path: str = "", old: Any = NO_OLD) -> list[str]:
-    """Evaluate every x-kubernetes-validations rule whose field is present in ``value``.
+def cel_errors(schema: Schema, obj: Obj, old: Obj | None = None) -> list[str]:
+    """The failed ``x-kubernetes-validations`` rules of ``obj``, ``.<field>: <message>`` each.
 
-    Transition rules run only when ``old`` (the old object's value at the same place) exists.
+    With ``old`` (the stored object) ``obj`` is an update: transition rules run where the old
+    object has a value, and failures on unchanged values are ratcheted away.
     """
-    errors: list[str] = []
-    for rule in node.get("x-kubernetes-validations", []):
-        activation = {"self": json_to_cel(value)}
-        if is_transition_rule(rule):
-            if old is NO_OLD:
-                continue
-            activation["oldSelf"] = json_to_cel(old)
-        program = CEL_ENV.program(CEL_ENV.compile(rule["rule"]))
-        try:
-            ok = program.evaluate(activation)
-        except CELEvalError as exc:
-            errors.append(f"{path}: CEL error in {rule['rule']!r}: {exc}")
-            continue
-        if not (isinstance(ok, BoolType) and bool(ok)):
-            errors.append(f"{path}: {rule['message']}")
-
-    def old_at(key: str) -> Any:
-        return old.get(key, NO_OLD) if isinstance(old, dict) else NO_OLD
-
-    if isinstance(value, dict):
-        for name, sub in node.get("properties", {}).items():
-            if name in value:
-                errors += cel_errors(sub, value[name], f"{path}.{name}", old_at(name))
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key, item in value.items():
-                errors += cel_errors(extra, item, f"{path}.{key}", old_at(key))
-    elif isinstance(value, list) and isinstance(node.get("items"), dict):
-        for index, item in enumerate(value):
-            errors += cel_errors(node["items"], item, f"{path}[{index}]")
-    return errors
+    errors, _ratcheted = cel.Validator(schema).validate(obj, old)
+    return [f"{'.' + e.field if e.field else ''}: {e.detail}" for e in errors]
 
 
 def validation_errors(schema: Schema, obj: Obj, old: Obj | None = None) -> list[str]:
@@ -378,8 +342,8 @@ def validation_errors(schema: Schema, obj: Obj, old: Obj | None = None) -> list[
     ]
     # The API server skips CEL rules when the object does not even have the right types.
     if not any("is not of type" in e for e in errors):
-        stored = NO_OLD if old is None else apply_defaults(schema, old)
-        errors += cel_errors(schema, defaulted, old=stored)
+        stored = None if old is None else apply_defaults(schema, old)
+        errors += cel_errors(schema, defaulted, stored)
     return errors
 
 
@@ -528,7 +492,7 @@ def test_cel_rules_parse_and_name_schema_fields(vid: str, crd: Obj, version: Obj
     for path, node in walk(version["schema"]["openAPIV3Schema"]):
         for rule in node.get("x-kubernetes-validations", []):
             expression = rule["rule"]
-            CEL_ENV.compile(expression)  # raises CELParseError on a syntax error
+            cel.compile_rule(expression)  # raises CELParseError on a syntax error
             assert rule.get("message") and "\n" not in rule["message"], (path, rule)
             if is_transition_rule(rule):
                 # The API server has no old value below a list without list-type map/set.

@@ -560,7 +560,12 @@ def test_the_operator_identity_of_deploy_may_create_an_owned_ipaddress() -> None
                 "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
                 "kind": "PHPIPAMIPPool",
                 "metadata": {"name": "p", "namespace": "default"},
-                "spec": {},
+                "spec": {  # valid: the CRD's CEL rules are enforced
+                    "endpoint": "https://ipam.example.com/api",
+                    "appId": "capi",
+                    "credentialsRef": {"name": "p-credentials"},
+                    "subnetId": 7,
+                },
             }
         )
         refs = [

@@ -3,7 +3,7 @@
 ``run`` never fails silently: the ports it must listen on are checked before kopf starts
 (`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
 handler, a 401/403 of kopf's first requests) ends the process with one line on stderr and
-exit code 1.
+exit code 1; so does a lost leader Lease (``IPAM_BRIDGE_LEADER_ELECTION``, `bridge.leader`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import kopf
 
 from bridge import __version__, logcontext
 from bridge.kube import AccessDeniedError
+from bridge.leader import LeadershipLostError, OperatorStop
 from bridge.metrics import PortUnavailableError, check_port
 from bridge.settings import Settings
 
@@ -109,14 +110,15 @@ def _configure_logging(settings: Settings) -> None:
     # urllib3 logs request lines (with query strings) at DEBUG, and the kubernetes package
     # logs through "client" when its debug switch is on; keep both quiet. The liveness
     # endpoint would log an access line and an "Activity succeeded" line per probe.
-    for name in ("urllib3", "client", "aiohttp.access", "kopf.activities.probe"):
+    # The official leader election logs every try at INFO; `bridge.leader` logs the changes.
+    for name in ("urllib3", "client", "aiohttp.access", "kopf.activities.probe", "leaderelection"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
 #: The message logged (once per process) when a deprecated peering option is given.
 DEPRECATED_PEERING = (
     "%s: deprecated and ignored: ipam-bridge always runs without kopf peering "
-    "(run one replica; leader election on a Lease replaces it)"
+    "(leader election on a Lease replaces it: IPAM_BRIDGE_LEADER_ELECTION)"
 )
 _warned_deprecated: set[str] = set()
 
@@ -215,6 +217,9 @@ def run_operator(
     bridge.kube.AccessDeniedError
         When the API server refused one of kopf's own requests with 401 or 403 (e.g. its
         first list of claims or pools: missing RBAC); the message is the API server's.
+    bridge.leader.LeadershipLostError
+        When this replica led and could not renew the leader Lease within the deadline (it
+        stopped handling at once; kopf stopped gracefully).
     """
     import bridge.handlers  # noqa: F401  (registers the handlers)
 
@@ -238,6 +243,8 @@ def run_operator(
     if liveness is None and settings.health_port:
         liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
     check_ports(settings, liveness, liveness_setting=liveness_setting)
+    # How the start-up handler's leader election stops kopf when the Lease is lost.
+    stop = OperatorStop()
     try:
         kopf.run(
             # No kopf peering, ever (see above); peering_name=None: kopf would make peering
@@ -247,6 +254,8 @@ def run_operator(
             namespaces=list(settings.namespaces),
             clusterwide=not settings.namespaces,
             liveness_endpoint=liveness,
+            stop_flag=stop.flag,
+            memo=kopf.Memo(operator_stop=stop),
         )
     except Exception as exc:
         failed = _activity_failures(exc)
@@ -256,6 +265,10 @@ def run_operator(
         if denied is not None:
             raise denied from exc
         raise
+    finally:
+        stop.returned = True
+    if stop.reason is not None:
+        raise LeadershipLostError(stop.reason)
 
 
 def _kopf_access_denied(exc: BaseException) -> AccessDeniedError | None:
@@ -342,8 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ipam-bridge`` console script; return the exit code.
 
     ``run`` returns 1 with one line on stderr (``ipam-bridge: <message>``) when a port
-    cannot be bound, kopf's start-up failed or the API server refused kopf's requests
-    (401/403); 0 after a clean stop (SIGTERM, SIGINT).
+    cannot be bound, kopf's start-up failed, the API server refused kopf's requests
+    (401/403) or the leader Lease was lost; 0 after a clean stop (SIGTERM, SIGINT).
     """
     args = _parser().parse_args(argv)
     if args.command == "version":
@@ -368,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except AccessDeniedError as exc:
         print(f"ipam-bridge: the API server refused: {exc}", file=sys.stderr)
+        return 1
+    except LeadershipLostError as exc:
+        print(f"ipam-bridge: {exc}; exiting", file=sys.stderr)
         return 1
     return 0
 

@@ -164,6 +164,9 @@ class Metrics:
     backend_last_success:
         ``ipam_bridge_backend_last_success_timestamp_seconds{backend}``: POSIX time of the last
         backend operation that succeeded (alert when it grows old while claims are pending).
+    leader:
+        ``ipam_bridge_leader``: 1 on the replica that handles claims and pools (the holder of
+        the leader Lease, or the only process without leader election), 0 on a standby.
     last_success:
         The same time, across backends, as a float (None before the first success); read by
         the liveness probe.
@@ -212,6 +215,11 @@ class Metrics:
             "ipam_bridge_backend_last_success_timestamp_seconds",
             "POSIX time of the last successful backend operation.",
             ["backend"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "ipam_bridge_leader",
+            "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
             registry=self.registry,
         )
         self.last_success: float | None = None

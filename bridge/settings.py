@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.retry import RetryPolicy
@@ -72,6 +72,35 @@ class Settings(BaseSettings):
         "INFO", description="Log level."
     )
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    leader_election: bool = Field(
+        False,
+        description="Run for the Lease `ipam-bridge` in the operator's namespace; only its "
+        "holder handles claims and pools, the other replicas stand by (on in the Deployment "
+        "and the chart; a single process needs none).",
+    )
+    leader_election_namespace: str = Field(
+        "default",
+        description="Namespace of the Lease; when unset, in a pod, the service account's "
+        "namespace.",
+    )
+    leader_election_lease_seconds: int = Field(
+        15,
+        ge=2,
+        description="How long a standby waits after the leader's last renew before it takes "
+        "the Lease.",
+    )
+    leader_election_renew_deadline_seconds: float = Field(
+        10.0,
+        ge=1,
+        description="How long the leader keeps trying to renew before it stops handling and "
+        "exits (shorter than the lease).",
+    )
+    leader_election_retry_seconds: float = Field(
+        2.0,
+        ge=1,
+        description="Time between two tries to take or renew the Lease (renew deadline > "
+        "1.2 x this).",
+    )
     peering_name: str = Field(
         "",
         description="Deprecated and ignored (a warning is logged when set): the operator runs "
@@ -82,6 +111,24 @@ class Settings(BaseSettings):
         description="Deprecated and ignored (a warning is logged when set): the operator always "
         "runs without kopf peering, as `--standalone` did.",
     )
+
+    @model_validator(mode="after")
+    def _check_leader_election(self) -> Self:
+        """Lease > renew deadline > 1.2 x retry period (as client-go and the official client)."""
+        lease = self.leader_election_lease_seconds
+        renew = self.leader_election_renew_deadline_seconds
+        retry = self.leader_election_retry_seconds
+        if lease <= renew:
+            raise ValueError(
+                f"IPAM_BRIDGE_LEADER_ELECTION_LEASE_SECONDS ({lease}) must be greater than "
+                f"IPAM_BRIDGE_LEADER_ELECTION_RENEW_DEADLINE_SECONDS ({renew:g})"
+            )
+        if renew <= 1.2 * retry:
+            raise ValueError(
+                f"IPAM_BRIDGE_LEADER_ELECTION_RENEW_DEADLINE_SECONDS ({renew:g}) must be greater "
+                f"than 1.2 x IPAM_BRIDGE_LEADER_ELECTION_RETRY_SECONDS ({retry:g})"
+            )
+        return self
 
     @property
     def namespaces(self) -> tuple[str, ...]:

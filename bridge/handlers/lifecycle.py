@@ -18,12 +18,21 @@ from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
 from bridge.handlers.pools import resync_forever
 from bridge.kube import Kube, NotServedError, access_denied, api_client, kopf_connection_info
+from bridge.leader import (
+    LEASE_NAME,
+    ElectionLock,
+    Leadership,
+    Timings,
+    election_client,
+    holder_identity,
+    lease_namespace,
+)
 from bridge.metrics import PortUnavailableError
 from bridge.pool_service import reconcile_pool
 from bridge.settings import Settings
 from bridge.workqueue import Decision, WorkQueue
 
-__all__ = ["cleanup", "configure", "login", "probe", "reconcile", "startup"]
+__all__ = ["cleanup", "configure", "login", "probe", "reconcile", "start_work", "startup"]
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +101,32 @@ def reconcile(ctx: Context, key: Hashable) -> Decision:
     raise ValueError(f"unknown work-queue key {key!r}")
 
 
+def start_work(ctx: Context) -> list[asyncio.Task[None]]:
+    """Start the work of the replica that handles objects: the work queue and the resync.
+
+    Both run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
+    """
+    assert ctx.queue is not None
+    return [
+        asyncio.create_task(ctx.queue.run(), name="ipam-bridge work queue"),
+        asyncio.create_task(resync_forever(ctx), name="ipam-bridge resync"),
+    ]
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Read settings, connect, detect the served CAPI version, start the work queue.
 
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
     is 0; the `Context` (with its own metrics registry and the work queue) goes to
-    ``memo.bridge``. The work queue and the periodic resync run as tasks on kopf's loop until
-    the clean-up.
+    ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as tasks on
+    kopf's loop until the clean-up.
+
+    With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
+    Lease (`bridge.leader.Leadership`, in ``memo.leadership``); until then kopf's event
+    handlers only queue keys in memory. Losing the Lease cancels them and stops the operator
+    through ``memo.operator_stop`` (`bridge.leader.OperatorStop`, given by ``ipam-bridge
+    run``): the process exits 1.
 
     Raises
     ------
@@ -143,15 +170,36 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         error_delay=bridge.requeue_seconds,
     )
     memo.bridge = ctx
-    memo.tasks = [
-        asyncio.create_task(ctx.queue.run(), name="ipam-bridge work queue"),
-        asyncio.create_task(resync_forever(ctx), name="ipam-bridge resync"),
-    ]
+    if not bridge.leader_election:
+        ctx.metrics.leader.set(1)
+        memo.tasks = start_work(ctx)
+        return
+    lock = ElectionLock(
+        LEASE_NAME,
+        lease_namespace(bridge),
+        holder_identity(),
+        client=election_client(),
+        timings=Timings.of(bridge),
+    )
+    memo.leadership = Leadership(
+        lock,
+        start_work=lambda: start_work(ctx),
+        metrics=ctx.metrics,
+        stop_operator=memo.get("operator_stop"),
+        kube=ctx.kube,
+    )
+    memo.leadership.start()
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the work queue (in-flight reconciles finish) and the resync; close connections."""
+    """Stop the work queue (in-flight reconciles finish) and the resync; close connections.
+
+    With leader election, the Lease is given up after the work stopped (unless it was lost).
+    """
+    leadership: Leadership | None = memo.get("leadership")
+    if leadership is not None:
+        await leadership.close()
     tasks = list(memo.get("tasks") or [])
     for task in tasks:
         task.cancel()

@@ -1,4 +1,4 @@
-"""Fault injection for aiohttp mock servers: latency, errors, hangs, down mode, allocation races.
+"""Fault injection for aiohttp mock servers: latency, errors, hangs, redirects, down mode, races.
 
 Generic: a mock passes its own error body (`ErrorFactory`) and, for races, which requests
 allocate and what a lost race looks like (`RaceHooks`). The phpIPAM mock uses it, and so can a
@@ -51,7 +51,18 @@ class FaultConfig(BaseModel):
         Share of requests that never get an answer: the server holds them until the client
         gives up, ``hang_seconds`` pass, or the server stops, then drops the connection.
     hang_seconds:
-        Upper bound of a hang (seconds).
+        Upper bound of a hang (seconds). ``hang_rate=1`` simulates a hung endpoint: it
+        accepts connections and never answers, for ``hang_seconds`` or until the hang is
+        cleared (`FaultInjector.update` with ``hang_rate=0``, `FaultInjector.reset`, or
+        `FaultInjector.release_hangs`).
+    redirect_to:
+        When set, every request is answered with a redirect (``redirect_status``) to this
+        URL (a moved server, an HTTP-to-HTTPS front end, a login portal). With
+        ``redirect_keep_path`` the request's path and query are appended to it.
+    redirect_status:
+        The 3xx status of the redirect (301, 302, 303, 307 or 308).
+    redirect_keep_path:
+        Append the request's path and query to ``redirect_to`` (default) or not.
     down:
         Simulate a dead server for every API request.
     down_mode:
@@ -76,6 +87,9 @@ class FaultConfig(BaseModel):
     error_message: str | None = None
     hang_rate: float = Field(default=0.0, ge=0, le=1)
     hang_seconds: float = Field(default=300.0, gt=0)
+    redirect_to: str | None = None
+    redirect_status: Literal[301, 302, 303, 307, 308] = 302
+    redirect_keep_path: bool = True
     down: bool = False
     down_mode: Literal["close", "503"] = "close"
     race_rate: float = Field(default=0.0, ge=0, le=1)
@@ -149,7 +163,14 @@ class FaultInjector:
         self.race = race
         self.rng = rng or random.Random()
         self.admin_prefix = admin_prefix.rstrip("/")
-        self.stats: dict[str, int] = {"latency": 0, "errors": 0, "hangs": 0, "down": 0, "races": 0}
+        self.stats: dict[str, int] = {
+            "latency": 0,
+            "errors": 0,
+            "hangs": 0,
+            "redirects": 0,
+            "down": 0,
+            "races": 0,
+        }
         self._release: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -169,6 +190,8 @@ class FaultInjector:
     def update(self, **changes: Any) -> FaultConfig:
         """Change some fields and return the new configuration.
 
+        Turning hangs off (``hang_rate=0``) also releases the requests hung now.
+
         Raises
         ------
         pydantic.ValidationError
@@ -177,7 +200,10 @@ class FaultInjector:
         with self._lock:
             merged = {**self._config.model_dump(), **changes}
             self._config = FaultConfig.model_validate(merged)
-            return self._config
+            config = self._config
+        if config.hang_rate == 0:
+            self.release_hangs()
+        return config
 
     def reset(self) -> FaultConfig:
         """Turn every fault off and release hung requests."""
@@ -187,11 +213,18 @@ class FaultInjector:
 
     def release_hangs(self) -> None:
         """Let every hung request end now (its connection is dropped). Thread-safe."""
-        loop, event = self._loop, self._release
-        if loop is None or event is None or loop.is_closed():
+        loop = self._loop
+        if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(event.set)
+            loop.call_soon_threadsafe(self._release_now)
+
+    def _release_now(self) -> None:
+        # In the server's loop: wake the requests hung now; later hangs wait on a new event
+        # (a release with nothing hung must not cut the next hang short).
+        event, self._release = self._release, asyncio.Event()
+        if event is not None:
+            event.set()
 
     # ------------------------------------------------------------------ middleware
 
@@ -208,6 +241,17 @@ class FaultInjector:
         request.protocol.force_close()
         return web.Response(status=499)
 
+    @staticmethod
+    def _redirect(request: web.Request, cfg: FaultConfig) -> web.StreamResponse:
+        target = cfg.redirect_to or ""
+        if cfg.redirect_keep_path:
+            target = target.rstrip("/") + request.rel_url.raw_path_qs
+        return web.Response(
+            status=cfg.redirect_status,
+            headers={"Location": target, "Content-Type": "text/html; charset=iso-8859-1"},
+            text=f'<html><body>Moved to <a href="{target}">{target}</a></body></html>',
+        )
+
     def _error(self, status: int, message: str | None) -> web.StreamResponse:
         return self.error_response(status, message or HTTPStatus(status).phrase)
 
@@ -218,8 +262,6 @@ class FaultInjector:
         event = self._release
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=seconds)
-        if event.is_set():  # released: later hangs wait for the next release
-            self._release = asyncio.Event()
         return self._drop(request)
 
     @web.middleware
@@ -233,6 +275,9 @@ class FaultInjector:
             if cfg.down_mode == "close":
                 return self._drop(request)
             return self._error(503, cfg.error_message)
+        if cfg.redirect_to is not None:
+            self.stats["redirects"] += 1
+            return self._redirect(request, cfg)
         if cfg.latency_seconds > 0:
             self.stats["latency"] += 1
             await asyncio.sleep(cfg.latency_seconds)

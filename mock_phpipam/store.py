@@ -118,6 +118,10 @@ _ADDRESS_DEFAULTS: dict[str, Any] = {
 TAGS: dict[int, str] = {1: "Offline", 2: "Used", 3: "Reserved", 4: "DHCP"}
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}([-:.]?[0-9a-fA-F]{2}){5}$")
 _TOKEN_TTL = 21600
+
+#: Counters of `Store.lockout_stats`.
+_LOCKOUT_STATS = ("failed_logins", "lockouts", "blocked_requests")
+
 _TIME_FMT = "%Y-%m-%d %H:%M:%S"
 
 
@@ -202,10 +206,21 @@ class StoreSettings:
         False makes every API call answer 503 ``API server disabled``.
     token_ttl_seconds:
         User token lifetime (phpIPAM: 21600 s = 6 h, sliding).
+    lockout:
+        Block a source address after too many failed logins, as phpIPAM does (its
+        ``loginAttempts`` table): more than ``max_login_failures`` failures, each within
+        ``login_failure_window_seconds`` of the previous one, block every API call from
+        that address (correct logins and valid tokens included) with 500 ``Your IP has
+        been blocked for 5 minutes because of excessive login failures`` until
+        ``block_seconds`` after the last failure. A successful login before that clears
+        the count. On by default (phpIPAM has no switch); False turns it off.
     max_login_failures:
         Failed logins from one IP tolerated before it is blocked (phpIPAM: 10).
+    login_failure_window_seconds:
+        A failure counts with the previous ones when it comes within this many seconds of
+        the last one (phpIPAM: 300 s); shorter in tests.
     block_seconds:
-        How long failures count and a block lasts (phpIPAM: 300 s).
+        How long a block lasts after the last failure (phpIPAM: 300 s).
     """
 
     stringify_results: bool = False
@@ -213,7 +228,9 @@ class StoreSettings:
     enforce_ssl: bool = False
     api_enabled: bool = True
     token_ttl_seconds: int = _TOKEN_TTL
+    lockout: bool = True
     max_login_failures: int = 10
+    login_failure_window_seconds: float = 300.0
     block_seconds: float = 300.0
 
 
@@ -413,6 +430,10 @@ class SeedSettings(_SeedModel):
     enforce_ssl: bool = False
     api_enabled: bool = True
     token_ttl_seconds: int = Field(default=_TOKEN_TTL, gt=0)
+    lockout: bool = True
+    max_login_failures: int = Field(default=10, ge=0)
+    login_failure_window_seconds: float = Field(default=300.0, gt=0)
+    block_seconds: float = Field(default=300.0, gt=0)
 
 
 class Seed(_SeedModel):
@@ -525,6 +546,7 @@ class Store:
             self.apps: dict[str, App] = {}
             self._next_address_id = 1
             self._login_failures: dict[str, tuple[int, float]] = {}
+            self._lockout_stats: dict[str, int] = dict.fromkeys(_LOCKOUT_STATS, 0)
 
     def clear(self) -> None:
         """Remove everything (objects, tokens, login failures) and restore default settings."""
@@ -854,6 +876,42 @@ class Store:
             return None
         return _format_time(user.token_valid_until)
 
+    @property
+    def lockout_stats(self) -> dict[str, int]:
+        """Counters of the login lock-out (a copy).
+
+        ``failed_logins``: refused logins (wrong user or password), counted also with the
+        lock-out off; ``lockouts``: how often a source got blocked; ``blocked_requests``:
+        API calls refused because their source was blocked.
+        """
+        with self._lock:
+            return dict(self._lockout_stats)
+
+    def login_failures(self, remote: str) -> int:
+        """Return the failed logins counted now against ``remote`` (0 when none or expired)."""
+        with self._lock:
+            entry = self._login_failures.get(remote)
+            if entry is None or self._expired(entry):
+                return 0
+            return entry[0]
+
+    def is_blocked(self, remote: str) -> bool:
+        """Return True while ``remote`` is blocked (see `StoreSettings.lockout`)."""
+        with self._lock:
+            entry = self._login_failures.get(remote)
+            return (
+                self.settings.lockout
+                and entry is not None
+                and entry[0] > self.settings.max_login_failures
+                and not self._expired(entry)
+            )
+
+    def _expired(self, entry: tuple[int, float]) -> bool:
+        count, last = entry
+        if count > self.settings.max_login_failures:
+            return self._now() - last > self.settings.block_seconds
+        return self._now() - last > self.settings.login_failure_window_seconds
+
     def check_blocked(self, remote: str) -> None:
         """Raise when ``remote`` failed to log in too often recently (``validate_block``).
 
@@ -863,14 +921,16 @@ class Store:
             500 ``Your IP has been blocked for 5 minutes because of excessive login failures``.
         """
         with self._lock:
+            if not self.settings.lockout:
+                return
             entry = self._login_failures.get(remote)
             if entry is None:
                 return
-            count, last = entry
-            if self._now() - last > self.settings.block_seconds:
+            if self._expired(entry):
                 del self._login_failures[remote]
                 return
-            if count > self.settings.max_login_failures:
+            if entry[0] > self.settings.max_login_failures:
+                self._lockout_stats["blocked_requests"] += 1
                 raise PhpipamError(
                     500,
                     "Your IP has been blocked for 5 minutes because of excessive login failures",
@@ -892,8 +952,13 @@ class Store:
             self.check_blocked(remote)
             user = next((u for u in self.users.values() if u.username == username), None)
             if user is None or not secrets.compare_digest(user.password, password):
-                count, _ = self._login_failures.get(remote, (0, 0.0))
-                self._login_failures[remote] = (count + 1, self._now())
+                self._lockout_stats["failed_logins"] += 1
+                if self.settings.lockout:
+                    entry = self._login_failures.get(remote)
+                    count = 0 if entry is None or self._expired(entry) else entry[0]
+                    self._login_failures[remote] = (count + 1, self._now())
+                    if count + 1 == self.settings.max_login_failures + 1:
+                        self._lockout_stats["lockouts"] += 1
                 raise PhpipamError(500, "Invalid username or password")
             self._login_failures.pop(remote, None)
             now = self._now()
@@ -1308,6 +1373,16 @@ class Store:
                 )
             return {
                 "settings": dict(vars(self.settings)),
+                "lockout": {
+                    **self._lockout_stats,
+                    "blocked": sorted(
+                        remote
+                        for remote, entry in self._login_failures.items()
+                        if self.settings.lockout
+                        and entry[0] > self.settings.max_login_failures
+                        and not self._expired(entry)
+                    ),
+                },
                 "users": [
                     {
                         "id": u.id,

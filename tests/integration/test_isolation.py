@@ -54,10 +54,8 @@ HUNG_CLAIM_REASONS = frozenset({"PoolNotReady", "AllocationFailed", "BackendUnav
 
 @pytest.fixture
 def hung() -> Iterator[MockPhpipamServer]:
-    """A second mock phpIPAM that accepts connections and never answers any API request."""
-    server = MockPhpipamServer(Store(copy.deepcopy(PHPIPAM_SEED)))
-    server.faults.update(hang_rate=1.0, hang_seconds=600)
-    with server:
+    """A second mock phpIPAM; the test makes it hang (accept connections, never answer)."""
+    with MockPhpipamServer(Store(copy.deepcopy(PHPIPAM_SEED))) as server:
         yield server
         server.faults.reset()  # let the hung requests go before the operator stops
 
@@ -132,11 +130,15 @@ def test_hung_endpoint_does_not_starve_a_healthy_one(
     sandbox.phpipam_pool(
         BROKEN, "hung", endpoint=hung.url, subnet_id=SUBNET_ID, credentials=CREDENTIALS
     )
+    sandbox.wait_pool_ready(BROKEN, "hung", timeout=30)
+    # The endpoint hangs from now on: it accepts connections and never answers. Claims of
+    # a pool that was ready go to it (search, first-free, login).
+    hung.faults.update(hang_rate=1.0, hang_seconds=600)
     hung_claims = [f"h{i}" for i in range(10)]
     for name in hung_claims:
         sandbox.claim(BROKEN, name, "hung")
     # The operator is stuck in requests to the hung endpoint before the healthy pool comes.
-    wait_for(lambda: hung.faults.stats["hangs"] >= 1, timeout=30, message="a hung request")
+    wait_for(lambda: hung.faults.stats["hangs"] >= 2, timeout=30, message="hung requests")
     time.sleep(1.0)
 
     log = FailureLog(sandbox, BROKEN)

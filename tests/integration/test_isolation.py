@@ -13,6 +13,7 @@ Figures are printed (``pytest -s``) for the release note.
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 import time
@@ -278,27 +279,58 @@ def test_wrong_passwords_never_lock_the_operator_out(
             for name in WRONG_POOLS
         ) and all(ready(c)[:2] == ("False", "PoolNotReady") for c in sandbox.claims(BROKEN))
 
-    serve(0)
+    batches = iter(range(1000))
+
+    def keep_serving(seconds: float) -> None:
+        """Two new healthy claims a second, each batch bound within `HEALTHY_SECONDS`."""
+        phase_end = time.monotonic() + seconds
+        while time.monotonic() < phase_end:
+            serve(next(batches))
+            time.sleep(1.0)
+
+    serve(next(batches))
     wait_for(wrong_pools_refused, timeout=30, interval=0.25, message="wrong pools refused")
     # The healthy pool keeps serving while the wrong ones keep failing.
-    batch = 1
-    phase_end = time.monotonic() + 20
-    while time.monotonic() < phase_end:
-        serve(batch)
-        batch += 1
-        time.sleep(1.0)
+    keep_serving(15)
     failed_first = store.lockout_stats["failed_logins"]
 
-    # New wrong passwords: the Secrets are re-created (new objects, new backends).
+    # Other wrong passwords in the same Secrets (each pool's backend is rebuilt).
+    for n, name in enumerate(WRONG_POOLS):
+        password = wrong_credentials(n, 1)["password"]
+        sandbox.kube.patch(
+            "v1",
+            "secrets",
+            f"{name}-credentials",
+            {"data": {"password": base64.b64encode(password.encode()).decode()}},
+            BROKEN,
+        )
+    keep_serving(15)
+
+    # The wrong pools and their Secrets are deleted and created again, with other wrong
+    # passwords (the Secrets are in use, so they go with their pools).
+    for name in WRONG_POOLS:
+        sandbox.delete_pool(BROKEN, name)
     for name in WRONG_POOLS:
         sandbox.kube.delete("v1", "secrets", f"{name}-credentials", BROKEN)
+
+    def wrong_pools_gone() -> bool:
+        sample()
+        return all(
+            sandbox.pool(BROKEN, name) is None
+            and sandbox.kube.get("v1", "secrets", f"{name}-credentials", BROKEN) is None
+            for name in WRONG_POOLS
+        )
+
+    wait_for(wrong_pools_gone, timeout=30, interval=0.25, message="the wrong pools gone")
     for n, name in enumerate(WRONG_POOLS):
-        sandbox.secret(BROKEN, f"{name}-credentials", wrong_credentials(n, 1))
-    phase_end = time.monotonic() + 30
-    while time.monotonic() < phase_end:
-        serve(batch)
-        batch += 1
-        time.sleep(1.0)
+        sandbox.phpipam_pool(
+            BROKEN,
+            name,
+            endpoint=phpipam.url,
+            subnet_id=SUBNET_ID,
+            credentials=wrong_credentials(n, 2),
+        )
+    keep_serving(20)
     wait_for(wrong_pools_refused, timeout=30, interval=0.25, message="wrong pools refused")
 
     stats = store.lockout_stats

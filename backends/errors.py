@@ -14,6 +14,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailableError",
     "ConflictError",
+    "EndpointUnavailableError",
     "InvalidRequestError",
     "SubnetExhaustedError",
     "SubnetNotFoundError",
@@ -52,6 +53,18 @@ class BackendUnavailableError(BackendError):
     """
 
     retryable = True
+
+
+class EndpointUnavailableError(BackendUnavailableError):
+    """The endpoint is short-circuited or busy, so the call was not even sent.
+
+    Raised when the endpoint's circuit breaker is open ("endpoint <url> unreachable, next
+    try at <time>") or every slot of the endpoint is taken ("endpoint <url> busy"; see
+    `backends.transport.EndpointRegistry`). Not retried inside the call: waiting there
+    would hold the worker the limit exists to free; the operator tries again later.
+    """
+
+    retryable = False
 
 
 class ConflictError(BackendError):

@@ -15,7 +15,6 @@ from typing import Any, Literal, cast
 from urllib.parse import quote
 
 import requests
-from requests.auth import AuthBase, HTTPBasicAuth
 
 from backends.base import Allocation, SubnetInfo
 from backends.errors import (
@@ -26,10 +25,18 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
-    TLSVerificationError,
-    tls_failure,
 )
 from backends.retry import RetryPolicy
+from backends.transport import (
+    NO_AUTH,
+    EndpointRegistry,
+    Transport,
+    TransportConfig,
+    basic_auth,
+    credential_id,
+    default_user_agent,
+    status_error,
+)
 
 __all__ = ["InfobloxBackend", "InfobloxConfig"]
 
@@ -98,11 +105,17 @@ class InfobloxConfig:
         (override and ``routers``) is excluded in the allocation request itself. Normalised
         (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
     verify:
-        TLS verification: True (default), False, or the path of a CA bundle (PEM).
+        TLS verification: True (default), False (off: ``insecureSkipVerify``).
+    ca_pem:
+        CA bundle (PEM text) to verify the grid with instead of the system CAs.
     timeout_seconds:
-        Connect and read timeout of every HTTP request, in seconds.
+        Connect and read timeout of every HTTP request, in seconds (cut to the time left of
+        the operation, see `backends.transport`).
     retry:
-        Retry policy every call goes through (`backends.retry.RetryPolicy`).
+        Retry policy every call goes through (`backends.retry.RetryPolicy`); its
+        ``total_seconds`` bounds each operation, requests in flight included.
+    user_agent:
+        The ``User-Agent`` header.
 
     Raises
     ------
@@ -124,9 +137,11 @@ class InfobloxConfig:
     dns_zone: str | None = None
     extensible_attributes: Mapping[str, str] = field(default_factory=dict)
     gateway: str | None = None
-    verify: bool | str = True
+    verify: bool = True
+    ca_pem: str | None = field(default=None, repr=False)
     timeout_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    user_agent: str = field(default_factory=default_user_agent)
 
     def __post_init__(self) -> None:
         try:
@@ -165,13 +180,6 @@ class _UnknownEAError(InvalidRequestError):
     """The pool names an extensible attribute the grid has not defined."""
 
 
-class _NoAuth(AuthBase):
-    """Send no Authorization header (and keep requests from falling back to ~/.netrc)."""
-
-    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
-        return r
-
-
 @dataclass(frozen=True)
 class _Entry:
     """One address registered under a hostname, as a search found it."""
@@ -204,9 +212,13 @@ class InfobloxBackend:
     of the hostname at such an address is removed before a new one is created, never
     adopted.
 
-    Authentication is HTTP Basic on the first request; afterwards the ``ibapauth`` session
-    cookie the grid sets is sent instead. A 401 drops the cookie and repeats the request
-    once with Basic auth; a second 401 raises `AuthenticationFailedError`.
+    Authentication is HTTP Basic (UTF-8) on the first request; afterwards the ``ibapauth``
+    session cookie the grid sets is sent instead. A 401 drops the cookie and repeats the
+    request once with Basic auth; a 401 to Basic auth raises `AuthenticationFailedError`.
+    Requests with Basic auth go through the endpoint's login budget (a refused one counts).
+
+    ``_ref`` values from WAPI are already URL-encoded (``ipv6fixedaddress/ZG5...:2001%3Adb8
+    %3A%3A10/default``) and are sent as they are, never encoded a second time.
 
     Parameters
     ----------
@@ -215,21 +227,45 @@ class InfobloxBackend:
     session:
         The HTTP session to use (tests pass one); by default a new `requests.Session`.
         The backend owns it and closes it in `close`.
+    endpoints:
+        The operator's `EndpointRegistry` (breaker, concurrency, login budget per endpoint);
+        None gives this client a registry of its own.
 
     Notes
     -----
     Thread-safe: the session's cookie jar is only changed under a lock, and the cached
-    gateway is read and written atomically. Every public method runs under
-    ``config.retry`` and raises only `backends.errors.BackendError` subclasses.
+    gateway is read and written atomically. Every public method is one operation of the
+    shared `backends.transport.Transport` (bounded, in a slot of the endpoint, under
+    ``config.retry``) and raises only `backends.errors.BackendError` subclasses.
 
     """
 
-    def __init__(self, config: InfobloxConfig, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        config: InfobloxConfig,
+        session: requests.Session | None = None,
+        *,
+        endpoints: EndpointRegistry | None = None,
+    ) -> None:
         self.config = config
         self._network: IPNetwork = ipaddress.ip_network(config.subnet)
         self._v6 = self._network.version == 6
-        self._session = session or requests.Session()
-        self._basic = HTTPBasicAuth(config.username, config.password)
+        self._transport = Transport(
+            TransportConfig(
+                endpoint=config.endpoint,
+                verify=config.verify,
+                ca_pem=config.ca_pem,
+                timeout_seconds=config.timeout_seconds,
+                user_agent=config.user_agent,
+            ),
+            retry=config.retry,
+            endpoints=endpoints,
+            label="WAPI",
+            session=session,
+        )
+        self._session = self._transport.session
+        self._basic = basic_auth(config.username, config.password)
+        self._credential = credential_id(config.username, config.password)
         self._auth_lock = threading.Lock()
         self._gateway_lock = threading.Lock()
         self._gateway_known = False
@@ -267,7 +303,7 @@ class InfobloxBackend:
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self.config.retry.call("infoblox describe_subnet", self._describe_once)
+        return self._transport.call("describe_subnet", self._describe_once)
 
     def find(self, hostname: str) -> Allocation | None:
         """Return the address registered under ``hostname`` in the pool's network, or None.
@@ -295,7 +331,7 @@ class InfobloxBackend:
             And `SubnetNotFoundError` when the network is gone (the gateway is read from it).
 
         """
-        return self.config.retry.call("infoblox find", lambda: self._find_once(hostname))
+        return self._transport.call("find", lambda: self._find_once(hostname))
 
     def allocate(self, hostname: str, description: str) -> Allocation:
         """Register the next available address of the network under ``hostname``.
@@ -336,9 +372,7 @@ class InfobloxBackend:
         AuthenticationFailedError, BackendUnavailableError
 
         """
-        return self.config.retry.call(
-            "infoblox allocate", lambda: self._allocate_once(hostname, description)
-        )
+        return self._transport.call("allocate", lambda: self._allocate_once(hostname, description))
 
     def release(self, hostname: str) -> bool:
         """Remove every address registered under ``hostname`` in the pool's network.
@@ -358,20 +392,15 @@ class InfobloxBackend:
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self.config.retry.call("infoblox release", lambda: self._release_once(hostname))
+        return self._transport.call("release", lambda: self._release_once(hostname))
 
     def close(self) -> None:
         """Log out (``POST logout``, best effort, with a session cookie only); close the session."""
         try:
             if self._auth_cookie() is not None:
-                self._session.post(
-                    self._url("logout"),
-                    auth=_NoAuth(),
-                    timeout=self.config.timeout_seconds,
-                    verify=self.config.verify,
-                )
-        except requests.RequestException as exc:
-            log.debug("infoblox logout failed: %s", type(exc).__name__)
+                self._transport.request("POST", self._url("logout"), what="POST logout")
+        except BackendError as exc:
+            log.debug("infoblox logout failed: %s", exc)
         finally:
             self._session.close()
 
@@ -777,7 +806,9 @@ class InfobloxBackend:
     # ----------------------------------------------------------------- transport
 
     def _url(self, path: str) -> str:
-        return f"{self.config.endpoint}/wapi/v{self.config.wapi_version}/{quote(path, safe='/:')}"
+        # '%' is safe: a _ref is already URL-encoded by WAPI (":2001%3Adb8%3A%3A10"), and
+        # object types and function names have nothing to encode.
+        return f"{self.config.endpoint}/wapi/v{self.config.wapi_version}/{quote(path, safe='/:%')}"
 
     def _cookies(self) -> list[Cookie]:
         # RequestsCookieJar is an http.cookiejar.CookieJar: iterating it yields Cookie objects.
@@ -805,45 +836,31 @@ class InfobloxBackend:
     ) -> requests.Response:
         """Send one request; re-authenticate once on 401. Raise on transport failures."""
         url = self._url(path)
-        for attempt in (1, 2):
-            with self._auth_lock:
-                cookie = self._auth_cookie()
-            auth: AuthBase = self._basic if cookie is None or attempt == 2 else _NoAuth()
-            try:
-                response = self._session.request(
-                    method,
-                    url,
-                    params=params,
-                    json=json,
-                    auth=auth,
-                    timeout=self.config.timeout_seconds,
-                    verify=self.config.verify,
-                )
-            except requests.Timeout as exc:
-                raise BackendUnavailableError(
-                    f"WAPI {method} {path.split('/')[0]} timed out after "
-                    f"{self.config.timeout_seconds}s"
-                ) from exc
-            except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
-                raise InvalidRequestError(f"invalid WAPI URL {url!r}: {exc}") from exc
-            except requests.exceptions.SSLError as exc:
-                raise TLSVerificationError(
-                    f"TLS verification of the grid at {self.config.endpoint} failed "
-                    f"({tls_failure(exc) or 'TLS error'})"
-                ) from exc
-            except requests.RequestException as exc:
-                raise BackendUnavailableError(
-                    f"cannot reach the grid at {self.config.endpoint}: {type(exc).__name__}"
-                ) from exc
+        what = f"{method} {path.split('/')[0]}"
+        with self._auth_lock:
+            cookie = self._auth_cookie()
+        if cookie is not None:
+            response = self._transport.request(
+                method, url, what=what, params=params, json=json, auth=NO_AUTH
+            )
             if response.status_code != 401:
                 return response
-            log.info("infoblox: HTTP 401 on %s %s; re-authenticating", method, path.split("/")[0])
+            log.info("infoblox: HTTP 401 on %s; re-authenticating", what)
             self._drop_auth_cookie(cookie)
-        raise AuthenticationFailedError(
-            f"the grid at {self.config.endpoint} refused the credentials of user "
-            f"{self.config.username!r} (HTTP 401)",
-            status=401,
-        )
+
+        def with_basic_auth() -> requests.Response:
+            answer = self._transport.request(
+                method, url, what=what, params=params, json=json, auth=self._basic
+            )
+            if answer.status_code == 401:
+                raise AuthenticationFailedError(
+                    f"the grid at {self.config.endpoint} refused the credentials of user "
+                    f"{self.config.username!r} (HTTP 401)",
+                    status=401,
+                )
+            return answer
+
+        return self._transport.login(self._credential, with_basic_auth)
 
     def _call_json(
         self,
@@ -894,8 +911,8 @@ def _classify(response: requests.Response, wapi_version: str) -> BackendError:
         return AuthenticationFailedError(
             f"the WAPI user lacks permission (HTTP 403): {text or 'forbidden'}", status=status
         )
-    if status == 429 or status >= 500:
-        return BackendUnavailableError(f"WAPI answered HTTP {status}: {detail}", status=status)
+    if (transient := status_error("WAPI", "answered", status, detail)) is not None:
+        return transient
     if (
         status == 404
         or code == "Client.Ibap.Data.NotFound"

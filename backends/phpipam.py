@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import http.cookiejar
 import ipaddress
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
-from requests.auth import HTTPBasicAuth
 
 from backends.base import Allocation, SubnetInfo
 from backends.errors import (
@@ -25,10 +21,17 @@ from backends.errors import (
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
-    TLSVerificationError,
-    tls_failure,
 )
 from backends.retry import RetryPolicy
+from backends.transport import (
+    EndpointRegistry,
+    Transport,
+    TransportConfig,
+    basic_auth,
+    credential_id,
+    default_user_agent,
+    status_error,
+)
 
 __all__ = [
     "DESCRIPTION_MAX_CHARS",
@@ -90,13 +93,6 @@ _NOT_FOUND_MESSAGES: Final = frozenset(
 _MESSAGE_MAX_CHARS: Final = 200
 
 
-def _default_user_agent() -> str:
-    try:
-        return f"ipam-bridge/{metadata.version('ipam-bridge')}"
-    except metadata.PackageNotFoundError:
-        return "ipam-bridge"
-
-
 @dataclass(frozen=True)
 class PHPIPAMConfig:
     """Where and how to reach one phpIPAM subnet.
@@ -131,19 +127,18 @@ class PHPIPAMConfig:
         The app code token of an app with security "SSL with App code token"; sent as
         the ``token`` header, no login.
     verify:
-        TLS verification: True (default, system CAs), False (off), or the path of a CA
-        bundle (PEM).
+        TLS verification: True (default), False (off: ``insecureSkipVerify``).
+    ca_pem:
+        CA bundle (PEM text) to verify the server with instead of the system CAs.
     timeout_seconds:
-        Connect and read timeout of each HTTP request, in seconds.
+        Connect and read timeout of each HTTP request, in seconds (cut to the time left of
+        the operation, see `backends.transport`).
     retry:
-        The retry policy every operation runs under.
+        The retry policy every operation runs under; its ``total_seconds`` bounds each
+        operation, requests in flight included.
     skip_ipv6_network_address:
         When phpIPAM hands out an IPv6 subnet's network address (``prefix::``), keep the
         row under `RESERVED_NETWORK_HOSTNAME` and take the next address.
-    login_retry_after_seconds:
-        After a refused login, calls fail with the same error for this many seconds
-        without trying again: phpIPAM blocks the client's IP address for 5 minutes after
-        more than 10 failed logins within 5 minutes, for every user.
     user_agent:
         The ``User-Agent`` header.
 
@@ -168,12 +163,12 @@ class PHPIPAMConfig:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     app_code: str | None = field(default=None, repr=False)
-    verify: bool | str = True
+    verify: bool = True
+    ca_pem: str | None = field(default=None, repr=False)
     timeout_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     skip_ipv6_network_address: bool = True
-    login_retry_after_seconds: float = 60.0
-    user_agent: str = field(default_factory=_default_user_agent)
+    user_agent: str = field(default_factory=default_user_agent)
 
     def __post_init__(self) -> None:
         url = urlsplit(self.endpoint)
@@ -212,8 +207,6 @@ class PHPIPAMConfig:
             raise ValueError("set either username and password, or app_code (not both)")
         if self.timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
-        if self.login_retry_after_seconds < 0:
-            raise ValueError("login_retry_after_seconds must not be negative")
 
     @property
     def base_url(self) -> str:
@@ -228,7 +221,6 @@ class _Reply:
     status: int
     envelope: dict[str, Any] | None
     content_type: str
-    location: str | None
 
 
 @dataclass(frozen=True)
@@ -271,8 +263,11 @@ class PHPIPAMBackend:
     """`backends.base.IPAMBackend` for one phpIPAM subnet, on a `requests.Session`.
 
     Thread-safe: the token is shared by every thread and (re)obtained under a lock, and the
-    session keeps no cookies. Every public method runs under ``config.retry``: transient
-    errors and lost allocation races are retried there, everything else is raised at once.
+    session keeps no cookies. Every public method is one operation of the shared
+    `backends.transport.Transport`: bounded by ``config.retry.total_seconds``, in a slot of
+    the endpoint, under ``config.retry`` (transient errors and lost allocation races are
+    retried there, everything else is raised at once). Logins go through the endpoint's
+    login budget, shared with every other client of the same `EndpointRegistry`.
 
     Parameters
     ----------
@@ -280,6 +275,9 @@ class PHPIPAMBackend:
         Where and how to reach the subnet.
     session:
         An HTTP session to use instead of a new one (it is then not closed by `close`).
+    endpoints:
+        The operator's `EndpointRegistry` (breaker, concurrency, login budget per endpoint);
+        None gives this client a registry of its own.
 
     Notes
     -----
@@ -311,20 +309,33 @@ class PHPIPAMBackend:
 
     """
 
-    def __init__(self, config: PHPIPAMConfig, *, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        config: PHPIPAMConfig,
+        *,
+        session: requests.Session | None = None,
+        endpoints: EndpointRegistry | None = None,
+    ) -> None:
         self._config = config
         self._base_url = config.base_url
-        self._owns_session = session is None
-        if session is None:
-            session = requests.Session()
-            # phpIPAM sets a PHP session cookie on every answer; the API does not use it, and
-            # a cookie-free session has no shared mutable state between threads.
-            session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-        self._session = session
+        self._transport = Transport(
+            TransportConfig(
+                endpoint=config.endpoint,
+                verify=config.verify,
+                ca_pem=config.ca_pem,
+                timeout_seconds=config.timeout_seconds,
+                user_agent=config.user_agent,
+                # phpIPAM sets a PHP session cookie on every answer; the API does not use
+                # it, and a cookie-free session has no shared mutable state between threads.
+                keep_cookies=False,
+            ),
+            retry=config.retry,
+            endpoints=endpoints,
+            label="phpIPAM",
+            session=session,
+        )
         self._auth_lock = threading.Lock()
         self._token: str | None = config.app_code
-        # (monotonic time, error) of the last refused login; see login_retry_after_seconds.
-        self._login_refused: tuple[float, AuthenticationFailedError] | None = None
         self._subnet_lock = threading.Lock()
         self._subnet_id: int | None = config.subnet_id
         self._facts: _SubnetFacts | None = None
@@ -489,13 +500,12 @@ class PHPIPAMBackend:
         user -- other pools, other replicas, scripts -- and revoking it would log all of
         them out. The token expires on its own 6 h after its last use.
         """
-        if self._owns_session:
-            self._session.close()
+        self._transport.close()
 
     # ----------------------------------------------------------------- operations
 
     def _retry(self, name: str, fn: Callable[[], T]) -> T:
-        return self._config.retry.call(f"phpipam {name}", fn)
+        return self._transport.call(name, fn)
 
     def _describe_subnet_once(self) -> SubnetInfo:
         facts = self._subnet_facts(refresh=True)
@@ -822,26 +832,23 @@ class PHPIPAMBackend:
             return self._token
 
     def _login(self) -> str:
-        """Log in (the caller holds ``_auth_lock``) and return the token."""
+        """Log in (the caller holds ``_auth_lock``) and return the token.
+
+        Goes through the endpoint's login budget (`backends.transport.Endpoint.check_login`):
+        after too many refused logins to this endpoint a login is held back, not sent.
+        """
         config = self._config
         assert config.username is not None and config.password is not None
-        refused = self._login_refused
-        if refused is not None:
-            if time.monotonic() - refused[0] < config.login_retry_after_seconds:
-                raise AuthenticationFailedError(
-                    f"{refused[1].message} (not trying again for "
-                    f"{config.login_retry_after_seconds:g}s after a refused login)",
-                    status=refused[1].status,
-                )
-            self._login_refused = None
         # UTF-8, as a browser or curl would send it (requests would use Latin-1 for str).
-        auth = HTTPBasicAuth(config.username.encode(), config.password.encode())
-        reply = self._send("POST", "user/", auth=auth)
-        try:
-            answer = self._interpret(reply, "POST user/ (login)", lookup=False)
-        except AuthenticationFailedError as exc:
-            self._login_refused = (time.monotonic(), exc)
-            raise
+        auth = basic_auth(config.username, config.password)
+
+        def login() -> dict[str, Any] | None:
+            reply = self._send("POST", "user/", auth=auth)
+            return self._interpret(reply, "POST user/ (login)", lookup=False)
+
+        answer = self._transport.login(
+            credential_id(config.username, config.password), login, blocked_for=_blocked_for
+        )
         data = answer.get("data") if answer is not None else None
         token = data.get("token") if isinstance(data, Mapping) else None
         if not isinstance(token, str) or not token:
@@ -860,50 +867,19 @@ class PHPIPAMBackend:
         path: str,
         *,
         token: str | None = None,
-        auth: HTTPBasicAuth | None = None,
+        auth: requests.auth.AuthBase | None = None,
         json: Mapping[str, Any] | None = None,
     ) -> _Reply:
-        headers = {"Accept": "application/json", "User-Agent": self._config.user_agent}
+        headers = {"Accept": "application/json"}
         if token is not None:
             headers["token"] = token
-        started = time.monotonic()
-        try:
-            response = self._session.request(
-                method,
-                f"{self._base_url}/{path}",
-                headers=headers,
-                auth=auth,
-                json=json,
-                timeout=self._config.timeout_seconds,
-                verify=self._config.verify,
-                # A redirect would carry the token header to wherever it points.
-                allow_redirects=False,
-            )
-        except requests.Timeout as exc:
-            raise BackendUnavailableError(
-                f"phpIPAM {method} {path}: no answer within {self._config.timeout_seconds}s"
-            ) from exc
-        except requests.exceptions.SSLError as exc:
-            raise TLSVerificationError(
-                f"phpIPAM {method} {path}: TLS verification of {self._config.endpoint} failed "
-                f"({tls_failure(exc) or 'TLS error'})"
-            ) from exc
-        except requests.RequestException as exc:
-            raise BackendUnavailableError(
-                f"phpIPAM {method} {path}: cannot reach {self._config.endpoint}: "
-                f"{type(exc).__name__}: {_cut(str(exc))}"
-            ) from exc
-        except OSError as exc:  # e.g. a CA bundle path that does not exist
-            raise InvalidRequestError(
-                f"phpIPAM {method} {path}: cannot make the request ({_cut(str(exc))}); "
-                "check the TLS settings"
-            ) from exc
-        log.debug(
-            "phpIPAM %s %s -> %d in %.3fs",
+        response = self._transport.request(
             method,
-            path,
-            response.status_code,
-            time.monotonic() - started,
+            f"{self._base_url}/{path}",
+            what=f"{method} {path}",
+            headers=headers,
+            auth=auth,
+            json=json,
         )
         envelope: dict[str, Any] | None = None
         try:
@@ -916,17 +892,10 @@ class PHPIPAMBackend:
             status=response.status_code,
             envelope=envelope,
             content_type=response.headers.get("Content-Type", ""),
-            location=response.headers.get("Location"),
         )
 
     def _interpret(self, reply: _Reply, what: str, *, lookup: bool) -> dict[str, Any] | None:
         status = reply.status
-        if 300 <= status < 400:
-            raise InvalidRequestError(
-                f"phpIPAM {what}: redirected (HTTP {status}) to {reply.location!r}; "
-                "set the endpoint to the final URL (https?)",
-                status=status,
-            )
         envelope = reply.envelope
         if envelope is None:
             # A PHP fatal error (empty text/html 500), a proxy's error page, ...
@@ -981,12 +950,22 @@ class PHPIPAMBackend:
             return SubnetExhaustedError(text, status=status)
         if "ip address already exists" in m or "duplicate entry" in m or "sid_ip_unique" in m:
             return ConflictError(f"{text}; lost a first-free race", status=status)
-        if code == 429 or code >= 500:
+        transient = status_error("phpIPAM", what, code, f"{message or 'no message'}")
+        if transient is not None:
             return BackendUnavailableError(text, status=status)
         return InvalidRequestError(text, status=status)
 
 
 # --------------------------------------------------------------------- helpers
+
+
+#: How long phpIPAM blocks an address after more than 10 failed logins in 5 minutes.
+_BLOCK_SECONDS: Final = 300.0
+
+
+def _blocked_for(exc: AuthenticationFailedError) -> float:
+    """Return how long phpIPAM blocks logins from this address after the refusal ``exc``."""
+    return _BLOCK_SECONDS if "too many failed logins" in exc.message else 0.0
 
 
 def _token_rejected(reply: _Reply) -> bool:

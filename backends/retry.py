@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -18,11 +20,43 @@ import tenacity
 
 from backends.errors import BackendError
 
-__all__ = ["RetryPolicy", "is_retryable"]
+__all__ = ["RetryPolicy", "deadline", "is_retryable", "time_left"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+#: The monotonic time by which the backend operation running in this thread must end.
+_DEADLINE: ContextVar[float | None] = ContextVar("ipam_bridge_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[float]:
+    """Bound everything run inside to ``seconds`` from now (or an earlier enclosing deadline).
+
+    The transport (`backends.transport`) cuts each request's timeouts to `time_left` and
+    starts no request once it is used up; the retry policy starts no attempt after it.
+
+    Yields
+    ------
+    float
+        The deadline, a `time.monotonic` value.
+    """
+    end = time.monotonic() + seconds
+    current = _DEADLINE.get()
+    if current is not None:
+        end = min(end, current)
+    token = _DEADLINE.set(end)
+    try:
+        yield end
+    finally:
+        _DEADLINE.reset(token)
+
+
+def time_left() -> float | None:
+    """Return the seconds left of the current `deadline`, or None outside of one."""
+    end = _DEADLINE.get()
+    return None if end is None else end - time.monotonic()
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -43,7 +77,9 @@ class RetryPolicy:
     max_delay_seconds:
         The longest single wait.
     total_seconds:
-        No new attempt starts once this much time has passed since the first.
+        The time budget of one call, retries, re-logins and the request in flight included:
+        the call runs under a `deadline`, each request's timeouts are cut to the time left,
+        and no attempt starts (nor a wait before one) that would end after it.
     sleep:
         The function that waits (tests pass a no-op).
     """
@@ -70,12 +106,13 @@ class RetryPolicy:
             The last error, unchanged, when it is not retryable or the attempts or the
             time budget are used up.
         """
-        retrying = tenacity.Retrying(
+        with deadline(self.total_seconds) as end:
+            return self._retrying(operation, end)(fn)
+
+    def _retrying(self, operation: str, end: float) -> tenacity.Retrying:
+        return tenacity.Retrying(
             sleep=self.sleep,
-            stop=(
-                tenacity.stop_after_attempt(max(1, self.attempts))
-                | tenacity.stop_after_delay(self.total_seconds)
-            ),
+            stop=tenacity.stop_after_attempt(max(1, self.attempts)) | _StopAt(end),
             wait=tenacity.wait_exponential_jitter(
                 multiplier=self.initial_delay_seconds,
                 max=self.max_delay_seconds,
@@ -85,7 +122,17 @@ class RetryPolicy:
             before_sleep=_log_retry(operation),
             reraise=True,
         )
-        return retrying(fn)
+
+
+class _StopAt(tenacity.stop.stop_base):
+    """Stop when the wait before the next attempt would end at or after ``end``."""
+
+    def __init__(self, end: float) -> None:
+        self.end = end
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        # tenacity computes the upcoming wait before it asks the stop condition.
+        return time.monotonic() + retry_state.upcoming_sleep >= self.end
 
 
 def _log_retry(operation: str) -> Callable[[tenacity.RetryCallState], None]:

@@ -20,6 +20,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from backends.transport import EndpointState, RequestRecord
+
 __all__ = ["Metrics", "PortUnavailableError", "check_port", "listen_address"]
 
 T = TypeVar("T")
@@ -164,6 +166,14 @@ class Metrics:
     backend_last_success:
         ``ipam_bridge_backend_last_success_timestamp_seconds{backend}``: POSIX time of the last
         backend operation that succeeded (alert when it grows old while claims are pending).
+    endpoint_state:
+        ``ipam_bridge_backend_endpoint_state{endpoint}``: circuit breaker of each IPAM endpoint
+        (``scheme://host:port``): 0 closed (calls go through), 1 open (calls fail fast),
+        2 half-open (one probe call in flight).
+    http_requests:
+        ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
+        IPAM endpoint by result (the status code, or ``timeout``, ``connection_error``,
+        ``tls_error``, ``error``).
     leader:
         ``ipam_bridge_leader``: 1 on the replica that handles claims and pools (the holder of
         the leader Lease, or the only process without leader election), 0 on a standby.
@@ -217,6 +227,18 @@ class Metrics:
             ["backend"],
             registry=self.registry,
         )
+        self.endpoint_state = Gauge(
+            "ipam_bridge_backend_endpoint_state",
+            "Circuit breaker of each IPAM endpoint: 0 closed, 1 open, 2 half-open.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "ipam_bridge_backend_http_requests",
+            "HTTP requests to each IPAM endpoint by result (status code or failure).",
+            ["endpoint", "result"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "ipam_bridge_leader",
             "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
@@ -268,6 +290,14 @@ class Metrics:
         """
         with self.timed(backend, operation):
             return fn()
+
+    def endpoint_changed(self, endpoint: str, state: EndpointState) -> None:
+        """Record an endpoint's new circuit state (the `EndpointRegistry` state hook)."""
+        self.endpoint_state.labels(endpoint).set(int(state))
+
+    def request_made(self, record: RequestRecord) -> None:
+        """Count one HTTP request to an IPAM endpoint (the `EndpointRegistry` request hook)."""
+        self.http_requests.labels(record.endpoint, record.result).inc()
 
     def pending(self, claim: str, reason: str | None) -> None:
         """Record that a claim waits for an address, or no longer waits.

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +19,7 @@ from backends.base import IPAMBackend, SubnetInfo
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
+from backends.transport import EndpointRegistry
 from bridge import __version__
 from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, Reason, ready_condition
 from bridge.errors import PoolError
@@ -220,27 +219,15 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
     )
 
 
-def _ca_bundle_path(pem: str) -> str:
-    """Write a PEM bundle to a content-addressed file under the temp dir; return its path.
+@dataclass(frozen=True)
+class _Transport:
+    """What every backend of a pool gets besides its spec and credentials."""
 
-    requests takes a CA bundle as a path; /tmp is the one writable place in the image.
-    """
-    digest = hashlib.sha256(pem.encode()).hexdigest()[:16]
-    path = os.path.join(tempfile.gettempdir(), f"ipam-bridge-ca-{digest}.pem")
-    if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=tempfile.gettempdir(), suffix=".pem")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(pem)
-        os.replace(tmp, path)
-    return path
-
-
-def _verify(pool: Pool, ca_pem: str | None) -> bool | str:
-    if pool.tls.insecure_skip_verify:
-        return False
-    if ca_pem:
-        return _ca_bundle_path(ca_pem)
-    return True
+    verify: bool
+    ca_pem: str | None
+    timeout: float
+    retry: RetryPolicy
+    endpoints: EndpointRegistry | None
 
 
 def fingerprint(pool: Pool, secret: Mapping[str, str], ca_pem: str | None) -> str:
@@ -255,9 +242,7 @@ def fingerprint(pool: Pool, secret: Mapping[str, str], ca_pem: str | None) -> st
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _phpipam(
-    pool: Pool, secret: Mapping[str, str], verify: bool | str, timeout: float, retry: RetryPolicy
-) -> IPAMBackend:
+def _phpipam(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> IPAMBackend:
     token = secret.get("token")
     username, password = secret.get("username"), secret.get("password")
     if not token and not (username and password):
@@ -280,17 +265,16 @@ def _phpipam(
         password=None if token else password,
         app_code=token or None,
         gateway=pool.gateway,
-        verify=verify,
-        timeout_seconds=timeout,
-        retry=retry,
+        verify=transport.verify,
+        ca_pem=transport.ca_pem,
+        timeout_seconds=transport.timeout,
+        retry=transport.retry,
         user_agent=USER_AGENT,
     )
-    return PHPIPAMBackend(config)
+    return PHPIPAMBackend(config, endpoints=transport.endpoints)
 
 
-def _infoblox(
-    pool: Pool, secret: Mapping[str, str], verify: bool | str, timeout: float, retry: RetryPolicy
-) -> IPAMBackend:
+def _infoblox(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> IPAMBackend:
     username, password = secret.get("username"), secret.get("password")
     if not (username and password):
         raise PoolError(
@@ -317,16 +301,19 @@ def _infoblox(
         username=username,
         password=password,
         gateway=pool.gateway,
-        verify=verify,
-        timeout_seconds=timeout,
-        retry=retry,
+        verify=transport.verify,
+        ca_pem=transport.ca_pem,
+        timeout_seconds=transport.timeout,
+        retry=transport.retry,
+        user_agent=USER_AGENT,
     )
-    return InfobloxBackend(config)
+    return InfobloxBackend(config, endpoints=transport.endpoints)
 
 
-_FACTORIES: Mapping[
-    str, Callable[[Pool, Mapping[str, str], bool | str, float, RetryPolicy], IPAMBackend]
-] = {"PHPIPAMIPPool": _phpipam, "InfobloxIPPool": _infoblox}
+_FACTORIES: Mapping[str, Callable[[Pool, Mapping[str, str], _Transport], IPAMBackend]] = {
+    "PHPIPAMIPPool": _phpipam,
+    "InfobloxIPPool": _infoblox,
+}
 
 
 def build_backend(
@@ -336,6 +323,7 @@ def build_backend(
     *,
     timeout_seconds: float,
     retry: RetryPolicy,
+    endpoints: EndpointRegistry | None = None,
 ) -> IPAMBackend:
     """Build the backend client of a pool from its spec and its Secret's data.
 
@@ -344,19 +332,35 @@ def build_backend(
     secret:
         The credentials Secret's data, decoded to text.
     ca_pem:
-        The PEM bundle of ``spec.tls.caSecretRef``, or None.
+        The PEM bundle of ``spec.tls.caSecretRef``, or None; given to the client as text
+        (loaded into an `ssl.SSLContext`, never written to a file). Ignored with
+        ``spec.tls.insecureSkipVerify``.
     timeout_seconds:
         Connect and read timeout of each HTTP request.
+    retry:
+        The retry policy; its ``total_seconds`` bounds every backend operation.
+    endpoints:
+        The operator's `EndpointRegistry` (``Context.endpoints``): breaker, concurrency
+        limit and login budget per IPAM endpoint, shared by every pool's client. None gives
+        the client a registry of its own.
 
     Raises
     ------
     PoolError
         ``CredentialsNotFound`` when the Secret lacks the keys the pool kind needs;
         ``InvalidSpec`` when the client refuses the configuration (e.g. credentials in the
-        endpoint URL).
+        endpoint URL, a CA bundle that is not PEM).
     """
     try:
-        return _FACTORIES[pool.kind](pool, secret, _verify(pool, ca_pem), timeout_seconds, retry)
+        insecure = pool.tls.insecure_skip_verify
+        transport = _Transport(
+            verify=not insecure,
+            ca_pem=None if insecure else (ca_pem or None),
+            timeout=timeout_seconds,
+            retry=retry,
+            endpoints=endpoints,
+        )
+        return _FACTORIES[pool.kind](pool, secret, transport)
     except ValueError as exc:  # the client's own checks of its configuration
         raise _invalid(f"{pool.display}: {exc}") from exc
 

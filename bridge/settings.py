@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.retry import RetryPolicy
+from backends.transport import EndpointRegistry, EndpointState, RequestRecord
 
 __all__ = ["Settings"]
 
@@ -35,7 +37,28 @@ class Settings(BaseSettings):
         5.0, gt=0, description="Longest wait between two tries of one backend call."
     )
     retry_total_seconds: float = Field(
-        30.0, gt=0, description="Time budget of one backend call, all tries included."
+        30.0,
+        gt=0,
+        description="Time budget of one backend call: tries, re-logins and the request in "
+        "flight included (each request's timeout is cut to the time left).",
+    )
+    endpoint_failure_threshold: int = Field(
+        5,
+        ge=1,
+        description="Consecutive requests to one IPAM endpoint without an answer (timeout, "
+        "connection error, 502/504) after which its calls fail fast (circuit open).",
+    )
+    endpoint_cooldown_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="How long an endpoint's calls fail fast after its circuit opened; then "
+        "one call probes it.",
+    )
+    endpoint_max_concurrent: int = Field(
+        0,
+        ge=0,
+        description="Backend calls one IPAM endpoint may run at once; a call that finds no "
+        "slot within 1 s fails fast (endpoint busy). 0 = half of the workers (at least 1).",
     )
     pool_refresh_seconds: float = Field(
         60.0, gt=0, description="How often each pool's status (usage, readiness) is refreshed."
@@ -134,6 +157,25 @@ class Settings(BaseSettings):
     def namespaces(self) -> tuple[str, ...]:
         """The watched namespaces (``namespace`` split on commas); empty means all."""
         return tuple(ns.strip() for ns in self.namespace.split(",") if ns.strip())
+
+    def endpoint_registry(
+        self,
+        *,
+        on_state: Callable[[str, EndpointState], None] | None = None,
+        on_request: Callable[[RequestRecord], None] | None = None,
+    ) -> EndpointRegistry:
+        """Return the per-endpoint isolation (breaker, concurrency) these settings describe.
+
+        Refused logins are budgeted at 5 per 5 minutes per endpoint (phpIPAM blocks the
+        operator's address after more than 10).
+        """
+        return EndpointRegistry(
+            failure_threshold=self.endpoint_failure_threshold,
+            cooldown_seconds=self.endpoint_cooldown_seconds,
+            max_concurrent=self.endpoint_max_concurrent or max(1, self.workers // 2),
+            on_state=on_state,
+            on_request=on_request,
+        )
 
     def retry_policy(self) -> RetryPolicy:
         """Return the backend retry policy these settings describe."""

@@ -7,7 +7,6 @@ import json
 import logging
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import requests
@@ -170,8 +169,8 @@ def host_v4(address: str, *, name: str = "m1.ns1", ref: str = HOST_REF) -> dict[
 
 
 def ref_url(ref: str) -> str:
-    """URL of a WAPI ``_ref``: the ref is opaque and sent percent-quoted ("/" and ":" kept)."""
-    return f"{WAPI}/{quote(ref, safe='/:')}"
+    """URL of a WAPI ``_ref``: the ref is already URL-encoded by WAPI and sent as it is."""
+    return f"{WAPI}/{ref}"
 
 
 def url_of(call: Any) -> str:
@@ -706,9 +705,50 @@ def test_release_host_deletes_record(rsps: responses.RequestsMock, make: Any) ->
     rsps.delete(ref_url(HOST_REF), json=HOST_REF)
     assert make().release("m1.ns1") is True
     assert rsps.calls[1].request.method == "DELETE"
-    assert url_of(rsps.calls[1]).endswith(
-        "/record:host/ZG5zLmhvc3QkLl9kZWZhdWx0LmgxMA:m1.ns1/%2520"
+    assert url_of(rsps.calls[1]).endswith("/record:host/ZG5zLmhvc3QkLl9kZWZhdWx0LmgxMA:m1.ns1/%20")
+
+
+#: Ref formats of the WAPI documentation: the part after the colon is URL-encoded by WAPI.
+IPV6_FIXED_REF = (
+    "ipv6fixedaddress/ZG5zLmZpeGVkX2FkZHJlc3MkMjAwMTpkYjg6OjEwLjAuLg:2001%3Adb8%3A%3A10/default"
+)
+HOST_SPACES_REF = (
+    "record:host/ZG5zLmhvc3QkLl9kZWZhdWx0LmNvbS5leGFtcGxl:my%20host.example.com/default"
+)
+
+
+def test_release_sends_an_ipv6_fixedaddress_ref_as_it_is(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    rsps.get(
+        f"{WAPI}/ipv6fixedaddress",
+        json=[{"_ref": IPV6_FIXED_REF, "ipv6addr": "2001:db8::10", "name": "m1.ns1"}],
     )
+    rsps.delete(f"{WAPI}/{IPV6_FIXED_REF}", json=IPV6_FIXED_REF)
+    backend = make(subnet="2001:db8::/64", record_type="fixedaddress")
+    assert backend.release("m1.ns1") is True
+    assert url_of(rsps.calls[1]) == f"{WAPI}/{IPV6_FIXED_REF}"  # %3A not encoded again
+
+
+def test_release_sends_a_host_ref_with_a_space_as_it_is(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    name = "my host.example.com"
+    rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2", name=name, ref=HOST_SPACES_REF)])
+    rsps.delete(f"{WAPI}/{HOST_SPACES_REF}", json=HOST_SPACES_REF)
+    assert make().release(name) is True
+    assert url_of(rsps.calls[1]) == f"{WAPI}/{HOST_SPACES_REF}"  # %20, never %2520
+
+
+def test_a_ref_404_on_delete_is_already_gone_only_for_the_ref_sent(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    """The 404 that means "already gone" comes for the very ref WAPI gave, not a mangled one."""
+    rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2", ref=HOST_SPACES_REF)])
+    rsps.delete(f"{WAPI}/{HOST_SPACES_REF}", status=404, json=NOT_FOUND)
+    assert make().release("m1.ns1") is True
+    assert [c.request.method for c in rsps.calls] == ["GET", "DELETE"]
+    assert "%25" not in url_of(rsps.calls[1])
 
 
 def test_release_is_idempotent_on_404(rsps: responses.RequestsMock, make: Any) -> None:
@@ -896,11 +936,10 @@ def test_401_twice_is_authentication_failure_without_retries(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     rsps.get(f"{WAPI}/record:host", status=401, body=HTML_401, content_type="text/html")
-    rsps.get(f"{WAPI}/record:host", status=401, body=HTML_401, content_type="text/html")
     with pytest.raises(AuthenticationFailedError) as info:
         make().find("a.ns")
     assert info.value.status == 401
-    assert len(rsps.calls) == 2
+    assert len(rsps.calls) == 1  # a 401 to Basic auth is a refused login: not sent again
     assert sleeps == []
     token = base64.b64encode(f"capi:{PASSWORD}".encode()).decode()
     for text in (caplog.text, str(info.value), repr(info.value)):
@@ -990,18 +1029,20 @@ def test_every_request_has_timeout_and_tls_verification(
     backend.release("m1.ns1")
     assert len(rsps.calls) == 5
     for call in rsps.calls:
-        assert kwargs_of(call)["timeout"] == 7.5
+        assert kwargs_of(call)["timeout"] == (7.5, 7.5)
         assert kwargs_of(call)["verify"] is True
 
 
-def test_ca_bundle_path_is_used_for_verification(
-    rsps: responses.RequestsMock, make: Any, tmp_path: Any
-) -> None:
-    bundle = tmp_path / "ca.pem"
-    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
-    rsps.get(f"{WAPI}/record:host", json=[])
-    make(verify=str(bundle)).find("a.ns")
-    assert kwargs_of(rsps.calls[0])["verify"] == str(bundle)
+def test_invalid_ca_bundle_is_a_config_error() -> None:
+    config = InfobloxConfig(
+        endpoint=GM,
+        subnet="10.20.0.0/24",
+        username="capi",
+        password=PASSWORD,
+        ca_pem="-----BEGIN CERTIFICATE-----\n",
+    )
+    with pytest.raises(ValueError, match="CA bundle"):
+        InfobloxBackend(config)
 
 
 def test_close_logs_out_when_a_session_cookie_exists(

@@ -46,6 +46,7 @@ from backends.phpipam import (
     PHPIPAMConfig,
 )
 from backends.retry import RetryPolicy
+from backends.transport import EndpointRegistry
 
 ENDPOINT = "http://127.0.0.1:8080/api"
 BASE = f"{ENDPOINT}/capi"
@@ -259,7 +260,8 @@ def make(sleeps: list[float]) -> Iterator[Callable[..., PHPIPAMBackend]]:
             fields.pop("password")
         if "subnet" in overrides:
             fields.pop("subnet_id")
-        backend = PHPIPAMBackend(PHPIPAMConfig(**fields))
+        endpoints = fields.pop("endpoints", None) or EndpointRegistry(max_concurrent=16)
+        backend = PHPIPAMBackend(PHPIPAMConfig(**fields), endpoints=endpoints)
         made.append(backend)
         return backend
 
@@ -959,22 +961,34 @@ def test_failed_login_is_an_authentication_error_and_not_retried(
     assert sleeps == []
 
 
-@pytest.mark.parametrize(("retry_after", "expected_logins"), [(60.0, 1), (0.0, 3)])
-def test_refused_login_is_not_repeated_for_a_while(
-    rsps: responses.RequestsMock,
-    make: Callable[..., PHPIPAMBackend],
-    retry_after: float,
-    expected_logins: int,
+def test_refused_logins_are_budgeted_per_endpoint_across_backends(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:
     """More than 10 failed logins in 5 minutes block the client's IP (section 11)."""
     add_login(rsps, WRONG_PASSWORD, 500)
-    backend = make(login_retry_after_seconds=retry_after)
+    endpoints = EndpointRegistry(login_retry_seconds=0)
+    # Two pools (or one pool rebuilt after its Secret changed) with the same wrong password.
+    backends = [make(endpoints=endpoints), make(endpoints=endpoints)]
 
+    for i in range(8):
+        with pytest.raises(AuthenticationFailedError, match="username or password") as caught:
+            backends[i % 2].find("default.claim-2")
+
+    assert logins(rsps) == 5
+    assert "logins held back" in caught.value.message
+    assert re.search(r"next try at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", caught.value.message)
+
+
+def test_a_refused_credential_is_not_tried_again_for_a_while(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    add_login(rsps, WRONG_PASSWORD, 500)
+    endpoints = EndpointRegistry()  # 60 s between two tries of one refused credential
     for _ in range(3):
-        with pytest.raises(AuthenticationFailedError, match="username or password"):
-            backend.find("default.claim-2")
-
-    assert logins(rsps) == expected_logins
+        with pytest.raises(AuthenticationFailedError, match="username or password") as caught:
+            make(endpoints=endpoints).find("default.claim-2")  # a rebuilt backend each time
+    assert logins(rsps) == 1
+    assert "next try at" in caught.value.message
 
 
 def test_read_only_app_is_an_authentication_error_without_relogin(
@@ -1256,22 +1270,9 @@ def test_every_request_has_the_timeout_and_verifies_tls_by_default(
 
     kwargs = [c.request.req_kwargs for c in rsps.calls]  # type: ignore[attr-defined]
     assert len(kwargs) == 4
-    assert all(k["timeout"] == 7.5 for k in kwargs)
+    assert all(k["timeout"] == (7.5, 7.5) for k in kwargs)
     assert all(k["verify"] is True for k in kwargs)
-
-
-def test_ca_bundle_path_is_passed(
-    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
-) -> None:
-    add(rsps, "GET", "subnets/7/", SUBNET_7, token=APP_CODE)
-    add(rsps, "GET", "subnets/7/usage/", USAGE_7, token=APP_CODE)
-
-    make(app_code=APP_CODE, verify="/etc/ipam-bridge/ca.crt").describe_subnet()
-
-    assert all(
-        c.request.req_kwargs["verify"] == "/etc/ipam-bridge/ca.crt"  # type: ignore[attr-defined]
-        for c in rsps.calls
-    )
+    assert all(c.request.headers["User-Agent"].startswith("ipam-bridge") for c in rsps.calls)
 
 
 @pytest.fixture
@@ -1279,8 +1280,7 @@ def https_phpipam(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A TLS server on 127.0.0.1 answering every GET with recorded subnet 7 answers."""
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
-    ca_path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_path))
+    ca_pem = ca.cert_pem.bytes().decode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -1301,7 +1301,7 @@ def https_phpipam(tmp_path: Path) -> Iterator[tuple[str, str]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/api", str(ca_path)
+        yield f"https://127.0.0.1:{server.server_address[1]}/api", ca_pem
     finally:
         server.shutdown()
         server.server_close()
@@ -1310,9 +1310,9 @@ def https_phpipam(tmp_path: Path) -> Iterator[tuple[str, str]]:
 def test_tls_with_ca_bundle_works_and_unknown_ca_fails(
     https_phpipam: tuple[str, str], make: Callable[..., PHPIPAMBackend]
 ) -> None:
-    endpoint, ca_path = https_phpipam
+    endpoint, ca_pem = https_phpipam
 
-    info = make(endpoint=endpoint, app_code=APP_CODE, verify=ca_path).describe_subnet()
+    info = make(endpoint=endpoint, app_code=APP_CODE, ca_pem=ca_pem).describe_subnet()
     assert info.cidr == "10.20.0.0/24"
 
     with pytest.raises(TLSVerificationError, match="certificate verify failed") as caught:

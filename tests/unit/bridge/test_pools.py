@@ -1,4 +1,5 @@
 import pytest
+import trustme
 
 from backends.base import SubnetInfo
 from backends.infoblox import InfobloxBackend
@@ -82,17 +83,26 @@ def test_build_backend_picks_the_client_and_credential_mode():
     assert isinstance(backend, PHPIPAMBackend)
     assert backend.config.app_code == "app-code" and backend.config.username is None
     assert backend.config.verify is True and backend.config.timeout_seconds == 3
+    ca_pem = trustme.CA().cert_pem.bytes().decode()
     backend = build_backend(
         parse_pool(php_pool()),
         {"username": "u", "password": "p"},
-        "-----BEGIN CERTIFICATE-----\n",
+        ca_pem,
         timeout_seconds=3,
         retry=retry,
     )
     assert backend.config.username == "u" and backend.config.app_code is None
-    assert isinstance(backend.config.verify, str) and backend.config.verify.endswith(".pem")
-    with open(backend.config.verify) as handle:
-        assert handle.read().startswith("-----BEGIN CERTIFICATE-----")
+    # The CA goes to the client as PEM text (an ssl.SSLContext), never through a file.
+    assert backend.config.verify is True and backend.config.ca_pem == ca_pem
+    with pytest.raises(PoolError, match="CA bundle") as caught:
+        build_backend(
+            parse_pool(php_pool()),
+            {"username": "u", "password": "p"},
+            "-----BEGIN CERTIFICATE-----\n",
+            timeout_seconds=3,
+            retry=retry,
+        )
+    assert caught.value.reason == "InvalidSpec"
     backend = build_backend(
         parse_pool(ib_pool(tls={"insecureSkipVerify": True})),
         {"username": "u", "password": "p"},

@@ -1,0 +1,43 @@
+"""The operator's per-endpoint isolation: settings, metrics hooks (issue 10)."""
+
+from __future__ import annotations
+
+from backends.transport import EndpointState, RequestRecord
+from bridge.metrics import Metrics
+from bridge.settings import Settings
+
+
+def test_settings_build_the_registry() -> None:
+    registry = Settings(
+        workers=4, endpoint_failure_threshold=3, endpoint_cooldown_seconds=7.5
+    ).endpoint_registry()
+    assert registry.failure_threshold == 3
+    assert registry.cooldown_seconds == 7.5
+    assert registry.max_concurrent == 2  # 0 = half of the workers
+    assert Settings(workers=1).endpoint_registry().max_concurrent == 1
+    assert Settings(endpoint_max_concurrent=3).endpoint_registry().max_concurrent == 3
+    assert registry.login_limit == 5 and registry.login_window_seconds == 300
+
+
+def test_endpoint_state_and_requests_are_exported() -> None:
+    metrics = Metrics()
+    endpoint = "https://ipam.example.com:443"
+    registry = Settings().endpoint_registry(
+        on_state=metrics.endpoint_changed, on_request=metrics.request_made
+    )
+    assert registry.on_state is not None and registry.on_request is not None
+    registry.on_state(endpoint, EndpointState.OPEN)
+    registry.record(RequestRecord(endpoint, "GET", "timeout", 10.0))
+    registry.record(RequestRecord(endpoint, "GET", "200", 0.1))
+    registry.record(RequestRecord(endpoint, "POST", "200", 0.1))
+
+    def sample(name: str, **labels: str) -> float | None:
+        value: float | None = metrics.registry.get_sample_value(name, labels)
+        return value
+
+    assert sample("ipam_bridge_backend_endpoint_state", endpoint=endpoint) == 1
+    registry.on_state(endpoint, EndpointState.HALF_OPEN)
+    assert sample("ipam_bridge_backend_endpoint_state", endpoint=endpoint) == 2
+    requests = "ipam_bridge_backend_http_requests_total"
+    assert sample(requests, endpoint=endpoint, result="timeout") == 1
+    assert sample(requests, endpoint=endpoint, result="200") == 2

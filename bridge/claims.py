@@ -233,10 +233,8 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         return _bound(ctx, body, claim, address)
 
     _paused(ctx, claim)
-    waiting = Decision.wait(
-        pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name),
-        at_most=ctx.settings.requeue_config_error_seconds,
-    )
+    # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
+    waiting = Decision.wait(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
     pool, pool_body = _pool_of(ctx, claim)
     if pool is None or pool_body is None:
         raise _Wait(
@@ -276,11 +274,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
 
     if ctx.gate.closed(pool.key):
-        raise ClaimError(
-            Reason.POOL_EXHAUSTED,
-            exhausted_message(pool.display),
-            delay=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
-        )
+        raise _wait_for_address(ctx, pool)
     try:
         backend = backend_for(ctx, pool)
     except PoolError as exc:
@@ -295,11 +289,14 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         )
     except BackendError as exc:
         error = _backend_error(ctx, exc, pool)
+        ctx.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED:
             ctx.gate.exhausted(pool.key)
-        ctx.metrics.allocations.labels(*labels, error.reason).inc()
+            raise _wait_for_address(ctx, pool) from exc
         raise error from exc
     ctx.gate.open(pool.key)
+    # One address was free; there may be more: the next waiting claim of the pool tries.
+    ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
 
     new = capi.build_ip_address(
         claim,
@@ -324,6 +321,24 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     ctx.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
     return _bound(ctx, body, claim, created, check_pause=False)
+
+
+def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
+    """Park a claim of an exhausted pool until an address is freed; show ``PoolExhausted``.
+
+    The claim is woken by a release in the pool, or by the pool's own probe of its IPAM
+    (`bridge.pool_service.reconcile_pool` looks again every ``requeue_exhausted_seconds``
+    while claims wait, and wakes one when an address is free): waiting claims poll neither
+    the API nor the IPAM.
+    """
+    ctx.enqueue(
+        pool_key(pool.namespace, pool.kind, pool.name),
+        after=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
+    )
+    return _Wait(
+        Decision.wait(pool_token(pool.namespace, pool.kind, pool.name)),
+        ClaimError(Reason.POOL_EXHAUSTED, exhausted_message(pool.display), delay=0),
+    )
 
 
 def _bound(
@@ -420,8 +435,8 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         else f"{hostname} was not registered in {pool.display}; nothing to release"
     )
     decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
-    # An address was freed: the claims waiting on this pool may now get one.
-    ctx.wake(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
+    # An address was freed: the longest waiting claim of this pool may now get it.
+    ctx.wake(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name), count=1)
     return decision
 
 

@@ -212,10 +212,17 @@ class Context:
         except ApiException as exc:
             log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
 
-    def wake(self, token: tuple[str, ...]) -> None:
-        """Wake the keys parked under ``token`` (see `cluster_token`, `pool_token`)."""
+    def wake(self, token: tuple[str, ...], count: int | None = None) -> None:
+        """Wake the keys parked under ``token`` (see `cluster_token`, `pool_token`).
+
+        ``count`` wakes at most that many, longest waiting first (None: all).
+        """
         if self.queue is not None:
-            self.queue.wake(token)
+            self.queue.wake(token, count)
+
+    def waiting(self, token: tuple[str, ...]) -> bool:
+        """Return True when any key is parked under ``token``."""
+        return self.queue is not None and bool(self.queue.parked(token))
 
     def close(self) -> None:
         """Close backends, the metrics endpoint and the Kubernetes connection pool."""

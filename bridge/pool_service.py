@@ -307,11 +307,23 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         _keep_secrets(ctx, body, pool)
         status = check_pool(ctx, pool, body)
     except PoolError as failure:
+        if capi.ready_of(body) != ("False", failure.reason):
+            # A new failure: claims that waited for the pool's check learn what it found.
+            ctx.wake(pool_token(namespace, kind, name))
         _write_failure(ctx, body, failure)
         return Decision.retry(retry_delay(ctx.settings, failure.reason))
     condition = status["conditions"][0]
+    was_ready = capi.ready_of(body)[0] == "True"
     _write(ctx, body, status, ready=True, reason=condition["reason"], message=condition["message"])
-    ctx.wake(pool_token(namespace, kind, name))
+    token = pool_token(namespace, kind, name)
+    if not was_ready:
+        ctx.wake(token)  # the claims that waited for the pool to turn Ready
+    elif status["ipAddresses"]["free"] > 0:
+        ctx.wake(token, count=1)  # a claim waiting for an address tries; success wakes the next
+    if ctx.waiting(token):
+        # Claims wait for an address: look again soon (one IPAM request per pool, not one
+        # per claim), until they are served.
+        return Decision.retry(retry_delay(ctx.settings, Reason.POOL_EXHAUSTED))
     return Decision.done()
 
 

@@ -100,7 +100,7 @@ class WorkQueue:
         self._seq = itertools.count()
         self._processing: set[Key] = set()
         self._again: dict[Key, float] = {}  # added while processing: due time afterwards
-        self._parked: dict[Token, set[Key]] = {}
+        self._parked: dict[Token, dict[Key, None]] = {}  # insertion-ordered sets
         self._tokens_of: dict[Key, tuple[Token, ...]] = {}
         # A wake that happens while a key is being processed must not be lost when that key
         # then parks under the token: wakes are numbered, and a key remembers the number at
@@ -125,11 +125,20 @@ class WorkQueue:
             self._schedule(key, self._now() + max(after, 0.0))
         self._notify()
 
-    def wake(self, token: Token) -> int:
-        """Queue every key parked under ``token`` now; return how many were woken."""
+    def wake(self, token: Token, count: int | None = None) -> int:
+        """Queue the keys parked under ``token`` now; return how many were woken.
+
+        Parameters
+        ----------
+        count:
+            Wake at most this many, longest parked first (None: all). With a count, a wake
+            that finds no key parked is not remembered for keys being processed.
+        """
         with self._lock:
-            self._last_wake[token] = next(self._wakes)
-            keys = list(self._parked.get(token, ()))
+            parked = list(self._parked.get(token, ()))
+            keys = parked if count is None else parked[:count]
+            if count is None:
+                self._last_wake[token] = next(self._wakes)
             for key in keys:
                 self._unpark(key)
                 self._schedule(key, self._now())
@@ -164,13 +173,13 @@ class WorkQueue:
     def _park(self, key: Key, tokens: tuple[Token, ...]) -> None:
         self._tokens_of[key] = tokens
         for token in tokens:
-            self._parked.setdefault(token, set()).add(key)
+            self._parked.setdefault(token, {})[key] = None
 
     def _unpark(self, key: Key) -> None:
         for token in self._tokens_of.pop(key, ()):
             keys = self._parked.get(token)
             if keys is not None:
-                keys.discard(key)
+                keys.pop(key, None)
                 if not keys:
                     del self._parked[token]
 

@@ -301,15 +301,13 @@ def test_events_on_allocation_release_and_failures(
     assert addresses["m1"] in released["message"]
     assert f"{NAMESPACE}/pool" in released["message"]
 
-    # one event per transition: the waiting claim looks again (the exhausted pool is asked
-    # once a second here) without posting the same warning again
-    def first_free_asked() -> int:
-        return sum(
-            1 for r in phpipam.store.requests() if r.method == "POST" and "first_free" in r.path
-        )
+    # one event per transition: while the claim waits, its pool looks at the IPAM again (once
+    # a second here) without the claim posting the same warning again
+    def pool_probes() -> int:
+        return sum(1 for r in phpipam.store.requests() if r.path.endswith("/subnets/9/"))
 
-    asked = first_free_asked()
-    wait_for(lambda: first_free_asked() >= asked + 2, message="two more tries")
+    probes = pool_probes()
+    wait_for(lambda: pool_probes() >= probes + 2, message="two more probes of the pool")
     assert [e["reason"] for e in events_of(sandbox, "IPAddressClaim", waiting)] == ["PoolExhausted"]
 
     text = json.dumps(sandbox.events())

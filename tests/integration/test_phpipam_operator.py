@@ -493,6 +493,9 @@ def test_bad_pool_is_reported_contained_and_recovers(
 
     # The claim waits for its pool (parked: no retries, no writes of its own) while the
     # operator keeps serving the good pool.
+    # (The claim's condition carries the pool's message, which may settle once after the
+    # pool's first failure; then nothing is written while nothing changes.)
+    time.sleep(1.5)
     stuck_version = sandbox.get_claim(NAMESPACE, "stuck")["metadata"]["resourceVersion"]  # type: ignore[index]
     time.sleep(2)
     sandbox.claim(NAMESPACE, "ok-2", "good")

@@ -477,13 +477,17 @@ class FakeQueue:
     def __init__(self) -> None:
         self.added: list[tuple[Any, float]] = []
         self.woken: list[Any] = []
+        self.parked_keys: dict[Any, set[Any]] = {}
 
     def add(self, key: Any, after: float = 0.0) -> None:
         self.added.append((key, after))
 
-    def wake(self, token: Any) -> int:
-        self.woken.append(token)
+    def wake(self, token: Any, count: int | None = None) -> int:
+        self.woken.append(token if count is None else (token, count))
         return 0
+
+    def parked(self, token: Any) -> frozenset[Any]:
+        return frozenset(self.parked_keys.get(token, ()))
 
 
 # -- object builders --------------------------------------------------------------------------

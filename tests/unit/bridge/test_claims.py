@@ -358,7 +358,7 @@ def test_a_claim_waits_for_its_pool_without_asking_the_ipam(
     world.kube.add_claim(claim())
     decision = world.reconcile()
     assert decision.wake_on == (POOL_TOKEN,)
-    assert decision.after == world.ctx.settings.requeue_config_error_seconds  # safety net
+    assert decision.after is None  # woken by the pool's own reconcile; the resync is the net
     condition = ready(world.stored())
     assert (condition["status"], condition["reason"]) == ("False", Reason.POOL_NOT_READY)
     assert condition["message"] == fragment
@@ -387,7 +387,7 @@ def test_a_pool_not_checked_for_its_current_spec_is_waited_for_quietly(
     world.kube.add_pool(phpipam_pool(generation=2, status=status))
     world.kube.add_claim(claim())
     decision = world.reconcile()
-    assert decision == Decision.wait(POOL_TOKEN, at_most=60)
+    assert decision == Decision.wait(POOL_TOKEN)
     # Its check wakes the claim within moments: nothing to show meanwhile.
     assert world.kube.writes == [] and world.ipam.calls == [] and world.built == []
     # Checked Ready for the current spec: the claim is bound.
@@ -576,7 +576,10 @@ def test_an_exhausted_pool_is_asked_once_per_hold_and_shown_once(world: World) -
     world.ipam.cidr = "10.0.0.0/30"  # hosts .1 (the gateway) and .2
     world.ipam.entries["someone.else"] = "10.0.0.2"
     world.kube.add_claim(claim())
-    assert world.reconcile() == Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    parked = Decision.wait(POOL_TOKEN)
+    probe = (pool_key(NS, KIND, POOL), world.ctx.settings.requeue_exhausted_seconds)
+    assert world.reconcile() == parked  # parked under the pool: no timer of its own
+    assert world.queue.added == [probe]  # the pool probes its IPAM for the waiting claims
     assert world.kube.ops() == ["claim.finalizer", "claim.status", "event"]
     condition = ready(world.stored())
     assert (condition["reason"], condition["message"]) == (
@@ -586,7 +589,7 @@ def test_an_exhausted_pool_is_asked_once_per_hold_and_shown_once(world: World) -
     assert [c[0] for c in world.ipam.calls] == ["allocate"]
     world.reset()
     # The gate is closed: no backend call, and the same condition is not written again.
-    assert world.reconcile() == Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    assert world.reconcile() == parked
     assert world.kube.writes == [] and world.ipam.calls == []
     # Another claim of the pool gets its finalizer and waits the same way.
     world.kube.add_claim(claim("c2"))
@@ -687,7 +690,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
         ("Normal", "AddressReleased", f"released 10.0.0.2 in {DISPLAY}"),
     ]
     assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
-    assert world.queue.woken == [POOL_TOKEN]
+    assert world.queue.woken == [(POOL_TOKEN, 1)]  # one address freed: one waiter tries
     assert not world.ctx.gate.closed((NS, KIND, POOL))
 
 
@@ -703,7 +706,7 @@ def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> Non
     assert world.kube.ops() == ["claim.finalizer", "event"]
     assert world.kube.events[0][:2] == ("Normal", "AddressReleased")
     assert (NS, "c1") not in world.kube.claims
-    assert world.queue.woken == [POOL_TOKEN]
+    assert world.queue.woken == [(POOL_TOKEN, 1)]  # one address freed: one waiter tries
 
 
 def test_an_unbound_claim_never_registered_is_let_go(world: World) -> None:

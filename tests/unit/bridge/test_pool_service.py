@@ -214,7 +214,8 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert world.reconcile() == Decision.done()
     assert world.kube.writes == []
     assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
-    assert world.queue.woken == [TOKEN]
+    # Still Ready, with free addresses: one claim waiting for an address (if any) tries.
+    assert world.queue.woken == [(TOKEN, 1)]
 
 
 def test_usage_changes_are_written_without_an_event(world: World) -> None:
@@ -241,7 +242,7 @@ def test_usage_changes_are_written_without_an_event(world: World) -> None:
         ("creds", be.BackendUnavailableError("timed out"), Reason.BACKEND_UNAVAILABLE, 10),
     ],
 )
-def test_a_failing_pool_is_shown_once_and_wakes_nobody(
+def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
     world: World, secret: str, error: be.BackendError | None, reason: str, delay: float
 ) -> None:
     world.kube.add_pool(phpipam_pool(secret=secret))
@@ -253,10 +254,12 @@ def test_a_failing_pool_is_shown_once_and_wakes_nobody(
     assert (condition["status"], condition["reason"]) == ("False", reason)
     assert world.stored()["status"]["observedGeneration"] == 1
     assert world.kube.events[0][:2] == ("Warning", reason)
-    assert world.queue.woken == []
+    # Claims that waited for the pool's first check learn what it found (PoolNotReady).
+    assert world.queue.woken == [TOKEN]
     world.reset()
     assert world.reconcile() == Decision.retry(delay)
     assert world.kube.writes == []
+    assert world.queue.woken == []  # the same failure again: nobody to tell
     # Fixed: Ready, one Event, the waiting claims are woken.
     world.kube.add_secret(NS, secret, {"username": "u", "password": "p"})
     world.ipam.error = None
@@ -451,3 +454,24 @@ def test_a_pool_being_deleted_with_an_invalid_spec_still_goes(world: World) -> N
     )
     assert world.reconcile() == Decision.done()
     assert (NS, KIND, "pool") not in world.kube.pools
+
+
+def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_are_served(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool())
+    world.reconcile()  # Ready
+    world.ipam.cidr = "10.0.0.0/30"
+    world.ipam.entries.update({"a.ns": "10.0.0.2"})  # .1 is the gateway: full
+    world.queue.parked_keys[TOKEN] = {("claim", NS, "waiting")}
+    world.reset()
+    probe = Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    assert world.reconcile() == probe  # full, claims wait: look again soon
+    assert world.queue.woken == []
+    assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
+    world.ipam.entries.clear()  # someone freed the address in the IPAM
+    world.reset()
+    assert world.reconcile() == probe
+    assert world.queue.woken == [(TOKEN, 1)]  # one waiting claim tries; its success wakes the next
+    world.queue.parked_keys.clear()
+    assert world.reconcile() == Decision.done()  # nobody waits: the periodic refresh is enough

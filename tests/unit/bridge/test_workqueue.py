@@ -197,3 +197,19 @@ async def test_workers_bound_the_parallelism() -> None:
     await asyncio.gather(task, return_exceptions=True)
     assert peak == 2
     assert all(rec.count(i) == 1 for i in range(6))
+
+
+async def test_wake_with_a_count_wakes_the_longest_parked_first() -> None:
+    rec = Recorder(lambda key, n: Decision.wait("t") if n == 0 else Decision.done())
+    queue = WorkQueue(rec, workers=1)
+    task = asyncio.create_task(queue.run())
+    for key in ("first", "second", "third"):
+        queue.add(key)
+        await asyncio.sleep(0.05)  # parked in this order
+    assert queue.parked("t") == {"first", "second", "third"}
+    assert queue.wake("t", count=1) == 1
+    await asyncio.sleep(0.1)
+    assert rec.count("first") == 2 and rec.count("second") == 1 and rec.count("third") == 1
+    assert queue.parked("t") == {"second", "third"}
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

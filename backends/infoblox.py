@@ -31,7 +31,6 @@ from backends.transport import (
     NO_AUTH,
     EndpointRegistry,
     Transport,
-    TransportConfig,
     basic_auth,
     credential_id,
     default_user_agent,
@@ -250,19 +249,7 @@ class InfobloxBackend:
         self.config = config
         self._network: IPNetwork = ipaddress.ip_network(config.subnet)
         self._v6 = self._network.version == 6
-        self._transport = Transport(
-            TransportConfig(
-                endpoint=config.endpoint,
-                verify=config.verify,
-                ca_pem=config.ca_pem,
-                timeout_seconds=config.timeout_seconds,
-                user_agent=config.user_agent,
-            ),
-            retry=config.retry,
-            endpoints=endpoints,
-            label="WAPI",
-            session=session,
-        )
+        self._transport = Transport.of(config, label="WAPI", endpoints=endpoints, session=session)
         self._session = self._transport.session
         self._basic = basic_auth(config.username, config.password)
         self._credential = credential_id(config.username, config.password)

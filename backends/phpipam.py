@@ -26,7 +26,6 @@ from backends.retry import RetryPolicy
 from backends.transport import (
     EndpointRegistry,
     Transport,
-    TransportConfig,
     basic_auth,
     credential_id,
     default_user_agent,
@@ -318,21 +317,10 @@ class PHPIPAMBackend:
     ) -> None:
         self._config = config
         self._base_url = config.base_url
-        self._transport = Transport(
-            TransportConfig(
-                endpoint=config.endpoint,
-                verify=config.verify,
-                ca_pem=config.ca_pem,
-                timeout_seconds=config.timeout_seconds,
-                user_agent=config.user_agent,
-                # phpIPAM sets a PHP session cookie on every answer; the API does not use
-                # it, and a cookie-free session has no shared mutable state between threads.
-                keep_cookies=False,
-            ),
-            retry=config.retry,
-            endpoints=endpoints,
-            label="phpIPAM",
-            session=session,
+        # phpIPAM sets a PHP session cookie on every answer; the API does not use it, and a
+        # cookie-free session has no shared mutable state between threads.
+        self._transport = Transport.of(
+            config, label="phpIPAM", endpoints=endpoints, session=session, keep_cookies=False
         )
         self._auth_lock = threading.Lock()
         self._token: str | None = config.app_code

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
 from importlib import metadata
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -524,6 +524,23 @@ def status_error(label: str, what: str, status: int, detail: str) -> BackendUnav
     return None
 
 
+class ClientSettings(Protocol):
+    """The fields of a client's config the transport is built from (`Transport.of`)."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def verify(self) -> bool: ...
+    @property
+    def ca_pem(self) -> str | None: ...
+    @property
+    def timeout_seconds(self) -> float: ...
+    @property
+    def user_agent(self) -> str: ...
+    @property
+    def retry(self) -> RetryPolicy: ...
+
+
 class Transport:
     """The HTTP session to one IPAM endpoint, with the operator's isolation rules.
 
@@ -571,6 +588,32 @@ class Transport:
             adapter = _ContextAdapter(ssl_context_from_pem(config.ca_pem))
             session.mount(f"{urlsplit(config.endpoint).scheme.lower()}://", adapter)
         self.session = session
+
+    @classmethod
+    def of(
+        cls,
+        config: ClientSettings,
+        *,
+        label: str,
+        endpoints: EndpointRegistry | None,
+        session: requests.Session | None = None,
+        keep_cookies: bool = True,
+    ) -> Transport:
+        """Return the transport of a client config (`backends.phpipam.PHPIPAMConfig`, ...)."""
+        return cls(
+            TransportConfig(
+                endpoint=config.endpoint,
+                verify=config.verify,
+                ca_pem=config.ca_pem,
+                timeout_seconds=config.timeout_seconds,
+                user_agent=config.user_agent,
+                keep_cookies=keep_cookies,
+            ),
+            retry=config.retry,
+            endpoints=endpoints,
+            label=label,
+            session=session,
+        )
 
     def call(self, operation: str, fn: Callable[[], T]) -> T:
         """Run one backend operation: in a slot of the endpoint, under the retry policy.

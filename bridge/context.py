@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from backends.base import IPAMBackend
+from backends.transport import EndpointRegistry
 from bridge.kube import Kube
 from bridge.metrics import Metrics
 from bridge.settings import Settings
@@ -168,6 +169,10 @@ class Context:
         The exhaustion gate.
     metrics:
         The Prometheus metrics.
+    endpoints:
+        Per-IPAM-endpoint isolation shared by every backend client (circuit breaker,
+        concurrency limit, login budget; `Settings.endpoint_registry`); its state and
+        request hooks feed `metrics`.
     queue:
         The work queue (None until start-up wires it; services then only decide).
     v1beta2_kept:
@@ -182,10 +187,15 @@ class Context:
     backends: BackendCache = field(default_factory=BackendCache)
     gate: ExhaustionGate = field(default_factory=lambda: ExhaustionGate(5.0))
     metrics: Metrics = field(default_factory=Metrics)
+    endpoints: EndpointRegistry = field(default_factory=EndpointRegistry)
     queue: WorkQueue | None = None
     v1beta2_kept: bool | None = None
     _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.endpoints.on_state = self.metrics.endpoint_changed
+        self.endpoints.on_request = self.metrics.request_made
 
     def namespace_lock(self, namespace: str) -> threading.Lock:
         """Return the lock that serialises decisions about a namespace's shared Secrets.

@@ -109,6 +109,7 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
             ca_pem,
             timeout_seconds=ctx.settings.backend_timeout_seconds,
             retry=ctx.settings.retry_policy(),
+            endpoints=ctx.endpoints,
         ),
     )
 

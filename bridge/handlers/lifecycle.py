@@ -157,6 +157,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube=kube,
         address_version=version,
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
+        endpoints=bridge.endpoint_registry(),
     )
     if bridge.metrics_port:
         try:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from backends.phpipam import PHPIPAMBackend
+from backends.retry import RetryPolicy
 from backends.transport import EndpointState, RequestRecord
+from bridge.context import Context
+from bridge.kube import Kube
 from bridge.metrics import Metrics
+from bridge.pools import build_backend, parse_pool
 from bridge.settings import Settings
 
 
@@ -41,3 +48,51 @@ def test_endpoint_state_and_requests_are_exported() -> None:
     requests = "ipam_bridge_backend_http_requests_total"
     assert sample(requests, endpoint=endpoint, result="timeout") == 1
     assert sample(requests, endpoint=endpoint, result="200") == 2
+
+
+def test_context_feeds_the_metrics_and_backends_share_its_registry() -> None:
+    ctx = Context(
+        settings=Settings(),
+        kube=cast(Kube, object()),
+        address_version="v1beta2",
+        endpoints=Settings(workers=4).endpoint_registry(),
+    )
+    assert ctx.endpoints.max_concurrent == 2
+    endpoint = "http://127.0.0.1:8080"
+    assert ctx.endpoints.on_state is not None
+    ctx.endpoints.on_state(endpoint, EndpointState.OPEN)
+    assert (
+        ctx.metrics.registry.get_sample_value(
+            "ipam_bridge_backend_endpoint_state", {"endpoint": endpoint}
+        )
+        == 1
+    )
+    pool = parse_pool(
+        {
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
+            "kind": "PHPIPAMIPPool",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {
+                "endpoint": "http://127.0.0.1:8080/api",
+                "appId": "capi",
+                "subnetId": 7,
+                "credentialsRef": {"name": "c"},
+            },
+        }
+    )
+    backends = [
+        cast(
+            PHPIPAMBackend,
+            build_backend(
+                pool,
+                {"username": "u", "password": "p"},
+                None,
+                timeout_seconds=1,
+                retry=RetryPolicy(),
+                endpoints=ctx.endpoints,
+            ),
+        )
+        for _ in range(2)
+    ]
+    assert all(b._transport.endpoints is ctx.endpoints for b in backends)
+    assert backends[0]._transport.endpoint is backends[1]._transport.endpoint

@@ -13,17 +13,13 @@ import json
 import logging
 import re
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 import responses
-import trustme
 from responses import matchers
 
 from backends.base import Allocation, IPAMBackend, SubnetInfo
@@ -1276,35 +1272,14 @@ def test_every_request_has_the_timeout_and_verifies_tls_by_default(
 
 
 @pytest.fixture
-def https_phpipam(tmp_path: Path) -> Iterator[tuple[str, str]]:
+def https_phpipam(
+    tls_server: Callable[[Callable[[str], bytes]], tuple[str, str]],
+) -> tuple[str, str]:
     """A TLS server on 127.0.0.1 answering every GET with recorded subnet 7 answers."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    ca_pem = ca.cert_pem.bytes().decode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = (USAGE_7 if self.path.endswith("/usage/") else SUBNET_7).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", JSON)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/api", ca_pem
-    finally:
-        server.shutdown()
-        server.server_close()
+    url, ca_pem = tls_server(
+        lambda path: (USAGE_7 if path.endswith("/usage/") else SUBNET_7).encode()
+    )
+    return f"{url}/api", ca_pem
 
 
 def test_tls_with_ca_bundle_works_and_unknown_ca_fails(

@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import re
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -348,34 +346,12 @@ def test_infoblox_basic_auth_is_utf8(rsps: responses.RequestsMock) -> None:
 
 
 @pytest.fixture
-def https_server() -> Iterator[tuple[str, str]]:
-    """A TLS server on 127.0.0.1 with a trustme certificate; yields its URL and CA PEM."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"ok": true}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/api", ca.cert_pem.bytes().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
+def https_server(
+    tls_server: Callable[[Callable[[str], bytes]], tuple[str, str]],
+) -> tuple[str, str]:
+    """A TLS server on 127.0.0.1 with a trustme certificate; its URL and CA PEM."""
+    url, ca_pem = tls_server(lambda _: b'{"ok": true}')
+    return f"{url}/api", ca_pem
 
 
 def test_ca_from_pem_data(

@@ -52,6 +52,9 @@ from backends.errors import (
 from backends.retry import RetryPolicy, deadline, time_left
 
 __all__ = [
+    "NO_AUTH",
+    "ClientSettings",
+    "Endpoint",
     "EndpointRegistry",
     "EndpointState",
     "RequestRecord",
@@ -528,17 +531,34 @@ class ClientSettings(Protocol):
     """The fields of a client's config the transport is built from (`Transport.of`)."""
 
     @property
-    def endpoint(self) -> str: ...
+    def endpoint(self) -> str:
+        """The base URL."""
+        ...
+
     @property
-    def verify(self) -> bool: ...
+    def verify(self) -> bool:
+        """Whether TLS certificates are verified."""
+        ...
+
     @property
-    def ca_pem(self) -> str | None: ...
+    def ca_pem(self) -> str | None:
+        """The CA bundle (PEM) to trust, or None."""
+        ...
+
     @property
-    def timeout_seconds(self) -> float: ...
+    def timeout_seconds(self) -> float:
+        """Connect and read timeout of each request."""
+        ...
+
     @property
-    def user_agent(self) -> str: ...
+    def user_agent(self) -> str:
+        """The User-Agent header."""
+        ...
+
     @property
-    def retry(self) -> RetryPolicy: ...
+    def retry(self) -> RetryPolicy:
+        """The retry policy (its total seconds bound each operation)."""
+        ...
 
 
 class Transport:

@@ -151,6 +151,9 @@ class Endpoint:
         self._refusals: collections.deque[float] = collections.deque()
         self._last_refused: dict[str, tuple[float, str]] = {}
         self._last_ok: dict[str, float] = {}
+        # Logins of unproven credentials in flight: they may all be refused, so they count
+        # against the budget until they end (concurrent logins could overrun it otherwise).
+        self._pending = 0
         self._blocked_until = 0.0
 
     @property
@@ -273,8 +276,11 @@ class Endpoint:
 
     # ------------------------------------------------------------------ logins
 
-    def check_login(self, credential: str) -> None:
-        """Raise when a login with ``credential`` must be held back.
+    def check_login(self, credential: str) -> bool:
+        """Raise when a login with ``credential`` must be held back; else admit it.
+
+        Returns True when the admitted login took a place in the budget (its credentials are
+        unproven): the caller must end it with `login_refused` or `login_ended`.
 
         Credentials that logged in successfully (and were not refused since) are never held
         back, except while the IPAM reports this address blocked. Others are held back for
@@ -300,7 +306,7 @@ class Endpoint:
             refused = self._last_refused.get(credential)
             succeeded = self._last_ok.get(credential)
             if succeeded is not None and (refused is None or succeeded > refused[0]):
-                return  # these credentials work: never held back by others' failures
+                return False  # these credentials work: never held back by others' failures
             if refused is not None and now - refused[0] < registry.login_retry_seconds:
                 raise AuthenticationFailedError(
                     f"{refused[1]}; a refused login is not repeated for "
@@ -308,9 +314,14 @@ class Endpoint:
                     f"{_at(wall + refused[0] + registry.login_retry_seconds - now)}"
                 )
             count = len(self._refusals)
-            if count < registry.login_limit:
-                return
-            next_try = self._refusals[0] + registry.login_window_seconds
+            if count + self._pending < registry.login_limit:
+                self._pending += 1
+                return True
+            next_try = (
+                self._refusals[0] + registry.login_window_seconds
+                if self._refusals
+                else now + registry.login_retry_seconds  # only logins in flight hold it back
+            )
         cause = f"{refused[1]}; " if refused is not None else ""
         raise AuthenticationFailedError(
             f"{cause}logins held back: endpoint {self.key} refused {count} logins in the "
@@ -318,9 +329,21 @@ class Endpoint:
             f"next try at {_at(wall + next_try - now)}"
         )
 
-    def login_refused(self, credential: str, message: str, *, blocked_seconds: float = 0.0) -> None:
-        """Record a refused login (and, when the IPAM said so, that it blocks this address)."""
+    def login_refused(
+        self,
+        credential: str,
+        message: str,
+        *,
+        blocked_seconds: float = 0.0,
+        admitted: bool = False,
+    ) -> None:
+        """Record a refused login (and, when the IPAM said so, that it blocks this address).
+
+        ``admitted``: the login held a place in the budget (`check_login` returned True).
+        """
         with self._lock:
+            if admitted:
+                self._pending = max(self._pending - 1, 0)
             now = self._registry.clock()
             self._refusals.append(now)
             self._last_refused[credential] = (now, message)
@@ -331,6 +354,11 @@ class Endpoint:
         """Record a successful login (the credential is no longer held back)."""
         with self._lock:
             self._last_ok[credential] = self._registry.clock()
+
+    def login_ended(self) -> None:
+        """Give back the budget place of an admitted login that was not refused."""
+        with self._lock:
+            self._pending = max(self._pending - 1, 0)
 
     def _prune(self, now: float) -> None:
         window = self._registry.login_window_seconds
@@ -668,13 +696,21 @@ class Transport:
         AuthenticationFailedError
             The refusal (recorded), or the login held back (not sent).
         """
-        self.endpoint.check_login(credential)
+        admitted = self.endpoint.check_login(credential)
         try:
             result = fn()
         except AuthenticationFailedError as exc:
             blocked = blocked_for(exc) if blocked_for is not None else 0.0
-            self.endpoint.login_refused(credential, exc.message, blocked_seconds=blocked)
+            self.endpoint.login_refused(
+                credential, exc.message, blocked_seconds=blocked, admitted=admitted
+            )
             raise
+        except BaseException:
+            if admitted:
+                self.endpoint.login_ended()
+            raise
+        if admitted:
+            self.endpoint.login_ended()
         self.endpoint.login_succeeded(credential)
         return result
 

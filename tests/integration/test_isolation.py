@@ -216,13 +216,6 @@ def test_hung_endpoint_does_not_starve_a_healthy_one(
 WRONG_POOLS = ("wrong-a", "wrong-b", "wrong-c")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="backends/transport.py: Transport.login checks the login budget "
-    "(Endpoint.check_login) and records the refusal (Endpoint.login_refused) only after the "
-    "login returned; logins in flight are not counted, so concurrent logins of different "
-    "credentials all pass the check at 4/5 and the endpoint gets 6-7 refused logins",
-)
 def test_wrong_passwords_never_lock_the_operator_out(
     make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
 ) -> None:

@@ -303,18 +303,60 @@ def test_login_budget_lets_a_credential_that_works_through() -> None:
     endpoint = registry.endpoint(URL)
     endpoint.login_succeeded("good")
     for _ in range(3):
-        endpoint.check_login("bad")
-        endpoint.login_refused("bad", "Invalid username or password")
+        assert endpoint.check_login("bad") is True  # admitted: it holds a place in the budget
+        endpoint.login_refused("bad", "Invalid username or password", admitted=True)
         with pytest.raises(AuthenticationFailedError, match="not repeated for 10s: next try"):
             endpoint.check_login("bad")
         clock.now += 10
     with pytest.raises(AuthenticationFailedError, match=r"logins held back.*next try at"):
         endpoint.check_login("bad")
-    endpoint.check_login("good")  # logged in before: never held back
+    assert endpoint.check_login("good") is False  # logged in before: never held back
     with pytest.raises(AuthenticationFailedError, match=r"logins held back.*next try at"):
         endpoint.check_login("new")  # never tried: waits for the window too
     clock.now += 280
-    endpoint.check_login("bad")  # the window has passed
+    assert endpoint.check_login("bad") is True  # the window has passed
+
+
+def test_logins_in_flight_count_against_the_budget() -> None:
+    clock = FakeClock()
+    registry = EndpointRegistry(
+        login_limit=3, login_window_seconds=300, login_retry_seconds=10, clock=clock
+    )
+    endpoint = registry.endpoint(URL)
+    # Three unproven credentials log in at once: each takes a place before it is sent...
+    assert [endpoint.check_login(c) for c in ("a", "b", "c")] == [True, True, True]
+    # ...so a fourth is held back although nothing was refused yet.
+    with pytest.raises(AuthenticationFailedError, match=r"logins held back"):
+        endpoint.check_login("d")
+    endpoint.login_refused("a", "Invalid username or password", admitted=True)
+    endpoint.login_ended()  # b's login failed otherwise (no answer): its place is given back
+    endpoint.login_succeeded("c")
+    endpoint.login_ended()
+    assert endpoint.check_login("d") is True  # one refusal + nothing in flight: room again
+    endpoint.login_refused("d", "Invalid username or password", admitted=True)
+    assert endpoint.check_login("c") is False  # proven credentials are never held back
+
+
+def test_transport_login_gives_the_budget_place_back_on_any_outcome() -> None:
+    registry = EndpointRegistry(login_limit=1, login_window_seconds=300, clock=FakeClock())
+    t = transport(endpoints=registry)
+
+    def unreachable() -> None:
+        raise BackendUnavailableError("connection refused")
+
+    for _ in range(3):  # failures that are not refusals never use the budget up
+        with pytest.raises(BackendUnavailableError):
+            t.login("x", unreachable)
+    assert t.login("x", lambda: "token") == "token"
+
+    def refused() -> None:
+        raise AuthenticationFailedError("Invalid username or password")
+
+    with pytest.raises(AuthenticationFailedError, match="Invalid username"):
+        t.login("y", refused)
+    with pytest.raises(AuthenticationFailedError, match=r"logins held back"):
+        t.login("z", lambda: "never sent")  # the budget of one refusal is used up
+    assert t.login("x", lambda: "token again") == "token again"  # proven credentials pass
 
 
 def test_blocked_address_holds_back_every_login() -> None:

@@ -689,29 +689,15 @@ class Kube:
         A stale resourceVersion makes the API answer 409 (propagated); a missing pool is
         ignored.
         """
-        meta = pool.get("metadata") or {}
-        finalizers = [f for f in meta.get("finalizers") or [] if f != finalizer]
-        if present:
-            finalizers.append(finalizer)
-        if finalizers == list(meta.get("finalizers") or []):
-            return
-        try:
-            self.custom.patch_namespaced_custom_object(
-                GROUP,
-                POOL_VERSION,
-                meta["namespace"],
-                POOL_KINDS[str(pool["kind"])],
-                meta["name"],
-                {
-                    "metadata": {
-                        "finalizers": finalizers,
-                        "resourceVersion": meta.get("resourceVersion"),
-                    }
-                },
-            )
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
+        plural = POOL_KINDS[str(pool["kind"])]
+        self.set_finalizer(
+            pool,
+            finalizer,
+            present,
+            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
+                GROUP, POOL_VERSION, namespace, plural, name, body
+            ),
+        )
 
     def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
         """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored."""

@@ -40,11 +40,11 @@ def retry_delay(settings: Settings, reason: str) -> float:
 
     The one place that decides retry delays (seconds). Causes a person must fix (wrong
     credentials, unknown subnet, bad spec, TLS, a name conflict) wait
-    ``requeue_config_error_seconds``; an exhausted pool ``requeue_exhausted_seconds`` (one
-    claim per pool then asks the IPAM, see `bridge.context.ExhaustionGate`); everything else
-    (an unreachable IPAM, an API conflict) ``requeue_seconds``. Waits that an event ends
-    (paused, pool not Ready) are parked in the work queue instead, and use these delays only
-    as a safety net.
+    ``requeue_config_error_seconds``; an exhausted pool ``requeue_exhausted_seconds`` (how
+    often the pool probes its IPAM while claims wait for an address: the claims themselves
+    are parked, see `bridge.claims`); everything else (an unreachable IPAM, an API conflict)
+    ``requeue_seconds``. Waits that an event ends (paused, pool not Ready, no free address)
+    are parked in the work queue and poll nothing.
     """
     if reason == Reason.POOL_EXHAUSTED:
         return settings.requeue_exhausted_seconds

@@ -75,8 +75,9 @@ class Settings(BaseSettings):
     requeue_exhausted_seconds: float = Field(
         5.0,
         gt=0,
-        description="How often a claim waiting on an exhausted pool tries again; within "
-        "this time of a pool being found exhausted its claims wait without asking the IPAM.",
+        description="While claims wait for an address, how often their pool asks its IPAM "
+        "again (the waiting claims themselves poll nothing; one is woken when an address is "
+        "free).",
     )
     resync_seconds: float = Field(
         300.0,

@@ -177,9 +177,11 @@ def resources_from_crd(crd: Mapping[str, Any] | str | Path) -> ResourceDef:
     )
 
 
-def _core(plural: str, kind: str, *, namespaced: bool = True, status: bool = False) -> ResourceDef:
+def _builtin(
+    plural: str, kind: str, *, group: str = "", namespaced: bool = True, status: bool = False
+) -> ResourceDef:
     return ResourceDef(
-        group="",
+        group=group,
         versions=("v1",),
         plural=plural,
         singular=kind.lower(),
@@ -191,39 +193,23 @@ def _core(plural: str, kind: str, *, namespaced: bool = True, status: bool = Fal
 
 
 BUILTIN_RESOURCES: tuple[ResourceDef, ...] = (
-    _core("namespaces", "Namespace", namespaced=False, status=True),
-    _core("secrets", "Secret"),
-    _core("configmaps", "ConfigMap"),
-    _core("events", "Event"),
-    ResourceDef(
-        group="events.k8s.io",
-        versions=("v1",),
-        plural="events",
-        singular="event",
-        kind="Event",
-        custom=False,
-    ),
+    _builtin("namespaces", "Namespace", namespaced=False, status=True),
+    _builtin("secrets", "Secret"),
+    _builtin("configmaps", "ConfigMap"),
+    _builtin("events", "Event"),
+    _builtin("events", "Event", group="events.k8s.io"),
     # kopf lists and watches CRDs to notice resources that appear later (an operator needs
     # list/watch on them); the collection is served, empty: CRD objects are not stored.
-    ResourceDef(
+    _builtin(
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
         group="apiextensions.k8s.io",
-        versions=("v1",),
-        plural="customresourcedefinitions",
-        singular="customresourcedefinition",
-        kind="CustomResourceDefinition",
         namespaced=False,
-        custom=False,
     ),
-    ResourceDef(
-        group="coordination.k8s.io",
-        versions=("v1",),
-        plural="leases",
-        singular="lease",
-        kind="Lease",
-        custom=False,
-    ),
+    _builtin("leases", "Lease", group="coordination.k8s.io"),
 )
 """Served by every emulator: namespaces, secrets, configmaps, core and events.k8s.io events,
+the CRD collection (empty; kopf lists and watches it),
 and coordination.k8s.io leases (leader election)."""
 
 

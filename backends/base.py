@@ -1,36 +1,119 @@
 """The one interface every IPAM backend implements, and the values it returns.
 
-Semantics (DESIGN.md section 4): the key of a claim in the IPAM is its hostname; every
-operation is limited to the pool's subnet; every write is safe to repeat.
+Semantics (DESIGN.md sections 3-6): a backend serves one pool, that is an ordered list of
+subnets of one IPAM (1-32; the single-subnet form is a list of one). The key of a claim in
+the IPAM is its hostname; every operation is limited to the pool's subnets; every write is
+safe to repeat.
+
+Quarantine (``addressReuseGracePeriodSeconds``, DESIGN section 6): a released entry may stay
+in the IPAM, marked as quarantined until a time. The mark lives in the IPAM itself, so it
+survives restarts, moves and leader changes:
+
+- phpIPAM: the hostname becomes ``quarantined.<hostname>`` and the description
+  ``ipam-bridge quarantined until <RFC 3339 UTC>: <former description>``;
+- Infoblox: the record's ``comment`` becomes ``ipam-bridge quarantined until <RFC 3339 UTC>:
+  <former comment>`` and its name ``quarantined.<hostname>`` (host records: the DNS name
+  under the zone when the pool has one).
+
+A quarantined entry is never found by `IPAMBackend.find` nor deleted by
+`IPAMBackend.release`; first-free skips it because it is registered; usage counts it as used.
+`QUARANTINE_PREFIX`, `quarantine_mark` and `quarantined_until` are the one definition of the
+mark both clients use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Allocation", "IPAMBackend", "SubnetInfo"]
+__all__ = [
+    "QUARANTINE_PREFIX",
+    "Allocation",
+    "IPAMBackend",
+    "SubnetInfo",
+    "SubnetRef",
+    "quarantine_mark",
+    "quarantined_until",
+]
+
+
+QUARANTINE_PREFIX = "quarantined."
+"""Prefix of the hostname of a quarantined entry (the claim's hostname follows it)."""
+
+_MARK = "ipam-bridge quarantined until "
+
+
+def quarantine_mark(until: float, former: str = "") -> str:
+    """Return the description (phpIPAM) or comment (WAPI) of an entry quarantined until ``until``.
+
+    ``until`` is a Unix time in seconds; it is written as RFC 3339 UTC with second precision
+    (``ipam-bridge quarantined until 2026-11-24T05:00:00Z: ipam-bridge ns/claim``).
+    """
+    stamp = datetime.fromtimestamp(int(until), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{_MARK}{stamp}: {former}" if former else f"{_MARK}{stamp}"
+
+
+def quarantined_until(text: str | None) -> float | None:
+    """Return the Unix time (seconds) a `quarantine_mark` text names, or None.
+
+    None when ``text`` carries no mark, or a malformed one (such an entry is treated as not
+    quarantined).
+    """
+    if not text or not text.startswith(_MARK):
+        return None
+    stamp = text[len(_MARK) : len(_MARK) + 20]
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class SubnetRef:
+    """One subnet of a pool, as the pool names it (an entry of ``spec.subnets``).
+
+    Attributes
+    ----------
+    cidr:
+        The subnet in CIDR notation (phpIPAM: resolved with ``subnets/cidr/``; WAPI: the
+        ``network``/``ipv6network``), or None when `subnet_id` names it.
+    subnet_id:
+        The phpIPAM subnet id, or None (always None for Infoblox).
+    gateway:
+        Gateway override for this subnet (the pool's own override already folded in by the
+        caller), or None to use what the IPAM records.
+    prefix:
+        Prefix length override for this subnet (folded like `gateway`), or None.
+    """
+
+    cidr: str | None = None
+    subnet_id: int | None = None
+    gateway: str | None = None
+    prefix: int | None = None
 
 
 @dataclass(frozen=True)
 class SubnetInfo:
-    """Facts about the pool's subnet as the IPAM reports them.
+    """Facts about one subnet of the pool as the IPAM reports them.
 
     Attributes
     ----------
     cidr:
         The subnet in CIDR notation, e.g. ``"10.20.0.0/24"`` or ``"2001:db8:20::/64"``.
     prefix:
-        The prefix length in bits (0-32 for IPv4, 0-128 for IPv6).
+        The prefix length in bits (0-32 for IPv4, 0-128 for IPv6): the subnet entry's
+        ``prefix`` override, else the pool's, else the subnet's own.
     gateway:
-        The subnet's gateway: the pool's override when the backend was given one, else what
-        the IPAM records for the subnet, or None when neither is known.
+        The subnet's gateway: the subnet entry's override, else the pool's, else what the
+        IPAM records for the subnet, or None when none is known.
     total:
         Addresses in the range the IPAM allocates from (IPv4 excludes network and broadcast
         below /31).
     used:
-        Addresses registered in the IPAM, whoever registered them, plus a gateway in that
-        range that nothing registers yet (it is never handed out either).
+        Addresses registered in the IPAM, whoever registered them (quarantined entries
+        included), plus a gateway in that range that nothing registers yet (it is never
+        handed out either).
     free:
         ``total - used`` (never negative): what allocations can still get.
     """
@@ -52,13 +135,20 @@ class Allocation:
     address:
         The IP address, normalised (``"10.20.0.2"``, ``"2001:db8:20::1"``).
     prefix:
-        Prefix length of the subnet the address is in.
+        Prefix length of the subnet the address is in (with the overrides of `SubnetInfo`).
     gateway:
-        The subnet's gateway (the pool's override, else the IPAM's), or None.
+        That subnet's gateway (with the overrides of `SubnetInfo`), or None.
     hostname:
-        The hostname the address is registered under (the claim's key).
+        The hostname the address is registered under (the claim's key; for a quarantined
+        entry the marked name, ``quarantined.<hostname>``).
     ref:
         The IPAM's own identifier of the entry (phpIPAM address id, WAPI ``_ref``).
+    subnet:
+        CIDR of the pool's subnet the address is in (``""`` only where unknown).
+    description:
+        The entry's provenance text (phpIPAM ``description``, WAPI ``comment``), as stored.
+    quarantined_until:
+        Unix time (seconds) the entry's quarantine ends, or None when it is not quarantined.
     """
 
     address: str
@@ -66,43 +156,59 @@ class Allocation:
     gateway: str | None
     hostname: str
     ref: str
+    subnet: str = ""
+    description: str = ""
+    quarantined_until: float | None = None
 
 
 @runtime_checkable
 class IPAMBackend(Protocol):
-    """A client for one pool's subnet in one external IPAM.
+    """A client for one pool's subnets (an ordered list, 1-32) in one external IPAM.
 
-    Implementations are synchronous (they run in kopf's thread pool), thread-safe, and
-    retry transient failures themselves (`backends.retry`). Every method raises only
-    `backends.errors.BackendError` subclasses.
+    Implementations are synchronous (they run in worker threads), thread-safe, and retry
+    transient failures themselves (`backends.retry`). Every method raises only
+    `backends.errors.BackendError` subclasses. One HTTP session and one login serve all
+    the subnets of the pool.
     """
 
-    def describe_subnet(self) -> SubnetInfo:
-        """Return the subnet's CIDR, prefix, gateway and usage.
+    def describe_subnets(self) -> list[SubnetInfo]:
+        """Return each subnet's CIDR, prefix, gateway and usage, in the pool's order.
 
         Raises
         ------
-        SubnetNotFoundError, AuthenticationFailedError, BackendUnavailableError
+        SubnetNotFoundError
+            When any subnet of the pool does not exist (the message names it).
+        AuthenticationFailedError, BackendUnavailableError
         """
         ...
 
     def find(self, hostname: str) -> Allocation | None:
-        """Return the address registered under ``hostname`` in this subnet, or None.
+        """Return the address registered under ``hostname`` in the pool's subnets, or None.
 
-        The match is exact (the IPAM may compare case-insensitively); entries with the
-        same hostname in other subnets are ignored, and so are entries at an address that
-        is never handed out (the gateway, the network or broadcast address). When several
-        entries match, the oldest one wins.
+        One search request where the IPAM can search every subnet at once (phpIPAM
+        ``addresses/search_hostname/``, WAPI search by name), filtered to the pool's
+        subnets. The match is exact (the IPAM may compare case-insensitively); entries in
+        other subnets, quarantined entries, and entries at an address that is never handed
+        out (gateway, network or broadcast address) are ignored. When several entries
+        match, the oldest one wins.
         """
         ...
 
-    def allocate(self, hostname: str, description: str) -> Allocation:
-        """Register the first free address of the subnet under ``hostname``.
+    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+        """Register an address under ``hostname``: the requested one, or the first free.
 
-        Looks the hostname up first and returns the existing entry if there is one, so a
-        repeated call never creates a second entry. The reservation itself is atomic on
-        the IPAM side; a lost race is retried. Never returns the gateway (the pool's or
-        the IPAM's), nor the network or broadcast address of an IPv4 subnet below /31.
+        ``address`` if given, else the first free address of the first subnet (in the
+        pool's order) that has one.
+
+        Looks the hostname up first and returns the existing entry if there is one (when
+        ``address`` is given, only an entry at that address counts as existing), so a
+        repeated call never creates a second entry. The reservation itself is atomic on the
+        IPAM side (phpIPAM ``POST addresses/first_free/`` or ``POST addresses/`` with
+        ``ip``; WAPI ``func:nextavailableip`` or an explicit ``ipv4addr``/``ipv6addr``); a
+        lost race is retried for first-free and reported for a requested address. Subnets
+        the IPAM reports full are skipped without a further round trip where the IPAM's
+        answer says so. Never returns the gateway, nor the network or broadcast address of
+        an IPv4 subnet below /31.
 
         Parameters
         ----------
@@ -110,19 +216,49 @@ class IPAMBackend(Protocol):
             The claim's key (see `bridge.claims.hostname_for`).
         description:
             Provenance text stored with the entry (truncated to what the IPAM accepts).
+        address:
+            A requested address (IPv4 or IPv6 text), or None for first free.
 
         Raises
         ------
         SubnetExhaustedError
-            When the subnet has no free address.
+            When no subnet of the pool has a free address (first free only).
+        AddressUnavailableError
+            When ``address`` is held by another entry (``holder`` names its hostname where
+            the IPAM tells), lies outside every subnet of the pool, or is never handed out.
         """
         ...
 
-    def release(self, hostname: str) -> bool:
-        """Delete every entry registered under ``hostname`` in this subnet.
+    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+        """Delete (or quarantine) every entry registered under ``hostname`` in the pool.
 
-        Idempotent: returns True when something was deleted, False when nothing was
-        registered (which is success, not an error).
+        When ``quarantine_until`` (Unix time, seconds) is given, the entries are marked
+        quarantined until then (see the module docstring) instead of deleted.
+
+        Idempotent: returns True when something was deleted or marked, False when nothing
+        was registered under ``hostname`` (which is success, not an error). Quarantined
+        entries are left as they are.
+        """
+        ...
+
+    def purge_quarantined(self, now: float) -> list[str]:
+        """Delete the quarantined entries of the pool's subnets whose quarantine ended.
+
+        Ended means ``quarantined_until <= now`` (Unix time in seconds). Idempotent.
+
+        Returns the addresses deleted. Costs one list request per subnet (plus one delete
+        per entry deleted).
+        """
+        ...
+
+    def entries(self) -> list[Allocation]:
+        """Return every entry registered in the pool's subnets, whoever made it.
+
+        For the drift audit: quarantined entries (with `Allocation.quarantined_until`), entries of
+        other tools and people, and reservations of ours (`RESERVED_HOSTNAMES`) included.
+
+        One list request per subnet (phpIPAM ``GET subnets/{id}/addresses/``; WAPI the
+        pool's records in the network, paged).
         """
         ...
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ssl
 
 __all__ = [
+    "AddressUnavailableError",
     "AuthenticationFailedError",
     "BackendError",
     "BackendUnavailableError",
@@ -87,7 +88,33 @@ class SubnetNotFoundError(BackendError):
 
 
 class SubnetExhaustedError(BackendError):
-    """The subnet has no free address left."""
+    """No subnet of the pool has a free address left (every subnet was tried, in order)."""
+
+
+class AddressUnavailableError(BackendError):
+    """A requested address cannot be registered (held, outside the pool, or never handed out).
+
+    It is held by another entry, or it lies outside every subnet of the pool, or it is
+    never handed out (gateway, network, broadcast).
+
+    Not retried inside the client; nothing was registered. The message names the address
+    and, where the IPAM tells, the hostname that holds it.
+
+    Attributes
+    ----------
+    address:
+        The requested address, normalised.
+    holder:
+        The hostname (phpIPAM ``hostname``, WAPI record ``name``) of the entry holding the
+        address, or None when the IPAM does not say or the address lies outside the pool.
+    """
+
+    def __init__(
+        self, message: str, *, address: str, holder: str | None = None, status: int | None = None
+    ) -> None:
+        super().__init__(message, status=status)
+        self.address = address
+        self.holder = holder
 
 
 class InvalidRequestError(BackendError):

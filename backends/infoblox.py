@@ -1,4 +1,4 @@
-"""Infoblox NIOS WAPI client: one pool's network, host records or fixed addresses."""
+"""Infoblox NIOS WAPI client: one pool's networks, host records or fixed addresses."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ from urllib.parse import quote
 
 import requests
 
-from backends.base import Allocation, SubnetInfo
+from backends.base import (
+    QUARANTINE_PREFIX,
+    Allocation,
+    SubnetInfo,
+    SubnetRef,
+    quarantine_mark,
+    quarantined_until,
+)
 from backends.errors import (
+    AddressUnavailableError,
     AuthenticationFailedError,
     BackendError,
     BackendUnavailableError,
@@ -37,7 +45,7 @@ from backends.transport import (
     status_error,
 )
 
-__all__ = ["InfobloxBackend", "InfobloxConfig"]
+__all__ = ["MAX_SUBNETS", "InfobloxBackend", "InfobloxConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +61,12 @@ ZERO_MAC = "00:00:00:00:00:00"
 MAX_COMMENT = 256
 #: Page size of paged searches (WAPI's default ``_max_results`` is -1000: an error above 1000).
 PAGE_SIZE = 1000
+#: Most networks one pool may list (``spec.subnets``, DESIGN section 3).
+MAX_SUBNETS = 32
 #: Namespace of the deterministic DUID-UUID (RFC 6355) given to IPv6 fixed addresses.
 _DUID_NAMESPACE = uuid.UUID("4a6f1c52-7b0e-4d5c-9a43-6d1f0b2c8e11")
+#: Fields read from host records (search by name, listing of a network).
+_HOST_FIELDS = "name,view,comment,ipv4addrs,ipv6addrs"
 
 _EXHAUSTED_RE = re.compile(r"cannot find \d+ available ip", re.IGNORECASE)
 _UNKNOWN_EA_RE = re.compile(r"unknown extensible attribute:?\s*(?P<name>[^\n]*)", re.IGNORECASE)
@@ -67,24 +79,77 @@ _NETWORK_MISSING_RE = re.compile(
 _UNSUPPORTED_VERSION_RE = re.compile(r"version\s+\S+\s+not supported", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+def _normal_gateway(text: str | None, network: IPNetwork, what: str) -> str | None:
+    """Return ``text`` as a normalised address of ``network``'s family, or None when unset."""
+    if text is None:
+        return None
+    try:
+        gateway = ipaddress.ip_address(text.strip())
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not an IP address") from None
+    if gateway.version != network.version:
+        raise ValueError(f"{what} {text!r} and subnet {network} are of different address families")
+    return gateway.compressed
+
+
+def _normal_subnet(ref: SubnetRef, gateway: str | None, prefix: int | None) -> SubnetRef:
+    """Validate one `SubnetRef` and return it normalised, the pool's overrides folded in."""
+    if ref.subnet_id is not None or not ref.cidr:
+        raise ValueError("an Infoblox subnet is named by its CIDR (subnet_id is phpIPAM's)")
+    try:
+        network = ipaddress.ip_network(ref.cidr.strip(), strict=True)
+    except ValueError as exc:
+        raise ValueError(f"subnet {ref.cidr!r} is not a CIDR: {exc}") from exc
+    chosen_prefix = ref.prefix if ref.prefix is not None else prefix
+    if chosen_prefix is not None and not 0 <= chosen_prefix <= network.max_prefixlen:
+        raise ValueError(
+            f"prefix {chosen_prefix} of subnet {network} is not in 0-{network.max_prefixlen}"
+        )
+    chosen_gateway = ref.gateway if ref.gateway is not None else gateway
+    return SubnetRef(
+        cidr=str(network),
+        gateway=_normal_gateway(chosen_gateway, network, f"gateway of subnet {network}"),
+        prefix=chosen_prefix,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class InfobloxConfig:
-    """Where and how to reach one Infoblox network (the ``InfobloxIPPool`` spec plus its Secret).
+    """Where and how to reach one pool's Infoblox networks (the pool spec plus its Secret).
+
+    Keyword-only. Exactly one of ``subnet`` (the single-subnet form) and ``subnets`` is given;
+    after construction ``subnets`` always holds the pool's networks (``subnet`` alone gives a
+    list of one) and ``subnet`` the first one's CIDR.
 
     Attributes
     ----------
     endpoint:
         Grid master URL, e.g. ``"https://gm.example.com"``; requests go to
         ``<endpoint>/wapi/v<wapi_version>/...``.
-    subnet:
-        CIDR of an existing WAPI ``network`` (IPv4) or ``ipv6network`` (IPv6) in
-        ``network_view``. Normalised (``"2001:DB8::/64"`` -> ``"2001:db8::/64"``).
     username, password:
         Credentials of a WAPI user (HTTP Basic). The password is hidden from ``repr``.
+    subnets:
+        The pool's networks in order (1-32 `backends.base.SubnetRef`, each with ``cidr``
+        set to an existing WAPI ``network`` (IPv4) or ``ipv6network`` (IPv6) of
+        ``network_view``, and optional ``gateway``/``prefix`` overrides). Normalised:
+        CIDRs and gateways in canonical text, ``gateway``/``prefix`` below folded in where
+        an entry sets none.
+    subnet:
+        The single-subnet form: the CIDR of the pool's only network. After construction,
+        the CIDR of the first network.
+    gateway:
+        With ``subnet``: that network's gateway override; with ``subnets``: the default
+        override of entries that set none. None uses each network's DHCP ``routers``
+        option. Either way the gateway is reported in every `Allocation` and `SubnetInfo`
+        of its network, and never handed out: next-available-IP does not know the
+        ``routers`` option, so the gateways (override and ``routers``) are excluded in the
+        allocation request itself.
+    prefix:
+        Prefix length override (bits), like ``gateway``; None uses each network's own.
     wapi_version:
         WAPI version in the URL (default ``"2.12"``); a grid that lacks it answers 400.
     network_view:
-        WAPI network view that holds the network (default ``"default"``).
+        WAPI network view that holds the networks (default ``"default"``).
     record_type:
         ``"host"`` (default): a ``record:host``; ``"fixedaddress"``: a ``fixedaddress``
         (IPv6: ``ipv6fixedaddress``) reservation.
@@ -97,12 +162,6 @@ class InfobloxConfig:
     extensible_attributes:
         Extensible attributes (EA name -> value) stamped on every record; each EA must be
         defined in the grid.
-    gateway:
-        The pool's gateway override (an IP address), or None to use the network's DHCP
-        ``routers`` option. Reported in every `Allocation` and `SubnetInfo`, and never
-        handed out: next-available-IP does not know the ``routers`` option, so the gateway
-        (override and ``routers``) is excluded in the allocation request itself. Normalised
-        (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
     verify:
         TLS verification: True (default), False (off: ``insecureSkipVerify``).
     ca_pem:
@@ -119,23 +178,28 @@ class InfobloxConfig:
     Raises
     ------
     ValueError
-        From the constructor when ``subnet`` is not a CIDR, ``record_type`` is unknown,
-        ``dns_zone`` is set with ``record_type="fixedaddress"``, ``gateway`` is not an IP
-        address of the subnet's family, or ``timeout_seconds`` is not positive.
+        From the constructor when neither or both of ``subnet`` and ``subnets`` are given,
+        ``subnets`` has more than 32 entries, an entry has no CIDR (or a phpIPAM
+        ``subnet_id``), a CIDR is malformed, two entries overlap, a gateway is not an
+        address of its subnet's family, a prefix is out of range, ``record_type`` is
+        unknown, ``dns_zone`` is set with ``record_type="fixedaddress"``, or
+        ``timeout_seconds`` is not positive.
 
     """
 
     endpoint: str
-    subnet: str
     username: str
     password: str = field(repr=False)
+    subnets: tuple[SubnetRef, ...] = ()
+    subnet: str | None = None
+    gateway: str | None = None
+    prefix: int | None = None
     wapi_version: str = "2.12"
     network_view: str = "default"
     record_type: Literal["host", "fixedaddress"] = "host"
     dns_view: str = "default"
     dns_zone: str | None = None
     extensible_attributes: Mapping[str, str] = field(default_factory=dict)
-    gateway: str | None = None
     verify: bool = True
     ca_pem: str | None = field(default=None, repr=False)
     timeout_seconds: float = 10.0
@@ -143,10 +207,17 @@ class InfobloxConfig:
     user_agent: str = field(default_factory=default_user_agent)
 
     def __post_init__(self) -> None:
-        try:
-            network = ipaddress.ip_network(self.subnet, strict=True)
-        except ValueError as exc:
-            raise ValueError(f"subnet {self.subnet!r} is not a CIDR: {exc}") from exc
+        if (self.subnet is None) == (not self.subnets):
+            raise ValueError("give exactly one of subnet (one network) and subnets (a list)")
+        given = tuple(self.subnets) or (SubnetRef(cidr=self.subnet),)
+        if len(given) > MAX_SUBNETS:
+            raise ValueError(f"a pool lists at most {MAX_SUBNETS} subnets, not {len(given)}")
+        subnets = tuple(_normal_subnet(ref, self.gateway, self.prefix) for ref in given)
+        networks = [ipaddress.ip_network(str(ref.cidr)) for ref in subnets]
+        for index, network in enumerate(networks):
+            for other in networks[:index]:
+                if network.version == other.version and network.overlaps(other):
+                    raise ValueError(f"subnets {other} and {network} overlap")
         if self.record_type not in ("host", "fixedaddress"):
             raise ValueError(
                 f"record_type must be 'host' or 'fixedaddress', not {self.record_type!r}"
@@ -155,15 +226,10 @@ class InfobloxConfig:
             raise ValueError("dns_zone applies to host records only (record_type 'host')")
         if self.timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
-        if self.gateway is not None:
-            try:
-                gateway = ipaddress.ip_address(self.gateway.strip())
-            except ValueError:
-                raise ValueError(f"gateway {self.gateway!r} is not an IP address") from None
-            if gateway.version != network.version:
-                raise ValueError("gateway and subnet must be of the same address family")
-            object.__setattr__(self, "gateway", gateway.compressed)
-        object.__setattr__(self, "subnet", str(network))
+        if self.gateway is not None and self.subnet is not None:
+            object.__setattr__(self, "gateway", subnets[0].gateway)
+        object.__setattr__(self, "subnets", subnets)
+        object.__setattr__(self, "subnet", subnets[0].cidr)
         object.__setattr__(self, "endpoint", self.endpoint.rstrip("/"))
         object.__setattr__(self, "dns_zone", (self.dns_zone or "").strip(".") or None)
         object.__setattr__(
@@ -180,41 +246,97 @@ class _UnknownEAError(InvalidRequestError):
 
 
 @dataclass(frozen=True)
+class _Net:
+    """One network of the pool, with its overrides."""
+
+    index: int
+    network: IPNetwork
+    gateway: str | None
+    prefix: int | None
+
+    @property
+    def cidr(self) -> str:
+        return str(self.network)
+
+    @property
+    def v6(self) -> bool:
+        return self.network.version == 6
+
+    @property
+    def family(self) -> str:
+        return "ipv6" if self.v6 else "ipv4"
+
+    @property
+    def network_type(self) -> str:
+        return "ipv6network" if self.v6 else "network"
+
+    @property
+    def address_type(self) -> str:
+        return "ipv6address" if self.v6 else "ipv4address"
+
+    @property
+    def fixed_type(self) -> str:
+        return "ipv6fixedaddress" if self.v6 else "fixedaddress"
+
+    @property
+    def prefixlen(self) -> int:
+        return self.prefix if self.prefix is not None else self.network.prefixlen
+
+
+@dataclass(frozen=True)
 class _Entry:
-    """One address registered under a hostname, as a search found it."""
+    """One address of a record, as a search or a listing found it."""
 
     address: IPAddr
     ref: str
-    #: For host records: the whole record (to rewrite its address lists on release).
+    net: _Net
+    #: The record's ``name`` as stored (host records in DNS: the FQDN).
+    name: str
+    comment: str
+    #: For host records: the whole record (to rewrite its address lists).
     record: Mapping[str, Any] | None = None
+
+    @property
+    def quarantined_until(self) -> float | None:
+        return quarantined_until(self.comment)
 
 
 class InfobloxBackend:
-    """`backends.base.IPAMBackend` for one Infoblox NIOS network over WAPI (``requests``).
+    """`backends.base.IPAMBackend` for one pool's Infoblox NIOS networks over WAPI (``requests``).
 
     Host mode (``record_type="host"``) keeps one ``record:host`` per hostname; fixed-address
-    mode keeps one ``fixedaddress`` (``ipv6fixedaddress`` for IPv6) per hostname. Addresses
-    come from next-available-IP inside the create request, so WAPI picks and writes the
-    address in one step (backends.md B.5; never the racy ``_function=next_available_ip``
-    followed by a create, ansible#45218): ``func:nextavailableip:<cidr>,<network view>``,
-    or, when the network has a gateway, the object-function form that excludes it
+    mode keeps one ``fixedaddress`` (``ipv6fixedaddress`` for IPv6) per hostname. The pool's
+    networks (``config.subnets``, 1-32, IPv4 and IPv6 may mix) are served in order: a new
+    claim gets the next available IP of the first network that has one. Addresses come from
+    next-available-IP inside the create request, so WAPI picks and writes the address in
+    one step (backends.md B.5; never the racy ``_function=next_available_ip`` followed by a
+    create, ansible#45218): ``func:nextavailableip:<cidr>,<network view>``, or, when the
+    network has a gateway, the object-function form that excludes it
     (``{"_object_function": "next_available_ip", "_object": "network"|"ipv6network",
     "_object_parameters": {"network", "network_view"}, "_result_field": "ips",
     "_parameters": {"num": 1, "exclude": [<gateway>...]}}``; infoblox-go-client
     ``IpNextAvailableInfo``, nios-go-client ``FuncCall``). WAPI skips the network and
     broadcast addresses and used addresses on its own, but not the DHCP ``routers`` option.
+    A network WAPI reports full (400 "Cannot find 1 available IP address(es) in this
+    network.") is skipped for the next one with no further request.
 
-    Never handed out to a claim: the gateway (the pool's override and the ``routers``
-    option, read again before every create) and, for IPv4 below /31, the network and
-    broadcast addresses. Should WAPI still return one, the record just created is deleted
-    and the attempt fails with `BackendUnavailableError` (retried by the policy); a record
-    of the hostname at such an address is removed before a new one is created, never
-    adopted.
+    Never handed out to a claim: the gateway of each network (its override and its
+    ``routers`` option, read again before every create) and, for IPv4 below /31, the
+    network and broadcast addresses. Should WAPI still return one, the record just created
+    is deleted and the attempt fails with `BackendUnavailableError` (retried by the policy);
+    a record of the hostname at such an address is removed before a new one is created,
+    never adopted.
+
+    Quarantine (`release` with ``quarantine_until``): the record is renamed
+    ``quarantined.<name>`` and its ``comment`` becomes `backends.base.quarantine_mark`
+    (``PUT <_ref>``); it keeps its address, so next-available-IP skips it, until
+    `purge_quarantined` deletes it.
 
     Authentication is HTTP Basic (UTF-8) on the first request; afterwards the ``ibapauth``
-    session cookie the grid sets is sent instead. A 401 drops the cookie and repeats the
-    request once with Basic auth; a 401 to Basic auth raises `AuthenticationFailedError`.
-    Requests with Basic auth go through the endpoint's login budget (a refused one counts).
+    session cookie the grid sets is sent instead (one session for all the pool's networks).
+    A 401 drops the cookie and repeats the request once with Basic auth; a 401 to Basic
+    auth raises `AuthenticationFailedError`. Requests with Basic auth go through the
+    endpoint's login budget (a refused one counts).
 
     ``_ref`` values from WAPI are already URL-encoded (``ipv6fixedaddress/ZG5...:2001%3Adb8
     %3A%3A10/default``) and are sent as they are, never encoded a second time.
@@ -233,8 +355,8 @@ class InfobloxBackend:
     Notes
     -----
     Thread-safe: the session's cookie jar is only changed under a lock, and the cached
-    gateway is read and written atomically. Every public method is one operation of the
-    shared `backends.transport.Transport` (bounded, in a slot of the endpoint, under
+    gateways are read and written under a lock. Every public method is one operation of
+    the shared `backends.transport.Transport` (bounded, in a slot of the endpoint, under
     ``config.retry``) and raises only `backends.errors.BackendError` subclasses.
 
     """
@@ -247,60 +369,73 @@ class InfobloxBackend:
         endpoints: EndpointRegistry | None = None,
     ) -> None:
         self.config = config
-        self._network: IPNetwork = ipaddress.ip_network(config.subnet)
-        self._v6 = self._network.version == 6
+        self._nets = tuple(
+            _Net(
+                index=index,
+                network=ipaddress.ip_network(str(ref.cidr)),
+                gateway=ref.gateway,
+                prefix=ref.prefix,
+            )
+            for index, ref in enumerate(config.subnets)
+        )
         self._transport = Transport.of(config, label="WAPI", endpoints=endpoints, session=session)
         self._session = self._transport.session
         self._basic = basic_auth(config.username, config.password)
         self._credential = credential_id(config.username, config.password)
         self._auth_lock = threading.Lock()
         self._gateway_lock = threading.Lock()
-        self._gateway_known = False
-        self._gateway: str | None = None
+        #: ``routers`` gateway per network CIDR, once read.
+        self._routers: dict[str, str | None] = {}
 
     def __repr__(self) -> str:
         return (
-            f"InfobloxBackend(endpoint={self.config.endpoint!r}, subnet={self.config.subnet!r}, "
+            f"InfobloxBackend(endpoint={self.config.endpoint!r}, "
+            f"subnets={[n.cidr for n in self._nets]!r}, "
             f"network_view={self.config.network_view!r}, record_type={self.config.record_type!r})"
         )
 
     # ----------------------------------------------------------------- public API
 
-    def describe_subnet(self) -> SubnetInfo:
-        """Return the network's CIDR, prefix, gateway and live usage.
+    def describe_subnets(self) -> list[SubnetInfo]:
+        """Return each network's CIDR, prefix, gateway and live usage, in the pool's order.
 
-        Reads ``GET network`` (``ipv6network``) with ``_return_fields=network,network_view,
-        options`` and counts the used addresses with paged
+        Per network: ``GET network`` (``ipv6network``) with ``_return_fields=network,
+        network_view,options`` and the used addresses counted with paged
         ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``.
 
         Returns
         -------
-        SubnetInfo
-            ``prefix`` comes from the CIDR; ``gateway`` is the first value of the DHCP
-            option ``routers`` (option 3) on the network, or None when the network does not
-            set it (inherited options are not resolved); ``total`` is ``2**(bits - prefix)``
-            minus network and broadcast for IPv4 prefixes below /31; ``used`` counts
-            addresses WAPI reports ``USED``, excluding the network and broadcast addresses;
-            ``free = max(total - used, 0)``.
+        list of SubnetInfo
+            ``prefix`` is the override, else the CIDR's; ``gateway`` the override, else the
+            first value of the DHCP option ``routers`` (option 3) on the network, or None
+            when the network does not set it (inherited options are not resolved);
+            ``total`` is ``2**(bits - prefix)`` minus network and broadcast for IPv4
+            prefixes below /31; ``used`` counts addresses WAPI reports ``USED`` (records of
+            anyone, quarantined ones included), excluding the network and broadcast
+            addresses, plus a gateway nothing registers; ``free = max(total - used, 0)``.
 
         Raises
         ------
         SubnetNotFoundError
-            When no such network exists in the network view.
+            When a network of the pool does not exist in the network view (names it).
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self._transport.call("describe_subnet", self._describe_once)
+        return self._transport.call(
+            "describe_subnets", lambda: [self._describe_once(net) for net in self._nets]
+        )
 
     def find(self, hostname: str) -> Allocation | None:
-        """Return the address registered under ``hostname`` in the pool's network, or None.
+        """Return the address registered under ``hostname`` in the pool's networks, or None.
 
-        Host mode: ``GET record:host?name=<fqdn>&view=<dns view>`` when the pool has a DNS
-        zone, else ``GET record:host?name=<hostname>&network_view=<view>`` (records outside
-        DNS have no DNS view, WAPI reports ``view: " "``). Fixed-address mode:
-        ``GET fixedaddress?name=<hostname>&network_view=<view>&network=<cidr>``. Only
-        addresses inside the pool's CIDR count; of several, the lowest address wins (WAPI
-        exposes no creation order for them).
+        One search by name. Host mode: ``GET record:host?name=<fqdn>&view=<dns view>`` when
+        the pool has a DNS zone, else ``GET record:host?name=<hostname>&network_view=<view>``
+        (records outside DNS have no DNS view, WAPI reports ``view: " "``). Fixed-address
+        mode: ``GET fixedaddress?name=<hostname>&network_view=<view>`` (and
+        ``ipv6fixedaddress`` when the pool has an IPv6 network). Only addresses inside the
+        pool's networks count; quarantined records (a `backends.base.quarantine_mark`
+        comment) and gateway, network or broadcast addresses are ignored; of several, the
+        first network's, then the lowest address wins (WAPI exposes no creation order).
 
         Parameters
         ----------
@@ -310,27 +445,41 @@ class InfobloxBackend:
         Returns
         -------
         Allocation or None
-            ``hostname`` is the key given; ``ref`` is the WAPI ``_ref`` of the record.
+            ``hostname`` is the key given; ``ref`` the WAPI ``_ref`` of the record;
+            ``subnet``, ``prefix``, ``gateway`` those of the address's network;
+            ``description`` the record's ``comment``.
 
         Raises
         ------
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
-            And `SubnetNotFoundError` when the network is gone (the gateway is read from it).
+            And `SubnetNotFoundError` when the address's network is gone (its gateway is
+            read from it).
 
         """
         return self._transport.call("find", lambda: self._find_once(hostname))
 
-    def allocate(self, hostname: str, description: str) -> Allocation:
-        """Register the next available address of the network under ``hostname``.
+    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+        """Register an address under ``hostname``: the requested one, or the next available.
 
-        Looks the hostname up first and returns the existing entry (adoption, and a repeat
-        after a lost answer never creates a second entry). Otherwise sends ONE create:
+        Looks the hostname up first (as `find`) and returns the existing entry (adoption,
+        and a repeat after a lost answer never creates a second entry); with ``address``
+        only an entry at that address counts.
+
+        Next available (``address`` None): for each network in order, ONE create:
         ``POST record:host`` with ``ipv4addrs``/``ipv6addrs`` ``[{"ipv4addr":
         "func:nextavailableip:<cidr>,<view>", "configure_for_dhcp": false}]``, or
         ``POST fixedaddress``/``ipv6fixedaddress`` with the function as the address, MAC
         ``00:00:00:00:00:00`` (IPv6: a DUID derived from the hostname), ``comment`` (the
         description, cut to 256 characters) and ``extattrs``; ``_return_fields`` brings the
-        address back in the same answer.
+        address back in the same answer. A network WAPI answers full is skipped.
+
+        Requested address: refused at once when it lies outside every network of the pool
+        or is a gateway, network or broadcast address. Else ``GET ipv4address|ipv6address?
+        ip_address=<a>&network_view=<view>`` tells whether anything uses it (the holder is
+        its first ``names`` entry); the create carries the explicit ``ipv4addr``/``ipv6addr``
+        (a fixed address WAPI refuses with ``Client.Ibap.Data.Conflict`` when another holds
+        it); a host record, which WAPI accepts on a used address, is checked once more
+        after the create and deleted again when another object shares the address.
 
         Parameters
         ----------
@@ -338,48 +487,117 @@ class InfobloxBackend:
             The claim's key; with a DNS zone the record is ``<hostname>.<zone>``.
         description:
             Provenance, stored as the record's ``comment``.
+        address:
+            A requested IPv4 or IPv6 address, or None for the next available one.
 
         Returns
         -------
         Allocation
-            The address, prefix, gateway, ``hostname`` and the record's ``_ref``.
+            The address, its network's prefix, gateway and CIDR, ``hostname``, the record's
+            ``_ref`` and comment.
 
         Raises
         ------
         SubnetExhaustedError
-            WAPI answered ``Cannot find 1 available IP address(es) in this network``.
+            Next available only: WAPI answered "Cannot find 1 available IP address(es)" for
+            every network of the pool.
+        AddressUnavailableError
+            ``address`` is used (``holder`` is the name WAPI lists for it), outside every
+            network of the pool, a gateway, network or broadcast address, or ``hostname``
+            already holds another address of the pool; nothing was registered.
         SubnetNotFoundError
-            The network does not exist in the network view.
+            A network tried does not exist in the network view.
         InvalidRequestError
             An undefined extensible attribute, or (host mode) the name is already used in
-            the view by a record that holds no address of this network: a person must
-            rename or remove that record.
+            the view by a record that holds no address of the pool: a person must rename
+            or remove that record.
         ConflictError
             A lost race for an address (retried by the policy, which looks up again first).
         AuthenticationFailedError, BackendUnavailableError
 
         """
-        return self._transport.call("allocate", lambda: self._allocate_once(hostname, description))
+        return self._transport.call(
+            "allocate", lambda: self._allocate_once(hostname, description, address)
+        )
 
-    def release(self, hostname: str) -> bool:
-        """Remove every address registered under ``hostname`` in the pool's network.
+    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+        """Remove (or quarantine) every address registered under ``hostname`` in the pool.
 
-        ``DELETE <_ref>`` of each matching fixed address or host record. A host record that
-        also holds addresses outside the network (one a person registered) is not deleted:
-        only this network's addresses are removed from it with ``PUT <_ref>``. A 404 /
-        ``AdmConDataNotFoundError`` (already gone) is success.
+        Without ``quarantine_until``: ``DELETE <_ref>`` of each matching fixed address or
+        host record. A host record that also holds addresses outside the pool (one a person
+        registered) is not deleted: only the pool's addresses are removed from it with
+        ``PUT <_ref>``. A 404 / ``AdmConDataNotFoundError`` (already gone) is success.
+
+        With ``quarantine_until`` (Unix time, seconds): ``PUT <_ref>`` with ``name``
+        ``quarantined.<name>`` and ``comment`` ``quarantine_mark(quarantine_until, <former
+        comment>)`` (cut to 256 characters, the mark kept). When a quarantined host record
+        of that name already exists in the view (host names are unique), the addresses are
+        added to it (its quarantine then ends at the later of both times) and this record is
+        deleted. A host record holding addresses outside the pool only loses the pool's
+        addresses, without quarantine (logged).
+
+        Quarantined records are never touched (they are not found by name).
 
         Returns
         -------
         bool
-            True when something was registered (and is now gone), False when nothing was.
+            True when something was registered (and is now gone or quarantined), False when
+            nothing was.
 
         Raises
         ------
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self._transport.call("release", lambda: self._release_once(hostname))
+        return self._transport.call(
+            "release", lambda: self._release_once(hostname, quarantine_until)
+        )
+
+    def purge_quarantined(self, now: float) -> list[str]:
+        """Delete the quarantined records of the pool's networks whose quarantine ended.
+
+        Lists each network's records as `entries` does (one paged list per network) and
+        sends ``DELETE <_ref>`` for each record whose `backends.base.quarantined_until` is
+        ``<= now`` (Unix time, seconds). Idempotent: a record already gone is success.
+
+        Returns
+        -------
+        list of str
+            The addresses (of the pool's networks) the deleted records held.
+
+        Raises
+        ------
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+
+        """
+        return self._transport.call("purge_quarantined", lambda: self._purge_once(now))
+
+    def entries(self) -> list[Allocation]:
+        """Return every record address in the pool's networks, whoever registered it.
+
+        One paged list per network (``_paging=1``, 1000 a page): host mode
+        ``GET record:host?network=<cidr>&network_view=<view>&_return_fields=name,view,
+        comment,ipv4addrs,ipv6addrs``; fixed-address mode ``GET fixedaddress|
+        ipv6fixedaddress?network=<cidr>&network_view=<view>``. Objects of other types (A
+        records, leases, fixed addresses in host mode) are not listed.
+
+        Returns
+        -------
+        list of Allocation
+            Per network in the pool's order, by address: ``hostname`` is the record name
+            without the pool's DNS zone (``quarantined.<hostname>`` for quarantined
+            records), ``description`` the ``comment``, ``quarantined_until`` from the mark,
+            ``subnet``, ``prefix`` and ``gateway`` those of the network (the gateway needs
+            the network's ``routers`` option, read once).
+
+        Raises
+        ------
+        SubnetNotFoundError
+            When a network is gone (its gateway is read from it).
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+
+        """
+        return self._transport.call("entries", self._entries_once)
 
     def close(self) -> None:
         """Log out (``POST logout``, best effort, with a session cookie only); close the session."""
@@ -393,19 +611,15 @@ class InfobloxBackend:
 
     # ----------------------------------------------------------------- operations
 
-    def _describe_once(self) -> SubnetInfo:
-        record = self._get_network()
-        routers = _gateway_from_options(record.get("options"))
-        with self._gateway_lock:
-            self._gateway, self._gateway_known = routers, True
-        total = _capacity(self._network)
-        used_addresses = self._used_addresses()
+    def _describe_once(self, net: _Net) -> SubnetInfo:
+        routers = self._refresh_gateway(net)
+        total = _capacity(net.network)
         # A gateway nobody registered is not free either: it is never handed out.
-        used = len(used_addresses | self._gateways(routers))
+        used = len(self._used_addresses(net) | self._gateways(net, routers))
         return SubnetInfo(
-            cidr=self.config.subnet,
-            prefix=self._network.prefixlen,
-            gateway=self.config.gateway or routers,
+            cidr=net.cidr,
+            prefix=net.prefixlen,
+            gateway=net.gateway or routers,
             total=total,
             used=used,
             free=max(total - used, 0),
@@ -413,85 +627,272 @@ class InfobloxBackend:
 
     def _find_once(self, hostname: str) -> Allocation | None:
         usable = self._usable(self._search(hostname))
-        if not usable:
-            return None
-        return self._allocation(hostname, min(usable, key=lambda e: e.address))
+        return self._allocation(hostname, usable[0]) if usable else None
 
     def _usable(self, entries: list[_Entry]) -> list[_Entry]:
-        """Return the entries that may be a claim's address (not gateway, network, broadcast)."""
-        if not entries:
-            return []
-        never = self._never_assigned(self._cached_gateway())
-        return [e for e in entries if e.address not in never]
+        """Return the entries that may be a claim's address, best first.
 
-    def _allocate_once(self, hostname: str, description: str) -> Allocation:
-        entries = self._search(hostname)
-        usable = self._usable(entries)
+        Not quarantined, not a gateway, network or broadcast address; sorted by the pool's
+        network order, then address.
+        """
+        out = []
+        for entry in entries:
+            if entry.quarantined_until is not None:
+                continue
+            if entry.address in self._never_assigned(entry.net, self._cached_gateway(entry.net)):
+                continue
+            out.append(entry)
+        return sorted(out, key=lambda e: (e.net.index, int(e.address)))
+
+    def _allocate_once(self, hostname: str, description: str, address: str | None) -> Allocation:
+        live = [e for e in self._search(hostname) if e.quarantined_until is None]
+        usable = self._usable(live)
+        if address is not None:
+            return self._allocate_address(hostname, description, address, live, usable)
         if usable:
-            existing = self._allocation(hostname, min(usable, key=lambda e: e.address))
+            existing = self._allocation(hostname, usable[0])
             log.debug("infoblox: %s already holds %s", hostname, existing.address)
             return existing
-        if entries:
+        if live:
             # Only addresses that are never assigned (a record left by an older version, or
             # by an attempt interrupted below): ours to remove, never to adopt.
-            self._remove_entries(hostname, entries)
-        # The routers option as it is now: what next-available-IP must skip.
-        routers = self._refresh_gateway()
-        entry = self._create_or_explain(hostname, description, self._gateways(routers))
-        if entry.address in self._never_assigned(routers):
-            self._remove_entries(hostname, [entry])
-            raise BackendUnavailableError(
-                f"WAPI handed out {entry.address} of {self.config.subnet}, which is never "
-                "assigned (the gateway, network or broadcast address); the record was removed"
-            )
-        allocation = self._allocation(hostname, entry)
-        log.info(
-            "infoblox: allocated %s to %s in %s", allocation.address, hostname, self.config.subnet
+            self._remove_entries(hostname, live)
+        full: SubnetExhaustedError | None = None
+        for net in self._nets:
+            # The routers option as it is now: what next-available-IP must skip.
+            routers = self._refresh_gateway(net)
+            value = self._next_available(net, self._gateways(net, routers))
+            try:
+                entry = self._create_or_explain(hostname, description, net, value)
+            except SubnetExhaustedError as exc:
+                log.debug("infoblox: %s is full; trying the next network", net.cidr)
+                full = exc
+                continue
+            if entry.net is net and entry.address in self._never_assigned(net, routers):
+                self._remove_entries(hostname, [entry])
+                raise BackendUnavailableError(
+                    f"WAPI handed out {entry.address} of {net.cidr}, which is never assigned "
+                    "(the gateway, network or broadcast address); the record was removed"
+                )
+            allocation = self._allocation(hostname, entry)
+            log.info("infoblox: allocated %s to %s in %s", allocation.address, hostname, net.cidr)
+            return allocation
+        raise SubnetExhaustedError(
+            f"no free address in any network of the pool ({self._pool_description()})"
+            + (f": {full.message}" if full is not None else ""),
+            status=full.status if full is not None else None,
         )
+
+    def _allocate_address(
+        self,
+        hostname: str,
+        description: str,
+        address: str,
+        live: list[_Entry],
+        usable: list[_Entry],
+    ) -> Allocation:
+        """Register the requested ``address`` (see `allocate`)."""
+        ip = _parse_address(address.strip())
+        if ip is None:
+            raise AddressUnavailableError(
+                f"requested address {address!r} is not an IP address", address=address
+            )
+        net = self._net_of(ip)
+        if net is None:
+            raise AddressUnavailableError(
+                f"requested address {ip} lies outside every network of the pool "
+                f"({self._pool_description()})",
+                address=str(ip),
+            )
+        for entry in usable:
+            if entry.address == ip:
+                return self._allocation(hostname, entry)
+        routers = self._refresh_gateway(net)
+        if ip in self._never_assigned(net, routers):
+            raise AddressUnavailableError(
+                f"requested address {ip} is the gateway, network or broadcast address of "
+                f"{net.cidr} and is never handed out",
+                address=str(ip),
+            )
+        if usable:
+            raise AddressUnavailableError(
+                f"cannot register {ip} under {hostname}: {hostname} already holds "
+                f"{usable[0].address} in the pool; release that address or drop the request",
+                address=str(ip),
+            )
+        if live:
+            self._remove_entries(hostname, live)  # never-assigned leftovers, as next-available
+        used, names, _ = self._address_use(net, ip)
+        if used:
+            raise self._held(ip, names[0] if names else None)
+        try:
+            entry = self._create_or_explain(hostname, description, net, str(ip))
+        except ConflictError as exc:
+            # A fixed address WAPI refuses on a used address (or a lost race for it).
+            _, names, _ = self._address_use(net, ip)
+            raise self._held(ip, names[0] if names else None, status=exc.status) from exc
+        if entry.address != ip:
+            raise AddressUnavailableError(
+                f"cannot register {ip} under {hostname}: another writer registered "
+                f"{hostname} at {entry.address} meanwhile",
+                address=str(ip),
+            )
+        if self.config.record_type == "host":
+            # WAPI accepts a host record on a used address: make sure nobody else got it.
+            _, names, objects = self._address_use(net, ip)
+            mine = _ref_id(entry.ref)
+            if any(_ref_id(o) != mine for o in objects):
+                self._remove_entries(hostname, [entry])
+                other = next((n for n in names if n.casefold() != entry.name.casefold()), None)
+                raise self._held(ip, other)
+        allocation = self._allocation(hostname, entry)
+        log.info("infoblox: registered requested %s to %s in %s", ip, hostname, net.cidr)
         return allocation
 
+    def _held(self, ip: IPAddr, holder: str | None, status: int | None = None) -> BackendError:
+        by = f" by {holder}" if holder else ""
+        if holder and holder.startswith(QUARANTINE_PREFIX):
+            by += " (a released address in its reuse grace period)"
+        return AddressUnavailableError(
+            f"requested address {ip} is already used{by}",
+            address=str(ip),
+            holder=holder,
+            status=status,
+        )
+
     def _create_or_explain(
-        self, hostname: str, description: str, exclude: frozenset[IPAddr]
+        self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
     ) -> _Entry:
         """Create the record; turn WAPI's errors into what they mean for this pool."""
         try:
-            return self._create(hostname, description, exclude)
+            return self._create(hostname, description, net, value)
         except ConflictError as exc:
             if self.config.record_type != "host":
                 raise  # fixedaddress names are not unique: this is a lost address race
-            again = self._usable(self._search(hostname))
+            again = self._usable([e for e in self._search(hostname) if e.quarantined_until is None])
             if again:
                 # Another writer registered the same name meanwhile.
-                return min(again, key=lambda e: e.address)
+                return again[0]
             name = self._record_name(hostname)
             if name.lower() in exc.message.lower():
                 raise InvalidRequestError(
                     f"the name {name!r} is already used by another record in "
-                    f"{self._view_description()} that holds no address of "
-                    f"{self.config.subnet}; rename or remove that record ({exc.message})",
+                    f"{self._view_description()} that holds no address of the pool "
+                    f"({self._pool_description()}); rename or remove that record "
+                    f"({exc.message})",
                     status=exc.status,
                 ) from exc
             raise
         except InvalidRequestError as exc:
-            if isinstance(exc, _RefNotFoundError | _UnknownEAError) or not self._network_missing():
+            if isinstance(exc, _RefNotFoundError | _UnknownEAError) or not self._network_missing(
+                net
+            ):
                 raise
-            raise self._subnet_not_found() from exc
+            raise self._subnet_not_found(net) from exc
 
-    def _release_once(self, hostname: str) -> bool:
-        entries = self._search(hostname)
-        self._remove_entries(hostname, entries)
-        return bool(entries)
+    def _release_once(self, hostname: str, until: float | None) -> bool:
+        entries = [e for e in self._search(hostname) if e.quarantined_until is None]
+        if not entries:
+            return False
+        if until is None:
+            self._remove_entries(hostname, entries)
+        else:
+            self._quarantine(hostname, entries, until)
+        return True
+
+    def _quarantine(self, hostname: str, entries: list[_Entry], until: float) -> None:
+        """Rename and mark the records of ``entries`` (see `release`)."""
+        for ref, group in _by_ref(entries).items():
+            first = group[0]
+            if first.record is not None and self._has_other_addresses(first.record):
+                log.warning(
+                    "infoblox: %s also holds addresses outside the pool; releasing %s from "
+                    "it without quarantine",
+                    first.name,
+                    ", ".join(str(e.address) for e in group),
+                )
+                self._remove_addresses(ref, first.record)
+                continue
+            name = QUARANTINE_PREFIX + first.name
+            body = {"name": name, "comment": quarantine_mark(until, first.comment)[:MAX_COMMENT]}
+            try:
+                self._call_json("PUT", ref, json=body)
+            except _RefNotFoundError:
+                log.debug("infoblox: %s was already gone", ref)
+                continue
+            except ConflictError:
+                if first.record is None:
+                    raise
+                self._merge_quarantined(first, name, until)
+            log.info(
+                "infoblox: quarantined %s of %s until %d (Unix time)",
+                ", ".join(str(e.address) for e in group),
+                hostname,
+                int(until),
+            )
+
+    def _merge_quarantined(self, entry: _Entry, name: str, until: float) -> None:
+        """Add a host record's addresses to the quarantined record ``name``; delete it."""
+        params = [("name", name), *self._host_scope(), ("_return_fields", _HOST_FIELDS)]
+        found = self._get_list("record:host", params)
+        record = entry.record
+        if not found or record is None:
+            raise ConflictError(f"WAPI refused to rename {entry.name} to {name}; retrying")
+        target = found[0]
+        later = max(until, quarantined_until(str(target.get("comment") or "")) or 0.0)
+        body: dict[str, Any] = {
+            "comment": quarantine_mark(later, str(record.get("comment") or ""))[:MAX_COMMENT]
+        }
+        for family in ("ipv4", "ipv6"):
+            # By address: a repeat after a lost answer must not add an address twice.
+            items: dict[str, dict[str, Any]] = {}
+            for source in (target, record):
+                for item in source.get(f"{family}addrs") or []:
+                    if isinstance(item, dict):
+                        items.setdefault(
+                            str(item.get(f"{family}addr")),
+                            {k: v for k, v in item.items() if k not in ("_ref", "host")},
+                        )
+            if items:
+                body[f"{family}addrs"] = list(items.values())
+        self._call_json("PUT", str(target["_ref"]), json=body)
+        self._delete(entry.ref)
+
+    def _purge_once(self, now: float) -> list[str]:
+        ended = [
+            e
+            for net in self._nets
+            for e in self._list_network(net)
+            if (until := e.quarantined_until) is not None and until <= now
+        ]
+        deleted: list[str] = []
+        for ref, group in _by_ref(ended).items():
+            self._delete(ref)
+            addresses = [str(e.address) for e in group]
+            deleted.extend(addresses)
+            log.info("infoblox: quarantine of %s ended; deleted %s", ", ".join(addresses), ref)
+        return deleted
+
+    def _entries_once(self) -> list[Allocation]:
+        out: list[Allocation] = []
+        for net in self._nets:
+            for entry in sorted(self._list_network(net), key=lambda e: int(e.address)):
+                out.append(
+                    self._allocation(
+                        self._hostname_of(entry.name),
+                        entry,
+                        quarantined=entry.quarantined_until,
+                    )
+                )
+        return out
 
     def _remove_entries(self, hostname: str, entries: list[_Entry]) -> None:
         """Delete the records of ``entries``.
 
-        A host record that also holds addresses outside the network keeps them: only this
-        network's addresses are removed from it.
+        A host record that also holds addresses outside the pool keeps them: only the pool's
+        addresses are removed from it.
         """
-        by_ref: dict[str, list[_Entry]] = {}
-        for entry in entries:
-            by_ref.setdefault(entry.ref, []).append(entry)
-        for ref, group in by_ref.items():
+        for ref, group in _by_ref(entries).items():
             record = group[0].record
             if record is not None and self._has_other_addresses(record):
                 self._remove_addresses(ref, record)
@@ -505,65 +906,111 @@ class InfobloxBackend:
 
     # ----------------------------------------------------------------- WAPI objects
 
+    def _host_scope(self) -> list[tuple[str, str]]:
+        """Search arguments that scope host records to the pool's DNS or network view."""
+        if self.config.dns_zone:
+            return [("view", self.config.dns_view)]
+        return [("network_view", self.config.network_view)]
+
     def _search(self, hostname: str) -> list[_Entry]:
+        """Every address of the pool's networks held by records named ``hostname``."""
         if self.config.record_type == "host":
-            params: list[tuple[str, str]] = [("name", self._record_name(hostname))]
-            if self.config.dns_zone:
-                params.append(("view", self.config.dns_view))
-            else:
-                params.append(("network_view", self.config.network_view))
-            params.append(("_return_fields", "name,view,ipv4addrs,ipv6addrs"))
-            records = self._get_list("record:host", params)
-            return [
-                _Entry(address=address, ref=str(record["_ref"]), record=record)
-                for record in records
-                for address in self._host_addresses(record)
-                if address in self._network
-            ]
-        addr_field = "ipv6addr" if self._v6 else "ipv4addr"
-        records = self._get_list(
-            self._fixed_type,
-            [
-                ("name", hostname),
-                ("network_view", self.config.network_view),
-                ("network", self.config.subnet),
-                ("_return_fields", f"name,{addr_field},network,network_view"),
-            ],
-        )
+            params = [("name", self._record_name(hostname)), *self._host_scope()]
+            params.append(("_return_fields", _HOST_FIELDS))
+            return self._host_entries(self._get_list("record:host", params), None)
+        entries: list[_Entry] = []
+        for v6 in self._families():
+            fixed_type, addr_field = _fixed_names(v6)
+            records = self._get_list(
+                fixed_type,
+                [
+                    ("name", hostname),
+                    ("network_view", self.config.network_view),
+                    ("_return_fields", f"name,comment,{addr_field},network_view"),
+                ],
+            )
+            entries.extend(self._fixed_entries(records, addr_field, None))
+        return entries
+
+    def _list_network(self, net: _Net) -> list[_Entry]:
+        """Every record address in ``net``: one paged list (see `entries`)."""
+        scope = [("network", net.cidr), ("network_view", self.config.network_view)]
+        if self.config.record_type == "host":
+            records = list(self._paged("record:host", [*scope, ("_return_fields", _HOST_FIELDS)]))
+            return self._host_entries(records, net)
+        fixed_type, addr_field = _fixed_names(net.v6)
+        fields = ("_return_fields", f"name,comment,{addr_field},network_view")
+        return self._fixed_entries(list(self._paged(fixed_type, [*scope, fields])), addr_field, net)
+
+    def _host_entries(self, records: list[dict[str, Any]], only: _Net | None) -> list[_Entry]:
+        entries = []
+        for record in records:
+            for family in ("ipv4", "ipv6"):
+                for item in record.get(f"{family}addrs") or []:
+                    if not isinstance(item, dict):
+                        continue
+                    address = _parse_address(item.get(f"{family}addr"))
+                    net = self._net_of(address) if address is not None else None
+                    if address is None or net is None or (only is not None and net is not only):
+                        continue
+                    entries.append(
+                        _Entry(
+                            address=address,
+                            ref=str(record["_ref"]),
+                            net=net,
+                            name=str(record.get("name") or ""),
+                            comment=str(record.get("comment") or ""),
+                            record=record,
+                        )
+                    )
+        return entries
+
+    def _fixed_entries(
+        self, records: list[dict[str, Any]], addr_field: str, only: _Net | None
+    ) -> list[_Entry]:
         entries = []
         for record in records:
             address = _parse_address(record.get(addr_field))
-            if address is not None and address in self._network:
-                entries.append(_Entry(address=address, ref=str(record["_ref"])))
+            net = self._net_of(address) if address is not None else None
+            if address is None or net is None or (only is not None and net is not only):
+                continue
+            entries.append(
+                _Entry(
+                    address=address,
+                    ref=str(record["_ref"]),
+                    net=net,
+                    name=str(record.get("name") or ""),
+                    comment=str(record.get("comment") or ""),
+                )
+            )
         return entries
 
-    def _create(self, hostname: str, description: str, exclude: frozenset[IPAddr]) -> _Entry:
-        nextavailable = self._next_available(exclude)
+    def _create(
+        self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
+    ) -> _Entry:
         body: dict[str, Any] = {
             "name": self._record_name(hostname),
             "comment": description[:MAX_COMMENT],
         }
+        family = net.family
         if self.config.record_type == "host":
-            family = "ipv6" if self._v6 else "ipv4"
-            body[f"{family}addrs"] = [{f"{family}addr": nextavailable, "configure_for_dhcp": False}]
+            body[f"{family}addrs"] = [{f"{family}addr": value, "configure_for_dhcp": False}]
             if self.config.dns_zone:
                 body["configure_for_dns"] = True
                 body["view"] = self.config.dns_view
             else:
                 body["configure_for_dns"] = False
                 body["network_view"] = self.config.network_view
-            obj_type, return_fields = "record:host", f"name,{family}addrs"
+            obj_type, return_fields = "record:host", f"name,comment,{family}addrs"
         else:
-            obj_type = self._fixed_type
+            obj_type = net.fixed_type
             body["network_view"] = self.config.network_view
-            if self._v6:
-                body["ipv6addr"] = nextavailable
+            body[f"{family}addr"] = value
+            if net.v6:
                 body["duid"] = _duid_for(hostname)
-                return_fields = "name,ipv6addr,network_view"
             else:
-                body["ipv4addr"] = nextavailable
                 body["mac"] = ZERO_MAC
-                return_fields = "name,ipv4addr,network_view"
+            return_fields = f"name,comment,{family}addr,network_view"
         if self.config.extensible_attributes:
             body["extattrs"] = {
                 name: {"value": value} for name, value in self.config.extensible_attributes.items()
@@ -584,16 +1031,36 @@ class InfobloxBackend:
             raise BackendUnavailableError(
                 f"WAPI answered the {obj_type} create with an unexpected body"
             )
+        answer.setdefault("comment", body["comment"])
         if self.config.record_type == "host":
-            addresses = [a for a in self._host_addresses(answer) if a in self._network]
+            entries = self._host_entries([answer], net)
         else:
-            address = _parse_address(answer.get("ipv6addr" if self._v6 else "ipv4addr"))
-            addresses = [address] if address is not None and address in self._network else []
-        if not addresses:
+            entries = self._fixed_entries([answer], f"{family}addr", net)
+        if not entries:
             raise BackendUnavailableError(
-                f"WAPI created {answer['_ref']!r} but returned no address of {self.config.subnet}"
+                f"WAPI created {answer['_ref']!r} but returned no address of {net.cidr}"
             )
-        return _Entry(address=addresses[0], ref=str(answer["_ref"]), record=answer)
+        return entries[0]
+
+    def _address_use(self, net: _Net, ip: IPAddr) -> tuple[bool, list[str], list[str]]:
+        """Return whether WAPI reports ``ip`` used, its ``names`` and its ``objects``.
+
+        ``GET ipv4address|ipv6address?ip_address=<ip>&network_view=<view>``.
+        """
+        found = self._get_list(
+            net.address_type,
+            [
+                ("ip_address", str(ip)),
+                ("network_view", self.config.network_view),
+                ("_return_fields", "ip_address,status,names,objects,types"),
+            ],
+        )
+        if not found:
+            return False, [], []
+        item = found[0]
+        names = [str(n) for n in item.get("names") or [] if n]
+        objects = [str(o) for o in item.get("objects") or [] if o]
+        return item.get("status") == "USED", names, objects
 
     def _delete(self, ref: str) -> None:
         try:
@@ -602,57 +1069,63 @@ class InfobloxBackend:
             log.debug("infoblox: %s was already gone", ref)
 
     def _remove_addresses(self, ref: str, record: Mapping[str, Any]) -> None:
-        family = "ipv6" if self._v6 else "ipv4"
-        kept = []
-        for item in record.get(f"{family}addrs") or []:
-            address = _parse_address(item.get(f"{family}addr"))
-            if address is not None and address in self._network:
+        """``PUT`` the host record with only its addresses outside the pool's networks."""
+        body: dict[str, Any] = {}
+        for family in ("ipv4", "ipv6"):
+            items = record.get(f"{family}addrs")
+            if not items:
                 continue
-            kept.append({k: v for k, v in item.items() if k not in ("_ref", "host")})
+            kept = []
+            for item in items:
+                address = _parse_address(item.get(f"{family}addr"))
+                if address is not None and self._net_of(address) is not None:
+                    continue
+                kept.append({k: v for k, v in item.items() if k not in ("_ref", "host")})
+            body[f"{family}addrs"] = kept
         try:
-            self._call_json("PUT", ref, json={f"{family}addrs": kept})
+            self._call_json("PUT", ref, json=body)
         except _RefNotFoundError:
             log.debug("infoblox: %s was already gone", ref)
 
-    def _get_network(self) -> dict[str, Any]:
+    def _get_network(self, net: _Net) -> dict[str, Any]:
         records = self._get_list(
-            self._network_type,
+            net.network_type,
             [
-                ("network", self.config.subnet),
+                ("network", net.cidr),
                 ("network_view", self.config.network_view),
                 ("_return_fields", "network,network_view,options"),
             ],
         )
         if not records:
-            raise self._subnet_not_found()
+            raise self._subnet_not_found(net)
         return records[0]
 
-    def _network_missing(self) -> bool:
+    def _network_missing(self, net: _Net) -> bool:
         try:
-            self._get_network()
+            self._get_network(net)
         except SubnetNotFoundError:
             return True
         except BackendError:
             return False
         return False
 
-    def _used_addresses(self) -> set[IPAddr]:
+    def _used_addresses(self, net: _Net) -> set[IPAddr]:
         """Addresses WAPI reports ``USED`` in the network, without network and broadcast."""
         params = [
-            ("network", self.config.subnet),
+            ("network", net.cidr),
             ("network_view", self.config.network_view),
             ("status", "USED"),
             ("_return_fields", "ip_address,types"),
         ]
         skip = {"NETWORK", "BROADCAST"}
         used: set[IPAddr] = set()
-        for item in self._paged(self._address_type, params):
+        for item in self._paged(net.address_type, params):
             if skip.intersection(item.get("types") or ()):
                 continue
             address = _parse_address(item.get("ip_address"))
             if address is None:
                 raise BackendUnavailableError(
-                    f"WAPI listed a used address of {self.config.subnet} without ip_address"
+                    f"WAPI listed a used address of {net.cidr} without ip_address"
                 )
             used.add(address)
         return used
@@ -686,91 +1159,97 @@ class InfobloxBackend:
 
     # ----------------------------------------------------------------- helpers
 
-    @property
-    def _fixed_type(self) -> str:
-        return "ipv6fixedaddress" if self._v6 else "fixedaddress"
+    def _families(self) -> list[bool]:
+        """Return the address families of the pool (False: IPv4, True: IPv6), in first-use order."""
+        return list(dict.fromkeys(net.v6 for net in self._nets))
 
-    @property
-    def _network_type(self) -> str:
-        return "ipv6network" if self._v6 else "network"
-
-    @property
-    def _address_type(self) -> str:
-        return "ipv6address" if self._v6 else "ipv4address"
+    def _net_of(self, address: IPAddr) -> _Net | None:
+        """Return the first network of the pool that contains ``address``."""
+        for net in self._nets:
+            if address.version == net.network.version and address in net.network:
+                return net
+        return None
 
     def _record_name(self, hostname: str) -> str:
         if self.config.record_type == "host" and self.config.dns_zone:
             return f"{hostname}.{self.config.dns_zone}"
         return hostname
 
+    def _hostname_of(self, name: str) -> str:
+        """Return a record name without the pool's DNS zone (the inverse of `_record_name`)."""
+        zone = self.config.dns_zone
+        if self.config.record_type == "host" and zone and name.lower().endswith("." + zone.lower()):
+            return name[: -len(zone) - 1]
+        return name
+
     def _view_description(self) -> str:
         if self.config.dns_zone:
             return f"DNS view {self.config.dns_view!r}"
         return f"network view {self.config.network_view!r}"
 
-    def _host_addresses(self, record: Mapping[str, Any]) -> list[IPAddr]:
-        family = "ipv6" if self._v6 else "ipv4"
-        found = []
-        for item in record.get(f"{family}addrs") or []:
-            address = _parse_address(item.get(f"{family}addr") if isinstance(item, dict) else None)
-            if address is not None:
-                found.append(address)
-        return found
+    def _pool_description(self) -> str:
+        nets = ", ".join(net.cidr for net in self._nets)
+        return f"{nets} in network view {self.config.network_view!r}"
 
     def _has_other_addresses(self, record: Mapping[str, Any]) -> bool:
         for family in ("ipv4", "ipv6"):
             for item in record.get(f"{family}addrs") or []:
                 address = _parse_address(item.get(f"{family}addr"))
-                if address is None or address not in self._network:
+                if address is None or self._net_of(address) is None:
                     return True
         return False
 
-    def _subnet_not_found(self) -> SubnetNotFoundError:
+    def _subnet_not_found(self, net: _Net) -> SubnetNotFoundError:
         return SubnetNotFoundError(
-            f"no {self._network_type} {self.config.subnet} in network view "
-            f"{self.config.network_view!r}"
+            f"no {net.network_type} {net.cidr} in network view {self.config.network_view!r}"
         )
 
-    def _allocation(self, hostname: str, entry: _Entry) -> Allocation:
+    def _allocation(
+        self, hostname: str, entry: _Entry, *, quarantined: float | None = None
+    ) -> Allocation:
+        net = entry.net
         return Allocation(
             address=str(entry.address),
-            prefix=self._network.prefixlen,
-            gateway=self.config.gateway or self._cached_gateway(),
+            prefix=net.prefixlen,
+            gateway=net.gateway or self._cached_gateway(net),
             hostname=hostname,
             ref=entry.ref,
+            subnet=net.cidr,
+            description=entry.comment,
+            quarantined_until=quarantined,
         )
 
-    def _cached_gateway(self) -> str | None:
-        """Return the network's ``routers`` gateway, read once (`describe_subnet` refreshes)."""
+    def _cached_gateway(self, net: _Net) -> str | None:
+        """Return the network's ``routers`` gateway, read once (`describe_subnets` refreshes)."""
         with self._gateway_lock:
-            if self._gateway_known:
-                return self._gateway
-        return self._refresh_gateway()
+            if net.cidr in self._routers:
+                return self._routers[net.cidr]
+        return self._refresh_gateway(net)
 
-    def _refresh_gateway(self) -> str | None:
-        gateway = _gateway_from_options(self._get_network().get("options"))
+    def _refresh_gateway(self, net: _Net) -> str | None:
+        gateway = _gateway_from_options(self._get_network(net).get("options"))
         with self._gateway_lock:
-            self._gateway, self._gateway_known = gateway, True
+            self._routers[net.cidr] = gateway
         return gateway
 
-    def _gateways(self, routers: str | None) -> frozenset[IPAddr]:
+    def _gateways(self, net: _Net, routers: str | None) -> frozenset[IPAddr]:
         """Return the gateways (override and ``routers``) next-available-IP could hand out."""
         found = set()
-        for text in (self.config.gateway, routers):
+        for text in (net.gateway, routers):
             address = _parse_address(text)
-            if address is not None and _in_hosts(address, self._network):
+            if address is not None and _in_hosts(address, net.network):
                 found.add(address)
         return frozenset(found)
 
-    def _never_assigned(self, routers: str | None) -> frozenset[IPAddr]:
+    def _never_assigned(self, net: _Net, routers: str | None) -> frozenset[IPAddr]:
         """Addresses of the network never given to a claim."""
-        net = self._network
-        never = set(self._gateways(routers))
-        if net.version == 4 and net.prefixlen < 31:
-            never.update((net.network_address, net.broadcast_address))
+        never = set(self._gateways(net, routers))
+        network = net.network
+        if network.version == 4 and network.prefixlen < 31:
+            never.update((network.network_address, network.broadcast_address))
         return frozenset(never)
 
-    def _next_available(self, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
+    def _next_available(self, net: _Net, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
         """Return the address value of a create, from which WAPI picks the address itself.
 
         Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (B.5 form 1);
@@ -778,12 +1257,12 @@ class InfobloxBackend:
         exclude addresses.
         """
         if not exclude:
-            return f"func:nextavailableip:{self.config.subnet},{self.config.network_view}"
+            return f"func:nextavailableip:{net.cidr},{self.config.network_view}"
         return {
             "_object_function": "next_available_ip",
-            "_object": self._network_type,
+            "_object": net.network_type,
             "_object_parameters": {
-                "network": self.config.subnet,
+                "network": net.cidr,
                 "network_view": self.config.network_view,
             },
             "_result_field": "ips",
@@ -983,3 +1462,25 @@ def _duid_for(hostname: str) -> str:
     """
     raw = b"\x00\x04" + uuid.uuid5(_DUID_NAMESPACE, hostname).bytes
     return ":".join(f"{byte:02x}" for byte in raw)
+
+
+def _by_ref(entries: list[_Entry]) -> dict[str, list[_Entry]]:
+    """Group entries by their record's ``_ref`` (a host record may hold several addresses)."""
+    groups: dict[str, list[_Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.ref, []).append(entry)
+    return groups
+
+
+def _ref_id(ref: str) -> str:
+    """Return the ``<type>/<id>`` part of a ``_ref`` (the name part after ``:`` may differ).
+
+    The type may hold a colon itself (``record:host/ZG5z...:m1.ns1/%20``).
+    """
+    type_name, _, rest = ref.partition("/")
+    return f"{type_name}/{rest.partition(':')[0]}"
+
+
+def _fixed_names(v6: bool) -> tuple[str, str]:
+    """Return the fixed-address object type and its address field for a family."""
+    return ("ipv6fixedaddress", "ipv6addr") if v6 else ("fixedaddress", "ipv4addr")

@@ -1,19 +1,31 @@
-"""phpIPAM REST API client for one subnet: the `IPAMBackend` behind a ``PHPIPAMIPPool``."""
+"""phpIPAM REST API client for one pool: the `IPAMBackend` behind a ``PHPIPAMIPPool``.
+
+A pool is an ordered list of 1-32 phpIPAM subnets (`PHPIPAMConfig.subnets`); one HTTP session
+and one login serve all of them.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 
-from backends.base import Allocation, SubnetInfo
+from backends.base import (
+    QUARANTINE_PREFIX,
+    Allocation,
+    SubnetInfo,
+    SubnetRef,
+    quarantine_mark,
+    quarantined_until,
+)
 from backends.errors import (
+    AddressUnavailableError,
     AuthenticationFailedError,
     BackendError,
     BackendUnavailableError,
@@ -34,6 +46,7 @@ from backends.transport import (
 
 __all__ = [
     "DESCRIPTION_MAX_CHARS",
+    "MAX_SUBNETS",
     "RESERVED_BROADCAST_HOSTNAME",
     "RESERVED_GATEWAY_DESCRIPTION",
     "RESERVED_GATEWAY_HOSTNAME",
@@ -53,6 +66,9 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: phpIPAM's ``ipaddresses.description`` column is ``varchar(64)``; MariaDB strict mode
 #: rejects longer values with a 500, so descriptions are cut to this many characters.
 DESCRIPTION_MAX_CHARS: Final = 64
+
+#: How many subnets one pool may list (``spec.subnets``, DESIGN section 3).
+MAX_SUBNETS: Final = 32
 
 #: Hostname given to the IPv6 subnet-router anycast address (``prefix::``) that phpIPAM hands
 #: out as the first "free" address of an IPv6 subnet (phpipam#3676); the row is kept so
@@ -83,8 +99,9 @@ RESERVED_HOSTNAMES: Final = frozenset(
     {RESERVED_NETWORK_HOSTNAME, RESERVED_GATEWAY_HOSTNAME, RESERVED_BROADCAST_HOSTNAME}
 )
 
-# "Not found" answers of lookups (search_hostname, DELETE by id): results, not errors.
-# phpIPAM >= 1.5 sends them as 404, <= 1.4 as HTTP 200 with success false.
+# "Not found" answers of lookups (search_hostname, search, DELETE by id, a subnet's address
+# list): results, not errors. phpIPAM >= 1.5 sends them as 404, <= 1.4 as HTTP 200 with
+# success false.
 _NOT_FOUND_MESSAGES: Final = frozenset(
     {"hostname not found", "address does not exist", "no addresses found", "address not found"}
 )
@@ -92,9 +109,54 @@ _NOT_FOUND_MESSAGES: Final = frozenset(
 _MESSAGE_MAX_CHARS: Final = 200
 
 
+def _normalise_gateway(value: str, where: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise ValueError(f"{where}gateway {value!r} is not an IP address") from None
+
+
+def _check_prefix(prefix: int | None, network: IPNetwork | None, where: str) -> None:
+    if prefix is None:
+        return
+    limit = network.max_prefixlen if network is not None else 128
+    if isinstance(prefix, bool) or not 0 <= prefix <= limit:
+        raise ValueError(f"{where}prefix must be an integer from 0 to {limit}")
+
+
+def _normalise_ref(
+    ref: SubnetRef, gateway: str | None, prefix: int | None, where: str
+) -> SubnetRef:
+    """Validate one subnet entry; fold the pool-wide ``gateway``/``prefix`` defaults in."""
+    if ref.cidr is None and ref.subnet_id is None:
+        raise ValueError(f"{where}set cidr or subnet_id")
+    if ref.subnet_id is not None and (isinstance(ref.subnet_id, bool) or ref.subnet_id <= 0):
+        raise ValueError(f"{where}subnet_id must be a positive integer")
+    network: IPNetwork | None = None
+    cidr = ref.cidr
+    if cidr is not None:
+        try:
+            network = ipaddress.ip_network(cidr.strip(), strict=True)
+        except ValueError as exc:
+            raise ValueError(f"{where}subnet is not a valid CIDR network: {exc}") from None
+        cidr = network.with_prefixlen
+    raw_gateway = ref.gateway if ref.gateway is not None else gateway
+    normalised: str | None = None
+    if raw_gateway is not None:
+        address = _normalise_gateway(raw_gateway, where)
+        if network is not None and address.version != network.version:
+            raise ValueError(f"{where}gateway and subnet must be of the same address family")
+        normalised = address.compressed
+    effective_prefix = ref.prefix if ref.prefix is not None else prefix
+    _check_prefix(effective_prefix, network, where)
+    return SubnetRef(
+        cidr=cidr, subnet_id=ref.subnet_id, gateway=normalised, prefix=effective_prefix
+    )
+
+
 @dataclass(frozen=True)
 class PHPIPAMConfig:
-    """Where and how to reach one phpIPAM subnet.
+    """Where and how to reach the subnets of one pool in phpIPAM.
 
     Attributes
     ----------
@@ -104,21 +166,33 @@ class PHPIPAMConfig:
         query or fragment.
     app_id:
         The phpIPAM API app id (Administration > API).
+    subnets:
+        The pool's subnets in order (1 to `MAX_SUBNETS` `SubnetRef` entries, each naming
+        one subnet by ``subnet_id`` or by ``cidr``, with optional ``gateway`` and ``prefix``
+        overrides; an entry with both is the subnet of that id, which must have that CIDR,
+        else `SubnetNotFoundError`). A claim gets the first free address of the first
+        subnet that has one. Leave empty to use the single-subnet form (`subnet_id` or
+        `subnet`). Kept as given (so `dataclasses.replace` works); `effective_subnets` is
+        what the client uses.
     subnet_id:
-        The phpIPAM subnet id. Exactly one of `subnet_id` and `subnet` is set.
+        Single-subnet form: the phpIPAM subnet id (the same as ``subnets`` with one
+        ``SubnetRef(subnet_id=...)``). At most one of `subnet_id`, `subnet` and `subnets`.
     subnet:
-        The subnet in CIDR notation (``10.20.0.0/24``), resolved once with
-        ``GET subnets/cidr/{net}/{mask}/``; host bits must be zero.
+        Single-subnet form: the subnet in CIDR notation (``10.20.0.0/24``), resolved once
+        with ``GET subnets/cidr/{net}/{mask}/``; host bits must be zero.
     section_id:
-        Optional section id that narrows the CIDR lookup when several sections (or VRFs)
+        Optional section id that narrows every CIDR lookup when several sections (or VRFs)
         hold the same CIDR.
     gateway:
-        The pool's gateway override (an IP address), or None to use the gateway phpIPAM
-        reports for the subnet (its ``is_gateway`` address). Reported in every
-        `Allocation` and `SubnetInfo`, and never handed out: when it lies in the subnet and
-        phpIPAM holds no row for it, it is registered once under
-        `RESERVED_GATEWAY_HOSTNAME` before the first allocation. Normalised
-        (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
+        The pool's gateway override (an IP address), the default of every subnet entry
+        without its own; None to use the gateway phpIPAM reports for each subnet (its
+        ``is_gateway`` address). Reported in every `Allocation` and `SubnetInfo`, and never
+        handed out: when it lies in the subnet and phpIPAM holds no row for it, it is
+        registered once under `RESERVED_GATEWAY_HOSTNAME` before the first allocation
+        there. Normalised (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
+    prefix:
+        The pool's prefix length override (bits), the default of every subnet entry without
+        its own; None to report each subnet's own prefix.
     username, password:
         phpIPAM user for the user token login (``POST /user/`` with HTTP Basic).
         Either both of these or `app_code` are set.
@@ -144,7 +218,10 @@ class PHPIPAMConfig:
     Raises
     ------
     ValueError
-        From the constructor when the combination of fields is invalid (see above).
+        From the constructor when the combination of fields is invalid (see above): no
+        subnet or both forms, more than `MAX_SUBNETS` entries, an entry naming no subnet,
+        the same subnet twice, a malformed CIDR or gateway, a gateway of the other address
+        family, a prefix out of range.
 
     Notes
     -----
@@ -168,6 +245,8 @@ class PHPIPAMConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     skip_ipv6_network_address: bool = True
     user_agent: str = field(default_factory=default_user_agent)
+    subnets: tuple[SubnetRef, ...] = ()
+    prefix: int | None = None
 
     def __post_init__(self) -> None:
         url = urlsplit(self.endpoint)
@@ -179,26 +258,10 @@ class PHPIPAMConfig:
             raise ValueError("endpoint must not have a query or fragment")
         if not self.app_id or "/" in self.app_id:
             raise ValueError("app_id must be a non-empty name without '/'")
-        if (self.subnet_id is None) == (self.subnet is None):
-            raise ValueError("set exactly one of subnet_id and subnet")
-        if self.subnet_id is not None and self.subnet_id <= 0:
-            raise ValueError("subnet_id must be a positive integer")
-        if self.subnet is not None:
-            try:
-                ipaddress.ip_network(self.subnet, strict=True)
-            except ValueError as exc:
-                raise ValueError(f"subnet is not a valid CIDR network: {exc}") from None
         if self.gateway is not None:
-            try:
-                gateway = ipaddress.ip_address(self.gateway.strip())
-            except ValueError:
-                raise ValueError(f"gateway {self.gateway!r} is not an IP address") from None
-            if (
-                self.subnet is not None
-                and gateway.version != ipaddress.ip_network(self.subnet).version
-            ):
-                raise ValueError("gateway and subnet must be of the same address family")
-            object.__setattr__(self, "gateway", gateway.compressed)
+            gateway = _normalise_gateway(self.gateway, "").compressed
+            object.__setattr__(self, "gateway", gateway)
+        self.effective_subnets  # noqa: B018 (validates the subnet entries)
         user_login = bool(self.username) and bool(self.password)
         if user_login == bool(self.app_code) or (
             not user_login and (self.username or self.password)
@@ -206,6 +269,46 @@ class PHPIPAMConfig:
             raise ValueError("set either username and password, or app_code (not both)")
         if self.timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
+
+    @property
+    def effective_subnets(self) -> tuple[SubnetRef, ...]:
+        """The pool's subnet entries as the client uses them, in order (1 to `MAX_SUBNETS`).
+
+        `subnets`, or the single-subnet form as one entry; CIDRs and gateways normalised,
+        the pool-wide `gateway` and `prefix` folded into entries without their own.
+        Computed from the fields on each call (cheap: at most `MAX_SUBNETS` entries), so
+        the config holds no state besides its fields.
+
+        Raises
+        ------
+        ValueError
+            As the constructor (which calls it), for invalid subnet entries.
+        """
+        single = self.subnet_id is not None or self.subnet is not None
+        entries = tuple(self.subnets)
+        if single and entries:
+            raise ValueError("set either subnets or subnet_id/subnet, not both")
+        if single:
+            if self.subnet_id is not None and self.subnet is not None:
+                raise ValueError("set exactly one of subnet_id and subnet")
+            entries = (SubnetRef(cidr=self.subnet, subnet_id=self.subnet_id),)
+        if not entries:
+            raise ValueError("set exactly one of subnet_id and subnet (or subnets)")
+        if len(entries) > MAX_SUBNETS:
+            raise ValueError(f"a pool lists at most {MAX_SUBNETS} subnets, not {len(entries)}")
+        _check_prefix(self.prefix, None, "")
+        # Errors of the single-subnet form name its fields, not subnets[0].
+        refs = tuple(
+            _normalise_ref(ref, self.gateway, self.prefix, "" if single else f"subnets[{n}]: ")
+            for n, ref in enumerate(entries)
+        )
+        seen: set[object] = set()
+        for n, ref in enumerate(refs):
+            key: object = ref.subnet_id if ref.subnet_id is not None else ref.cidr
+            if key in seen:
+                raise ValueError(f"subnets[{n}] names a subnet listed before it ({key})")
+            seen.add(key)
+        return refs
 
     @property
     def base_url(self) -> str:
@@ -224,11 +327,29 @@ class _Reply:
 
 @dataclass(frozen=True)
 class _SubnetFacts:
+    """One subnet of the pool: its entry, phpIPAM id and network, phpIPAM's gateway."""
+
+    ref: SubnetRef
     id: int
     network: IPNetwork
     #: The gateway phpIPAM reports (``gateway.ip_addr``) and the id of its row.
     gateway: str | None
     gateway_id: int | None = None
+
+    @property
+    def cidr(self) -> str:
+        """The subnet in CIDR notation, as phpIPAM records it."""
+        return self.network.with_prefixlen
+
+    @property
+    def prefix(self) -> int:
+        """The prefix reported to callers: the entry's override, else the subnet's."""
+        return self.ref.prefix if self.ref.prefix is not None else self.network.prefixlen
+
+    @property
+    def effective_gateway(self) -> str | None:
+        """The gateway reported to callers: the entry's override, else phpIPAM's."""
+        return self.ref.gateway or self.gateway
 
 
 @dataclass(frozen=True)
@@ -237,41 +358,55 @@ class _Reservation:
 
     hostname: str
     description: str
+    what: str
 
 
-_NETWORK_V6: Final = _Reservation(RESERVED_NETWORK_HOSTNAME, RESERVED_NETWORK_DESCRIPTION)
+_NETWORK_V6: Final = _Reservation(
+    RESERVED_NETWORK_HOSTNAME, RESERVED_NETWORK_DESCRIPTION, "IPv6 subnet-router anycast address"
+)
 _NETWORK_V4: Final = _Reservation(
-    RESERVED_NETWORK_HOSTNAME, "ipam-bridge: the subnet's network address, never assign"
+    RESERVED_NETWORK_HOSTNAME,
+    "ipam-bridge: the subnet's network address, never assign",
+    "network address",
 )
 _BROADCAST: Final = _Reservation(
-    RESERVED_BROADCAST_HOSTNAME, "ipam-bridge: the subnet's broadcast address, never assign"
+    RESERVED_BROADCAST_HOSTNAME,
+    "ipam-bridge: the subnet's broadcast address, never assign",
+    "broadcast address",
 )
-_GATEWAY: Final = _Reservation(RESERVED_GATEWAY_HOSTNAME, RESERVED_GATEWAY_DESCRIPTION)
+_GATEWAY: Final = _Reservation(RESERVED_GATEWAY_HOSTNAME, RESERVED_GATEWAY_DESCRIPTION, "gateway")
 
 
 @dataclass(frozen=True)
 class _Row:
-    """An address row of a ``search_hostname`` answer that lies in the pool's subnet."""
+    """An address row of a phpIPAM answer that lies in one of the pool's subnets."""
 
     id: int
+    subnet_id: int
     raw_ip: str
     hostname: str
+    description: str
+
+
+class _InvalidAddressError(InvalidRequestError):
+    """phpIPAM's 500 ``<ip> is not a valid address for subnet <cidr>`` (``POST addresses/``)."""
 
 
 class PHPIPAMBackend:
-    """`backends.base.IPAMBackend` for one phpIPAM subnet, on a `requests.Session`.
+    """`backends.base.IPAMBackend` for the subnets of one pool in phpIPAM, on a `requests.Session`.
 
     Thread-safe: the token is shared by every thread and (re)obtained under a lock, and the
     session keeps no cookies. Every public method is one operation of the shared
     `backends.transport.Transport`: bounded by ``config.retry.total_seconds``, in a slot of
     the endpoint, under ``config.retry`` (transient errors and lost allocation races are
     retried there, everything else is raised at once). Logins go through the endpoint's
-    login budget, shared with every other client of the same `EndpointRegistry`.
+    login budget, shared with every other client of the same `EndpointRegistry`. One login
+    serves every subnet of the pool.
 
     Parameters
     ----------
     config:
-        Where and how to reach the subnet.
+        Where and how to reach the subnets.
     session:
         An HTTP session to use instead of a new one (it is then not closed by `close`).
     endpoints:
@@ -288,16 +423,25 @@ class PHPIPAMBackend:
     * ``POST user/`` with HTTP Basic returns the user's token (one per user, sliding 6 h
       expiry); an unknown or expired token gives 401 ``Unauthorized`` on other controllers;
     * ``POST addresses/first_free/{subnetId}/`` reserves the lowest free address atomically
-      except for a race that surfaces as 409 or a 500 ``Duplicate entry``;
+      except for a race that surfaces as 409 or a 500 ``Duplicate entry``; a full subnet
+      answers 404 ``No free addresses found`` (3i-3);
+    * ``POST addresses/`` with ``subnetId`` and ``ip`` creates that address: 201 with the
+      new id (5a), 409 ``IP address already exists`` when the subnet holds it (5b; under a
+      lost race also the 500 ``Duplicate entry``), 500 ``<ip> is not a valid address for
+      subnet <cidr>`` outside the subnet or at its IPv4 network/broadcast address (5c-5e);
+    * ``PATCH addresses/{id}/`` changes ``hostname`` and ``description`` (10c);
     * ``addresses/search_hostname/{h}/`` matches exactly (case-insensitively) across every
       subnet; 2nd and later rows may carry ``ip`` as a decimal integer;
+      ``addresses/search/{ip}/`` lists the rows of an address in every subnet (4h);
+    * ``GET subnets/{id}/addresses/`` lists every row of a subnet; an empty subnet answers
+      404 ``No addresses found`` (2c, 2m);
     * ``DELETE addresses/{ip}/{subnetId}/`` is broken (PHP fatal error when the address is
       gone), so addresses are deleted by id only;
     * first-free skips every address that has a row, and for IPv4 below /31 (subnets not
       flagged "is pool") the network and broadcast addresses; nothing else (A.5). The
       gateway is skipped only because phpIPAM's gateway is itself a row (``is_gateway``).
 
-    Never handed out to a claim: the gateway (the pool's override and phpIPAM's), the IPv4
+    Never handed out to a claim: the gateway (the entry's override and phpIPAM's), the IPv4
     network and broadcast addresses below /31, and (with ``skip_ipv6_network_address``) the
     IPv6 subnet-router anycast address. A gateway without a row is registered once under
     `RESERVED_GATEWAY_HOSTNAME` (``POST addresses/``; a 409 means someone registered it
@@ -305,6 +449,10 @@ class PHPIPAMBackend:
     renamed to the matching reserved hostname instead of being given to the claim. Rows this
     client did not create are never changed or deleted (rows under the claim's hostname are
     the claim's).
+
+    Quarantine (`backends.base`): a released entry may be kept with the hostname
+    ``quarantined.<hostname>`` and the description `backends.base.quarantine_mark` (cut to
+    `DESCRIPTION_MAX_CHARS`); `purge_quarantined` deletes it once the time has passed.
 
     """
 
@@ -324,10 +472,11 @@ class PHPIPAMBackend:
         )
         self._auth_lock = threading.Lock()
         self._token: str | None = config.app_code
+        self._refs: tuple[SubnetRef, ...] = config.effective_subnets
         self._subnet_lock = threading.Lock()
-        self._subnet_id: int | None = config.subnet_id
-        self._facts: _SubnetFacts | None = None
-        # Gateways known to have a row in the subnet (registered here or found registered).
+        self._subnet_ids: list[int | None] = [ref.subnet_id for ref in self._refs]
+        self._facts: list[_SubnetFacts | None] = [None] * len(self._refs)
+        # Gateways known to have a row in their subnet (registered here or found registered).
         self._gateway_lock = threading.Lock()
         self._gateway_rows: set[tuple[int, str]] = set()
 
@@ -337,8 +486,9 @@ class PHPIPAMBackend:
         return self._config
 
     def __repr__(self) -> str:
-        target = self._config.subnet_id or self._config.subnet
-        return f"PHPIPAMBackend(endpoint={self._config.endpoint!r}, subnet={target!r})"
+        targets = [ref.subnet_id or ref.cidr for ref in self._refs]
+        shown = targets[0] if len(targets) == 1 else targets
+        return f"PHPIPAMBackend(endpoint={self._config.endpoint!r}, subnet={shown!r})"
 
     def __enter__(self) -> PHPIPAMBackend:
         return self
@@ -348,14 +498,14 @@ class PHPIPAMBackend:
 
     # ----------------------------------------------------------------- public API
 
-    def describe_subnet(self) -> SubnetInfo:
-        """Return the subnet's CIDR, prefix, gateway and usage.
+    def describe_subnets(self) -> list[SubnetInfo]:
+        """Return each subnet's CIDR, prefix, gateway and usage, in the pool's order.
 
-        Uses ``GET subnets/{id}/`` (CIDR from ``subnet`` + ``mask``, gateway from
+        Per subnet: ``GET subnets/{id}/`` (CIDR from ``subnet`` + ``mask``, gateway from
         ``gateway.ip_addr`` when phpIPAM has a gateway address) and
-        ``GET subnets/{id}/usage/`` (total = ``maxhosts``, used = ``used``,
-        free = ``freehosts``). Also refreshes the prefix and gateway that `find` and
-        `allocate` report.
+        ``GET subnets/{id}/usage/`` (total = ``maxhosts``, used = ``used``, free =
+        ``freehosts``; every row counts as used, quarantined ones included). Also refreshes
+        the facts (prefix, gateway) that `find` and `allocate` report.
 
         A gateway override that lies in the subnet counts as used even before it is
         registered (it is never handed out), so the figures do not move when the first
@@ -364,28 +514,33 @@ class PHPIPAMBackend:
 
         Returns
         -------
-        SubnetInfo
-            ``gateway`` is `PHPIPAMConfig.gateway` when set, else phpIPAM's. Counts are
-            Python ints and may exceed 2**63 for IPv6 subnets.
+        list[SubnetInfo]
+            One per subnet entry. ``prefix`` and ``gateway`` are the entry's overrides when
+            set, else phpIPAM's. Counts are Python ints and may exceed 2**63 for IPv6.
 
         Raises
         ------
         SubnetNotFoundError
-            The subnet id or CIDR does not exist (or the CIDR matches several subnets).
+            A subnet id or CIDR does not exist (or a CIDR matches several subnets); the
+            message names it.
         AuthenticationFailedError, InvalidRequestError, BackendUnavailableError
             See `backends.errors`.
 
         """
-        return self._retry("describe_subnet", self._describe_subnet_once)
+        return self._retry(
+            "describe_subnets",
+            lambda: [self._describe_once(n) for n in range(len(self._refs))],
+        )
 
     def find(self, hostname: str) -> Allocation | None:
-        """Return the address registered under ``hostname`` in this subnet, or None.
+        """Return the address registered under ``hostname`` in the pool's subnets, or None.
 
-        ``GET addresses/search_hostname/{hostname}/``, keeping only rows of this subnet
-        whose hostname equals ``hostname`` (case-insensitively, like phpIPAM); the oldest
-        (lowest id) row wins. Rows at an address that is never handed out (the gateway,
-        the network or broadcast address; see the class notes) are not a claim's address
-        and are ignored.
+        One ``GET addresses/search_hostname/{hostname}/`` (phpIPAM searches every subnet),
+        keeping only rows of the pool's subnets whose hostname equals ``hostname``
+        (case-insensitively, like phpIPAM); the oldest (lowest id) row wins. Quarantined
+        rows (a `backends.base.quarantine_mark` description) and rows at an address that is
+        never handed out (the gateway, the network or broadcast address; see the class
+        notes) are not a claim's address and are ignored.
 
         Raises
         ------
@@ -396,33 +551,46 @@ class PHPIPAMBackend:
         """
 
         def attempt() -> Allocation | None:
-            facts = self._subnet_facts()
-            never = self._never_assigned(facts)
-            usable = [
-                r for r in self._search(hostname, facts.id) if _row_address(r, facts) not in never
-            ]
-            return self._allocation(usable[0], hostname, facts) if usable else None
+            facts = self._facts_by_id()
+            for row in self._search(hostname, facts):
+                subnet = facts[row.subnet_id]
+                address = _row_address(row, subnet.network)
+                if address not in self._never_assigned(subnet):
+                    return self._allocation(row, address, subnet, hostname)
+            return None
 
         return self._retry("find", attempt)
 
-    def allocate(self, hostname: str, description: str) -> Allocation:
-        """Return the address of ``hostname``, registering the first free one if needed.
+    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+        """Return the address of ``hostname``, registering one if needed.
 
-        Searches first (an existing row is adopted, so a repeat never creates a second
-        entry), then ``POST addresses/first_free/{subnetId}/`` with JSON
-        ``{"hostname", "description"}``. A lost race (409 ``IP address already exists``,
-        500 ``Duplicate entry``) raises `ConflictError` inside the retry policy, which
-        searches again before the next POST.
+        First free (``address`` None): searches first (an existing row in any of the
+        pool's subnets is adopted, so a repeat never creates a second entry), then, subnet
+        by subnet in the pool's order, ``POST addresses/first_free/{subnetId}/`` with JSON
+        ``{"hostname", "description"}``; a subnet answering 404 ``No free addresses found``
+        is skipped (that answer is the only round trip it costs). A lost race (409 ``IP
+        address already exists``, 500 ``Duplicate entry``) raises `ConflictError` inside
+        the retry policy, which searches again before the next POST.
 
-        Before the first POST, a gateway without a row (the pool's override) is registered
-        under `RESERVED_GATEWAY_HOSTNAME` with ``POST addresses/`` ``{"subnetId", "ip",
-        "hostname", "description"}`` (once per client; 409 ``IP address already exists``
-        means it is registered already). When first-free still hands out an address that
-        is never assigned (the gateway, the IPv4 network or broadcast address of an "is
-        pool" subnet, or with `PHPIPAMConfig.skip_ipv6_network_address` the IPv6 network
-        address), the new row is renamed to the matching reserved hostname
-        (``PATCH addresses/{id}/``) and the POST repeated; rows of ``hostname`` at such an
-        address (left by an interrupted attempt) are renamed the same way, never adopted.
+        Requested address: the subnet of the pool that contains it is chosen; unless
+        ``hostname`` already holds that very address (returned as it is) or another one of
+        the pool (`AddressUnavailableError`: one address per claim), ``POST
+        addresses/`` with ``{"subnetId", "ip", "hostname", "description"}``. When phpIPAM
+        answers that the address exists (409, or the 500 ``Duplicate entry`` of a race
+        with a first-free), ``GET addresses/search/{ip}/`` tells who holds it: the claim's
+        own hostname (a repeat whose answer was lost) is returned, anyone else is
+        `AddressUnavailableError` naming the holder.
+
+        Before the first POST into a subnet, a gateway without a row (the entry's override)
+        is registered under `RESERVED_GATEWAY_HOSTNAME` with ``POST addresses/``
+        ``{"subnetId", "ip", "hostname", "description"}`` (once per client and subnet; 409
+        ``IP address already exists`` means it is registered already). When first-free
+        still hands out an address that is never assigned (the gateway, the IPv4 network or
+        broadcast address of an "is pool" subnet, or with
+        `PHPIPAMConfig.skip_ipv6_network_address` the IPv6 network address), the new row
+        is renamed to the matching reserved hostname (``PATCH addresses/{id}/``) and the
+        POST repeated; rows of ``hostname`` at such an address (left by an interrupted
+        attempt) are renamed the same way, never adopted.
 
         Parameters
         ----------
@@ -430,16 +598,23 @@ class PHPIPAMBackend:
             The claim's key.
         description:
             Provenance text; cut to `DESCRIPTION_MAX_CHARS` characters.
+        address:
+            The requested address (IPv4 or IPv6 text), or None for first free.
 
         Returns
         -------
         Allocation
-            ``ref`` is the phpIPAM address id as a string.
+            ``ref`` is the phpIPAM address id as a string; ``prefix`` and ``gateway`` are
+            those of the subnet the address is in.
 
         Raises
         ------
         SubnetExhaustedError
-            phpIPAM answered ``No free addresses found``.
+            Every subnet of the pool answered ``No free addresses found`` (first free).
+        AddressUnavailableError
+            The requested address is held by another row (``holder`` is its hostname), lies
+            outside every subnet of the pool, is never handed out (gateway, network,
+            broadcast address), or is not an IP address. Nothing was registered.
         ConflictError
             The race was lost on every attempt of the retry policy.
         SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
@@ -447,38 +622,139 @@ class PHPIPAMBackend:
             See `backends.errors`.
 
         """
-        return self._retry("allocate", lambda: self._allocate_once(hostname, description))
+        if address is None:
+            return self._retry("allocate", lambda: self._allocate_first_free(hostname, description))
+        return self._retry(
+            "allocate", lambda: self._allocate_address(hostname, description, address)
+        )
 
-    def release(self, hostname: str) -> bool:
-        """Delete every row registered under ``hostname`` in this subnet.
+    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+        """Delete (or quarantine) every row registered under ``hostname`` in the pool.
 
-        Searches by hostname, then ``DELETE addresses/{id}/`` for each row of this subnet
-        (never ``addresses/{ip}/{subnetId}/``, which phpIPAM answers with a PHP fatal error
-        when the address is already gone). 404 ``Address does not exist`` counts as done.
+        One search (``GET addresses/search_hostname/{hostname}/``), then for each row of the
+        pool's subnets either ``DELETE addresses/{id}/`` (never ``addresses/{ip}/
+        {subnetId}/``, which phpIPAM answers with a PHP fatal error when the address is
+        already gone; 404 ``Address does not exist`` counts as done), or, with
+        ``quarantine_until``, ``PATCH addresses/{id}/`` with ``{"hostname":
+        "quarantined.<hostname>", "description": quarantine_mark(until, former)}`` (cut to
+        `DESCRIPTION_MAX_CHARS` and stripped of trailing blanks, so little of the former
+        description survives; the row and its address stay registered). Rows already
+        quarantined are left as they are.
+
+        Parameters
+        ----------
+        hostname:
+            The claim's key.
+        quarantine_until:
+            Unix time (seconds) until which the address stays out of use, or None to delete.
 
         Returns
         -------
         bool
-            True when this call deleted at least one row, False when there was none.
+            True when this call deleted or marked at least one row, False when there was
+            none.
 
         Raises
         ------
         SubnetNotFoundError
-            Only when the pool names its subnet by CIDR and that CIDR no longer resolves.
+            Only when the pool names a subnet by CIDR and that CIDR no longer resolves.
         AuthenticationFailedError, InvalidRequestError, BackendUnavailableError
             See `backends.errors`.
 
         """
-        deleted: list[int] = []  # survives retries: a row deleted by attempt 1 counts
+        done: list[int] = []  # survives retries: a row handled by attempt 1 counts
 
         def attempt() -> bool:
-            for row in self._search(hostname, self._resolve_subnet_id()):
-                if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
-                    deleted.append(row.id)
-                    log.info("phpIPAM: deleted address id %d of %s", row.id, hostname)
-            return bool(deleted)
+            for row in self._search(hostname, self._resolve_ids()):
+                if quarantine_until is None:
+                    if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
+                        done.append(row.id)
+                        log.info("phpIPAM: deleted address id %d of %s", row.id, hostname)
+                    continue
+                mark = quarantine_mark(quarantine_until, row.description)
+                body = {
+                    "hostname": f"{QUARANTINE_PREFIX}{hostname}",
+                    "description": mark[:DESCRIPTION_MAX_CHARS].rstrip(),
+                }
+                if self._lookup("PATCH", f"addresses/{row.id}/", json=body) is not None:
+                    done.append(row.id)
+                    log.info("phpIPAM: quarantined address id %d of %s: %s", row.id, hostname, mark)
+            return bool(done)
 
         return self._retry("release", attempt)
+
+    def purge_quarantined(self, now: float) -> list[str]:
+        """Delete the quarantined rows of the pool's subnets whose quarantine ended.
+
+        Per subnet ``GET subnets/{id}/addresses/`` (404 ``No addresses found`` is an empty
+        subnet), then ``DELETE addresses/{id}/`` for each row whose hostname starts with
+        ``quarantined.`` and whose description carries a `backends.base.quarantine_mark`
+        at or before ``now``. Idempotent.
+
+        Parameters
+        ----------
+        now:
+            The current Unix time in seconds.
+
+        Returns
+        -------
+        list[str]
+            The addresses this call deleted.
+
+        Raises
+        ------
+        SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
+        BackendUnavailableError
+            See `backends.errors`.
+
+        """
+        deleted: list[str] = []  # survives retries
+
+        def attempt() -> list[str]:
+            for subnet in self._all_facts():
+                for row in self._list_rows(subnet):
+                    until = _quarantine_end(row)
+                    if until is None or until > now:
+                        continue
+                    if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
+                        address = _row_address(row, subnet.network)
+                        deleted.append(address)
+                        log.info(
+                            "phpIPAM: deleted %s (id %d): its quarantine ended",
+                            address,
+                            row.id,
+                        )
+            return list(deleted)
+
+        return self._retry("purge_quarantined", attempt)
+
+    def entries(self) -> list[Allocation]:
+        """Return every row registered in the pool's subnets, whoever made it.
+
+        One ``GET subnets/{id}/addresses/`` per subnet (404 ``No addresses found`` is an
+        empty subnet), for the drift audit. Every row is returned: other people's and
+        tools' rows, the gateway, reservations of ours (`RESERVED_HOSTNAMES`) and
+        quarantined rows (with `Allocation.quarantined_until`). ``hostname`` and
+        ``description`` are as stored (``""`` when phpIPAM has none), ``subnet`` is the
+        subnet's CIDR, ``prefix`` and ``gateway`` are those of the subnet.
+
+        Raises
+        ------
+        SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
+        BackendUnavailableError
+            See `backends.errors`.
+
+        """
+
+        def attempt() -> list[Allocation]:
+            found: list[Allocation] = []
+            for subnet in self._all_facts():
+                for row in self._list_rows(subnet):
+                    allocation = self._allocation(row, _row_address(row, subnet.network), subnet)
+                    found.append(allocation)
+            return found
+
+        return self._retry("entries", attempt)
 
     def close(self) -> None:
         """Close the HTTP session (if this client created it).
@@ -495,8 +771,8 @@ class PHPIPAMBackend:
     def _retry(self, name: str, fn: Callable[[], T]) -> T:
         return self._transport.call(name, fn)
 
-    def _describe_subnet_once(self) -> SubnetInfo:
-        facts = self._subnet_facts(refresh=True)
+    def _describe_once(self, index: int) -> SubnetInfo:
+        facts = self._subnet_facts(index, refresh=True)
         usage = self._data(self._call("GET", f"subnets/{facts.id}/usage/"), dict)
         total = _to_int(usage.get("maxhosts"), "maxhosts")
         used = _to_int(usage.get("used", usage.get("Used")), "used")
@@ -507,52 +783,166 @@ class PHPIPAMBackend:
             # Not free although phpIPAM counts it so: it is registered before any allocation.
             used, free = used + 1, free - 1
         return SubnetInfo(
-            cidr=facts.network.with_prefixlen,
-            prefix=facts.network.prefixlen,
-            gateway=self._gateway(facts),
+            cidr=facts.cidr,
+            prefix=facts.prefix,
+            gateway=facts.effective_gateway,
             total=total,
             used=used,
             free=max(free, 0),
         )
 
-    def _allocate_once(self, hostname: str, description: str) -> Allocation:
-        facts = self._subnet_facts()
-        never = self._never_assigned(facts)
-        usable: list[_Row] = []
-        for row in self._search(hostname, facts.id):
-            address = _row_address(row, facts)
+    def _adopt(self, hostname: str, facts: Mapping[int, _SubnetFacts]) -> Allocation | None:
+        """Return the oldest usable row of ``hostname`` in the pool, renaming unusable ones."""
+        usable: list[tuple[_Row, str]] = []
+        for row in self._search(hostname, facts):
+            subnet = facts[row.subnet_id]
+            address = _row_address(row, subnet.network)
+            never = self._never_assigned(subnet)
             if address in never:
                 # Left behind by an attempt interrupted between the POST and the PATCH.
-                self._reserve_row(row.id, address, never[address], facts)
+                self._reserve_row(row.id, address, never[address], subnet)
             else:
-                usable.append(row)
-        if usable:
-            log.info("phpIPAM: %s already has address id %d", hostname, usable[0].id)
-            return self._allocation(usable[0], hostname, facts)
+                usable.append((row, address))
+        if not usable:
+            return None
+        row, address = usable[0]
+        log.info("phpIPAM: %s already has address id %d", hostname, row.id)
+        return self._allocation(row, address, facts[row.subnet_id], hostname)
 
-        self._register_gateway(facts)
+    def _allocate_first_free(self, hostname: str, description: str) -> Allocation:
+        subnets = self._all_facts()
+        existing = self._adopt(hostname, {s.id: s for s in subnets})
+        if existing is not None:
+            return existing
         body = {"hostname": hostname, "description": description[:DESCRIPTION_MAX_CHARS]}
+        full: list[str] = []
+        status: int | None = None
+        for subnet in subnets:
+            try:
+                return self._first_free_in(subnet, hostname, body)
+            except SubnetExhaustedError as exc:
+                full.append(subnet.cidr)
+                status = exc.status
+                log.info("phpIPAM: subnet %s (id %d) is full", subnet.cidr, subnet.id)
+        which = "the subnet" if len(full) == 1 else f"all {len(full)} subnets"
+        raise SubnetExhaustedError(
+            f"phpIPAM: no free address in {which} of the pool ({', '.join(full)}): "
+            "No free addresses found",
+            status=status,
+        )
+
+    def _first_free_in(
+        self, subnet: _SubnetFacts, hostname: str, body: Mapping[str, Any]
+    ) -> Allocation:
+        never = self._never_assigned(subnet)
+        self._register_gateway(subnet)
         # Once such an address has a row phpIPAM never offers it again: one POST more than
         # there are addresses that are never assigned is always enough.
         for _ in range(len(never) + 1):
-            created = self._call("POST", f"addresses/first_free/{facts.id}/", json=body)
+            created = self._call("POST", f"addresses/first_free/{subnet.id}/", json=body)
             address = _parse_ip(created.get("data"), "first_free data")
             ref = str(created.get("id") or "")
             if not ref.isdigit():
                 raise BackendUnavailableError("phpIPAM created an address but sent no id")
             if address in never:
-                self._reserve_row(int(ref), address, never[address], facts)
+                self._reserve_row(int(ref), address, never[address], subnet)
                 continue
             log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
             return Allocation(
                 address=address,
-                prefix=facts.network.prefixlen,
-                gateway=self._gateway(facts),
+                prefix=subnet.prefix,
+                gateway=subnet.effective_gateway,
                 hostname=hostname,
                 ref=ref,
+                subnet=subnet.cidr,
+                description=str(body["description"]),
             )
         raise BackendUnavailableError(
             f"phpIPAM kept offering addresses that are never assigned ({', '.join(sorted(never))})"
+        )
+
+    def _allocate_address(self, hostname: str, description: str, requested: str) -> Allocation:
+        text = requested.strip()
+        try:
+            address = ipaddress.ip_address(text).compressed
+        except ValueError:
+            raise AddressUnavailableError(
+                f"requested address {text!r} is not an IP address; nothing registered",
+                address=text,
+            ) from None
+        subnets = self._all_facts()
+        subnet = next((s for s in subnets if ipaddress.ip_address(address) in s.network), None)
+        if subnet is None:
+            cidrs = ", ".join(s.cidr for s in subnets)
+            raise AddressUnavailableError(
+                f"requested address {address} lies outside every subnet of the pool ({cidrs}); "
+                "nothing registered",
+                address=address,
+            )
+        reservation = self._never_assigned(subnet).get(address)
+        if reservation is not None:
+            raise AddressUnavailableError(
+                f"requested address {address} is the {reservation.what} of subnet "
+                f"{subnet.cidr} and is never handed out; nothing registered",
+                address=address,
+            )
+        facts = self._facts_by_id()
+        for row in self._search(hostname, facts):
+            held = _row_address(row, facts[row.subnet_id].network)
+            if held == address:
+                log.info("phpIPAM: %s already has %s (id %d)", hostname, address, row.id)
+                return self._allocation(row, address, subnet, hostname)
+            if held not in self._never_assigned(facts[row.subnet_id]):
+                raise AddressUnavailableError(
+                    f"requested address {address}: {hostname} already holds {held} in the "
+                    "pool (one address per claim); nothing registered",
+                    address=address,
+                )
+        cut = description[:DESCRIPTION_MAX_CHARS]
+        body = {"subnetId": subnet.id, "ip": address, "hostname": hostname, "description": cut}
+        try:
+            created = self._call("POST", "addresses/", json=body)
+        except ConflictError:
+            return self._holder_of(address, subnet, hostname)
+        except _InvalidAddressError as exc:
+            raise AddressUnavailableError(
+                f"requested address {address} is not valid in subnet {subnet.cidr} for "
+                f"phpIPAM ({exc.message}); nothing registered",
+                address=address,
+                status=exc.status,
+            ) from None
+        ref = str(created.get("id") or "")
+        if not ref.isdigit():
+            raise BackendUnavailableError("phpIPAM created an address but sent no id")
+        log.info("phpIPAM: registered requested %s (id %s) to %s", address, ref, hostname)
+        return Allocation(
+            address=address,
+            prefix=subnet.prefix,
+            gateway=subnet.effective_gateway,
+            hostname=hostname,
+            ref=ref,
+            subnet=subnet.cidr,
+            description=cut,
+        )
+
+    def _holder_of(self, address: str, subnet: _SubnetFacts, hostname: str) -> Allocation:
+        """After phpIPAM said ``address`` exists: ours (returned) or someone else's (raise)."""
+        answer = self._lookup("GET", f"addresses/search/{address}/")
+        rows = self._rows(answer, {subnet.id}) if answer is not None else []
+        if not rows:
+            # Deleted again since phpIPAM refused it: try once more under the retry policy.
+            raise ConflictError(f"phpIPAM: {address} was taken, then freed again; retrying")
+        row = rows[0]
+        if row.hostname.lower() == hostname.lower() and _quarantine_end(row) is None:
+            log.info("phpIPAM: %s already has %s (id %d)", hostname, address, row.id)
+            return self._allocation(row, address, subnet, hostname)
+        holder = row.hostname or None
+        shown = repr(holder) if holder is not None else "an entry without hostname"
+        raise AddressUnavailableError(
+            f"requested address {address} in subnet {subnet.cidr} is held by {shown}; "
+            "nothing registered",
+            address=address,
+            holder=holder,
         )
 
     def _reserve_row(
@@ -579,10 +969,6 @@ class PHPIPAMBackend:
 
     # ----------------------------------------------------------------- gateway
 
-    def _gateway(self, facts: _SubnetFacts) -> str | None:
-        """Return the gateway reported to callers: the pool's override, else phpIPAM's."""
-        return self._config.gateway or facts.gateway
-
     def _never_assigned(self, facts: _SubnetFacts) -> dict[str, _Reservation]:
         """Addresses of the subnet never given to a claim, with the row name that keeps each."""
         net = facts.network
@@ -592,7 +978,7 @@ class PHPIPAMBackend:
             never[net.broadcast_address.compressed] = _BROADCAST
         elif net.version == 6 and self._config.skip_ipv6_network_address:
             never[net.network_address.compressed] = _NETWORK_V6
-        for gateway in (facts.gateway, self._config.gateway):
+        for gateway in (facts.gateway, facts.ref.gateway):
             if gateway is not None and ipaddress.ip_address(gateway) in net:
                 never.setdefault(gateway, _GATEWAY)
         return never
@@ -603,7 +989,7 @@ class PHPIPAMBackend:
         phpIPAM's own gateway is a row; the override is one only once registered. An address
         outside the subnet, or its IPv4 network or broadcast address, is never offered.
         """
-        gateway = self._config.gateway
+        gateway = facts.ref.gateway
         if gateway is None and facts.gateway_id is None:
             gateway = facts.gateway  # a gateway without a row id: not seen in phpIPAM
         if gateway is None or (gateway == facts.gateway and facts.gateway_id is not None):
@@ -618,11 +1004,7 @@ class PHPIPAMBackend:
     def _gateway_has_row(self, facts: _SubnetFacts, gateway: str) -> bool:
         """Look the gateway up (``GET addresses/search/{ip}/``); remember a row once seen."""
         answer = self._lookup("GET", f"addresses/search/{gateway}/")
-        rows = self._data(answer, list) if answer is not None else []
-        found = any(
-            isinstance(r, Mapping) and _to_int(r.get("subnetId"), "subnetId") == facts.id
-            for r in rows
-        )
+        found = answer is not None and bool(self._rows(answer, {facts.id}))
         if found:
             with self._gateway_lock:
                 self._gateway_rows.add((facts.id, gateway))
@@ -664,8 +1046,13 @@ class PHPIPAMBackend:
                 )
             self._gateway_rows.add((facts.id, gateway))
 
-    def _search(self, hostname: str, subnet_id: int) -> list[_Row]:
-        """Rows of ``subnet_id`` registered under ``hostname``, oldest first."""
+    # ----------------------------------------------------------------- rows
+
+    def _search(self, hostname: str, subnet_ids: Collection[int]) -> list[_Row]:
+        """Rows of the given subnets registered under ``hostname``, oldest first.
+
+        Quarantined rows (a `backends.base.quarantine_mark` description) are left out.
+        """
         if not hostname.strip() or "/" in hostname:
             # phpIPAM drops empty path segments and splits on "/" before decoding.
             raise InvalidRequestError(f"invalid hostname {hostname!r} for phpIPAM")
@@ -676,41 +1063,72 @@ class PHPIPAMBackend:
         answer = self._lookup("GET", f"addresses/search_hostname/{quote(hostname, safe='')}/")
         if answer is None:
             return []
+        return [
+            row
+            for row in self._rows(answer, subnet_ids)
+            if row.hostname.lower() == hostname.lower()
+            and quarantined_until(row.description) is None
+        ]
+
+    def _list_rows(self, facts: _SubnetFacts) -> list[_Row]:
+        """Every row of one subnet (``GET subnets/{id}/addresses/``), oldest first."""
+        answer = self._lookup("GET", f"subnets/{facts.id}/addresses/")
+        return self._rows(answer, {facts.id}) if answer is not None else []
+
+    def _rows(self, answer: dict[str, Any], subnet_ids: Collection[int]) -> list[_Row]:
+        """Return the address rows of an answer that lie in ``subnet_ids``, by id."""
         rows: list[_Row] = []
         for raw in self._data(answer, list):
             if not isinstance(raw, Mapping):
-                raise BackendUnavailableError("phpIPAM search answer holds a non-object row")
-            if _to_int(raw.get("subnetId"), "subnetId") != subnet_id:
-                continue
-            if str(raw.get("hostname") or "").lower() != hostname.lower():
+                raise BackendUnavailableError("phpIPAM answer holds a non-object address row")
+            subnet_id = _to_int(raw.get("subnetId"), "subnetId")
+            if subnet_id not in subnet_ids:
                 continue
             rows.append(
-                _Row(id=_to_int(raw.get("id"), "id"), raw_ip=str(raw.get("ip")), hostname=hostname)
+                _Row(
+                    id=_to_int(raw.get("id"), "id"),
+                    subnet_id=subnet_id,
+                    raw_ip=str(raw.get("ip")),
+                    hostname=str(raw.get("hostname") or ""),
+                    description=str(raw.get("description") or ""),
+                )
             )
         return sorted(rows, key=lambda r: r.id)
 
-    def _allocation(self, row: _Row, hostname: str, facts: _SubnetFacts) -> Allocation:
+    def _allocation(
+        self, row: _Row, address: str, facts: _SubnetFacts, hostname: str | None = None
+    ) -> Allocation:
+        """Return a row's `Allocation`; ``hostname`` (the claim's key) replaces the stored one."""
         return Allocation(
-            address=_row_address(row, facts),
-            prefix=facts.network.prefixlen,
-            gateway=self._gateway(facts),
-            hostname=hostname,
+            address=address,
+            prefix=facts.prefix,
+            gateway=facts.effective_gateway,
+            hostname=hostname if hostname is not None else row.hostname,
             ref=str(row.id),
+            subnet=facts.cidr,
+            description=row.description,
+            quarantined_until=_quarantine_end(row),
         )
 
-    # ----------------------------------------------------------------- subnet
+    # ----------------------------------------------------------------- subnets
 
-    def _resolve_subnet_id(self) -> int:
-        if self._subnet_id is not None:
-            return self._subnet_id
+    def _resolve_id(self, index: int) -> int:
+        known = self._subnet_ids[index]
+        if known is not None:
+            return known
         with self._subnet_lock:
-            if self._subnet_id is None:
-                self._subnet_id = self._lookup_cidr()
-            return self._subnet_id
+            resolved = self._subnet_ids[index]
+            if resolved is None:
+                resolved = self._lookup_cidr(self._refs[index])
+                self._subnet_ids[index] = resolved
+            return resolved
 
-    def _lookup_cidr(self) -> int:
-        assert self._config.subnet is not None  # guaranteed by PHPIPAMConfig
-        net = ipaddress.ip_network(self._config.subnet)
+    def _resolve_ids(self) -> list[int]:
+        return [self._resolve_id(n) for n in range(len(self._refs))]
+
+    def _lookup_cidr(self, ref: SubnetRef) -> int:
+        assert ref.cidr is not None  # guaranteed by PHPIPAMConfig
+        net = ipaddress.ip_network(ref.cidr)
         # The CIDR goes in as two path segments: phpIPAM splits the path before decoding.
         answer = self._call(
             "GET", f"subnets/cidr/{net.network_address.compressed}/{net.prefixlen}/"
@@ -732,10 +1150,17 @@ class PHPIPAMBackend:
         log.info("phpIPAM: subnet %s%s is id %d", net, where, subnet_id)
         return subnet_id
 
-    def _subnet_facts(self, *, refresh: bool = False) -> _SubnetFacts:
-        if self._facts is not None and not refresh:
-            return self._facts
-        subnet_id = self._resolve_subnet_id()
+    def _all_facts(self) -> list[_SubnetFacts]:
+        return [self._subnet_facts(n) for n in range(len(self._refs))]
+
+    def _facts_by_id(self) -> dict[int, _SubnetFacts]:
+        return {facts.id: facts for facts in self._all_facts()}
+
+    def _subnet_facts(self, index: int, *, refresh: bool = False) -> _SubnetFacts:
+        cached = self._facts[index]
+        if cached is not None and not refresh:
+            return cached
+        subnet_id = self._resolve_id(index)
         data = self._data(self._call("GET", f"subnets/{subnet_id}/"), dict)
         try:
             network = ipaddress.ip_network(f"{data.get('subnet')}/{data.get('mask')}", strict=False)
@@ -750,8 +1175,24 @@ class PHPIPAMBackend:
             gateway = _parse_ip(gateway_obj.get("ip_addr"), "gateway.ip_addr")
             raw_id = gateway_obj.get("id", data.get("gatewayId"))
             gateway_id = _to_int(raw_id, "gateway.id") if raw_id not in (None, "") else None
-        facts = _SubnetFacts(id=subnet_id, network=network, gateway=gateway, gateway_id=gateway_id)
-        self._facts = facts
+        ref = self._refs[index]
+        if (
+            ref.cidr is not None
+            and ref.subnet_id is not None
+            and network.with_prefixlen != ref.cidr
+        ):
+            raise SubnetNotFoundError(
+                f"phpIPAM subnet {subnet_id} is {network.with_prefixlen}, not {ref.cidr} as the "
+                "pool names it"
+            )
+        facts = _SubnetFacts(
+            ref=ref,
+            id=subnet_id,
+            network=network,
+            gateway=gateway,
+            gateway_id=gateway_id,
+        )
+        self._facts[index] = facts
         return facts
 
     # ----------------------------------------------------------------- HTTP
@@ -936,6 +1377,9 @@ class PHPIPAMBackend:
             return SubnetNotFoundError(text, status=status)
         if m.startswith("no free addresses found"):
             return SubnetExhaustedError(text, status=status)
+        if "is not a valid address for subnet" in m:
+            # POST addresses/ with an ip outside the subnet or at its network/broadcast (5c-5e).
+            return _InvalidAddressError(text, status=status)
         if "ip address already exists" in m or "duplicate entry" in m or "sid_ip_unique" in m:
             return ConflictError(f"{text}; lost a first-free race", status=status)
         transient = status_error("phpIPAM", what, code, f"{message or 'no message'}")
@@ -997,20 +1441,34 @@ def _parse_ip(value: object, name: str) -> str:
         raise BackendUnavailableError(f"phpIPAM sent {name!r} that is not an IP address") from None
 
 
-def _row_address(row: _Row, facts: _SubnetFacts) -> str:
-    """Return the row's address, also when sent as a decimal integer (2nd+ rows)."""
+def _row_address(row: _Row, network: IPNetwork) -> str:
+    """Return the row's address, also when sent as a decimal integer (2nd+ rows).
+
+    ``network`` is the row's subnet: its address family decides how a decimal is read.
+    """
     raw = row.raw_ip.strip()
     if not raw.isdigit():
         return _parse_ip(raw, "ip")
     try:
         number = int(raw)
-        if facts.network.version == 4:
+        if network.version == 4:
             return ipaddress.IPv4Address(number).compressed
         return ipaddress.IPv6Address(number).compressed
     except ValueError:
         raise BackendUnavailableError(
             f"phpIPAM sent ip {raw!r} for address id {row.id}, out of range"
         ) from None
+
+
+def _quarantine_end(row: _Row) -> float | None:
+    """Return when a quarantined row's quarantine ends (Unix seconds), or None.
+
+    Quarantined means both parts of the mark: the hostname starts with
+    `backends.base.QUARANTINE_PREFIX` and the description is a `quarantine_mark`.
+    """
+    if not row.hostname.lower().startswith(QUARANTINE_PREFIX):
+        return None
+    return quarantined_until(row.description)
 
 
 def _offered_by_first_free(address: str, network: IPNetwork) -> bool:

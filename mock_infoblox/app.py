@@ -354,6 +354,73 @@ async def _state_post(request: web.Request) -> web.Response:
         return _json(store.dump())
 
 
+async def _admin_body(request: web.Request) -> Mapping[str, Any]:
+    text = await request.text()
+    try:
+        body = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise ValueError(f"invalid JSON: {exc}") from None
+    if not isinstance(body, Mapping):
+        raise ValueError("the body must be a JSON object")
+    return body
+
+
+def _admin_error(exc: Exception) -> web.Response:
+    if isinstance(exc, WAPIError):
+        return _error(exc)
+    status = 404 if isinstance(exc, LookupError) else 400
+    return _json({"error": str(exc).strip("'\"")}, status=status)
+
+
+def _criteria(request: web.Request) -> dict[str, str]:
+    return {k: v for k, v in request.query.items() if k in ("type", "name", "address", "ref")}
+
+
+async def _records_get(request: web.Request) -> web.Response:
+    store = request.app[STORE_KEY]
+    criteria = _criteria(request)
+    try:
+        found = store.records(
+            type_name=criteria.get("type"),
+            name=criteria.get("name"),
+            address=criteria.get("address"),
+            ref=criteria.get("ref"),
+        )
+    except ValueError as exc:
+        return _admin_error(exc)
+    return _json({"records": found})
+
+
+async def _records_post(request: web.Request) -> web.Response:
+    try:
+        created = request.app[STORE_KEY].add_record(await _admin_body(request))
+    except (ValueError, WAPIError) as exc:
+        return _admin_error(exc)
+    return _json(created, status=201)
+
+
+async def _records_patch(request: web.Request) -> web.Response:
+    try:
+        body = await _admin_body(request)
+        match, changes = body.get("match"), body.get("set")
+        if not isinstance(match, Mapping) or not isinstance(changes, Mapping):
+            raise ValueError('the body must be {"match": {...}, "set": {...}}')
+        updated = request.app[STORE_KEY].edit_record(match, changes)
+    except (ValueError, LookupError, WAPIError) as exc:
+        return _admin_error(exc)
+    return _json(updated)
+
+
+async def _records_delete(request: web.Request) -> web.Response:
+    try:
+        deleted = request.app[STORE_KEY].remove_records(_criteria(request))
+    except (ValueError, WAPIError) as exc:
+        return _admin_error(exc)
+    if not deleted:
+        return _json({"error": "no record matches"}, status=404)
+    return _json({"deleted": deleted})
+
+
 async def _expire_sessions(request: web.Request) -> web.Response:
     return _json({"expired": request.app[STORE_KEY].expire_sessions()})
 
@@ -469,8 +536,9 @@ def create_app(store: InfobloxStore, faults: FaultInjector | None = None) -> web
         Routes: ``/wapi/v<version>/<type or _ref>`` (GET search or read, POST create or
         function call, PUT update, DELETE), ``POST /wapi/v<version>/logout``; admin routes
         ``GET|POST /_mock/state`` (dump; reset and/or seed with
-        ``{"reset": true, "seed": {...}}``), ``POST /_mock/sessions/expire``,
-        ``GET|PUT|DELETE /_mock/faults`` and ``GET /_mock/health``.
+        ``{"reset": true, "seed": {...}}``), ``GET|POST|PATCH|DELETE /_mock/records``
+        (records edited behind the client's back, see the README), ``POST
+        /_mock/sessions/expire``, ``GET|PUT|DELETE /_mock/faults`` and ``GET /_mock/health``.
 
     Notes
     -----
@@ -486,6 +554,10 @@ def create_app(store: InfobloxStore, faults: FaultInjector | None = None) -> web
     app.router.add_get("/_mock/state", _state_get)
     app.router.add_post("/_mock/state", _state_post)
     app.router.add_post("/_mock/sessions/expire", _expire_sessions)
+    app.router.add_get("/_mock/records", _records_get)
+    app.router.add_post("/_mock/records", _records_post)
+    app.router.add_patch("/_mock/records", _records_patch)
+    app.router.add_delete("/_mock/records", _records_delete)
     app.router.add_get("/_mock/health", _health)
     app.router.add_route("*", "/wapi/{version}/{path:.*}", _wapi)
     injector.add_routes(app)

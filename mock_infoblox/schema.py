@@ -108,7 +108,17 @@ OBJECT_TYPES: dict[str, ObjectType] = {
                 "network_view",
                 "disable",
             ),
-            ("name", "view", "zone", "comment", "network_view", "ipv4addr", "ipv6addr", "mac"),
+            (
+                "name",
+                "view",
+                "zone",
+                "comment",
+                "network_view",
+                "ipv4addr",
+                "ipv6addr",
+                "mac",
+                "network",
+            ),
             required=("name",),
         ),
         _type(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import ipaddress
 import re
 import secrets
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_PASSWORD",
     "DEFAULT_USER",
     "NON_DNS_VIEW",
+    "RECORD_TYPES",
     "InfobloxStore",
     "SearchFilter",
     "UsedAddress",
@@ -40,6 +42,8 @@ DEFAULT_PASSWORD = "infoblox"  # the well-known NIOS factory default; mock only
 #: The ``view`` NIOS reports for a host record with ``configure_for_dns: false``.
 NON_DNS_VIEW = " "
 _FUNC_PREFIX = "func:nextavailableip:"
+#: The object types the admin API edits as "records" (what pools register).
+RECORD_TYPES = ("record:host", "fixedaddress", "ipv6fixedaddress")
 _NETWORK_TYPES = {4: "network", 6: "ipv6network"}
 _FIXED_TYPES = {4: "fixedaddress", 6: "ipv6fixedaddress"}
 _ADDR_KEYS = {4: "ipv4addr", 6: "ipv6addr"}
@@ -753,6 +757,10 @@ class InfobloxStore:
         if flt.field.startswith("*"):
             ea = (item.get("extattrs") or {}).get(flt.field[1:])
             have = _text_values(ea.get("value") if isinstance(ea, Mapping) else None)
+        elif otype.name == "record:host" and flt.field == "network":
+            # Search-only field: hosts with an address in the network (NIOS QA suites search
+            # ``record:host?network=10.0.0.0/16``).
+            return not flt.regex and any(self._host_in_network(item, value) for value in flt.values)
         elif otype.name == "record:host" and flt.field in ("ipv4addr", "ipv6addr", "mac"):
             addrs = (item.get("ipv4addrs") or []) + (item.get("ipv6addrs") or [])
             have = [str(a[flt.field]) for a in addrs if a.get(flt.field) is not None]
@@ -768,6 +776,19 @@ class InfobloxStore:
                     if value.casefold() == want.casefold():
                         return True
                 elif _normalise(flt.field, value) == _normalise(flt.field, want):
+                    return True
+        return False
+
+    @staticmethod
+    def _host_in_network(item: Mapping[str, Any], cidr: str) -> bool:
+        try:
+            net = ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            return False
+        for version in (4, 6):
+            for addr in item.get(_HOST_LISTS[version]) or []:
+                ip = ipaddress.ip_address(str(addr[_ADDR_KEYS[version]]))
+                if ip.version == net.version and ip in net:
                     return True
         return False
 
@@ -906,6 +927,192 @@ class InfobloxStore:
                 taken.add(found)
                 out.append(str(ipaddress.ip_address(found)))
             return out
+
+    # ------------------------------------------------------------ admin edits
+    def records(
+        self,
+        *,
+        type_name: str | None = None,
+        name: str | None = None,
+        address: str | None = None,
+        ref: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Return the records (hosts and fixed addresses) matching every criterion given.
+
+        For the admin API (``/_mock/records``): edits "behind the operator's back".
+
+        Parameters
+        ----------
+        type_name:
+            ``record:host``, ``fixedaddress`` or ``ipv6fixedaddress``; None for all three.
+        name:
+            The record's ``name`` (compared case-insensitively, like NIOS host names).
+        address:
+            An address the record holds (any of a host's addresses).
+        ref:
+            The record's ``_ref`` (its name part after ``:`` is not compared).
+
+        Returns
+        -------
+        list of dict
+            Copies of the full objects, in creation order.
+
+        Raises
+        ------
+        ValueError
+            When ``type_name`` is not a record type or ``address`` is not an IP address.
+        """
+        types = RECORD_TYPES if type_name is None else (type_name,)
+        if any(t not in RECORD_TYPES for t in types):
+            raise ValueError(f"type must be one of {', '.join(RECORD_TYPES)}, not {type_name!r}")
+        wanted_ip = ipaddress.ip_address(address.strip()) if address else None
+        with self.lock:
+            out = []
+            for key, data in self._objects.items():
+                if key.partition("/")[0] not in types:
+                    continue
+                if ref is not None and key != _ref_key(ref):
+                    continue
+                if name is not None and str(data.get("name", "")).casefold() != name.casefold():
+                    continue
+                if wanted_ip is not None and wanted_ip not in self._record_ips(data):
+                    continue
+                out.append(self._full(data))
+            return out
+
+    def add_record(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a record as a person would in the grid's UI (admin API, no session).
+
+        Parameters
+        ----------
+        spec:
+            ``type`` (``record:host`` default, ``fixedaddress``, ``ipv6fixedaddress``) and
+            either ``body`` (a WAPI create body, extensible attribute values may be plain)
+            or the short form ``name``, ``address`` (or ``network`` for the next available
+            address of that CIDR), optional ``comment``, ``network_view`` (default
+            ``default``) and ``extattrs``. A short-form host is created outside DNS
+            (``configure_for_dns: false``); a fixed address gets MAC ``00:00:00:00:00:00``
+            (IPv6: a DUID derived from the name).
+
+        Returns
+        -------
+        dict
+            The full new object.
+
+        Raises
+        ------
+        ValueError
+            For a malformed spec.
+        WAPIError
+            What WAPI answers to that create (duplicate host name, duplicate fixed address,
+            no free address, unknown extensible attribute ...).
+        """
+        type_name = str(spec.get("type") or "record:host")
+        if type_name not in RECORD_TYPES:
+            raise ValueError(f"type must be one of {', '.join(RECORD_TYPES)}, not {type_name!r}")
+        if "body" in spec:
+            if not isinstance(spec["body"], Mapping):
+                raise ValueError("body must be an object (a WAPI create body)")
+            return self.create(type_name, self._plain_extattrs(dict(spec["body"])))
+        name = spec.get("name")
+        if not name:
+            raise ValueError("a record needs a name (or give a WAPI body)")
+        nv = str(spec.get("network_view") or "default")
+        if spec.get("address"):
+            value = str(spec["address"]).strip()
+            version = ipaddress.ip_address(value).version
+        elif spec.get("network"):
+            net = ipaddress.ip_network(str(spec["network"]), strict=False)
+            value, version = f"{_FUNC_PREFIX}{net},{nv}", net.version
+        else:
+            raise ValueError("a record needs an address or a network")
+        body: dict[str, Any] = {"name": str(name), "network_view": nv}
+        if spec.get("comment") is not None:
+            body["comment"] = str(spec["comment"])
+        if spec.get("extattrs"):
+            body["extattrs"] = dict(spec["extattrs"])
+        if type_name == "record:host":
+            body["configure_for_dns"] = False
+            body[_HOST_LISTS[version]] = [{_ADDR_KEYS[version]: value}]
+        elif type_name == "fixedaddress":
+            body.update(ipv4addr=value, mac="00:00:00:00:00:00")
+        else:
+            digest = hashlib.sha256(str(name).encode()).hexdigest()
+            duid = ":".join(["00", "04", *(digest[i : i + 2] for i in range(0, 28, 2))])
+            body.update(ipv6addr=value, duid=duid)
+        return self.create(type_name, self._plain_extattrs(body))
+
+    def edit_record(self, match: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Change the one record ``match`` selects (rename it, change its comment ...).
+
+        Parameters
+        ----------
+        match:
+            Criteria of `records` (``type``, ``name``, ``address``, ``ref``); exactly one
+            record must match.
+        changes:
+            A WAPI PUT body, e.g. ``{"name": "printer-7"}`` or ``{"comment": "..."}``.
+
+        Returns
+        -------
+        dict
+            The full updated object (a rename changes its ``_ref``).
+
+        Raises
+        ------
+        LookupError
+            When no record or several records match.
+        ValueError
+            For malformed criteria.
+        WAPIError
+            What WAPI answers to that PUT (e.g. a duplicate host name).
+        """
+        with self.lock:
+            found = self._matching(match)
+            if len(found) != 1:
+                raise LookupError(f"{len(found)} records match {dict(match)}; exactly one must")
+            return self.update(str(found[0]["_ref"]), changes)
+
+    def remove_records(self, match: Mapping[str, Any]) -> list[str]:
+        """Delete every record ``match`` selects (criteria of `records`; at least one).
+
+        Returns
+        -------
+        list of str
+            The deleted records' ``_ref``.
+
+        Raises
+        ------
+        ValueError
+            When no criterion is given or one is malformed.
+        """
+        if not any(match.get(k) for k in ("name", "address", "ref")):
+            raise ValueError("give name, address or ref to select the records to delete")
+        with self.lock:
+            return [self.delete(str(item["_ref"])) for item in self._matching(match)]
+
+    def _matching(self, match: Mapping[str, Any]) -> list[dict[str, Any]]:
+        unknown = set(match) - {"type", "name", "address", "ref"}
+        if unknown:
+            raise ValueError(f"unknown criteria: {sorted(unknown)}")
+
+        def opt(key: str) -> str | None:
+            value = match.get(key)
+            return None if value in (None, "") else str(value)
+
+        return self.records(
+            type_name=opt("type"), name=opt("name"), address=opt("address"), ref=opt("ref")
+        )
+
+    @staticmethod
+    def _record_ips(data: Mapping[str, Any]) -> set[IPAddress]:
+        ips: set[IPAddress] = set()
+        for version in (4, 6):
+            for addr in data.get(_HOST_LISTS[version]) or []:
+                ips.add(ipaddress.ip_address(str(addr[_ADDR_KEYS[version]])))
+            if data.get(_ADDR_KEYS[version]):
+                ips.add(ipaddress.ip_address(str(data[_ADDR_KEYS[version]])))
+        return ips
 
     # --------------------------------------------------------------- builders
     def _check_body(self, otype: ObjectType, body: Mapping[str, Any]) -> None:

@@ -667,6 +667,149 @@ async def _state_post(request: web.Request) -> web.Response:
     return web.json_response(store.dump())
 
 
+def _admin_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _admin_subnet_id(store: Store, value: Any, cidr: Any) -> int | None:
+    """Resolve ``subnetId`` or a ``subnet`` CIDR of an admin request (None: neither given).
+
+    Raises
+    ------
+    ValueError
+        When the subnet does not exist, the CIDR is ambiguous, or both are given.
+    """
+    if value not in (None, "") and cidr not in (None, ""):
+        raise ValueError("give subnetId or subnet, not both")
+    if value not in (None, ""):
+        subnet = store.get_subnet(value)
+        if subnet is None:
+            raise ValueError(f"subnet id {value} does not exist")
+        return subnet.id
+    if cidr not in (None, ""):
+        try:
+            network = ipaddress.ip_network(str(cidr), strict=True)
+        except ValueError:
+            raise ValueError(f"subnet {cidr!r} is not a CIDR network") from None
+        found = store.subnets_by_cidr(str(network.network_address), str(network.prefixlen))
+        if len(found) != 1:
+            raise ValueError(f"{len(found)} subnets are {network}: use subnetId")
+        return found[0].id
+    return None
+
+
+async def _admin_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    return body
+
+
+async def _addresses_list(request: web.Request) -> web.Response:
+    """``GET /_mock/addresses[?subnetId=N|subnet=CIDR]``: every row (by id), as the API shows it."""
+    store = request.app[STORE_KEY]
+    try:
+        subnet_id = _admin_subnet_id(
+            store, request.query.get("subnetId"), request.query.get("subnet")
+        )
+    except ValueError as exc:
+        return _admin_error(400, str(exc))
+    rows = [
+        a.to_api() for a in store.all_addresses() if subnet_id is None or a.subnet_id == subnet_id
+    ]
+    return web.json_response({"addresses": rows})
+
+
+async def _addresses_add(request: web.Request) -> web.Response:
+    """``POST /_mock/addresses``: register an address behind the operator's back.
+
+    Body: ``subnetId`` (or ``subnet`` CIDR), ``ip``, and optionally ``hostname``,
+    ``description``, ``tag``, ``mac``, ``note``, ``is_gateway``. 201 with the row; 400 for a
+    bad request, 409 when the subnet holds the address already.
+    """
+    store = request.app[STORE_KEY]
+    try:
+        body = await _admin_body(request)
+        unknown = sorted(set(body) - set(_ADMIN_ADD_KEYS))
+        if unknown:
+            raise ValueError(f"unknown keys {', '.join(unknown)}")
+        subnet_id = _admin_subnet_id(store, body.get("subnetId"), body.get("subnet"))
+        if subnet_id is None:
+            raise ValueError("give subnetId or subnet")
+        ip = parse_ip(body.get("ip"))
+        if ip is None:
+            raise ValueError("ip must be an IP address")
+        if any(a.subnet_id == subnet_id for a in store.search_ip(ip)):
+            return _admin_error(409, f"{ip} already exists in subnet {subnet_id}")
+        addr = store.add_address(
+            subnet_id,
+            str(ip),
+            hostname=body.get("hostname"),
+            description=body.get("description"),
+            is_gateway=bool(body.get("is_gateway", False)),
+            tag=int(body.get("tag", 2)),
+            mac=body.get("mac"),
+            note=body.get("note"),
+        )
+    except (ValueError, TypeError) as exc:
+        return _admin_error(400, str(exc))
+    return web.json_response(addr.to_api(), status=201)
+
+
+_ADMIN_ADD_KEYS = (
+    "subnetId",
+    "subnet",
+    "ip",
+    "hostname",
+    "description",
+    "tag",
+    "mac",
+    "note",
+    "is_gateway",
+)
+
+
+def _admin_target(request: web.Request) -> tuple[str, int | None]:
+    store = request.app[STORE_KEY]
+    subnet_id = _admin_subnet_id(store, request.query.get("subnetId"), request.query.get("subnet"))
+    return request.match_info["ip"], subnet_id
+
+
+async def _addresses_edit(request: web.Request) -> web.Response:
+    """``PATCH /_mock/addresses/{ip}[?subnetId=N]``: change a row's columns (e.g. rename it).
+
+    Body: columns by API name (``hostname``, ``description``, ...). 200 with the row; 404
+    when no row holds the address; 400 for a bad request (or an address held in several
+    subnets without ``subnetId``).
+    """
+    store = request.app[STORE_KEY]
+    try:
+        ip, subnet_id = _admin_target(request)
+        body = await _admin_body(request)
+        addr = store.edit_address(ip, body, subnet_id=subnet_id)
+    except LookupError as exc:
+        return _admin_error(404, str(exc))
+    except ValueError as exc:
+        return _admin_error(400, str(exc))
+    return web.json_response(addr.to_api())
+
+
+async def _addresses_remove(request: web.Request) -> web.Response:
+    """``DELETE /_mock/addresses/{ip}[?subnetId=N]``: delete a row; 200 with it, 404 if none."""
+    store = request.app[STORE_KEY]
+    try:
+        ip, subnet_id = _admin_target(request)
+        addr = store.remove_address(ip, subnet_id=subnet_id)
+    except LookupError as exc:
+        return _admin_error(404, str(exc))
+    except ValueError as exc:
+        return _admin_error(400, str(exc))
+    return web.json_response(addr.to_api())
+
+
 async def _health(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -746,7 +889,9 @@ def create_app(store: Store, faults: FaultInjector | None = None) -> web.Applica
     -------
     aiohttp.web.Application
         Routes: ``/api/<app_id>/...`` (the phpIPAM API, any method), ``GET/POST
-        /_mock/state``, ``GET/PUT/DELETE /_mock/faults``, ``GET /_mock/health``.
+        /_mock/state``, ``GET/PUT/DELETE /_mock/faults``, ``GET /_mock/health``,
+        ``GET/POST /_mock/addresses`` and ``PATCH/DELETE /_mock/addresses/{ip}`` (edits
+        behind the operator's back, for drift).
     """
     injector = faults if faults is not None else phpipam_faults()
     app = web.Application(middlewares=[_journal_middleware(store), injector.middleware])
@@ -757,6 +902,10 @@ def create_app(store: Store, faults: FaultInjector | None = None) -> web.Applica
     app.router.add_get("/_mock/state", _state_get)
     app.router.add_post("/_mock/state", _state_post)
     app.router.add_get("/_mock/health", _health)
+    app.router.add_get("/_mock/addresses", _addresses_list)
+    app.router.add_post("/_mock/addresses", _addresses_add)
+    app.router.add_patch("/_mock/addresses/{ip}", _addresses_edit)
+    app.router.add_delete("/_mock/addresses/{ip}", _addresses_remove)
     injector.add_routes(app)
     return app
 

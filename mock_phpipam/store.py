@@ -542,6 +542,8 @@ class Store:
             self.sections: dict[int, Section] = {}
             self.subnets: dict[int, Subnet] = {}
             self.addresses: dict[int, Address] = {}
+            # (subnet id, int(ip)) -> address id: finds a subnet's row at an IP in O(1).
+            self._slots: dict[tuple[int, int], int] = {}
             self.users: dict[int, User] = {}
             self.apps: dict[str, App] = {}
             self._next_address_id = 1
@@ -757,10 +759,14 @@ class Store:
         return low <= int(ip) <= high
 
     def _find_in_subnet(self, subnet_id: int, ip: IPAddress) -> Address | None:
-        for addr in self.addresses.values():
-            if addr.subnet_id == subnet_id and addr.ip == ip:
-                return addr
-        return None
+        aid = self._slots.get((subnet_id, int(ip)))
+        addr = self.addresses.get(aid) if aid is not None else None
+        return addr if addr is not None and addr.ip == ip else None
+
+    def _forget(self, addr: Address) -> None:
+        """Remove a row (the caller holds the lock)."""
+        del self.addresses[addr.id]
+        self._slots.pop((addr.subnet_id, int(addr.ip)), None)
 
     def _insert(
         self, subnet: Subnet, ip: IPAddress, values: dict[str, Any], address_id: int | None
@@ -771,6 +777,7 @@ class Store:
             self._remove_gateway(subnet.id)
         addr = Address(id=aid, subnet_id=subnet.id, ip=ip, values=values)
         self.addresses[aid] = addr
+        self._slots[(subnet.id, int(ip))] = aid
         return addr
 
     def _remove_gateway(self, subnet_id: int) -> None:
@@ -1282,7 +1289,7 @@ class Store:
             addr = self.get_address(address_id)
             if addr is None:
                 raise PhpipamError(404, "Address does not exist")
-            del self.addresses[addr.id]
+            self._forget(addr)
             return addr
 
     def delete_address_by_ip(self, ip_text: str, subnet_ref: Any) -> Address:
@@ -1303,8 +1310,88 @@ class Store:
             match = [a for a in rows if str(a.subnet_id) == str(subnet_ref).strip()]
             if not match:
                 raise PhpipamError(404, "No addresses found")
-            del self.addresses[match[0].id]
+            self._forget(match[0])
             return match[0]
+
+    # ------------------------------------------------------------------ admin edits
+
+    def locate(self, ip: str, *, subnet_id: int | None = None) -> Address:
+        """Return the one row at ``ip`` (in subnet ``subnet_id`` when given).
+
+        Any notation of the address matches (``2001:0db8::5`` finds ``2001:db8::5``).
+
+        Raises
+        ------
+        ValueError
+            When ``ip`` is not an IP address, or several subnets hold it and ``subnet_id``
+            does not say which.
+        LookupError
+            When no row (of that subnet) holds it.
+        """
+        address = parse_ip(ip)
+        if address is None:
+            raise ValueError(f"{ip!r} is not an IP address")
+        with self._lock:
+            rows = [
+                a
+                for a in self.search_ip(address)
+                if subnet_id is None or a.subnet_id == int(subnet_id)
+            ]
+            if not rows:
+                where = f" in subnet {subnet_id}" if subnet_id is not None else ""
+                raise LookupError(f"no address {address}{where}")
+            if len(rows) > 1:
+                subnets = ", ".join(str(a.subnet_id) for a in rows)
+                raise ValueError(f"{address} exists in subnets {subnets}: name the subnet")
+            return rows[0]
+
+    def edit_address(
+        self, ip: str, values: Mapping[str, Any], *, subnet_id: int | None = None
+    ) -> Address:
+        """Change columns of the row at ``ip`` behind the API's back (a person in the web UI).
+
+        Parameters
+        ----------
+        ip, subnet_id:
+            Which row (see `locate`).
+        values:
+            Columns by their API names (``hostname``, ``description``, ``note``, ``tag``,
+            ``mac``, ``owner``, ...); the address and subnet cannot be changed. ``editDate``
+            is set to now, as the database does.
+
+        Raises
+        ------
+        ValueError
+            For an unknown or unchangeable column, or a value phpIPAM would reject; and as
+            `locate`.
+        LookupError
+            As `locate`.
+        """
+        bad = sorted(k for k in values if k not in _COLUMNS or k == "is_gateway")
+        if bad:
+            raise ValueError(f"cannot set {', '.join(bad)} (known: hostname, description, ...)")
+        with self._lock:
+            addr = self.locate(ip, subnet_id=subnet_id)
+            try:
+                updated = self._prepare_values(dict(values), base=addr.values)
+            except PhpipamError as exc:
+                raise ValueError(exc.message) from None
+            updated["editDate"] = _format_time(self._now())
+            addr.values = updated
+            return addr
+
+    def remove_address(self, ip: str, *, subnet_id: int | None = None) -> Address:
+        """Delete the row at ``ip`` behind the API's back; return it.
+
+        Raises
+        ------
+        ValueError, LookupError
+            As `locate`.
+        """
+        with self._lock:
+            addr = self.locate(ip, subnet_id=subnet_id)
+            self._forget(addr)
+            return addr
 
     # ------------------------------------------------------------------ inspection
 

@@ -514,7 +514,7 @@ class IpamTarget:
     def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         """The subnet, as the IPAM describes it."""
         with self.backend() as client:
-            return ipaddress.ip_network(client.describe_subnet().cidr)
+            return ipaddress.ip_network(client.describe_subnets()[0].cidr)
 
 
 def _config_fields(config: PHPIPAMConfig) -> dict[str, Any]:
@@ -647,7 +647,7 @@ def allocation_scenario(
         When any step does not hold.
     """
     with target.backend() as ipam:
-        before = ipam.describe_subnet()
+        before = ipam.describe_subnets()[0]
     network = ipaddress.ip_network(before.cidr)
     kube.phpipam_pool(
         namespace,

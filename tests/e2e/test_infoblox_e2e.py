@@ -92,7 +92,7 @@ def backend(request: Any) -> Iterator[InfobloxBackend]:
 def test_describe_subnet() -> None:
     client = InfobloxBackend(_config())
     try:
-        info = client.describe_subnet()
+        info = client.describe_subnets()[0]
     finally:
         client.close()
     network = ipaddress.ip_network(ENV["INFOBLOX_SUBNET"])

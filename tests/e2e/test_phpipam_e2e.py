@@ -47,7 +47,7 @@ def hostname(real_phpipam: IpamTarget) -> Iterator[Callable[[int | None], str]]:
 
 def test_describe_subnet_reports_consistent_facts(real_phpipam: IpamTarget) -> None:
     with real_phpipam.backend() as ipam:
-        info = ipam.describe_subnet()
+        info = ipam.describe_subnets()[0]
     network = ipaddress.ip_network(info.cidr)  # strict: host bits must be zero
     assert info.prefix == network.prefixlen
     assert info.gateway is None or ipaddress.ip_address(info.gateway) in network
@@ -60,7 +60,7 @@ def test_allocate_is_idempotent_and_release_is_idempotent(
 ) -> None:
     host = hostname()
     with real_phpipam.backend() as ipam:
-        info = ipam.describe_subnet()
+        info = ipam.describe_subnets()[0]
         if info.free == 0:
             pytest.skip(f"subnet {real_phpipam.subnet_id} has no free address")
         assert ipam.find(host) is None
@@ -89,7 +89,7 @@ def test_concurrent_allocations_get_distinct_addresses(
     hosts = [hostname() for _ in range(count)]
     clients = [real_phpipam.backend(), real_phpipam.backend()]
     try:
-        if clients[0].describe_subnet().free < count:
+        if clients[0].describe_subnets()[0].free < count:
             pytest.skip(f"subnet {real_phpipam.subnet_id} has fewer than {count} free addresses")
         with ThreadPoolExecutor(max_workers=3) as pool:
             allocations = list(
@@ -108,7 +108,7 @@ def test_concurrent_allocations_get_distinct_addresses(
 
 def test_unknown_subnet_is_subnet_not_found(real_phpipam: IpamTarget) -> None:
     with real_phpipam.backend(subnet_id=2**31 - 7) as ipam, pytest.raises(SubnetNotFoundError):
-        ipam.describe_subnet()
+        ipam.describe_subnets()[0]
 
 
 def test_wrong_credentials_are_refused_without_echoing_them(real_phpipam: IpamTarget) -> None:
@@ -119,7 +119,7 @@ def test_wrong_credentials_are_refused_without_echoing_them(real_phpipam: IpamTa
     else:  # one refused login (phpIPAM blocks an address after more than 10 in 5 minutes)
         config = dataclasses.replace(config, password=wrong)
     with PHPIPAMBackend(config) as ipam, pytest.raises(AuthenticationFailedError) as caught:
-        ipam.describe_subnet()
+        ipam.describe_subnets()[0]
     assert wrong not in str(caught.value)
 
 
@@ -131,7 +131,7 @@ def test_small_subnet_is_exhausted_then_freed(
         pytest.skip("PHPIPAM_SMALL_SUBNET_ID is not set: no small subnet to exhaust")
     subnet_id = int(raw)
     with real_phpipam.backend(subnet_id) as ipam:
-        free = ipam.describe_subnet().free
+        free = ipam.describe_subnets()[0].free
         if free > SMALL_SUBNET_MAX_FREE:
             pytest.skip(
                 f"subnet {subnet_id} has {free} free addresses "
@@ -143,7 +143,7 @@ def test_small_subnet_is_exhausted_then_freed(
         with pytest.raises(SubnetExhaustedError):
             ipam.allocate(extra, DESCRIPTION)
         assert ipam.find(extra) is None
-        assert ipam.describe_subnet().free == 0
+        assert ipam.describe_subnets()[0].free == 0
         assert ipam.release(taken[0].hostname) is True
         assert ipam.allocate(extra, DESCRIPTION).address == taken[0].address
 

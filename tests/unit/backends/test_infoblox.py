@@ -114,7 +114,7 @@ def make(sleeps: list[float]) -> Iterator[Any]:
 
 
 def host_query(name: str, **scope: str) -> dict[str, str]:
-    return {"name": name, **scope, "_return_fields": "name,view,ipv4addrs,ipv6addrs"}
+    return {"name": name, **scope, "_return_fields": "name,view,comment,ipv4addrs,ipv6addrs"}
 
 
 def network_query(cidr: str = "10.20.0.0/24", view: str = "default") -> dict[str, str]:
@@ -263,7 +263,12 @@ def test_find_host_without_dns_searches_network_view_and_filters_subnet(
     found = make().find("m1.ns1")
 
     assert found == Allocation(
-        address="10.20.0.12", prefix=24, gateway="10.20.0.1", hostname="m1.ns1", ref=HOST_REF
+        address="10.20.0.12",
+        prefix=24,
+        gateway="10.20.0.1",
+        hostname="m1.ns1",
+        ref=HOST_REF,
+        subnet="10.20.0.0/24",
     )
 
 
@@ -297,8 +302,7 @@ def test_find_fixedaddress_filters_network_and_picks_lowest(
     query = {
         "name": "m1.ns1",
         "network_view": "prod",
-        "network": "10.20.0.0/24",
-        "_return_fields": "name,ipv4addr,network,network_view",
+        "_return_fields": "name,comment,ipv4addr,network_view",
     }
     rsps.get(
         f"{WAPI}/fixedaddress",
@@ -344,7 +348,7 @@ def test_allocate_host_v4_without_dns_is_one_create_excluding_the_gateway(
     rsps.get(f"{WAPI}/record:host", json=[])
     rsps.post(
         f"{WAPI}/record:host",
-        match=[matchers.query_param_matcher({"_return_fields": "name,ipv4addrs"})],
+        match=[matchers.query_param_matcher({"_return_fields": "name,comment,ipv4addrs"})],
         status=201,
         json=host_v4("10.20.0.2"),
     )
@@ -353,7 +357,13 @@ def test_allocate_host_v4_without_dns_is_one_create_excluding_the_gateway(
     allocation = make().allocate("m1.ns1", "ipam-bridge ns1/m1 cluster c1")
 
     assert allocation == Allocation(
-        address="10.20.0.2", prefix=24, gateway="10.20.0.1", hostname="m1.ns1", ref=HOST_REF
+        address="10.20.0.2",
+        prefix=24,
+        gateway="10.20.0.1",
+        hostname="m1.ns1",
+        ref=HOST_REF,
+        subnet="10.20.0.0/24",
+        description="ipam-bridge ns1/m1 cluster c1",
     )
     posts = [c for c in rsps.calls if c.request.method == "POST"]
     assert len(posts) == 1
@@ -402,7 +412,7 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
     rsps.get(f"{WAPI}/record:host", json=[])
     rsps.post(
         f"{WAPI}/record:host",
-        match=[matchers.query_param_matcher({"_return_fields": "name,ipv6addrs"})],
+        match=[matchers.query_param_matcher({"_return_fields": "name,comment,ipv6addrs"})],
         status=201,
         json={
             "_ref": ref,
@@ -419,7 +429,13 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
     allocation = make(subnet="2001:db8:20::/64").allocate("m6.ns1", "d")
 
     assert allocation == Allocation(
-        address="2001:db8:20::2", prefix=64, gateway=None, hostname="m6.ns1", ref=ref
+        address="2001:db8:20::2",
+        prefix=64,
+        gateway=None,
+        hostname="m6.ns1",
+        ref=ref,
+        subnet="2001:db8:20::/64",
+        description=allocation.description,
     )
     assert post_body(rsps)["ipv6addrs"] == [{"ipv6addr": NEXT_V6, "configure_for_dhcp": False}]
 
@@ -428,7 +444,9 @@ def test_allocate_fixedaddress_v4(rsps: responses.RequestsMock, make: Any) -> No
     rsps.get(f"{WAPI}/fixedaddress", json=[])
     rsps.post(
         f"{WAPI}/fixedaddress",
-        match=[matchers.query_param_matcher({"_return_fields": "name,ipv4addr,network_view"})],
+        match=[
+            matchers.query_param_matcher({"_return_fields": "name,comment,ipv4addr,network_view"})
+        ],
         status=201,
         json={
             "_ref": FIXED_REF,
@@ -464,8 +482,7 @@ def test_allocate_fixedaddress_v6_sends_deterministic_duid(
                 {
                     "name": "m6.ns1",
                     "network_view": "default",
-                    "network": "2001:db8:20::/64",
-                    "_return_fields": "name,ipv6addr,network,network_view",
+                    "_return_fields": "name,comment,ipv6addr,network_view",
                 }
             )
         ],
@@ -507,7 +524,9 @@ def test_allocate_reads_back_when_grid_returns_only_ref(
     rsps.post(f"{WAPI}/fixedaddress", status=201, json=FIXED_REF)
     rsps.get(
         ref_url(FIXED_REF),
-        match=[matchers.query_param_matcher({"_return_fields": "name,ipv4addr,network_view"})],
+        match=[
+            matchers.query_param_matcher({"_return_fields": "name,comment,ipv4addr,network_view"})
+        ],
         json={"_ref": FIXED_REF, "ipv4addr": "10.20.0.10", "name": "m1.ns1"},
     )
     add_network(rsps)
@@ -839,7 +858,7 @@ def test_describe_subnet_v4_pages_and_gateway_from_routers(
         json={"result": [item("10.20.0.3", "HOST", "A"), item("10.20.0.255", "BROADCAST")]},
     )
 
-    info = make().describe_subnet()
+    info = make().describe_subnets()[0]
 
     assert info == SubnetInfo(
         cidr="10.20.0.0/24", prefix=24, gateway="10.20.0.1", total=254, used=3, free=251
@@ -858,7 +877,7 @@ def test_describe_subnet_v6_without_routers(rsps: responses.RequestsMock, make: 
             "result": [{"_ref": "ipv6address/x", "ip_address": "2001:db8:20::2", "types": ["HOST"]}]
         },
     )
-    info = make(subnet="2001:db8:20::/64", network_view="lab").describe_subnet()
+    info = make(subnet="2001:db8:20::/64", network_view="lab").describe_subnets()[0]
     assert info == SubnetInfo(
         cidr="2001:db8:20::/64", prefix=64, gateway=None, total=2**64, used=1, free=2**64 - 1
     )
@@ -867,7 +886,7 @@ def test_describe_subnet_v6_without_routers(rsps: responses.RequestsMock, make: 
 def test_describe_subnet_not_found(rsps: responses.RequestsMock, make: Any) -> None:
     rsps.get(f"{WAPI}/network", json=[])
     with pytest.raises(SubnetNotFoundError) as info:
-        make().describe_subnet()
+        make().describe_subnets()[0]
     assert "10.20.0.0/24" in info.value.message
 
 
@@ -878,7 +897,7 @@ def test_routers_option_not_in_use_gives_no_gateway(
     record["options"][1]["use_option"] = False
     rsps.get(f"{WAPI}/network", json=[record])
     rsps.get(f"{WAPI}/ipv4address", json={"result": []})
-    assert make().describe_subnet().gateway is None
+    assert make().describe_subnets()[0].gateway is None
 
 
 @pytest.mark.parametrize(
@@ -990,7 +1009,7 @@ def test_timeouts_exhaust_attempts_as_unavailable(
     for _ in range(3):
         rsps.get(f"{WAPI}/network", body=requests.ConnectTimeout("connect timed out"))
     with pytest.raises(BackendUnavailableError) as info:
-        make().describe_subnet()
+        make().describe_subnets()[0]
     assert info.value.status is None
     assert "7.5s" in info.value.message
     assert len(sleeps) == 2
@@ -1196,8 +1215,8 @@ def test_describe_counts_an_unregistered_gateway_as_used(
         },
     )
 
-    plain = make().describe_subnet()
-    overridden = make(gateway="10.20.0.254").describe_subnet()
+    plain = make().describe_subnets()[0]
+    overridden = make(gateway="10.20.0.254").describe_subnets()[0]
 
     assert plain == SubnetInfo(
         cidr="10.20.0.0/24", prefix=24, gateway="10.20.0.1", total=254, used=2, free=252

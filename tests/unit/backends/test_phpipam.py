@@ -320,7 +320,7 @@ def logins(rsps: responses.RequestsMock) -> int:
     return sum(1 for c in rsps.calls if c.request.url == f"{BASE}/user/")
 
 
-# ---------------------------------------------------------------- describe_subnet
+# ---------------------------------------------------------------- describe_subnets
 
 
 @pytest.mark.parametrize("convert", [str, stringified], ids=["native-types", "all-strings"])
@@ -332,7 +332,7 @@ def test_describe_subnet_logs_in_and_reads_facts_and_usage(
     add(rsps, "GET", "subnets/7/usage/", convert(USAGE_7))
 
     backend = make()
-    info = backend.describe_subnet()
+    info = backend.describe_subnets()[0]
 
     assert isinstance(backend, IPAMBackend)
     assert info == SubnetInfo(
@@ -354,7 +354,7 @@ def test_describe_ipv6_subnet_without_gateway_and_huge_counts(
     add(rsps, "GET", "subnets/8/", SUBNET_8, token=APP_CODE)
     add(rsps, "GET", "subnets/8/usage/", USAGE_8, token=APP_CODE)
 
-    info = make(subnet_id=8, app_code=APP_CODE).describe_subnet()
+    info = make(subnet_id=8, app_code=APP_CODE).describe_subnets()[0]
 
     assert info == SubnetInfo(
         cidr="2001:db8:20::/64", prefix=64, gateway=None, total=2**64, used=0, free=2**64
@@ -370,8 +370,8 @@ def test_subnet_cidr_is_resolved_once(
     add(rsps, "GET", "subnets/7/usage/", USAGE_7)
 
     backend = make(subnet="10.20.0.0/24")
-    first = backend.describe_subnet()
-    second = backend.describe_subnet()
+    first = backend.describe_subnets()[0]
+    second = backend.describe_subnets()[0]
 
     assert first == second
     assert first.cidr == "10.20.0.0/24"
@@ -389,7 +389,7 @@ def test_ipv6_cidr_lookup_path(
     add(rsps, "GET", "subnets/8/", SUBNET_8, token=APP_CODE)
     add(rsps, "GET", "subnets/8/usage/", USAGE_8, token=APP_CODE)
 
-    info = make(subnet="2001:db8:20::/64", app_code=APP_CODE).describe_subnet()
+    info = make(subnet="2001:db8:20::/64", app_code=APP_CODE).describe_subnets()[0]
 
     assert info.cidr == "2001:db8:20::/64"
 
@@ -401,7 +401,7 @@ def test_cidr_without_match_is_subnet_not_found(
     add(rsps, "GET", "subnets/cidr/10.99.0.0/24/", NO_SUBNETS, 404)
 
     with pytest.raises(SubnetNotFoundError):
-        make(subnet="10.99.0.0/24").describe_subnet()
+        make(subnet="10.99.0.0/24").describe_subnets()[0]
     assert len(rsps.calls) == 2  # not retried
 
 
@@ -419,7 +419,7 @@ def test_cidr_in_several_sections_needs_section_id(
     add(rsps, "GET", "subnets/cidr/10.20.0.0/24/", _two_sections())
 
     with pytest.raises(SubnetNotFoundError, match=r"2 subnets .*sections 3, 5"):
-        make(subnet="10.20.0.0/24").describe_subnet()
+        make(subnet="10.20.0.0/24").describe_subnets()[0]
 
 
 def test_section_id_narrows_cidr_lookup(
@@ -431,7 +431,7 @@ def test_section_id_narrows_cidr_lookup(
     add(rsps, "GET", "subnets/31/", subnet_31)
     add(rsps, "GET", "subnets/31/usage/", USAGE_7)
 
-    make(subnet="10.20.0.0/24", section_id=5).describe_subnet()
+    make(subnet="10.20.0.0/24", section_id=5).describe_subnets()[0]
 
     assert f"GET {BASE}/subnets/31/usage/" in urls(rsps)
 
@@ -443,7 +443,7 @@ def test_cidr_absent_from_section_is_subnet_not_found(
     add(rsps, "GET", "subnets/cidr/10.20.0.0/24/", CIDR_7)
 
     with pytest.raises(SubnetNotFoundError, match="in section 9"):
-        make(subnet="10.20.0.0/24", section_id=9).describe_subnet()
+        make(subnet="10.20.0.0/24", section_id=9).describe_subnets()[0]
 
 
 @pytest.mark.parametrize(
@@ -463,7 +463,7 @@ def test_unknown_subnet_id_is_subnet_not_found(
         add(rsps, "GET", "subnets/9999/", SUBNET_7.replace('"id":7', '"id":9999'))
 
     with pytest.raises(SubnetNotFoundError) as caught:
-        make(subnet_id=9999).describe_subnet()
+        make(subnet_id=9999).describe_subnets()[0]
     assert caught.value.status == status
     assert "Invalid subnet Id (9999)" in str(caught.value)
     assert urls(rsps).count(f"GET {BASE}/{path}") == 1
@@ -487,7 +487,13 @@ def test_find_returns_the_row_of_this_subnet(
     found = make().find("default.claim-2")
 
     assert found == Allocation(
-        address="10.20.0.3", prefix=24, gateway="10.20.0.1", hostname="default.claim-2", ref="13"
+        address="10.20.0.3",
+        prefix=24,
+        gateway="10.20.0.1",
+        hostname="default.claim-2",
+        ref="13",
+        subnet="10.20.0.0/24",
+        description="capi claim 2",
     )
 
 
@@ -599,7 +605,13 @@ def test_allocate_posts_first_free_with_hostname_and_description(
     allocation = make().allocate("default.claim-1", "capi claim 1")
 
     assert allocation == Allocation(
-        address="10.20.0.2", prefix=24, gateway="10.20.0.1", hostname="default.claim-1", ref="12"
+        address="10.20.0.2",
+        prefix=24,
+        gateway="10.20.0.1",
+        hostname="default.claim-1",
+        ref="12",
+        subnet="10.20.0.0/24",
+        description="capi claim 1",
     )
     post = rsps.calls[-1].request
     assert post.headers["Content-Type"] == "application/json"
@@ -744,7 +756,13 @@ def test_ipv6_network_address_is_kept_reserved_and_skipped(
     allocation = make(subnet_id=8).allocate("v6.claim-1", "v6 claim 1")
 
     assert allocation == Allocation(
-        address="2001:db8:20::1", prefix=64, gateway=None, hostname="v6.claim-1", ref="26"
+        address="2001:db8:20::1",
+        prefix=64,
+        gateway=None,
+        hostname="v6.claim-1",
+        ref="26",
+        subnet="2001:db8:20::/64",
+        description="v6 claim 1",
     )
     patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
     sent = json.loads(patch.body or b"{}")
@@ -920,7 +938,7 @@ def test_error_mapping_and_retries(
     add(rsps, "GET", "subnets/7/", body, status, content_type=content_type, token=APP_CODE)
 
     with pytest.raises(error) as caught:
-        make(app_code=APP_CODE).describe_subnet()
+        make(app_code=APP_CODE).describe_subnets()[0]
 
     assert type(caught.value) is error
     assert caught.value.status == status
@@ -934,7 +952,7 @@ def test_ssl_required_explains_the_app_security_setting(
     add(rsps, "POST", "user/", SSL_REQUIRED, 503, token=None)
 
     with pytest.raises(InvalidRequestError, match=r"https://.*api_allow_unsafe"):
-        make().describe_subnet()
+        make().describe_subnets()[0]
 
 
 @pytest.mark.parametrize(
@@ -952,7 +970,7 @@ def test_failed_login_is_an_authentication_error_and_not_retried(
     add_login(rsps, body, status)
 
     with pytest.raises(AuthenticationFailedError):
-        make().describe_subnet()
+        make().describe_subnets()[0]
     assert urls(rsps) == [f"POST {BASE}/user/"]
     assert sleeps == []
 
@@ -1018,7 +1036,7 @@ def test_transport_failure_then_success(
     add(rsps, "GET", "subnets/7/", SUBNET_7, token=APP_CODE)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7, token=APP_CODE)
 
-    assert make(app_code=APP_CODE).describe_subnet().free == 253
+    assert make(app_code=APP_CODE).describe_subnets()[0].free == 253
     assert len(sleeps) == 1
 
 
@@ -1042,7 +1060,7 @@ def test_transient_answer_then_success(
     add(rsps, "GET", "subnets/7/", SUBNET_7, token=APP_CODE)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7, token=APP_CODE)
 
-    assert make(app_code=APP_CODE).describe_subnet().cidr == "10.20.0.0/24"
+    assert make(app_code=APP_CODE).describe_subnets()[0].cidr == "10.20.0.0/24"
     assert len(rsps.calls) == 3
 
 
@@ -1055,7 +1073,7 @@ def test_connection_refused_on_a_closed_port(
     backend = make(endpoint=f"http://127.0.0.1:{port}/api", app_code=APP_CODE)
 
     with pytest.raises(BackendUnavailableError, match="cannot reach") as caught:
-        backend.describe_subnet()
+        backend.describe_subnets()[0]
     assert caught.value.status is None
     assert len(sleeps) == ATTEMPTS - 1
 
@@ -1075,7 +1093,7 @@ def test_redirect_is_not_followed(
     )
 
     with pytest.raises(InvalidRequestError, match="redirected"):
-        make(app_code=APP_CODE).describe_subnet()
+        make(app_code=APP_CODE).describe_subnets()[0]
     assert len(rsps.calls) == 1
 
 
@@ -1089,7 +1107,7 @@ def test_expired_token_logs_in_again_once_and_repeats_the_call(
     add(rsps, "GET", "subnets/7/", SUBNET_7)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7)
     backend = make()
-    backend.describe_subnet()
+    backend.describe_subnets()[0]
 
     # The token expires (9h); a new login gives a new token (9l).
     rsps.reset()
@@ -1098,7 +1116,7 @@ def test_expired_token_logs_in_again_once_and_repeats_the_call(
     add(rsps, "GET", "subnets/7/", SUBNET_7, token=TOKEN2)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7, token=TOKEN2)
 
-    assert backend.describe_subnet().gateway == "10.20.0.1"
+    assert backend.describe_subnets()[0].gateway == "10.20.0.1"
     assert urls(rsps) == [
         f"GET {BASE}/subnets/7/",
         f"POST {BASE}/user/",
@@ -1117,7 +1135,7 @@ def test_relogin_refused_is_an_authentication_error(
     add(rsps, "GET", "subnets/7/", UNAUTHORIZED, 401)
 
     with pytest.raises(AuthenticationFailedError, match="username or password"):
-        make().describe_subnet()
+        make().describe_subnets()[0]
     assert logins(rsps) == 2
     assert sleeps == []
 
@@ -1129,7 +1147,7 @@ def test_fresh_token_refused_again_is_an_authentication_error(
     rsps.add("GET", f"{BASE}/subnets/7/", body=UNAUTHORIZED, status=401, content_type=JSON)
 
     with pytest.raises(AuthenticationFailedError, match="just issued"):
-        make().describe_subnet()
+        make().describe_subnets()[0]
     assert logins(rsps) == 2
     assert len(rsps.calls) == 4
 
@@ -1140,7 +1158,7 @@ def test_app_code_is_sent_as_token_without_login(
     add(rsps, "GET", "subnets/7/", SUBNET_7, token=APP_CODE)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7, token=APP_CODE)
 
-    make(app_code=APP_CODE).describe_subnet()
+    make(app_code=APP_CODE).describe_subnets()[0]
 
     assert logins(rsps) == 0
     assert all(c.request.headers["token"] == APP_CODE for c in rsps.calls)
@@ -1152,7 +1170,7 @@ def test_refused_app_code_is_an_authentication_error_without_login(
     add(rsps, "GET", "subnets/7/", UNAUTHORIZED, 401, token=APP_CODE)
 
     with pytest.raises(AuthenticationFailedError, match="app code"):
-        make(app_code=APP_CODE).describe_subnet()
+        make(app_code=APP_CODE).describe_subnets()[0]
     assert logins(rsps) == 0
     assert len(rsps.calls) == 1
 
@@ -1287,11 +1305,11 @@ def test_tls_with_ca_bundle_works_and_unknown_ca_fails(
 ) -> None:
     endpoint, ca_pem = https_phpipam
 
-    info = make(endpoint=endpoint, app_code=APP_CODE, ca_pem=ca_pem).describe_subnet()
+    info = make(endpoint=endpoint, app_code=APP_CODE, ca_pem=ca_pem).describe_subnets()[0]
     assert info.cidr == "10.20.0.0/24"
 
     with pytest.raises(TLSVerificationError, match="certificate verify failed") as caught:
-        make(endpoint=endpoint, app_code=APP_CODE).describe_subnet()
+        make(endpoint=endpoint, app_code=APP_CODE).describe_subnets()[0]
     assert not caught.value.retryable  # a person must fix it: no retry loop in the client
 
 
@@ -1462,7 +1480,13 @@ def test_gateway_override_without_row_is_registered_before_the_first_allocation(
     second = backend.allocate("default.claim-2", "capi claim 2")
 
     assert first == Allocation(
-        address="10.20.0.2", prefix=24, gateway="10.20.0.1", hostname="default.claim-1", ref="12"
+        address="10.20.0.2",
+        prefix=24,
+        gateway="10.20.0.1",
+        hostname="default.claim-1",
+        ref="12",
+        subnet="10.20.0.0/24",
+        description="capi claim 1",
     )
     assert (second.address, second.gateway) == ("10.20.0.3", "10.20.0.1")
     assert urls(rsps)[2:5] == [
@@ -1683,7 +1707,7 @@ def test_describe_counts_an_unregistered_gateway_as_used(
     add(rsps, "GET", f"addresses/search/{GATEWAY_OVERRIDE}/", ADDRESS_NOT_FOUND, 404)
 
     backend = make(gateway=GATEWAY_OVERRIDE)
-    before = backend.describe_subnet()
+    before = backend.describe_subnets()[0]
 
     assert before == SubnetInfo(
         cidr="10.20.0.0/24", prefix=24, gateway="10.20.0.1", total=254, used=1, free=253
@@ -1697,8 +1721,8 @@ def test_describe_counts_an_unregistered_gateway_as_used(
         content_type=JSON,
     )
     rsps.replace("GET", f"{BASE}/subnets/7/usage/", body=USAGE_7, content_type=JSON)
-    after = backend.describe_subnet()
-    again = backend.describe_subnet()
+    after = backend.describe_subnets()[0]
+    again = backend.describe_subnets()[0]
 
     assert after == again == before
     assert urls(rsps).count(f"GET {BASE}/addresses/search/{GATEWAY_OVERRIDE}/") == 2
@@ -1711,7 +1735,7 @@ def test_describe_does_not_look_up_phpipams_own_gateway(
     add(rsps, "GET", "subnets/7/", SUBNET_7)
     add(rsps, "GET", "subnets/7/usage/", USAGE_7)
 
-    info = make().describe_subnet()
+    info = make().describe_subnets()[0]
 
     assert (info.gateway, info.used, info.free) == ("10.20.0.1", 1, 253)
     assert not [u for u in urls(rsps) if "addresses/search/" in u]
@@ -1725,7 +1749,7 @@ def test_describe_ignores_a_gateway_row_of_another_subnet(
     add(rsps, "GET", "subnets/7/usage/", USAGE_7)
     add(rsps, "GET", f"addresses/search/{GATEWAY_OVERRIDE}/", search_gateway(3))
 
-    info = make(gateway=GATEWAY_OVERRIDE).describe_subnet()
+    info = make(gateway=GATEWAY_OVERRIDE).describe_subnets()[0]
 
     assert (info.used, info.free) == (2, 252)
 

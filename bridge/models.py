@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "MAX_SUBNETS",
     "POOL_MODELS",
     "Condition",
     "IPAddress",
@@ -50,6 +51,7 @@ __all__ = [
     "PoolTLS",
     "SecretKeyRef",
     "SecretRef",
+    "SubnetEntry",
     "problem_of",
 ]
 
@@ -215,9 +217,12 @@ class IPAddress(_Model):
 
 
 class SecretRef(_Model):
-    """``spec.credentialsRef``: a Secret in the pool's own namespace.
+    """``spec.credentialsRef``: a Secret, by name (and namespace, on Global pools only).
 
-    The pool's namespace comes from the validation context (`IPPool.from_body`).
+    A namespaced pool reads Secrets of its own namespace only: ``namespace`` must be unset
+    (or name the pool's own namespace). A Global pool has no namespace, so ``namespace`` is
+    required there. The pool's namespace (``""`` for a Global pool) comes from the validation
+    context (`IPPool.from_body`).
     """
 
     name: str = Field(min_length=1)
@@ -226,16 +231,32 @@ class SecretRef(_Model):
     @field_validator("namespace")
     @classmethod
     def _is_local(cls, namespace: str | None, info: ValidationInfo) -> str | None:
-        if namespace is not None and namespace != (info.context or {}).get("namespace"):
-            raise ValueError("spec.credentialsRef cannot name a Secret in another namespace")
+        own = (info.context or {}).get("namespace")
+        if own and namespace is not None and namespace != own:
+            raise ValueError(
+                "spec.credentialsRef cannot name a Secret in another namespace (only Global "
+                "pools name the Secret's namespace)"
+            )
         return namespace
 
 
 class SecretKeyRef(_Model):
-    """``spec.tls.caSecretRef``: a key of a Secret in the pool's namespace."""
+    """``spec.tls.caSecretRef``: a key of a Secret (namespace rule of `SecretRef`)."""
 
     name: OptionalText = None
     key: OptionalText = None
+    namespace: OptionalText = None
+
+    @field_validator("namespace")
+    @classmethod
+    def _is_local(cls, namespace: str | None, info: ValidationInfo) -> str | None:
+        own = (info.context or {}).get("namespace")
+        if own and namespace is not None and namespace != own:
+            raise ValueError(
+                "spec.tls.caSecretRef cannot name a Secret in another namespace (only Global "
+                "pools name the Secret's namespace)"
+            )
+        return namespace
 
 
 class PoolTLS(_Model):
@@ -245,14 +266,50 @@ class PoolTLS(_Model):
     ca_secret_ref: SecretKeyRef = Field(default_factory=SecretKeyRef)
 
 
-def _cidr(subnet: str | None) -> str | None:
+def _cidr(subnet: str | None, field: str = "spec.subnet") -> str | None:
     """Check that a set ``subnet`` is a CIDR network (host bits clear)."""
     if subnet:
         try:
             ipaddress.ip_network(subnet, strict=True)
         except ValueError as exc:
-            raise ValueError(f"spec.subnet {subnet!r} is not a CIDR network") from exc
+            raise ValueError(f"{field} {subnet!r} is not a CIDR network") from exc
     return subnet
+
+
+def _address(value: str | None, field: str) -> str | None:
+    """Check that a set ``value`` is an IP address."""
+    if value is not None:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError as exc:
+            raise ValueError(f"{field} {value!r} is not an IP address") from exc
+    return value
+
+
+class SubnetEntry(_Model):
+    """An entry of ``spec.subnets``: one subnet of the pool and its optional overrides.
+
+    phpIPAM entries name the subnet by ``subnetId`` or ``subnet`` (CIDR); Infoblox entries by
+    ``subnet``. ``gateway`` and ``prefix`` override, for this subnet, the pool's own
+    overrides and what the IPAM reports.
+    """
+
+    subnet_id: int | None = Field(default=None, ge=1, strict=True)
+    subnet: OptionalText = None
+    gateway: OptionalText = None
+    prefix: int | None = Field(default=None, ge=0, le=128, strict=True)
+
+    @model_validator(mode="after")
+    def _valid(self) -> SubnetEntry:
+        if (self.subnet_id is None) == (self.subnet is None):
+            raise ValueError("each entry of spec.subnets needs exactly one of subnetId and subnet")
+        _cidr(self.subnet, "spec.subnets[].subnet")
+        _address(self.gateway, "spec.subnets[].gateway")
+        return self
+
+
+#: The most subnets one pool may list (the CRDs' ``maxItems``).
+MAX_SUBNETS = 32
 
 
 class PoolSpec(_Model):
@@ -264,20 +321,28 @@ class PoolSpec(_Model):
     prefix: int | None = Field(default=None, ge=0, le=128, strict=True)
     hostname_suffix: OptionalText = None
     tls: PoolTLS = Field(default_factory=PoolTLS)
+    subnets: tuple[SubnetEntry, ...] = Field(default=(), max_length=MAX_SUBNETS)
+    address_reuse_grace_period_seconds: int = Field(default=0, ge=0, strict=True)
 
     @field_validator("gateway")
     @classmethod
     def _gateway_is_an_address(cls, gateway: str | None) -> str | None:
-        if gateway is not None:
-            try:
-                ipaddress.ip_address(gateway)
-            except ValueError as exc:
-                raise ValueError(f"spec.gateway {gateway!r} is not an IP address") from exc
-        return gateway
+        return _address(gateway, "spec.gateway")
+
+    @model_validator(mode="after")
+    def _global_names_namespaces(self, info: ValidationInfo) -> PoolSpec:
+        """Require a Global pool (no namespace of its own) to name each Secret's namespace."""
+        if (info.context or {}).get("namespace"):
+            return self
+        if self.credentials_ref.namespace is None:
+            raise ValueError("spec.credentialsRef.namespace is required on a Global pool")
+        if self.tls.ca_secret_ref.name and self.tls.ca_secret_ref.namespace is None:
+            raise ValueError("spec.tls.caSecretRef.namespace is required on a Global pool")
+        return self
 
 
 class PHPIPAMIPPoolSpec(PoolSpec):
-    """``spec`` of a ``PHPIPAMIPPool``: exactly one of ``subnetId`` and ``subnet``."""
+    """``spec`` of a ``PHPIPAMIPPool``: exactly one of ``subnetId``, ``subnet`` and ``subnets``."""
 
     app_id: str = Field(min_length=1)
     subnet_id: int | None = None
@@ -286,8 +351,11 @@ class PHPIPAMIPPoolSpec(PoolSpec):
 
     @model_validator(mode="after")
     def _one_subnet(self) -> PHPIPAMIPPoolSpec:
-        if (self.subnet_id is None) == (self.subnet is None):
-            raise ValueError("exactly one of spec.subnetId and spec.subnet must be set")
+        forms = [self.subnet_id is not None, self.subnet is not None, bool(self.subnets)]
+        if forms.count(True) != 1:
+            raise ValueError(
+                "exactly one of spec.subnetId, spec.subnet and spec.subnets must be set"
+            )
         _cidr(self.subnet)
         return self
 
@@ -301,7 +369,7 @@ class InfobloxIPPoolSpec(PoolSpec):
 
     wapi_version: OptionalText = None
     network_view: OptionalText = None
-    subnet: str = Field(min_length=1)
+    subnet: OptionalText = None
     record_type: Annotated[Literal["host", "fixedaddress"], BeforeValidator(_host_by_default)] = (
         "host"
     )
@@ -309,10 +377,14 @@ class InfobloxIPPoolSpec(PoolSpec):
     dns_zone: OptionalText = None
     extensible_attributes: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("subnet")
-    @classmethod
-    def _subnet_is_a_network(cls, subnet: str) -> str:
-        return _cidr(subnet) or subnet
+    @model_validator(mode="after")
+    def _one_subnet(self) -> InfobloxIPPoolSpec:
+        if (self.subnet is None) == (not self.subnets):
+            raise ValueError("exactly one of spec.subnet and spec.subnets must be set")
+        if any(entry.subnet_id is not None for entry in self.subnets):
+            raise ValueError("spec.subnets[].subnetId is phpIPAM's; Infoblox entries name a subnet")
+        _cidr(self.subnet)
+        return self
 
 
 class IPPool(_Model):
@@ -335,12 +407,15 @@ class IPPool(_Model):
     def from_body(cls, body: Mapping[str, Any]) -> Self:
         """Validate a pool object as the API returns it.
 
+        The object's namespace (``""`` for a Global pool, which is cluster-scoped) is the
+        validation context: it decides the namespace rule of the Secret references.
+
         Raises
         ------
         pydantic.ValidationError
             When a field is missing or malformed (`problem_of` says which).
         """
-        namespace = (body.get("metadata") or {}).get("namespace")
+        namespace = (body.get("metadata") or {}).get("namespace") or ""
         return cls.model_validate(body, context={"namespace": namespace})
 
 
@@ -356,10 +431,12 @@ class InfobloxIPPool(IPPool):
     spec: InfobloxIPPoolSpec
 
 
-#: The model of each pool kind.
+#: The model of each pool kind (a Global kind has its namespaced twin's spec).
 POOL_MODELS: Mapping[str, type[IPPool]] = {
     "PHPIPAMIPPool": PHPIPAMIPPool,
     "InfobloxIPPool": InfobloxIPPool,
+    "GlobalPHPIPAMIPPool": PHPIPAMIPPool,
+    "GlobalInfobloxIPPool": InfobloxIPPool,
 }
 
 
@@ -373,6 +450,10 @@ _FIELD_MESSAGES: Mapping[str, str] = {
     "spec.prefix": "spec.prefix must be an integer from 0 to 128",
     "spec.appId": "spec.appId is required",
     "spec.subnet": "spec.subnet is required",
+    "spec.subnets": "spec.subnets lists 1 to 32 subnets",
+    "spec.addressReuseGracePeriodSeconds": (
+        "spec.addressReuseGracePeriodSeconds must be an integer of at least 0"
+    ),
     "spec.recordType": "spec.recordType {input!r} must be 'host' or 'fixedaddress'",
 }
 

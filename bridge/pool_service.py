@@ -4,11 +4,16 @@
 `bridge.kube` and the pool's backend:
 
 - `backend_for`: reads the pool's Secret(s) and returns its cached backend client;
-- `check_pool`: asks the IPAM about the pool's subnet and returns the Ready status;
+- `check_pool`: asks the IPAM about the pool's subnets and returns the Ready status;
 - `reconcile_pool`: what one pool needs now (the work queue calls it for every pool event
   that needs it and for the periodic refresh): status, the ``ProtectPool`` finalizer on the
   pool, the ``credentials-in-use`` finalizer on the Secrets it reads, and, while it is being
-  deleted, whether anything may still hold an entry in it.
+  deleted, whether anything may still hold an entry in it;
+- `purge_quarantined`: deletes the pool's IPAM entries whose reuse grace period ended.
+
+Global pools (cluster-scoped, namespace ``""``) read their Secrets in the namespaces their
+``credentialsRef``/``tls.caSecretRef`` name, and their users are the claims and IPAddresses
+of every watched namespace.
 
 Credentials outlive the claims that need them (DESIGN.md section 6): a namespace deletion
 removes Secrets, pools and claims in no order, so a Secret that a pool reads carries
@@ -19,6 +24,7 @@ its last claim is released, then both go.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +32,7 @@ from backends.base import IPAMBackend
 from backends.errors import BackendError
 from bridge import capi
 from bridge.capi import Reason
-from bridge.context import Context, pool_token
+from bridge.context import Context, pool_key, pool_token
 from bridge.errors import PoolError, pool_error_from, retry_delay
 from bridge.pools import (
     BACKEND_NAMES,
@@ -46,6 +52,7 @@ __all__ = [
     "backend_for",
     "check_pool",
     "needs_check",
+    "purge_quarantined",
     "reconcile_pool",
     "users_of",
 ]
@@ -56,17 +63,25 @@ log = logging.getLogger(__name__)
 CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
 #: Annotation on a pool naming (comma-separated) the Secrets it put `CREDENTIALS_FINALIZER`
 #: on: a Secret it stopped reading, or the Secrets of a pool whose spec no longer parses, are
-#: still let go. Our bookkeeping on our own object; copied by ``clusterctl move`` like the
-#: Secrets' finalizers it describes.
+#: still let go. ``<name>`` for a Secret of the pool's own namespace, ``<namespace>/<name>``
+#: for another (Global pools). Our bookkeeping on our own object; copied by
+#: ``clusterctl move`` like the Secrets' finalizers it describes.
 SECRETS_ANNOTATION = "ipam-bridge.io/secrets-in-use"
 
 
-def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
+def backend_for(ctx: Context, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
     """Return the pool's backend client, built from its Secret(s) or taken from the cache.
 
     Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
-    from the pool's own namespace on every call, so a fixed Secret takes effect at once. A
-    Secret being deleted is still read (it is kept by `CREDENTIALS_FINALIZER` for releases).
+    on every call, so a fixed Secret takes effect at once: in the pool's own namespace, or
+    for a Global pool in the namespace its reference names. A Secret being deleted is still
+    read (it is kept by `CREDENTIALS_FINALIZER` for releases).
+
+    With ``reuse`` (claims: allocations and releases) a client already built from this very
+    pool spec is returned without reading any Secret: Secrets are not watched (that would
+    need list/watch on every Secret), so the pool's check (`check_pool`, at every pool change
+    and every ``IPAM_BRIDGE_POOL_REFRESH_SECONDS``) is what reads them and rebuilds the
+    client when they changed. Without such a client the Secrets are read as above.
 
     Parameters
     ----------
@@ -82,26 +97,31 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
         ``CredentialsNotFound`` when a Secret or one of its keys is missing; ``InvalidSpec``
         when the client refuses the configuration.
     """
-    secret = ctx.kube.read_secret(pool.namespace, pool.credentials_secret)
+    key = (*pool.key, location_of(pool))
+    if reuse and (cached := ctx.backends.reuse(key, pool.spec)) is not None:
+        return cached
+    secret_namespace = pool.secret_namespace or pool.namespace
+    secret = ctx.kube.read_secret(secret_namespace, pool.credentials_secret)
     if secret is None:
         raise PoolError(
             Reason.CREDENTIALS_NOT_FOUND,
-            f"Secret {pool.namespace}/{pool.credentials_secret} not found",
+            f"Secret {secret_namespace}/{pool.credentials_secret} not found",
             needs_person=True,
         )
     ca_pem: str | None = None
     if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
-        ca = ctx.kube.read_secret(pool.namespace, pool.tls.ca_secret_name)
+        ca_namespace = pool.tls.ca_secret_namespace or pool.namespace
+        ca = ctx.kube.read_secret(ca_namespace, pool.tls.ca_secret_name)
         ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
         if not ca_pem:
             raise PoolError(
                 Reason.CREDENTIALS_NOT_FOUND,
-                f"CA bundle: Secret {pool.namespace}/{pool.tls.ca_secret_name} or its key "
+                f"CA bundle: Secret {ca_namespace}/{pool.tls.ca_secret_name} or its key "
                 f"{pool.tls.ca_secret_key!r} not found",
                 needs_person=True,
             )
     return ctx.backends.get(
-        (*pool.key, location_of(pool)),
+        key,
         fingerprint(pool, secret, ca_pem),
         lambda: build_backend(
             pool,
@@ -111,6 +131,7 @@ def backend_for(ctx: Context, pool: Pool) -> IPAMBackend:
             retry=ctx.settings.retry_policy(),
             endpoints=ctx.endpoints,
         ),
+        spec=pool.spec,
     )
 
 
@@ -120,7 +141,8 @@ def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, A
     Returns
     -------
     dict
-        The full status (subnet, prefix, gateway, usage, Ready True ``PoolReady``).
+        The full status (`bridge.pools.pool_status`: per subnet and summed; Ready True
+        ``PoolReady``; conditions of other types kept).
 
     Raises
     ------
@@ -131,16 +153,17 @@ def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, A
     """
     backend = backend_for(ctx, pool)
     try:
-        info = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind], "describe_subnet", backend.describe_subnet
+        infos = ctx.metrics.call(
+            BACKEND_NAMES[pool.kind], "describe_subnets", backend.describe_subnets
         )
     except BackendError as exc:
         raise pool_error_from(exc, pool.display) from exc
-    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(info.free)
-    if info.free > 0:
+    free = sum(info.free for info in infos)
+    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(free)
+    if free > 0:
         ctx.gate.open(pool.key)
     previous = (body.get("status") or {}).get("conditions") or []
-    return pool_status(pool, info, previous)
+    return pool_status(pool, infos, previous)
 
 
 def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
@@ -149,16 +172,35 @@ def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
     A claim counts while it carries the ``ReleaseAddress`` finalizer (added before anything
     is allocated, removed after the release), so a claim between its IPAM write and its
     IPAddress create, or one whose IPAddress could not be created, keeps the pool. An
-    IPAddress counts while it exists.
+    IPAddress counts while it exists. A Global pool (``namespace`` ``""``) is used from
+    every watched namespace (``IPAM_BRIDGE_NAMESPACE``, all when empty).
 
     Returns
     -------
     list of str
-        ``IPAddressClaim <name>`` and ``IPAddress <name>`` entries.
+        ``IPAddressClaim <name>`` and ``IPAddress <name>`` entries (``<namespace>/<name>``
+        for a Global pool).
     """
     version = ctx.address_version
     found: set[str] = set()
-    for claim in ctx.kube.list_claims(version, (namespace,)):
+    if namespace:
+        claims = ctx.kube.list_claims(version, (namespace,))
+        addresses = ctx.kube.list_ip_addresses(version, namespace)
+    else:
+        watched = ctx.settings.namespaces
+        claims = ctx.kube.list_claims(version, watched)
+        addresses = [
+            item for ns in watched or (None,) for item in ctx.kube.list_ip_addresses(version, ns)
+        ]
+
+    def shown(meta: Mapping[str, Any]) -> str:
+        return (
+            f"{meta.get('namespace')}/{meta.get('name')}"
+            if not namespace
+            else str(meta.get("name"))
+        )
+
+    for claim in claims:
         ref = (claim.get("spec") or {}).get("poolRef") or {}
         meta = claim.get("metadata") or {}
         if (
@@ -166,11 +208,11 @@ def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
             and ref.get("name") == name
             and capi.CLAIM_FINALIZER in (meta.get("finalizers") or [])
         ):
-            found.add(f"IPAddressClaim {meta.get('name')}")
-    for address in ctx.kube.list_ip_addresses(version, namespace):
+            found.add(f"IPAddressClaim {shown(meta)}")
+    for address in addresses:
         ref = (address.get("spec") or {}).get("poolRef") or {}
         if ref.get("kind") == kind and ref.get("name") == name:
-            found.add(f"IPAddress {(address.get('metadata') or {}).get('name')}")
+            found.add(f"IPAddress {shown(address.get('metadata') or {})}")
     return sorted(found)
 
 
@@ -191,35 +233,64 @@ def needs_check(body: Mapping[str, Any], *, listing: bool) -> bool:
     return bool(status.get("observedGeneration") != meta.get("generation"))
 
 
-def _recorded_secrets(body: Mapping[str, Any]) -> set[str]:
-    """Return the Secrets a pool's `SECRETS_ANNOTATION` says it protects."""
-    raw = str(((body.get("metadata") or {}).get("annotations") or {}).get(SECRETS_ANNOTATION, ""))
-    return {name for name in raw.split(",") if name}
+#: A Secret by ``(namespace, name)``.
+SecretId = tuple[str, str]
 
 
-def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str]) -> set[str]:
-    """Return the Secrets that the pools of a namespace read, but pool ``(kind, name)``."""
+def _recorded_secrets(body: Mapping[str, Any]) -> set[SecretId]:
+    """Return the ``(namespace, name)`` of the Secrets a pool's `SECRETS_ANNOTATION` names."""
+    meta = body.get("metadata") or {}
+    own = str(meta.get("namespace") or "")
+    raw = str((meta.get("annotations") or {}).get(SECRETS_ANNOTATION, ""))
+    refs: set[SecretId] = set()
+    for entry in raw.split(","):
+        namespace, _, name = entry.rpartition("/")
+        if name and (namespace or own):
+            refs.add((namespace or own, name))
+    return refs
+
+
+def _annotation(refs: set[SecretId], own: str) -> str:
+    """Return the `SECRETS_ANNOTATION` value naming ``refs`` (short names in ``own``)."""
+    return ",".join(sorted(name if ns == own else f"{ns}/{name}" for ns, name in refs))
+
+
+def _secrets_of(body: Mapping[str, Any]) -> set[SecretId]:
+    """Return the Secrets a pool object reads (or, when its spec is unreadable, protected)."""
+    try:
+        return set(parse_pool(body).secret_refs)
+    except PoolError:
+        return _recorded_secrets(body)  # unreadable spec: keep what it held
+
+
+def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str, str]) -> set[str]:
+    """Return the Secrets of ``namespace`` that pools read, but pool ``(namespace, kind, name)``.
+
+    The namespaced pools of ``namespace`` and every Global pool may read them.
+    """
     read: set[str] = set()
     for kind in capi.POOL_KINDS:
-        for other in ctx.kube.list_pools(kind, (namespace,)):
-            if (kind, (other.get("metadata") or {}).get("name")) == besides:
+        is_global = kind in capi.GLOBAL_POOL_KINDS
+        for other in ctx.kube.list_pools(kind, () if is_global else (namespace,)):
+            other.setdefault("kind", kind)
+            meta = other.get("metadata") or {}
+            key = ("" if is_global else str(meta.get("namespace") or ""), kind, meta.get("name"))
+            if key == besides:
                 continue
-            try:
-                read.update(parse_pool(other).secrets)
-            except PoolError:
-                read.update(_recorded_secrets(other))  # unreadable spec: keep what it held
+            read.update(name for ns, name in _secrets_of(other) if ns == namespace)
     return read
 
 
-def _free_secrets(ctx: Context, namespace: str, names: set[str], besides: tuple[str, str]) -> None:
-    """Remove `CREDENTIALS_FINALIZER` from ``names`` that no pool but ``besides`` reads.
+def _free_secrets(ctx: Context, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
+    """Remove `CREDENTIALS_FINALIZER` from the Secrets ``refs`` that no pool but ``besides`` reads.
 
-    Call with `Context.namespace_lock` held.
+    Takes `Context.namespace_lock` of each Secret's namespace.
     """
-    if not names:
-        return
-    for name in sorted(names - _read_by_pools(ctx, namespace, besides=besides)):
-        ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
+    for namespace in sorted({ns for ns, _ in refs}):
+        names = {name for ns, name in refs if ns == namespace}
+        with ctx.namespace_lock(namespace):
+            for name in sorted(names - _read_by_pools(ctx, namespace, besides=besides)):
+                ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
 
 
 def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
@@ -229,16 +300,17 @@ def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
     is widened before a Secret is protected (so none is ever protected unremembered) and
     narrowed after a Secret it stopped reading (``credentialsRef`` changed) was let go.
     """
-    wanted, recorded = set(pool.secrets), _recorded_secrets(body)
+    wanted, recorded = set(pool.secret_refs), _recorded_secrets(body)
     if not wanted <= recorded:
-        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, ",".join(sorted(wanted | recorded)))
-    for name in pool.secrets:
-        ctx.kube.set_secret_finalizer(pool.namespace, name, CREDENTIALS_FINALIZER, True)
+        ctx.kube.annotate_pool(
+            body, SECRETS_ANNOTATION, _annotation(wanted | recorded, pool.namespace)
+        )
+    for namespace, name in pool.secret_refs:
+        ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
     stale = recorded - wanted
     if stale:
-        with ctx.namespace_lock(pool.namespace):
-            _free_secrets(ctx, pool.namespace, stale, besides=(pool.kind, pool.name))
-        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, ",".join(sorted(wanted)))
+        _free_secrets(ctx, stale, besides=pool.key)
+        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
 
 
 def _write(
@@ -255,7 +327,9 @@ def _write(
     current = body.get("status") or {}
     changed = {k: v for k, v in status.items() if current.get(k) != v}
     if changed:
-        ctx.kube.patch_pool_status(meta["namespace"], str(body["kind"]), meta["name"], changed)
+        ctx.kube.patch_pool_status(
+            str(meta.get("namespace") or ""), str(body["kind"]), meta["name"], changed
+        )
     if capi.ready_of(body) != ("True" if ready else "False", reason):
         log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
         ctx.event(body, "Normal" if ready else "Warning", reason, message)
@@ -276,6 +350,8 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     Decision
         Retry after `bridge.errors.retry_delay` of the failure's reason while not Ready or
         blocked; done otherwise (the periodic refresh queues every pool again).
+
+    ``namespace`` is ``""`` for a Global pool.
 
     Raises
     ------
@@ -339,7 +415,8 @@ def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> N
 def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None) -> Decision:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
-    namespace, kind, name = str(meta["namespace"]), str(body["kind"]), str(meta["name"])
+    kind, name = str(body["kind"]), str(meta["name"])
+    namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
     users = users_of(ctx, namespace, kind, name)
     if users:
@@ -353,11 +430,61 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
         _write_failure(ctx, body, error)
         # Each release queues the pool again; this retry is only the safety net.
         return Decision.retry(ctx.settings.requeue_config_error_seconds)
-    held = _recorded_secrets(body) | set(pool.secrets if pool is not None else ())
-    with ctx.namespace_lock(namespace):  # see Context.namespace_lock
-        _free_secrets(ctx, namespace, held, besides=(kind, name))
-        ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
+    held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())
+    # Under the namespace locks (see Context.namespace_lock): two pools reading one Secret,
+    # deleted at once, must not each see the other and both keep its finalizer.
+    _free_secrets(ctx, held, besides=(namespace, kind, name))
+    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
     ctx.backends.drop((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Decision.done()
+
+
+def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
+    """Delete a pool's IPAM entries whose reuse grace period ended (DESIGN.md section 6).
+
+    Run by the leader for every pool at start-up, then every
+    ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` for the pools with
+    ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.pools.purge_forever`). The
+    quarantine mark lives in the IPAM (`backends.base.quarantine_mark`), so nothing here
+    depends on memory: a restart or a new leader purges what is due. When entries were
+    deleted, one claim waiting for an address in the pool is woken.
+
+    Returns
+    -------
+    list of str
+        The addresses deleted (empty when the pool is gone, not parseable, being deleted,
+        or nothing was due).
+
+    Raises
+    ------
+    PoolError
+        When the pool's backend cannot be built (Secret missing...).
+    backends.errors.BackendError
+        When the IPAM call fails (the caller logs it and tries at the next pass).
+    """
+    body = ctx.kube.get_pool(namespace, kind, name)
+    if body is None:
+        return []
+    body.setdefault("kind", kind)
+    try:
+        pool = parse_pool(body)
+    except PoolError:
+        return []
+    if pool.deleting:
+        return []
+    backend = backend_for(ctx, pool)
+    purged = ctx.metrics.call(
+        BACKEND_NAMES[pool.kind],
+        "purge_quarantined",
+        lambda: backend.purge_quarantined(time.time()),
+    )
+    if purged:
+        log.info(
+            "pool %s: quarantine ended for %s; entries deleted", pool.display, ", ".join(purged)
+        )
+        ctx.gate.open(pool.key)
+        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+        ctx.enqueue(pool_key(pool.namespace, pool.kind, pool.name))
+    return list(purged)

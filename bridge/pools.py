@@ -15,13 +15,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends.base import IPAMBackend, SubnetInfo
+from backends.base import IPAMBackend, SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from backends.transport import EndpointRegistry
 from bridge import __version__
-from bridge.capi import CLUSTER_NAME_LABEL, POOL_KINDS, Reason, ready_condition
+from bridge.capi import (
+    CLUSTER_NAME_LABEL,
+    GLOBAL_POOL_KINDS,
+    POOL_KINDS,
+    Reason,
+    ready_condition,
+)
 from bridge.errors import PoolError
 from bridge.models import POOL_MODELS, problem_of
 
@@ -34,8 +40,10 @@ __all__ = [
     "fingerprint",
     "location_of",
     "parse_pool",
+    "pool_conditions",
     "pool_failed_status",
     "pool_status",
+    "subnet_refs",
     "with_location",
 ]
 
@@ -45,31 +53,78 @@ USER_AGENT = f"ipam-bridge/{__version__}"
 INT64_MAX = 2**63 - 1
 
 
+_PHPIPAM_LOCATION = ("endpoint", "appId", "subnetId", "subnet", "subnets", "sectionId")
+_INFOBLOX_LOCATION = (
+    "endpoint",
+    "networkView",
+    "subnet",
+    "subnets",
+    "recordType",
+    "dnsView",
+    "dnsZone",
+)
+
 #: The spec fields of each pool kind that say where its addresses live in the IPAM. They are
-#: immutable (CEL rules in the CRDs) and recorded on every IPAddress (`location_of`).
+#: immutable (CEL rules in the CRDs; ``subnets`` may only grow at its end) and recorded on
+#: every IPAddress (`location_of`).
 LOCATION_FIELDS: Mapping[str, tuple[str, ...]] = {
-    "PHPIPAMIPPool": ("endpoint", "appId", "subnetId", "subnet", "sectionId"),
-    "InfobloxIPPool": (
-        "endpoint",
-        "networkView",
-        "subnet",
-        "recordType",
-        "dnsView",
-        "dnsZone",
-    ),
+    "PHPIPAMIPPool": _PHPIPAM_LOCATION,
+    "InfobloxIPPool": _INFOBLOX_LOCATION,
+    "GlobalPHPIPAMIPPool": _PHPIPAM_LOCATION,
+    "GlobalInfobloxIPPool": _INFOBLOX_LOCATION,
 }
 
 #: The backend name of each pool kind (metrics label).
-BACKEND_NAMES: Mapping[str, str] = {"PHPIPAMIPPool": "phpipam", "InfobloxIPPool": "infoblox"}
+BACKEND_NAMES: Mapping[str, str] = {
+    "PHPIPAMIPPool": "phpipam",
+    "InfobloxIPPool": "infoblox",
+    "GlobalPHPIPAMIPPool": "phpipam",
+    "GlobalInfobloxIPPool": "infoblox",
+}
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+def subnet_refs(spec: Mapping[str, Any]) -> tuple[SubnetRef, ...]:
+    """Return the subnets a pool spec names, in order, with the overrides folded in.
+
+    ``spec.subnets`` when set, else the single-subnet form (``subnetId`` or ``subnet``) as a
+    list of one. Each entry's ``gateway``/``prefix`` wins over the pool's ``gateway``/
+    ``prefix``, which win over what the IPAM reports (`backends.base.SubnetRef`). Reads the
+    raw spec, so a pool with a recorded location (`with_location`) gets the recorded subnets.
+    """
+    gateway = _opt_str(spec, "gateway")
+    prefix = _opt_int(spec.get("prefix"))
+    entries = spec.get("subnets") or [
+        {"subnetId": spec.get("subnetId"), "subnet": spec.get("subnet")}
+    ]
+    refs = []
+    for entry in entries:
+        entry_prefix = _opt_int(entry.get("prefix"))
+        refs.append(
+            SubnetRef(
+                cidr=_opt_str(entry, "subnet"),
+                subnet_id=_opt_int(entry.get("subnetId")),
+                gateway=_opt_str(entry, "gateway") or gateway,
+                prefix=entry_prefix if entry_prefix is not None else prefix,
+            )
+        )
+    return tuple(refs)
 
 
 @dataclass(frozen=True)
 class TLSSettings:
-    """``spec.tls`` of a pool: verification switch and an optional CA bundle Secret."""
+    """``spec.tls`` of a pool: verification switch and an optional CA bundle Secret.
+
+    ``ca_secret_namespace`` is set on Global pools only (else the pool's namespace).
+    """
 
     insecure_skip_verify: bool = False
     ca_secret_name: str | None = None
     ca_secret_key: str = "ca.crt"
+    ca_secret_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,11 +134,19 @@ class Pool:
     Attributes
     ----------
     kind, namespace, name, uid, generation:
-        Identity of the pool object.
+        Identity of the pool object; ``namespace`` is ``""`` for a Global (cluster-scoped)
+        pool.
     credentials_secret:
-        Name of the Secret (in the pool's namespace) holding the credentials.
+        Name of the Secret holding the credentials (in `secret_namespace`).
+    secret_namespace:
+        Namespace of the credentials Secret: the pool's own, or for a Global pool
+        ``spec.credentialsRef.namespace``.
     gateway, prefix:
-        Overrides of what the IPAM reports (None = use the IPAM's).
+        The pool's overrides of what the IPAM reports (None = use the IPAM's); folded into
+        each subnet (`subnets`), where an entry's own override wins.
+    grace_period_seconds:
+        ``spec.addressReuseGracePeriodSeconds``: how long a released address stays
+        quarantined in the IPAM before it may be handed out again (0 = released at once).
     hostname_suffix:
         Appended to ``<claim>.<namespace>`` to form the hostname (None = none).
     tls:
@@ -109,6 +172,8 @@ class Pool:
     cluster_name: str | None
     spec: Mapping[str, Any] = field(compare=False)
     deleting: bool = False
+    secret_namespace: str = ""
+    grace_period_seconds: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -116,17 +181,31 @@ class Pool:
         return (self.namespace, self.kind, self.name)
 
     @property
+    def is_global(self) -> bool:
+        """True for a Global (cluster-scoped) pool kind."""
+        return self.kind in GLOBAL_POOL_KINDS
+
+    @property
     def display(self) -> str:
-        """``<Kind> <namespace>/<name>`` for messages."""
+        """``<Kind> <namespace>/<name>`` (``<Kind> <name>`` for a Global pool), for messages."""
+        if self.is_global:
+            return f"{self.kind} {self.name}"
         return f"{self.kind} {self.namespace}/{self.name}"
 
     @property
-    def secrets(self) -> tuple[str, ...]:
-        """Names of the Secrets (in the pool's namespace) the pool reads: credentials, CA."""
-        names = [self.credentials_secret]
-        if self.tls.ca_secret_name and self.tls.ca_secret_name not in names:
-            names.append(self.tls.ca_secret_name)
-        return tuple(names)
+    def subnets(self) -> tuple[SubnetRef, ...]:
+        """The pool's subnets in order, overrides folded in (`subnet_refs`)."""
+        return subnet_refs(self.spec)
+
+    @property
+    def secret_refs(self) -> tuple[tuple[str, str], ...]:
+        """``(namespace, name)`` of the Secrets the pool reads: credentials, then CA bundle."""
+        refs = [(self.secret_namespace or self.namespace, self.credentials_secret)]
+        if self.tls.ca_secret_name:
+            ca = (self.tls.ca_secret_namespace or self.namespace, self.tls.ca_secret_name)
+            if ca not in refs:
+                refs.append(ca)
+        return tuple(refs)
 
 
 def location_of(pool: Pool) -> str:
@@ -180,7 +259,10 @@ def _opt_str(spec: Mapping[str, Any], key: str) -> str | None:
 
 
 def parse_pool(body: Mapping[str, Any]) -> Pool:
-    """Parse a pool object (either kind) and validate it (`bridge.models.POOL_MODELS`).
+    """Parse a pool object (any of our kinds) and validate it (`bridge.models.POOL_MODELS`).
+
+    A Global pool (cluster-scoped) gets the namespace ``""`` and reads its Secrets in the
+    namespaces its ``credentialsRef``/``tls.caSecretRef`` name.
 
     Raises
     ------
@@ -198,9 +280,10 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
         raise _invalid(problem_of(exc)) from exc
     meta, spec = model.metadata, model.spec
     ca_ref = spec.tls.ca_secret_ref
+    namespace = "" if kind in GLOBAL_POOL_KINDS else meta.namespace
     return Pool(
         kind=kind,
-        namespace=meta.namespace,
+        namespace=namespace,
         name=meta.name,
         uid=meta.uid,
         generation=meta.generation,
@@ -212,10 +295,13 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
             insecure_skip_verify=spec.tls.insecure_skip_verify,
             ca_secret_name=ca_ref.name,
             ca_secret_key=ca_ref.key or "ca.crt",
+            ca_secret_namespace=(ca_ref.namespace or namespace) if ca_ref.name else None,
         ),
         cluster_name=meta.labels.get(CLUSTER_NAME_LABEL),
         spec=body.get("spec") or {},
         deleting=meta.deleting,
+        secret_namespace=spec.credentials_ref.namespace or namespace,
+        grace_period_seconds=spec.address_reuse_grace_period_seconds,
     )
 
 
@@ -248,23 +334,19 @@ def _phpipam(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> IP
     if not token and not (username and password):
         raise PoolError(
             Reason.CREDENTIALS_NOT_FOUND,
-            f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
+            f"Secret {pool.secret_namespace}/{pool.credentials_secret} must hold the keys "
             "'username' and 'password', or 'token'",
             needs_person=True,
         )
     spec = pool.spec
-    subnet_id = spec.get("subnetId")
-    section_id = spec.get("sectionId")
     config = PHPIPAMConfig(
         endpoint=str(spec["endpoint"]).rstrip("/"),
         app_id=str(spec["appId"]),
-        subnet_id=int(subnet_id) if subnet_id is not None else None,
-        subnet=_opt_str(spec, "subnet"),
-        section_id=int(section_id) if section_id is not None else None,
+        subnets=subnet_refs(spec),
+        section_id=_opt_int(spec.get("sectionId")),
         username=None if token else username,
         password=None if token else password,
         app_code=token or None,
-        gateway=pool.gateway,
         verify=transport.verify,
         ca_pem=transport.ca_pem,
         timeout_seconds=transport.timeout,
@@ -279,7 +361,7 @@ def _infoblox(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> I
     if not (username and password):
         raise PoolError(
             Reason.CREDENTIALS_NOT_FOUND,
-            f"Secret {pool.namespace}/{pool.credentials_secret} must hold the keys "
+            f"Secret {pool.secret_namespace}/{pool.credentials_secret} must hold the keys "
             "'username' and 'password'",
             needs_person=True,
         )
@@ -291,7 +373,7 @@ def _infoblox(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> I
         endpoint=str(spec["endpoint"]).rstrip("/"),
         wapi_version=str(spec.get("wapiVersion") or "2.12"),
         network_view=str(spec.get("networkView") or "default"),
-        subnet=str(spec["subnet"]),
+        subnets=subnet_refs(spec),
         record_type="fixedaddress" if record_type == "fixedaddress" else "host",
         dns_view=_opt_str(spec, "dnsView") or "default",
         dns_zone=_opt_str(spec, "dnsZone"),
@@ -300,7 +382,6 @@ def _infoblox(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> I
         },
         username=username,
         password=password,
-        gateway=pool.gateway,
         verify=transport.verify,
         ca_pem=transport.ca_pem,
         timeout_seconds=transport.timeout,
@@ -313,6 +394,8 @@ def _infoblox(pool: Pool, secret: Mapping[str, str], transport: _Transport) -> I
 _FACTORIES: Mapping[str, Callable[[Pool, Mapping[str, str], _Transport], IPAMBackend]] = {
     "PHPIPAMIPPool": _phpipam,
     "InfobloxIPPool": _infoblox,
+    "GlobalPHPIPAMIPPool": _phpipam,
+    "GlobalInfobloxIPPool": _infoblox,
 }
 
 
@@ -365,50 +448,106 @@ def build_backend(
         raise _invalid(f"{pool.display}: {exc}") from exc
 
 
-def pool_status(
-    pool: Pool, info: SubnetInfo, previous: Sequence[Mapping[str, Any]] = ()
-) -> dict[str, Any]:
-    """Return the status of a Ready pool from what its backend reports.
+def pool_conditions(
+    previous: Sequence[Mapping[str, Any]], ready: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Return ``previous`` with its Ready condition replaced by ``ready`` (in place, else appended).
 
-    ``prefix`` and ``gateway`` show the pool's overrides when set, else the IPAM's.
+    Conditions of other types (``InSync`` of the drift audit) are kept as they are, in their
+    order: a merge patch replaces the whole list, and writers of different types must not
+    undo each other nor reorder the list on every write.
     """
-    gateway = pool.gateway or info.gateway
-    status: dict[str, Any] = {
-        "subnet": info.cidr,
-        "prefix": pool.prefix if pool.prefix is not None else info.prefix,
-        "ipAddresses": {
-            "total": min(info.total, INT64_MAX),
-            "used": min(info.used, INT64_MAX),
-            "free": min(info.free, INT64_MAX),
-        },
+    merged = [dict(c) for c in previous]
+    for i, condition in enumerate(merged):
+        if condition.get("type") == ready["type"]:
+            merged[i] = dict(ready)
+            return merged
+    merged.append(dict(ready))
+    return merged
+
+
+def _count(value: int) -> int:
+    return min(value, INT64_MAX)
+
+
+def _usage(total: int, used: int, free: int) -> dict[str, int]:
+    return {"total": _count(total), "used": _count(used), "free": _count(free)}
+
+
+def pool_status(
+    pool: Pool, infos: Sequence[SubnetInfo], previous: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Return the status of a Ready pool from what its backend reports for each subnet.
+
+    Parameters
+    ----------
+    infos:
+        `backends.base.IPAMBackend.describe_subnets`, in the pool's order (one or more).
+    previous:
+        The pool's current ``status.conditions`` (other types are kept).
+
+    Returns
+    -------
+    dict
+        ``subnets`` (per subnet ``cidr``, ``prefix``, ``gateway`` when known,
+        ``ipAddresses``), ``subnet``/``prefix``/``gateway`` of the first subnet (``gateway``
+        None when unknown, so a merge patch removes a stale one), ``ipAddresses`` summed,
+        ``observedGeneration`` and the conditions with Ready True ``PoolReady``. Each
+        subnet's prefix and gateway are its entry's overrides, else the pool's, else the
+        IPAM's (the same rule as the backend's).
+    """
+    refs = pool.subnets
+    subnets: list[dict[str, Any]] = []
+    for index, info in enumerate(infos):
+        ref = refs[index] if index < len(refs) else SubnetRef()
+        entry: dict[str, Any] = {
+            "cidr": info.cidr,
+            "prefix": ref.prefix if ref.prefix is not None else info.prefix,
+        }
+        gateway = ref.gateway or info.gateway
+        if gateway:
+            entry["gateway"] = gateway
+        entry["ipAddresses"] = _usage(info.total, info.used, info.free)
+        subnets.append(entry)
+    total = sum(info.total for info in infos)
+    used = sum(info.used for info in infos)
+    free = sum(info.free for info in infos)
+    first = subnets[0]
+    if len(infos) == 1:
+        message = f"subnet {first['cidr']}: {free} of {total} addresses free"
+    else:
+        each = ", ".join(f"{s['cidr']}: {s['ipAddresses']['free']} free" for s in subnets)
+        message = f"{free} of {total} addresses free in {len(infos)} subnets ({each})"
+    ready = ready_condition(
+        ready=True,
+        reason=Reason.POOL_READY,
+        message=message,
+        observed_generation=pool.generation,
+        previous=previous,
+    )
+    return {
+        "subnets": subnets,
+        "subnet": first["cidr"],
+        "prefix": first["prefix"],
+        "gateway": first.get("gateway"),
+        "ipAddresses": _usage(total, used, free),
         "observedGeneration": pool.generation,
-        "conditions": [
-            ready_condition(
-                ready=True,
-                reason=Reason.POOL_READY,
-                message=f"subnet {info.cidr}: {info.free} of {info.total} addresses free",
-                observed_generation=pool.generation,
-                previous=previous,
-            )
-        ],
+        "conditions": pool_conditions(previous, ready),
     }
-    status["gateway"] = gateway
-    return status
 
 
 def pool_failed_status(
     generation: int, error: PoolError, previous: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
-    """Return the status patch of a pool whose check failed (Ready False, reason, message)."""
-    return {
-        "observedGeneration": generation,
-        "conditions": [
-            ready_condition(
-                ready=False,
-                reason=error.reason,
-                message=error.message,
-                observed_generation=generation,
-                previous=previous,
-            )
-        ],
-    }
+    """Return the status patch of a pool whose check failed (Ready False, reason, message).
+
+    Conditions of other types in ``previous`` are kept (`pool_conditions`).
+    """
+    ready = ready_condition(
+        ready=False,
+        reason=error.reason,
+        message=error.message,
+        observed_generation=generation,
+        previous=previous,
+    )
+    return {"observedGeneration": generation, "conditions": pool_conditions(previous, ready)}

@@ -6,6 +6,11 @@ guards its deletion. A pool event queues the pool only when its state calls for 
 changed, being deleted), so the pool's own status writes do not loop. Every
 ``IPAM_BRIDGE_POOL_REFRESH_SECONDS`` all pools are queued (usage, readiness). A Ready pool
 wakes the claims waiting for it.
+
+Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: kopf
+watches them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces, and
+their work-queue keys carry the namespace ``""``. `purge_forever` deletes the IPAM entries
+whose reuse grace period ended (`bridge.pool_service.purge_quarantined`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from typing import Any
 
 import kopf
 
+from backends.errors import BackendError
 from bridge import capi
 from bridge.context import Context, claim_key, pool_key, pool_token
-from bridge.pool_service import needs_check
+from bridge.errors import PoolError
+from bridge.pool_service import needs_check, purge_quarantined
+from bridge.pools import parse_pool
 
-__all__ = ["pool_event", "resync_forever"]
+__all__ = ["pool_event", "purge_forever", "resync_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +36,21 @@ log = logging.getLogger(__name__)
 async def pool_event(
     type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Queue the pool when it needs a reconcile; wake its waiting claims when it is Ready."""
+    """Queue the pool when it needs a reconcile; wake its waiting claims when it was checked.
+
+    The claims waiting for a pool are woken by its events once its current spec was checked
+    (Ready True, or False for ``observedGeneration`` = ``generation``: they then show why
+    they wait) and when it is deleted. The event comes after the pool is in the operator's
+    cache (`bridge.handlers.cache`), so a woken claim reads what the event shows.
+    """
     ctx: Context = memo.bridge
-    namespace, name, kind = str(meta.get("namespace")), str(meta.get("name")), str(body["kind"])
+    name, kind = str(meta.get("name")), str(body["kind"])
+    namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     if type == "DELETED" or needs_check(body, listing=type is None):
         ctx.enqueue(pool_key(namespace, kind, name))
-    if type == "DELETED" or capi.ready_of(body)[0] == "True":
+    ready = capi.ready_of(body)[0]
+    checked = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    if type == "DELETED" or ready == "True" or (ready == "False" and checked):
         ctx.wake(pool_token(namespace, kind, name))
 
 
@@ -41,13 +58,23 @@ for _plural in capi.POOL_KINDS.values():
     kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="pool")(pool_event)
 
 
-def _queue_pools(ctx: Context) -> int:
-    count = 0
+def _pools(ctx: Context) -> list[tuple[str, str, dict[str, Any]]]:
+    """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
+    found = []
     for kind in capi.POOL_KINDS:
         for body in ctx.kube.list_pools(kind, ctx.settings.namespaces):
-            meta = body.get("metadata") or {}
-            ctx.enqueue(pool_key(str(meta.get("namespace")), kind, str(meta.get("name"))))
-            count += 1
+            namespace = capi.pool_namespace(
+                kind, str((body.get("metadata") or {}).get("namespace") or "")
+            )
+            found.append((namespace, kind, body))
+    return found
+
+
+def _queue_pools(ctx: Context) -> int:
+    count = 0
+    for namespace, kind, body in _pools(ctx):
+        ctx.enqueue(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
+        count += 1
     return count
 
 
@@ -91,3 +118,50 @@ async def resync_forever(ctx: Context) -> None:
                 log.debug("resync: %d claims queued", count)
         except Exception:
             log.exception("periodic resync failed; trying again at the next tick")
+
+
+#: Every this many purge passes, the pools without a grace period are purged too.
+ALL_POOLS_EVERY = 10
+
+
+def _purge(ctx: Context, *, every_pool: bool) -> int:
+    """Purge ended quarantines of the pools with a grace period (``every_pool``: of all).
+
+    A pool whose grace period was set back to 0 may still hold quarantined entries: the
+    passes over every pool (one in `ALL_POOLS_EVERY`) delete those once their time came.
+    Returns the number of entries deleted; a pool that fails is logged and tried at the next
+    pass.
+    """
+    deleted = 0
+    for namespace, kind, body in _pools(ctx):
+        name = str((body.get("metadata") or {}).get("name"))
+        if not every_pool:
+            try:
+                if parse_pool(body).grace_period_seconds <= 0:
+                    continue
+            except PoolError:
+                continue
+        try:
+            deleted += len(purge_quarantined(ctx, namespace, kind, name))
+        except (PoolError, BackendError) as exc:
+            log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
+    return deleted
+
+
+async def purge_forever(ctx: Context) -> None:
+    """Delete the IPAM entries whose quarantine ended, at start and then periodically.
+
+    Runs on the leader only (started with the work queue, `bridge.handlers.lifecycle`), until
+    cancelled. The pools with ``addressReuseGracePeriodSeconds`` > 0 are purged at once and
+    then every ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` (default 30; one list request per
+    subnet each); every pool is purged one pass in `ALL_POOLS_EVERY` (not at start-up: a
+    restart costs no backend call for pools without a grace period).
+    """
+    passes = 0
+    while True:
+        passes += 1
+        try:
+            await asyncio.to_thread(_purge, ctx, every_pool=passes % ALL_POOLS_EVERY == 0)
+        except Exception:
+            log.exception("quarantine purge failed; trying again at the next tick")
+        await asyncio.sleep(ctx.settings.quarantine_purge_seconds)

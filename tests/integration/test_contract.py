@@ -625,17 +625,20 @@ def test_pool_never_reads_a_secret_of_another_namespace(
     sandbox.phpipam_pool(
         NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, secret="shared-credentials"
     )
-    # A namespace field is not in the schema; the operator must ignore or refuse it.
+    # credentialsRef.namespace is for Global pools only: the CRD refuses it on a namespaced
+    # pool (CEL), and the operator refuses it too (bridge.models.SecretRef) where CRD
+    # validation is off.
     sandbox.phpipam_pool(
         NAMESPACE, "sneaky", endpoint=phpipam.url, subnet_id=7, secret="shared-credentials"
     )
-    sandbox.kube.patch(
-        POOLS,
-        "phpipamippools",
-        "sneaky",
-        {"spec": {"credentialsRef": {"name": "shared-credentials", "namespace": "other"}}},
-        NAMESPACE,
-    )
+    with pytest.raises(ApiError, match="only for Global pools"):
+        sandbox.kube.patch(
+            POOLS,
+            "phpipamippools",
+            "sneaky",
+            {"spec": {"credentialsRef": {"name": "shared-credentials", "namespace": "other"}}},
+            NAMESPACE,
+        )
     sandbox.claim(NAMESPACE, "m1", "pool")
     pool_body = sandbox.wait_pool_ready(NAMESPACE, "pool", reason="CredentialsNotFound")
     assert f"{NAMESPACE}/shared-credentials" in condition(pool_body)["message"]

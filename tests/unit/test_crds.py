@@ -47,12 +47,22 @@ GROUP = "ipam.cluster.x-k8s.io"
 POOL_FILES = {
     "PHPIPAMIPPool": CRD_DIR / "ipam.cluster.x-k8s.io_phpipamippools.yaml",
     "InfobloxIPPool": CRD_DIR / "ipam.cluster.x-k8s.io_infobloxippools.yaml",
+    "GlobalPHPIPAMIPPool": CRD_DIR / "ipam.cluster.x-k8s.io_globalphpipamippools.yaml",
+    "GlobalInfobloxIPPool": CRD_DIR / "ipam.cluster.x-k8s.io_globalinfobloxippools.yaml",
 }
+#: The cluster-scoped pool kinds and their namespaced twins (same spec).
+GLOBAL_TWINS = {"GlobalPHPIPAMIPPool": "PHPIPAMIPPool", "GlobalInfobloxIPPool": "InfobloxIPPool"}
 CAPI_FILES = {
     "IPAddressClaim": CAPI_DIR / "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
     "IPAddress": CAPI_DIR / "ipam.cluster.x-k8s.io_ipaddresses.yaml",
 }
-ALL_CRD_FILES = sorted(p for p in CRD_DIR.rglob("*.yaml") if p.name != "kustomization.yaml")
+#: Every CRD file of ours and our IPAM copies; CAPI's Cluster CRDs (crds/capi/cluster.x-k8s.io_*,
+#: upstream files kept unchanged: tests/unit/bridge/test_control_plane_endpoints.py) are not.
+ALL_CRD_FILES = sorted(
+    p
+    for p in CRD_DIR.rglob("*.yaml")
+    if p.name != "kustomization.yaml" and not p.name.startswith("cluster.x-k8s.io_")
+)
 
 Schema = dict[str, Any]
 Obj = dict[str, Any]
@@ -97,7 +107,20 @@ def load_docs(path: Path) -> list[Obj]:
 
 
 def example(kind: str) -> Obj:
-    """The example object of ``kind`` from tests/data (a fresh copy)."""
+    """The example object of ``kind`` from tests/data (a fresh copy).
+
+    A Global kind's example is its twin's, cluster-scoped: no namespace, and the Secret
+    references name the Secrets' namespace (required there).
+    """
+    if kind in GLOBAL_TWINS:
+        pool = example(GLOBAL_TWINS[kind])
+        pool["kind"] = kind
+        pool["metadata"].pop("namespace", None)
+        pool["spec"]["credentialsRef"]["namespace"] = "capi-credentials"
+        ca = pool["spec"].get("tls", {}).get("caSecretRef")
+        if ca is not None:
+            ca["namespace"] = "capi-credentials"
+        return pool
     for path in sorted(DATA_DIR.glob("*.yaml")):
         for doc in load_docs(path):
             if doc.get("kind") == kind:
@@ -366,7 +389,8 @@ def test_file_is_a_crd_of_our_group(path: Path) -> None:
     assert path.name == f"{GROUP}_{names['plural']}.yaml"
     assert names["singular"] == names["kind"].lower()
     assert names["listKind"] == names["kind"] + "List"
-    assert crd["spec"]["scope"] == "Namespaced"
+    global_kind = names["kind"].startswith("Global") and crd["spec"]["group"] == GROUP
+    assert crd["spec"]["scope"] == ("Cluster" if global_kind else "Namespaced")
     assert names["categories"] == ["cluster-api"]
     versions = crd["spec"]["versions"]
     assert [v["name"] for v in versions if v["storage"]] == [v["name"] for v in versions][-1:]
@@ -518,6 +542,8 @@ PRINTER_COLUMNS = ["Subnet", "Gateway", "Total", "Used", "Free", "Ready", "Age"]
     [
         ("PHPIPAMIPPool", "phpipamippools", "phpipampool"),
         ("InfobloxIPPool", "infobloxippools", "ibpool"),
+        ("GlobalPHPIPAMIPPool", "globalphpipamippools", "gphpipampool"),
+        ("GlobalInfobloxIPPool", "globalinfobloxippools", "gibpool"),
     ],
 )
 def test_pool_crd_names_labels_and_version(kind: str, plural: str, short_name: str) -> None:
@@ -538,7 +564,16 @@ def test_pool_crd_names_labels_and_version(kind: str, plural: str, short_name: s
     assert ready["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
 
 
-SHARED_SPEC = {"endpoint", "credentialsRef", "gateway", "prefix", "hostnameSuffix", "tls"}
+SHARED_SPEC = {
+    "endpoint",
+    "credentialsRef",
+    "gateway",
+    "prefix",
+    "hostnameSuffix",
+    "tls",
+    "subnets",
+    "addressReuseGracePeriodSeconds",
+}
 SPEC_FIELDS = {
     "PHPIPAMIPPool": SHARED_SPEC | {"appId", "subnetId", "subnet", "sectionId"},
     "InfobloxIPPool": SHARED_SPEC
@@ -552,6 +587,7 @@ SPEC_FIELDS = {
         "extensibleAttributes",
     },
 }
+SPEC_FIELDS |= {kind: SPEC_FIELDS[twin] for kind, twin in GLOBAL_TWINS.items()}
 
 
 @pytest.mark.parametrize("kind", sorted(POOL_FILES))
@@ -560,9 +596,10 @@ def test_pool_fields_are_the_designed_ones(kind: str) -> None:
     spec = schema["properties"]["spec"]
     status = schema["properties"]["status"]
     assert set(spec["properties"]) == SPEC_FIELDS[kind]
-    assert set(spec["properties"]["credentialsRef"]["properties"]) == {"name"}
+    assert set(spec["properties"]["credentialsRef"]["properties"]) == {"name", "namespace"}
     assert set(status["properties"]) == {
         "conditions",
+        "subnets",
         "subnet",
         "prefix",
         "gateway",
@@ -645,6 +682,7 @@ def test_defaults_are_applied() -> None:
         "networkView": "default",
         "recordType": "host",
         "tls": {"insecureSkipVerify": False},
+        "addressReuseGracePeriodSeconds": 0,
     }
     with_ca = apply_defaults(schema, {"spec": {**minimal, "tls": {"caSecretRef": {"name": "ca"}}}})
     assert with_ca["spec"]["tls"] == {
@@ -787,12 +825,12 @@ INVALID |= {
     "both-subnet-and-subnet-id": (
         changed(PHP, subnetId=7),
         ".spec",
-        "exactly one of subnetId and subnet",
+        "exactly one of subnetId, subnet and subnets",
     ),
     "neither-subnet-nor-id": (
         changed(PHP, subnet=DELETE, sectionId=DELETE),
         ".spec",
-        "exactly one of subnetId and subnet",
+        "exactly one of subnetId, subnet and subnets",
     ),
     "section-id-with-subnet-id": (
         changed(PHP, subnet=DELETE, subnetId=7),
@@ -840,7 +878,7 @@ INVALID |= {
     "infoblox-subnet-missing": (
         changed(IB, subnet=DELETE, gateway=DELETE),
         ".spec",
-        "'subnet' is a required",
+        "exactly one of subnet and subnets",
     ),
     "infoblox-subnet-id": (changed(IB, subnetId=7), ".spec", "subnetId"),
     "ea-value-not-string": (
@@ -1274,3 +1312,227 @@ def test_capi_v1beta1_accepts_what_v1beta2_rejects() -> None:
     ref = {"kind": "PHPIPAMIPPool", "name": "nodes-v4"}
     assert capi_errors("IPAddress", "v1beta1", ip_address("v1beta1", poolRef=ref)) == []
     assert capi_errors("IPAddress", "v1beta2", ip_address("v1beta2", poolRef=ref)) != []
+
+
+# =========================================================================== tests: issue 12
+# Several subnets per pool, Global pools, the reuse grace period (DESIGN.md sections 3 and 6).
+
+PHP_SUBNETS = changed(
+    PHP,
+    subnet=DELETE,
+    sectionId=DELETE,
+    gateway=DELETE,
+    subnets=[
+        {"subnetId": 7},
+        {"subnet": "10.20.1.0/29", "gateway": "10.20.1.6", "prefix": 29},
+        {"subnet": "2001:db8:20::/64", "prefix": 64},
+    ],
+)
+IB_SUBNETS = changed(
+    IB,
+    subnet=DELETE,
+    gateway=DELETE,
+    subnets=[{"subnet": "10.30.0.0/24"}, {"subnet": "10.30.1.0/24", "gateway": "10.30.1.1"}],
+)
+
+
+def with_subnets(pool: Obj, subnets: list[Obj]) -> Obj:
+    pool = copy.deepcopy(pool)
+    pool["spec"]["subnets"] = subnets
+    return pool
+
+
+@pytest.mark.parametrize("pool", [PHP_SUBNETS, IB_SUBNETS], ids=["phpipam", "infoblox"])
+def test_subnets_form_is_accepted(pool: Obj) -> None:
+    assert pool_errors(pool) == []
+    assert pool_errors(with_subnets(pool, pool["spec"]["subnets"][:1])) == []
+    php = changed(PHP, subnet=DELETE, gateway=DELETE, subnets=[{"subnet": "10.20.0.0/24"}])
+    assert pool_errors(php) == []  # sectionId narrows entries named by CIDR
+
+
+SUBNETS_INVALID: dict[str, tuple[Obj, str, str]] = {
+    "phpipam-both-forms": (
+        changed(PHP, subnets=[{"subnetId": 7}]),
+        ".spec",
+        "exactly one of subnetId, subnet and subnets",
+    ),
+    "infoblox-both-forms": (
+        changed(IB, subnets=[{"subnet": "10.30.0.0/24"}]),
+        ".spec",
+        "exactly one of subnet and subnets",
+    ),
+    "empty-list": (with_subnets(IB_SUBNETS, []), ".spec.subnets", "non-empty"),
+    "too-many": (
+        with_subnets(IB_SUBNETS, [{"subnet": f"10.31.{i}.0/24"} for i in range(33)]),
+        ".spec.subnets",
+        "too long",
+    ),
+    "entry-with-id-and-cidr": (
+        with_subnets(PHP_SUBNETS, [{"subnetId": 7, "subnet": "10.20.0.0/24"}]),
+        ".spec.subnets[0]",
+        "exactly one of subnetId and subnet",
+    ),
+    "entry-with-neither": (
+        with_subnets(PHP_SUBNETS, [{"gateway": "10.20.0.1"}]),
+        ".spec.subnets[0]",
+        "exactly one of subnetId and subnet",
+    ),
+    "entry-prefix-33": (
+        with_subnets(IB_SUBNETS, [{"subnet": "10.30.0.0/24", "prefix": 33}]),
+        ".spec.subnets[0]",
+        "at most 32",
+    ),
+    "entry-gateway-family": (
+        with_subnets(IB_SUBNETS, [{"subnet": "10.30.0.0/24", "gateway": "2001:db8::1"}]),
+        ".spec.subnets[0]",
+        "same address family",
+    ),
+    "entry-not-cidr": (
+        with_subnets(IB_SUBNETS, [{"subnet": "10.30.0.1"}]),
+        ".spec.subnets[0].subnet",
+        "cidr",
+    ),
+    "infoblox-entry-subnet-id": (
+        with_subnets(IB_SUBNETS, [{"subnet": "10.30.0.0/24", "subnetId": 7}]),
+        ".spec.subnets[0]",
+        "subnetId",
+    ),
+    "duplicate-cidr": (
+        with_subnets(IB_SUBNETS, [{"subnet": "10.30.0.0/24"}, {"subnet": "10.30.0.0/24"}]),
+        ".spec.subnets",
+        "twice",
+    ),
+    "duplicate-id": (
+        with_subnets(PHP_SUBNETS, [{"subnetId": 7}, {"subnetId": 7, "gateway": "10.20.0.9"}]),
+        ".spec.subnets",
+        "twice",
+    ),
+    "grace-negative": (
+        changed(PHP, addressReuseGracePeriodSeconds=-1),
+        ".spec.addressReuseGracePeriodSeconds",
+        "minimum",
+    ),
+    "grace-not-integer": (
+        changed(IB, addressReuseGracePeriodSeconds="60"),
+        ".spec.addressReuseGracePeriodSeconds",
+        "type",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("pool", "field", "fragment"), SUBNETS_INVALID.values(), ids=SUBNETS_INVALID.keys()
+)
+def test_invalid_subnets_and_grace_are_rejected(pool: Obj, field: str, fragment: str) -> None:
+    errors = pool_errors(pool)
+    assert errors, "expected the object to be rejected"
+    assert all(e.split(": ", 1)[0] == field for e in errors), errors
+    assert any(fragment in e for e in errors), errors
+
+
+GROW_ONLY = "subnets can only grow at the end"
+
+
+def test_subnets_may_only_be_appended() -> None:
+    for pool in (PHP_SUBNETS, IB_SUBNETS):
+        entries = pool["spec"]["subnets"]
+        appended = with_subnets(pool, [*entries, {"subnet": "10.40.0.0/24"}])
+        assert pool_errors(appended, pool) == []
+        for name, changed_entries in {
+            "removed-last": entries[:-1],
+            "removed-first": entries[1:],
+            "reordered": [entries[1], entries[0], *entries[2:]],
+            "changed": [{**entries[0], "gateway": "10.99.0.1"}, *entries[1:]],
+            "inserted-first": [{"subnet": "10.40.0.0/24"}, *entries],
+        }.items():
+            errors = pool_errors(with_subnets(pool, changed_entries), pool)
+            assert errors and all(GROW_ONLY in e for e in errors), (name, errors)
+
+
+def test_switching_between_the_subnet_forms_is_refused() -> None:
+    one = changed(IB, subnet=DELETE, gateway=DELETE, subnets=[{"subnet": IB_SUBNET}])
+    assert any("subnets cannot be added" in e for e in pool_errors(one, example(IB)))
+    assert any("subnet is immutable" in e for e in pool_errors(example(IB), one))
+    php_one = changed(PHP, subnet=DELETE, subnets=[{"subnet": example(PHP)["spec"]["subnet"]}])
+    assert pool_errors(php_one, example(PHP)) != []
+
+
+IB_SUBNET = example(IB)["spec"]["subnet"]
+
+
+def test_grace_period_can_change() -> None:
+    for kind in (PHP, IB):
+        assert pool_errors(changed(kind, addressReuseGracePeriodSeconds=300), example(kind)) == []
+
+
+# ---------------------------------------------------------------- Global pools
+
+
+@pytest.mark.parametrize("kind", sorted(GLOBAL_TWINS))
+def test_global_pool_names_the_secret_namespace(kind: str) -> None:
+    pool = example(kind)
+    assert pool_errors(pool) == []
+    without = copy.deepcopy(pool)
+    del without["spec"]["credentialsRef"]["namespace"]
+    errors = pool_errors(without)
+    assert errors and all(e.startswith(".spec.credentialsRef: ") for e in errors), errors
+    assert "required on a Global pool" in errors[0]
+    ca = copy.deepcopy(pool)
+    ca["spec"]["tls"] = {"caSecretRef": {"name": "ca"}}
+    errors = pool_errors(ca)
+    assert errors and all(e.startswith(".spec.tls.caSecretRef: ") for e in errors), errors
+    ca["spec"]["tls"]["caSecretRef"]["namespace"] = "capi-credentials"
+    assert pool_errors(ca) == []
+
+
+@pytest.mark.parametrize("kind", sorted(GLOBAL_TWINS.values()))
+def test_namespaced_pool_cannot_name_another_namespace(kind: str) -> None:
+    pool = changed(kind, credentialsRef={"name": "creds", "namespace": "other"})
+    errors = pool_errors(pool)
+    assert errors and all(e.startswith(".spec.credentialsRef: ") for e in errors), errors
+    assert "only for Global pools" in errors[0]
+    ca = changed(kind, tls={"caSecretRef": {"name": "ca", "namespace": "other"}})
+    assert any("only for Global pools" in e for e in pool_errors(ca))
+
+
+def _strip(node: Any) -> Any:
+    """A schema without descriptions and without the Secret-namespace rules."""
+    if isinstance(node, dict):
+        out = {k: _strip(v) for k, v in node.items() if k != "description"}
+        rules = [
+            r for r in out.get("x-kubernetes-validations", []) if "self.namespace" not in r["rule"]
+        ]
+        if "x-kubernetes-validations" in out:
+            out["x-kubernetes-validations"] = rules
+        return out
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+@pytest.mark.parametrize(("kind", "twin"), sorted(GLOBAL_TWINS.items()))
+def test_global_kind_has_its_twins_spec_and_status(kind: str, twin: str) -> None:
+    crd, twin_crd = load_crd(POOL_FILES[kind]), load_crd(POOL_FILES[twin])
+    schema, twin_schema = schema_of(crd, "v1alpha1"), schema_of(twin_crd, "v1alpha1")
+    for part in ("spec", "status"):
+        assert _strip(schema["properties"][part]) == _strip(twin_schema["properties"][part])
+    (version,), (twin_version,) = crd["spec"]["versions"], twin_crd["spec"]["versions"]
+    assert version["additionalPrinterColumns"] == twin_version["additionalPrinterColumns"]
+    assert crd["metadata"]["labels"] == twin_crd["metadata"]["labels"]
+
+
+def test_status_per_subnet_is_valid() -> None:
+    status = copy.deepcopy(VALID_STATUS)
+    status["subnets"] = [
+        {
+            "cidr": "10.20.0.0/24",
+            "prefix": 24,
+            "gateway": "10.20.0.1",
+            "ipAddresses": {"total": 254, "used": 12, "free": 242},
+        },
+        {"cidr": "2001:db8::/64", "prefix": 64, "ipAddresses": {"total": 2**63 - 1, "used": 0}},
+    ]
+    for kind in POOL_FILES:
+        assert pool_errors(with_status(kind, status)) == []
+    status["subnets"][1]["ipAddresses"]["free"] = -1
+    assert pool_errors(with_status(PHP, status)) != []

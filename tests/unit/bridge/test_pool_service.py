@@ -30,6 +30,7 @@ from bridge.pool_service import (
     CREDENTIALS_FINALIZER,
     backend_for,
     needs_check,
+    purge_quarantined,
     reconcile_pool,
     users_of,
 )
@@ -206,14 +207,14 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert (world.ready()["status"], world.ready()["reason"]) == ("True", Reason.POOL_READY)
     assert world.kube.events[0][:2] == ("Normal", Reason.POOL_READY)
     assert world.queue.woken == [TOKEN]
-    assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
+    assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # A check that finds free addresses opens the exhaustion gate.
     assert not world.ctx.gate.closed((NS, KIND, "pool"))
     # The periodic refresh of a pool that did not change writes nothing.
     world.reset()
     assert world.reconcile() == Decision.done()
     assert world.kube.writes == []
-    assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
+    assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # Still Ready, with free addresses: one claim waiting for an address (if any) tries.
     assert world.queue.woken == [(TOKEN, 1)]
 
@@ -227,7 +228,8 @@ def test_usage_changes_are_written_without_an_event(world: World) -> None:
     world.reconcile()
     (write,) = world.kube.of("pool.status")
     assert write.detail["ipAddresses"] == {"total": 6, "used": 2, "free": 4}
-    assert set(write.detail) == {"ipAddresses", "conditions"}  # the message tells the usage
+    # The message tells the usage; the subnet's own usage changed too.
+    assert set(write.detail) == {"ipAddresses", "subnets", "conditions"}
     assert world.ready()["message"] == "subnet 10.0.0.0/29: 4 of 6 addresses free"
     assert world.ready()["lastTransitionTime"] == transition  # not a transition
     assert world.kube.events == []
@@ -468,10 +470,113 @@ def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_ar
     probe = Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
     assert world.reconcile() == probe  # full, claims wait: look again soon
     assert world.queue.woken == []
-    assert [c[0] for c in world.ipam.calls] == ["describe_subnet"]
+    assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     world.ipam.entries.clear()  # someone freed the address in the IPAM
     world.reset()
     assert world.reconcile() == probe
     assert world.queue.woken == [(TOKEN, 1)]  # one waiting claim tries; its success wakes the next
     world.queue.parked_keys.clear()
     assert world.reconcile() == Decision.done()  # nobody waits: the periodic refresh is enough
+
+
+# -- Global pools, quarantine purge (issue 12) ----------------------------------------------
+
+GLOBAL = "GlobalPHPIPAMIPPool"
+
+
+def global_pool(name: str = "shared", **kwargs: Any) -> dict[str, Any]:
+    body = phpipam_pool(name, **kwargs)
+    body["kind"] = GLOBAL
+    del body["metadata"]["namespace"]
+    body["spec"]["credentialsRef"]["namespace"] = "ipam"
+    return body
+
+
+def test_a_global_pool_protects_the_secret_of_the_namespace_it_names(world: World) -> None:
+    world.kube.add_secret("ipam", "creds", {"username": "u", "password": "p"})
+    world.kube.add_pool(global_pool())
+    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    stored = world.kube.pools[("", GLOBAL, "shared")]
+    assert CREDENTIALS_FINALIZER in world.kube.secret_finalizers("ipam", "creds")
+    assert world.kube.secret_finalizers(NS, "creds") == []
+    assert stored["metadata"]["annotations"]["ipam-bridge.io/secrets-in-use"] == "ipam/creds"
+    assert capi.POOL_FINALIZER in stored["metadata"]["finalizers"]
+    assert capi.ready_of(stored) == ("True", "PoolReady")
+    assert world.kube.read("read_secret") == ["ipam/creds"]
+    assert pool_token("", GLOBAL, "shared") in world.queue.woken
+
+
+def test_a_global_pool_is_held_by_claims_of_every_namespace(world: World) -> None:
+    world.kube.add_secret("ipam", "creds", {"username": "u", "password": "p"})
+    world.kube.add_pool(global_pool())
+    world.reconcile("shared", GLOBAL, "")
+    world.kube.add_claim(ours(name="a", namespace="team-a", kind=GLOBAL, pool="shared"))
+    world.kube.add_claim(ours(name="b", namespace="team-b", kind=GLOBAL, pool="shared"))
+    world.kube.add_claim(ours(name="c", namespace="team-b", pool="shared"))  # namespaced kind
+    assert users_of(world.ctx, "", GLOBAL, "shared") == [
+        "IPAddressClaim team-a/a",
+        "IPAddressClaim team-b/b",
+    ]
+    world.kube.pools[("", GLOBAL, "shared")]["metadata"]["deletionTimestamp"] = DELETED_AT
+    assert world.reconcile("shared", GLOBAL, "").after is not None
+    assert capi.ready_of(world.kube.pools[("", GLOBAL, "shared")])[1] == "DeletionBlocked"
+    for key in [("team-a", "a"), ("team-b", "b")]:
+        del world.kube.claims[key]
+    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    assert ("", GLOBAL, "shared") not in world.kube.pools
+    assert world.kube.secret_finalizers("ipam", "creds") == []
+
+
+def test_a_namespaced_pool_keeps_a_secret_a_global_pool_still_reads(world: World) -> None:
+    world.kube.add_secret("ipam", "creds", {"username": "u", "password": "p"})
+    world.kube.add_pool(global_pool())
+    world.kube.add_pool(phpipam_pool("local", "ipam"))
+    world.reconcile("shared", GLOBAL, "")
+    world.reconcile("local", KIND, "ipam")
+    world.kube.pools[("ipam", KIND, "local")]["metadata"]["deletionTimestamp"] = DELETED_AT
+    world.reconcile("local", KIND, "ipam")
+    assert ("ipam", KIND, "local") not in world.kube.pools
+    assert world.kube.secret_finalizers("ipam", "creds") == [CREDENTIALS_FINALIZER]
+
+
+def test_pool_status_writes_keep_the_audits_condition(world: World) -> None:
+    in_sync = {
+        "type": "InSync",
+        "status": "True",
+        "reason": "NoDrift",
+        "message": "no drift",
+        "lastTransitionTime": DELETED_AT,
+    }
+    status = pool_condition()
+    status["conditions"].append(in_sync)
+    world.kube.add_pool(phpipam_pool(status=status))
+    world.reconcile()
+    assert in_sync in world.stored()["status"]["conditions"]
+    world.ipam.error = be.SubnetNotFoundError("subnet gone")
+    world.reconcile()
+    assert in_sync in world.stored()["status"]["conditions"]
+    assert capi.ready_of(world.stored()) == ("False", "SubnetNotFound")
+
+
+def test_the_status_shows_each_subnet(world: World) -> None:
+    world.ipam.more = [("10.0.1.0/29", None)]
+    world.kube.add_pool(
+        phpipam_pool(subnet=None, subnets=[{"subnet": "10.0.0.0/29"}, {"subnetId": 8}])
+    )
+    world.reconcile()
+    status = world.stored()["status"]
+    assert [s["cidr"] for s in status["subnets"]] == ["10.0.0.0/29", "10.0.1.0/29"]
+    assert status["ipAddresses"] == {"total": 12, "used": 1, "free": 11}
+    assert status["subnet"] == "10.0.0.0/29" and status["gateway"] == "10.0.0.1"
+
+
+def test_purge_deletes_ended_quarantines_and_wakes_a_waiting_claim(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(addressReuseGracePeriodSeconds=60))
+    world.ipam.quarantined = {"10.0.0.2": ("quarantined.a.ns", 0.0), "10.0.0.3": ("q", 9e12)}
+    assert purge_quarantined(world.ctx, NS, KIND, "pool") == ["10.0.0.2"]
+    assert list(world.ipam.quarantined) == ["10.0.0.3"]
+    assert (TOKEN, 1) in world.queue.woken
+    world.reset()
+    assert purge_quarantined(world.ctx, NS, KIND, "pool") == []
+    assert world.queue.woken == []
+    assert purge_quarantined(world.ctx, NS, KIND, "gone") == []

@@ -1,12 +1,24 @@
+import json
+
 import pytest
 import trustme
 
-from backends.base import SubnetInfo
+from backends.base import SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
 from bridge.errors import PoolError
-from bridge.pools import build_backend, fingerprint, parse_pool, pool_failed_status, pool_status
+from bridge.pools import (
+    build_backend,
+    fingerprint,
+    location_of,
+    parse_pool,
+    pool_conditions,
+    pool_failed_status,
+    pool_status,
+    subnet_refs,
+    with_location,
+)
 
 
 def php_pool(**spec):
@@ -143,19 +155,19 @@ def test_pool_status_uses_overrides_and_saturates_ipv6_counts():
     info = SubnetInfo(
         cidr="10.0.0.0/24", prefix=24, gateway="10.0.0.1", total=254, used=4, free=250
     )
-    status = pool_status(parse_pool(php_pool()), info)
+    status = pool_status(parse_pool(php_pool()), [info])
     assert status["subnet"] == "10.0.0.0/24" and status["prefix"] == 24
     assert status["gateway"] == "10.0.0.1"
     assert status["ipAddresses"] == {"total": 254, "used": 4, "free": 250}
     assert status["observedGeneration"] == 2
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "PoolReady")
-    override = pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), info)
+    override = pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), [info])
     assert (override["gateway"], override["prefix"]) == ("10.0.0.254", 23)
     v6 = SubnetInfo(
         cidr="2001:db8::/64", prefix=64, gateway=None, total=2**64, used=3, free=2**64 - 3
     )
-    status = pool_status(parse_pool(php_pool()), v6)
+    status = pool_status(parse_pool(php_pool()), [v6])
     assert status["ipAddresses"]["total"] == 2**63 - 1
     assert status["gateway"] is None
 
@@ -211,4 +223,160 @@ def test_pool_null_and_empty_fields_read_as_unset():
     assert (pool.gateway, pool.hostname_suffix, pool.prefix) == (None, None, None)
     assert (pool.tls.ca_secret_name, pool.tls.ca_secret_key) == (None, "ca.crt")
     assert pool.spec["gateway"] == ""  # the raw spec is kept as read
-    assert parse_pool(ib_pool(recordType="", tls=None)).secrets == ("creds",)
+    assert parse_pool(ib_pool(recordType="", tls=None)).secret_refs == (("ns", "creds"),)
+
+
+# -- several subnets, Global pools, grace period (issue 12) ---------------------------------
+
+SUBNETS = [
+    {"subnetId": 7},
+    {"subnet": "10.1.0.0/29", "gateway": "10.1.0.6", "prefix": 28},
+]
+
+
+def test_subnets_fold_the_pool_overrides_under_each_entrys_own():
+    pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254", prefix=23))
+    assert pool.subnets == (
+        SubnetRef(subnet_id=7, gateway="10.0.0.254", prefix=23),
+        SubnetRef(cidr="10.1.0.0/29", gateway="10.1.0.6", prefix=28),
+    )
+    single = parse_pool(php_pool(gateway="10.0.0.254"))
+    assert single.subnets == (SubnetRef(subnet_id=7, gateway="10.0.0.254"),)
+    assert subnet_refs({"subnet": "10.30.0.0/24"}) == (SubnetRef(cidr="10.30.0.0/24"),)
+
+
+def test_grace_period_is_parsed_and_checked():
+    assert parse_pool(php_pool()).grace_period_seconds == 0
+    assert parse_pool(php_pool(addressReuseGracePeriodSeconds=90)).grace_period_seconds == 90
+    with pytest.raises(PoolError, match="addressReuseGracePeriodSeconds"):
+        parse_pool(php_pool(addressReuseGracePeriodSeconds=-1))
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (php_pool(subnets=SUBNETS), "exactly one of spec.subnetId, spec.subnet and spec.subnets"),
+        (php_pool(subnetId=None), "exactly one of spec.subnetId, spec.subnet and spec.subnets"),
+        (php_pool(subnetId=None, subnets=[{"gateway": "10.0.0.1"}]), "exactly one of subnetId"),
+        (php_pool(subnetId=None, subnets=[{"subnet": "10.0.0.1/24"}]), "not a CIDR network"),
+        (php_pool(subnetId=None, subnets=[{"subnetId": 7}] * 33), "1 to 32"),
+        (ib_pool(subnets=[{"subnet": "10.31.0.0/24"}]), "exactly one of spec.subnet and"),
+        (ib_pool(subnet=None, subnets=[{"subnetId": 7}]), "subnetId is phpIPAM's"),
+    ],
+)
+def test_invalid_subnets_say_what_is_wrong(body, fragment):
+    with pytest.raises(PoolError) as info:
+        parse_pool(body)
+    assert fragment in info.value.message
+
+
+def global_pool(**spec):
+    body = php_pool(**spec)
+    body["kind"] = "GlobalPHPIPAMIPPool"
+    del body["metadata"]["namespace"]
+    return body
+
+
+def test_a_global_pool_has_no_namespace_and_reads_the_named_ones():
+    pool = parse_pool(
+        global_pool(
+            credentialsRef={"name": "creds", "namespace": "ipam"},
+            tls={"caSecretRef": {"name": "ca", "namespace": "pki"}},
+        )
+    )
+    assert pool.key == ("", "GlobalPHPIPAMIPPool", "pool") and pool.is_global
+    assert pool.display == "GlobalPHPIPAMIPPool pool"
+    assert pool.secret_refs == (("ipam", "creds"), ("pki", "ca"))
+    with pytest.raises(PoolError, match=r"credentialsRef\.namespace is required"):
+        parse_pool(global_pool())
+    with pytest.raises(PoolError, match=r"caSecretRef\.namespace is required"):
+        parse_pool(
+            global_pool(
+                credentialsRef={"name": "creds", "namespace": "ipam"},
+                tls={"caSecretRef": {"name": "ca"}},
+            )
+        )
+    # A namespaced pool naming its own namespace reads it as it always did.
+    own = parse_pool(php_pool(credentialsRef={"name": "c", "namespace": "ns"}))
+    assert own.secret_refs == (("ns", "c"),)
+
+
+def test_build_backend_gives_the_client_every_subnet():
+    retry = RetryPolicy(sleep=lambda _: None)
+    pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254"))
+    backend = build_backend(pool, {"token": "t"}, None, timeout_seconds=3, retry=retry)
+    assert tuple(backend.config.subnets) == pool.subnets
+    ib = parse_pool(ib_pool(subnet=None, subnets=[{"subnet": "10.30.0.0/24"}]))
+    backend = build_backend(
+        ib, {"username": "u", "password": "p"}, None, timeout_seconds=3, retry=retry
+    )
+    assert tuple(backend.config.subnets) == (SubnetRef(cidr="10.30.0.0/24"),)
+
+
+def test_a_recorded_location_brings_its_subnets():
+    old = parse_pool(php_pool(subnetId=None, subnets=SUBNETS[:1]))
+    grown = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
+    assert json.loads(location_of(old))["subnets"] == SUBNETS[:1]
+    assert with_location(grown, location_of(old)).subnets == old.subnets
+    assert with_location(grown, location_of(grown)) is grown
+
+
+def info(cidr, total, used, gateway=None, prefix=None):
+    return SubnetInfo(
+        cidr=cidr,
+        prefix=prefix or int(cidr.rsplit("/", 1)[1]),
+        gateway=gateway,
+        total=total,
+        used=used,
+        free=total - used,
+    )
+
+
+def test_pool_status_per_subnet_and_summed():
+    pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
+    status = pool_status(
+        pool, [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1, "10.1.0.1")]
+    )
+    assert status["subnets"] == [
+        {
+            "cidr": "10.0.0.0/29",
+            "prefix": 29,
+            "gateway": "10.0.0.1",
+            "ipAddresses": {"total": 6, "used": 6, "free": 0},
+        },
+        {
+            # The entry's overrides win over what the IPAM reports.
+            "cidr": "10.1.0.0/29",
+            "prefix": 28,
+            "gateway": "10.1.0.6",
+            "ipAddresses": {"total": 6, "used": 1, "free": 5},
+        },
+    ]
+    assert (status["subnet"], status["prefix"], status["gateway"]) == (
+        "10.0.0.0/29",
+        29,
+        "10.0.0.1",
+    )
+    assert status["ipAddresses"] == {"total": 12, "used": 7, "free": 5}
+    (ready,) = status["conditions"]
+    assert ready["message"] == (
+        "5 of 12 addresses free in 2 subnets (10.0.0.0/29: 0 free, 10.1.0.0/29: 5 free)"
+    )
+    no_gateway = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)])
+    assert "gateway" not in no_gateway["subnets"][0] and no_gateway["gateway"] is None
+
+
+def test_pool_status_keeps_conditions_of_other_types_in_place():
+    in_sync = {"type": "InSync", "status": "True", "reason": "NoDrift", "message": ""}
+    old_ready = {"type": "Ready", "status": "False", "reason": "X", "message": "m"}
+    previous = [old_ready, in_sync]
+    status = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)], previous)
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "InSync"]
+    assert status["conditions"][1] == in_sync
+    failed = pool_failed_status(
+        4, PoolError("SubnetNotFound", "gone", needs_person=True), [in_sync]
+    )
+    assert [c["type"] for c in failed["conditions"]] == ["InSync", "Ready"]
+    assert pool_conditions([in_sync], {"type": "InSync", "status": "False"}) == [
+        {"type": "InSync", "status": "False"}
+    ]

@@ -1,8 +1,12 @@
 """``python -m benchmarks``: operator throughput/latency, backend calls per claim, client ops/s,
-API writes per allocation, per release and per waiting claim-minute.
+API writes per allocation, per release and per waiting claim-minute, the hot path of a claim
+(``--only hot``: API requests by verb per allocation and release, rate vs the raw IPAM, a
+profile), a restart with 10,000 bound claims (``--only restart``) and the drift audit of a
+10,000-address pool (``--only audit``: wall and CPU seconds, IPAM requests).
 
 Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
-real kopf operator. Figures only; nothing passes or fails. Defaults finish in about three
+real kopf operator (the hot-path and restart parts run the operator in a process of its own,
+as in a pod: `benchmarks.operator_process`). Figures only; nothing passes or fails. Defaults finish in about three
 minutes on 2 cores (the API-writes part watches waiting claims for a minute); ``--quick``
 shortens that watch to 10 s, ``--only writes`` runs that part alone.
 """
@@ -18,9 +22,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 from benchmarks.api_writes import RESOURCES, WritesResult, run_writes_bench
+from benchmarks.audit_bench import format_result as format_audit
+from benchmarks.audit_bench import run_audit_bench
 from benchmarks.client_bench import ClientResult, run_client_bench
 from benchmarks.common import percentile, table
+from benchmarks.hot_path import READ_VERBS, WRITE_VERBS, HotPathResult, run_hot_path
 from benchmarks.operator_bench import OperatorResult, run_operator_bench
+from benchmarks.restart_bench import format_result as format_restart
+from benchmarks.restart_bench import run_restart_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -29,6 +38,14 @@ def _int_list(text: str) -> list[int]:
 
 def _float_list(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _hot_runs(text: str) -> list[tuple[float, float, float]]:
+    runs = []
+    for item in text.split(","):
+        ipam, read, write = (float(x) for x in item.split("/"))
+        runs.append((ipam, read, write))
+    return runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,9 +111,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("operator", "client", "writes"),
+        choices=("operator", "client", "writes", "hot", "restart", "audit"),
         default=None,
         help="run one part only",
+    )
+    parser.add_argument(
+        "--hot-claims",
+        type=int,
+        default=None,
+        help="claims of the hot-path run (default 300, 100 with --quick)",
+    )
+    parser.add_argument(
+        "--hot-workers",
+        type=int,
+        default=16,
+        help="IPAM_BRIDGE_WORKERS of the hot-path run (default 16: 8 endpoint slots, the raw "
+        "IPAM client's threads)",
+    )
+    parser.add_argument(
+        "--audit-addresses",
+        type=int,
+        default=10_000,
+        help="addresses of the pool whose drift audit is timed (default 10000)",
+    )
+    parser.add_argument(
+        "--restart-bound",
+        type=int,
+        default=None,
+        help="bound claims of the restart run (default 10000, 1000 with --quick)",
+    )
+    parser.add_argument(
+        "--hot-runs",
+        type=_hot_runs,
+        default=_hot_runs("0/0/0,40/3/10"),
+        help="hot-path runs as IPAM/APIREAD/APIWRITE latencies in ms, comma-separated "
+        "(default 0/0/0,40/3/10: the bare mocks, then a phpIPAM about as fast as a real "
+        "phpIPAM 1.8 on 2 cores, ~80-100 allocations/s with 8 threads, and an API server "
+        "answering reads in 3 ms and writes in 10 ms)",
     )
     parser.add_argument(
         "--timeout",
@@ -111,7 +162,7 @@ def _per(counts: Counter[str], n: int, *, prefix: str = "") -> float:
     return sum(v for k, v in counts.items() if k.startswith(prefix)) / n
 
 
-def _breakdown(counts: Counter[str], n: int) -> str:
+def _breakdown(counts: Counter[str], n: float) -> str:
     return ", ".join(f"{k} {v / n:.2g}" for k, v in sorted(counts.items()))
 
 
@@ -239,6 +290,61 @@ def _writes_tables(result: WritesResult) -> str:
     )
 
 
+def _hot_tables(result: HotPathResult) -> str:
+    raw = result.raw
+    assert raw is not None
+    rates = {"allocation": raw.alloc_per_second, "release": raw.release_per_second}
+    rows = [
+        [
+            p.label,
+            p.claims,
+            p.seconds,
+            p.per_second,
+            rates[p.label],
+            p.per_second / rates[p.label],
+            p.per_claim(READ_VERBS - {"watch"}),
+            p.per_claim(frozenset({"watch"})),
+            p.per_claim(WRITE_VERBS),
+            p.ipam_per_claim,
+        ]
+        for p in result.phases
+    ]
+    figures = table(
+        [
+            "phase",
+            "claims",
+            "s",
+            "claims/s",
+            "raw IPAM/s",
+            "ratio",
+            "API reads/claim",
+            "watches/claim",
+            "API writes/claim",
+            "IPAM req/claim",
+        ],
+        rows,
+    )
+    detail = "\n".join(
+        f"  {p.label}: API {_breakdown(p.api, p.claims) or 'none'}\n"
+        f"  {' ' * len(p.label)}  IPAM {_breakdown(p.ipam, p.claims) or 'none'}"
+        for p in result.phases
+    )
+    profile = "\n".join(f"  {share * 100:5.1f}%  {label}" for label, share in result.profile)
+    return (
+        f"(e) hot path: {result.claims} claims, IPAM_BRIDGE_WORKERS={result.workers}, IPAM "
+        f"latency {result.latency_ms:g} ms per request, API latency {result.api_ms[0]:g} ms "
+        f"per read and {result.api_ms[1]:g} ms per write; raw IPAM = "
+        f"PHPIPAMBackend with {result.parallelism} threads (= the operator's endpoint slots) "
+        "against its own mock (search + "
+        "first-free; release: search + delete)\n"
+        + figures
+        + "\nrequests per claim by verb and resource:\n"
+        + detail
+        + "\nwhere the operator's threads spend their time while binding (wall-clock samples "
+        "of workers and event loop; innermost project frame [library it waits in]):\n" + profile
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected benchmarks and print their tables; return the exit code."""
     args = _parser().parse_args(argv)
@@ -277,6 +383,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.writes_claims, args.waiting, wait_seconds, timeout=args.timeout
         )
         print("\n" + _writes_tables(writes), flush=True)
+    if args.only in (None, "hot"):
+        hot_claims = args.hot_claims or (100 if args.quick else 300)
+        print(
+            f"  hot path: {hot_claims} claims, {args.hot_workers} workers, runs "
+            f"{args.hot_runs} ...",
+            flush=True,
+        )
+        for ipam_ms, read_ms, write_ms in args.hot_runs:
+            hot = run_hot_path(
+                hot_claims,
+                args.hot_workers,
+                latency_ms=ipam_ms,
+                api_ms=(read_ms, write_ms),
+                timeout=args.timeout,
+            )
+            print("\n" + _hot_tables(hot), flush=True)
+    if args.only in (None, "restart"):
+        bound = args.restart_bound or (1000 if args.quick else 10000)
+        print(f"  restart: {bound} bound claims ...", flush=True)
+        print("\n" + format_restart(run_restart_bench(bound)), flush=True)
+    if args.only in (None, "audit"):
+        print(f"  drift audit: one pool of {args.audit_addresses} addresses ...", flush=True)
+        print("\n" + format_audit(run_audit_bench(args.audit_addresses)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

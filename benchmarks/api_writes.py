@@ -46,8 +46,8 @@ ALLOC_NAMESPACE = "bench"
 EXHAUSTED_NAMESPACE = "wait-exhausted"
 PAUSED_NAMESPACE = "wait-paused"
 #: A /30 without a gateway row: two usable addresses, taken by two claims before the wait.
-TINY_SUBNET = {"id": 9, "cidr": "10.99.0.0/30"}
-PAUSED_SUBNET = {"id": 10, "cidr": "10.98.0.0/24", "gateway": "10.98.0.1"}
+TINY_SUBNET: dict[str, Any] = {"id": 9, "cidr": "10.99.0.0/30"}
+PAUSED_SUBNET: dict[str, Any] = {"id": 10, "cidr": "10.98.0.0/24", "gateway": "10.98.0.1"}
 CLUSTERS = "cluster.x-k8s.io/v1beta2"
 
 #: Production timing for everything that decides how often a claim or pool is looked at.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
+from backends.transport import EndpointRegistry
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify, seed_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -62,8 +63,10 @@ def run_client_bench(ops: int, *, threads: int = 1, latency_ms: float = 0.0) -> 
             timeout_seconds=10,
             retry=RetryPolicy(attempts=5, max_delay_seconds=0.5),
         )
-        with PHPIPAMBackend(config) as client:
-            client.describe_subnet()  # warm-up: login and subnet facts
+        # As many endpoint slots as threads: the client alone, no operator limit in the way.
+        endpoints = EndpointRegistry(max_concurrent=max(threads, 1))
+        with PHPIPAMBackend(config, endpoints=endpoints) as client:
+            client.describe_subnets()  # warm-up: login and subnet facts
             phpipam.faults.update(latency_seconds=latency_ms / 1000)
             phpipam.store.clear_journal()
             hosts = [f"bench-{i:05d}.bench" for i in range(ops)]

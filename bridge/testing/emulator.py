@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import re
@@ -132,6 +133,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
         when true it gets ``401 Unauthorized``, as do unknown tokens in any case.
     access_log : AccessLog
         Every authorization decision (requests, and checks admission makes for them).
+    latency : dict of str to float
+        Seconds added before answering an authorized request, by verb (``get``, ``list``,
+        ``create``, ``patch``, ``update``, ``delete``...; ``watch`` streams are never
+        delayed); empty (the default) adds none. For benchmarks: a real API server answers
+        reads in milliseconds and writes after an etcd commit. Other requests are served
+        meanwhile (the wait does not block the server).
 
     Notes
     -----
@@ -160,6 +167,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
     identities: dict[str, Identity] = attrs.field(factory=dict)
     require_token: bool = False
     access_log: AccessLog = attrs.field(factory=AccessLog)
+    latency: dict[str, float] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -193,6 +201,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
         self.access_log.record(identity.user, attributes, allowed)
         if not allowed:
             return _status_response(forbidden(identity.user, attributes, reason), attributes)
+        delay = self.latency.get(attributes.verb, 0.0) if attributes.verb != "watch" else 0.0
+        if delay > 0:
+            await asyncio.sleep(delay)
         warnings: list[str] = []
         token = _WARNINGS.set(warnings)
         requester = _REQUESTER.set((identity, attributes))

@@ -123,7 +123,9 @@ def crd_documents(
     version listed is the storage (and preferred) version. ``capi_crds`` names CRD files of a
     CAPI release (e.g. ``tests/data/capi-crds/v1.8.12/ipam.cluster.x-k8s.io_*.yaml``) to
     serve instead of the copies in ``crds/capi/``: their schemas, as that release serves them
-    (the emulator prunes what they do not know).
+    (the emulator prunes what they do not know). A ``Cluster`` CRD among them (e.g.
+    ``crds/capi/cluster.x-k8s.io_clusters.yaml``, CAPI v1.14's) replaces the minimal
+    `CLUSTER_CRD`, which is served otherwise.
     """
     release = [
         doc
@@ -140,6 +142,8 @@ def crd_documents(
             doc = copy.deepcopy(doc)
             if doc["spec"]["group"] == GROUP and doc["spec"]["names"]["kind"] in replaced:
                 continue
+            if doc["spec"]["group"] == CLUSTER_CRD["spec"]["group"]:
+                continue  # CAPI's Cluster CRD (crds/capi/): served only when asked, below
             if doc["spec"]["group"] == GROUP and doc["spec"]["names"]["kind"] in (
                 "IPAddressClaim",
                 "IPAddress",
@@ -150,7 +154,8 @@ def crd_documents(
         doc = copy.deepcopy(doc)
         _serve_only(doc, capi_versions)
         documents.append(doc)
-    documents.append(copy.deepcopy(CLUSTER_CRD))
+    if "Cluster" not in replaced:
+        documents.append(copy.deepcopy(CLUSTER_CRD))
     return documents
 
 

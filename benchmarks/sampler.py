@@ -1,0 +1,107 @@
+"""A wall-clock sampling profiler of chosen threads: where the time of one claim goes.
+
+cProfile sees only the thread it runs in and CPU-bound frames; a claim's time is mostly
+spent waiting (HTTP to the API server, HTTP to the IPAM, a lock, an idle worker). The
+sampler looks at the stacks of the operator's threads every few milliseconds
+(``sys._current_frames``) and counts, per sample and thread, the innermost frame of the
+project's own code (``bridge/``, ``backends/``) with the library call it is in, so that
+"waiting in ``Kube.get_claim`` (urllib3)" and "running ``capi.claim_status``" are told apart.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Self
+
+__all__ = ["Sampler"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+_OURS = tuple(str(_ROOT / d) for d in ("bridge", "backends"))
+_SKIP = (str(_ROOT / "bridge" / "testing"),)
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith(_OURS) and not filename.startswith(_SKIP)
+
+
+def _where(frame: FrameType | None) -> tuple[str, str]:
+    """Return (innermost project function, the library it is waiting in) of a stack."""
+    leaf = frame
+    library = ""
+    while frame is not None:
+        code = frame.f_code
+        if _ours(code.co_filename):
+            rel = Path(code.co_filename).relative_to(_ROOT).with_suffix("")
+            return f"{'.'.join(rel.parts)}.{code.co_qualname}", library
+        if not library and leaf is not None:
+            module = frame.f_globals.get("__name__", "?")
+            library = str(module).split(".", 1)[0]
+        frame = frame.f_back
+    return "", library
+
+
+class Sampler:
+    """Sample the stacks of the threads ``select`` accepts (by name) every ``interval`` s.
+
+    Use as a context manager around the measured phase; `top` returns the figures.
+
+    Parameters
+    ----------
+    select:
+        Called with a thread's name; True to sample it.
+    interval:
+        Seconds between samples (the GIL makes the real rate lower under load).
+    """
+
+    def __init__(self, select: Callable[[str], bool], interval: float = 0.005) -> None:
+        self._select = select
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples: Counter[str] = Counter()
+        self.thread_samples = 0
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self._interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me or not self._select(names.get(ident, "")):
+                    continue
+                where, library = _where(frame)
+                label = (where or "(idle: no project frame)") + (
+                    f"  [in {library}]" if library else ""
+                )
+                self.samples[label] += 1
+                self.thread_samples += 1
+
+    def top(self, n: int = 15) -> list[tuple[str, float]]:
+        """Return the ``n`` most sampled places with their share of all thread samples."""
+        total = self.thread_samples or 1
+        return [(label, count / total) for label, count in self.samples.most_common(n)]
+
+    def wait_share(self) -> float:
+        """Share of samples spent idle (a worker thread with no project frame: no work)."""
+        total = self.thread_samples or 1
+        idle = sum(c for label, c in self.samples.items() if label.startswith("(idle"))
+        return idle / total

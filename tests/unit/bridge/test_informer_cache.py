@@ -1,0 +1,137 @@
+"""`bridge.cache`: the informer-style cache claims are decided from (issue 15)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from bridge.cache import MISSING, MISSING_UNKNOWN, Cache, ObjectCache, newer, prime
+from bridge.capi import GROUP
+
+
+def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": rv}, **extra}
+
+
+def test_resource_versions_compare_as_integers_else_the_last_seen_wins() -> None:
+    assert newer("10", "9") and not newer("9", "10") and not newer("7", "7")
+    assert newer("abc", "9") and newer("9", "") and not newer("", "")
+
+
+def test_absence_is_trusted_only_once_the_listing_was_seen() -> None:
+    part = ObjectCache("ipaddresses")
+    assert part.lookup(("ns", "a")) == MISSING_UNKNOWN
+    part.apply(("ns", "a"), obj("a", "5"))
+    assert part.lookup(("ns", "a")) == obj("a", "5")
+    part.mark_synced()
+    assert part.lookup(("ns", "b")) == MISSING
+
+
+def test_an_event_older_than_our_write_through_changes_nothing() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    assert part.apply(("ns", "c"), obj("c", "10")) is True
+    part.put(("ns", "c"), obj("c", "12", status={"ready": True}))
+    # The watch events of our two writes arrive afterwards: the first is older, the second
+    # is the echo of what was written through. Neither changes the cache (nor queues).
+    assert part.apply(("ns", "c"), obj("c", "11")) is False
+    assert part.apply(("ns", "c"), obj("c", "12", status={"ready": True})) is False
+    assert part.get(("ns", "c")) == obj("c", "12", status={"ready": True})
+    # Someone else's later change does.
+    assert part.apply(("ns", "c"), obj("c", "13")) is True
+
+
+def test_our_deletion_leaves_a_tombstone_until_the_watch_says_deleted() -> None:
+    part = ObjectCache("ipaddresses")
+    part.mark_synced()
+    part.apply(("ns", "a"), obj("a", "20"))
+    part.forget(("ns", "a"))
+    assert part.lookup(("ns", "a")) == MISSING
+    assert part.apply(("ns", "a"), obj("a", "20")) is False  # late MODIFIED of the old one
+    assert part.lookup(("ns", "a")) == MISSING
+    assert part.apply(("ns", "a"), obj("a", "21"), deleted=True) is False  # nothing left
+    # A new object of the same name is taken.
+    assert part.apply(("ns", "a"), obj("a", "30")) is True
+    assert part.apply(("ns", "a"), obj("a", "31"), deleted=True) is True
+    assert part.lookup(("ns", "a")) == MISSING
+
+
+def test_writes_go_through_only_where_the_cache_is_fed() -> None:
+    """Without watches feeding it (unit tests' fakes), the cache never answers from writes."""
+    part = ObjectCache("ipaddressclaims")
+    part.put(("ns", "c"), obj("c", "3"))
+    part.forget(("ns", "c"))
+    assert len(part) == 0 and part.lookup(("ns", "c")) == MISSING_UNKNOWN
+    # An object a watch brought in is written through even before the part is synced.
+    part.apply(("ns", "d"), obj("d", "4"))
+    part.put(("ns", "d"), obj("d", "5"))
+    assert part.get(("ns", "d")) == obj("d", "5")
+
+
+def test_managed_fields_are_not_kept_and_the_event_body_is_not_the_stored_dict() -> None:
+    part = ObjectCache("ipaddresses")
+    body = obj("a", "1")
+    body["metadata"]["managedFields"] = [{"manager": "kubectl"}]
+    part.apply(("ns", "a"), body)
+    stored = part.get(("ns", "a"))
+    assert stored is not None and "managedFields" not in stored["metadata"]
+    assert "managedFields" in body["metadata"]  # the caller's body is untouched
+
+
+def test_cache_dispatches_our_writes_by_resource_and_keys_pools_by_kind() -> None:
+    cache = Cache()
+    for part in (cache.claims, cache.addresses, cache.pools):
+        part.mark_synced()
+    cache.stored("ipaddressclaims", obj("c", "1"))
+    cache.stored("ipaddresses", obj("c", "2"))
+    cache.stored("secrets", obj("s", "3"))  # not cached: ignored
+    assert cache.claims.get(("ns", "c")) == obj("c", "1")
+    assert cache.addresses.get(("ns", "c")) == obj("c", "2")
+    cache.deleted("ipaddresses", "ns", "c")
+    assert cache.addresses.lookup(("ns", "c")) == MISSING
+    pool = obj("p", "4", namespace="")
+    cache.pools.apply(("GlobalPHPIPAMIPPool", *Cache.key_of(pool)), pool)
+    assert cache.pools.get(("GlobalPHPIPAMIPPool", "", "p")) == pool
+    assert [*cache.pools.values()] == [pool]
+
+
+class ListingKube:
+    """What `prime` lists, from memory; ``clusters`` None: Clusters are not served."""
+
+    def __init__(self, clusters: list[dict[str, Any]] | None, fail: bool = False) -> None:
+        self.clusters = clusters
+        self.fail = fail
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        if self.fail:
+            raise ApiException(status=403, reason="Forbidden")
+        ours = obj("a", "1", spec={"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool"}})
+        theirs = obj("b", "2", spec={"poolRef": {"apiGroup": GROUP, "kind": "InClusterIPPool"}})
+        return [ours, theirs]
+
+    def list_pools(self, kind: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [obj("p", "3", kind=kind)] if kind == "PHPIPAMIPPool" else []
+
+    def list_clusters(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]] | None:
+        return self.clusters
+
+
+def test_prime_lists_our_addresses_pools_and_clusters_and_trusts_their_absence() -> None:
+    cache = Cache()
+    prime(cache, ListingKube([obj("c1", "4")]), version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    address = cache.addresses.get(("ns", "a"))
+    assert address is not None and address["apiVersion"] == f"{GROUP}/v1beta2"
+    assert cache.addresses.lookup(("ns", "b")) == MISSING  # another provider's: not kept
+    assert cache.pools.get(("PHPIPAMIPPool", "ns", "p")) is not None
+    assert cache.clusters.get(("ns", "c1")) is not None
+    assert all(p.synced for p in (cache.claims, cache.addresses, cache.pools, cache.clusters))
+
+
+def test_a_failed_list_leaves_its_part_to_api_reads() -> None:
+    cache = Cache()
+    prime(cache, ListingKube(None, fail=True), version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    assert cache.addresses.lookup(("ns", "a")) == MISSING_UNKNOWN
+    assert cache.pools.lookup(("PHPIPAMIPPool", "ns", "p")) == MISSING_UNKNOWN
+    # Clusters not served: none exists, which is trusted (a claim naming one waits for it).
+    assert cache.clusters.lookup(("ns", "c1")) == MISSING

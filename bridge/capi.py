@@ -23,12 +23,14 @@ __all__ = [
     "CLAIM_FINALIZER",
     "CLUSTER_GROUP",
     "CLUSTER_NAME_LABEL",
+    "GLOBAL_POOL_KINDS",
     "GROUP",
     "HOSTNAME_ANNOTATION",
     "LOCATION_ANNOTATION",
     "PAUSED_ANNOTATION",
     "POOL_FINALIZER",
     "POOL_KINDS",
+    "REQUESTED_ADDRESS_ANNOTATION",
     "SUPPORTED_VERSIONS",
     "Claim",
     "PoolRef",
@@ -37,6 +39,7 @@ __all__ = [
     "claim_status",
     "hostname_for",
     "is_paused",
+    "pool_namespace",
     "ready_condition",
     "ready_of",
 ]
@@ -51,7 +54,26 @@ SUPPORTED_VERSIONS = ("v1beta2", "v1beta1")
 POOL_KINDS: Mapping[str, str] = {
     "PHPIPAMIPPool": "phpipamippools",
     "InfobloxIPPool": "infobloxippools",
+    "GlobalPHPIPAMIPPool": "globalphpipamippools",
+    "GlobalInfobloxIPPool": "globalinfobloxippools",
 }
+#: The cluster-scoped pool kinds (claims of any namespace reference them); each has the
+#: spec of its namespaced twin (the value).
+GLOBAL_POOL_KINDS: Mapping[str, str] = {
+    "GlobalPHPIPAMIPPool": "PHPIPAMIPPool",
+    "GlobalInfobloxIPPool": "InfobloxIPPool",
+}
+#: Claim annotation asking for one specific address (DESIGN.md section 3).
+REQUESTED_ADDRESS_ANNOTATION = "ipam.cluster.x-k8s.io/requested-address"
+
+
+def pool_namespace(kind: str, namespace: str) -> str:
+    """Return the namespace of the pool of ``kind`` a claim of ``namespace`` references.
+
+    ``""`` for a Global (cluster-scoped) kind, else the claim's own namespace.
+    """
+    return "" if kind in GLOBAL_POOL_KINDS else namespace
+
 
 CLAIM_FINALIZER = "ipam.cluster.x-k8s.io/ReleaseAddress"
 ADDRESS_FINALIZER = "ipam.cluster.x-k8s.io/ProtectAddress"
@@ -91,11 +113,19 @@ class Reason(enum.StrEnum):
     TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     DELETION_BLOCKED = "DeletionBlocked"
+    # Pools: the InSync condition of the drift audit (bridge.audit).
+    NO_DRIFT = "NoDrift"
+    DRIFT_FOUND = "DriftFound"
+    # Drift audit Events: on claims (restored, missing, conflict) and pools (orphan).
+    ADDRESS_RESTORED = "AddressRestored"
+    ADDRESS_MISSING = "AddressMissing"
+    ADDRESS_CONFLICT = "AddressConflict"
+    ORPHAN_ENTRY = "OrphanEntry"
 
 
 @dataclass(frozen=True)
 class PoolRef:
-    """``spec.poolRef`` of a claim: a local reference to a pool in the claim's namespace."""
+    """``spec.poolRef`` of a claim: a pool in the claim's namespace, or a Global (cluster) pool."""
 
     api_group: str
     kind: str
@@ -109,6 +139,11 @@ class PoolRef:
     def is_ours(self) -> bool:
         """True when the reference names one of our pool kinds in our group."""
         return self.api_group == GROUP and self.kind in POOL_KINDS
+
+    @property
+    def is_global(self) -> bool:
+        """True when the reference names a cluster-scoped (Global) pool kind."""
+        return self.kind in GLOBAL_POOL_KINDS
 
 
 @dataclass(frozen=True)
@@ -131,6 +166,10 @@ class Claim:
         ``status.addressRef.name`` when the claim is already bound.
     deleting:
         True once ``metadata.deletionTimestamp`` is set.
+    owners:
+        ``(apiVersion group, kind, name)`` of each owner reference (e.g. the Cluster owning a
+        control-plane endpoint claim, `bridge.endpoints.is_endpoint_claim`); never UIDs,
+        which ``clusterctl move`` changes.
     """
 
     api_version: str
@@ -144,6 +183,7 @@ class Claim:
     address_ref: str | None
     deleting: bool
     finalizers: tuple[str, ...] = ()
+    owners: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Claim:
@@ -182,6 +222,10 @@ class Claim:
             address_ref=(address_ref.name if address_ref is not None else None) or None,
             deleting=meta.deleting,
             finalizers=meta.finalizers,
+            owners=tuple(
+                (ref.api_version.rpartition("/")[0], ref.kind, ref.name)
+                for ref in meta.owner_references
+            ),
         )
 
     @property

@@ -11,8 +11,14 @@ claim's current state each time (DESIGN.md section 5):
 - bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
   no Cluster read when it already does);
 - else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``;
-  allocate in the IPAM by hostname (find first, so a repeat never makes a second entry);
+  allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
+  address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
   create the IPAddress; write ``status.addressRef`` and Ready.
+
+A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
+up without a namespace (`bridge.capi.pool_namespace`), the hostname stays
+``<claim>.<claim namespace>``. A pool with ``addressReuseGracePeriodSeconds`` releases into
+quarantine: the IPAM entry stays, marked until the grace period ends.
 
 Waiting is quiet: a claim that waits writes its status only when the condition it shows
 changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
@@ -21,17 +27,21 @@ instead of being retried through kopf (``shared/reference/real-cluster.md``, ite
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from backends.errors import BackendError
+from backends.errors import AddressUnavailableError, BackendError
 from bridge import capi
+from bridge.cache import MISSING, ObjectCache
 from bridge.capi import Claim, Reason
 from bridge.context import Context, cluster_token, pool_key, pool_token
+from bridge.endpoints import allocates_while_paused
 from bridge.errors import (
     ClaimError,
     PoolError,
@@ -93,7 +103,7 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
     kubernetes.client.ApiException
         On API failures other than "not found" and conflicts (the queue logs and retries).
     """
-    body = ctx.kube.get_claim(ctx.address_version, namespace, name)
+    body = _claim_of(ctx, namespace, name)
     if body is None:
         ctx.metrics.pending(f"{namespace}/{name}", None)
         return Decision.done()
@@ -130,13 +140,21 @@ def _paused(ctx: Context, claim: Claim) -> None:
     deleted whose Cluster is gone proceeds, so a cluster teardown cannot deadlock
     (in-cluster provider issue #289). A paused claim is woken by its own update (the
     annotation removed), a claim of a paused or missing Cluster by that Cluster's watch.
+    Exception: the live control-plane endpoint claim of a paused Cluster that has no
+    endpoint yet is allocated (`bridge.endpoints.allocates_while_paused`); none is ever
+    released while paused.
     """
     if capi.PAUSED_ANNOTATION in claim.annotations:
         raise _Wait(Decision.done())
     if not claim.cluster_name:
         return
     token = cluster_token(claim.namespace, claim.cluster_name)
-    cluster = ctx.kube.get_cluster(claim.namespace, claim.cluster_name)
+    cluster_name = claim.cluster_name
+    cluster = _cached(
+        ctx.cache.clusters,
+        (claim.namespace, cluster_name),
+        lambda: ctx.kube.get_cluster(claim.namespace, cluster_name),
+    )
     if cluster is None:
         if claim.deleting:
             return
@@ -149,6 +167,8 @@ def _paused(ctx: Context, claim: Claim) -> None:
             ),
         )
     if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
+        if allocates_while_paused(claim, cluster):
+            return  # a Cluster's endpoint claim: that Cluster waits for it (DESIGN 2, 11)
         raise _Wait(Decision.wait(token))
 
 
@@ -171,11 +191,61 @@ def _parse_address(body: Mapping[str, Any] | None) -> IPAddress | None:
         return None
 
 
+def _cached(
+    part: ObjectCache,
+    key: tuple[str, ...],
+    read: Callable[[], Mapping[str, Any] | None],
+    version: str | None = None,
+) -> Mapping[str, Any] | None:
+    """Return an object from the operator's cache (`bridge.cache`), or read it.
+
+    The API is read only when the cache cannot tell: before its initial listing was seen,
+    or when the object was watched in another served ``version`` than the one asked for.
+
+    The result may be the cache's shared dict: never modify it.
+    """
+    found = part.lookup(key)
+    if found == MISSING:
+        return None
+    if isinstance(found, str):
+        return read()
+    served = str(found.get("apiVersion") or "").rsplit("/", 1)[-1]
+    if version is not None and served and served != version:
+        return read()
+    return found
+
+
+def _claim_of(ctx: Context, namespace: str, name: str) -> Mapping[str, Any] | None:
+    """Return the claim as last seen (cache, else one GET), or None when it is gone."""
+    version = ctx.address_version
+    return _cached(
+        ctx.cache.claims,
+        (namespace, name),
+        lambda: ctx.kube.get_claim(version, namespace, name),
+        version,
+    )
+
+
+def _seen(address: IPAddress) -> dict[str, Any]:
+    """Return the metadata of an IPAddress as last seen (`bridge.kube.Kube.delete_ip_address`)."""
+    meta = address.metadata
+    return {
+        "metadata": {
+            "finalizers": list(meta.finalizers),
+            "resourceVersion": meta.resource_version,
+        }
+    }
+
+
 def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
     """Return the claim's IPAddress when it exists and belongs to it, else None."""
+    version, name = ctx.address_version, claim.address_ref or claim.name
     address = _parse_address(
-        ctx.kube.get_ip_address(
-            ctx.address_version, claim.namespace, claim.address_ref or claim.name
+        _cached(
+            ctx.cache.addresses,
+            (claim.namespace, name),
+            lambda: ctx.kube.get_ip_address(version, claim.namespace, name),
+            version,
         )
     )
     if address is not None and _belongs_to(address, claim):
@@ -191,10 +261,15 @@ def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | 
     ClaimError
         ``PoolNotReady`` when the pool's spec is invalid.
     """
-    body = ctx.kube.get_pool(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name)
-    if body is None:
+    ref = claim.pool_ref
+    found = _cached(
+        ctx.cache.pools,
+        (ref.kind, _pool_ns(claim), ref.name),
+        lambda: ctx.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
+    )
+    if found is None:
         return None, None
-    body.setdefault("kind", claim.pool_ref.kind)
+    body = {**found, "kind": found.get("kind") or ref.kind}  # the cache's dict stays as it is
     try:
         return parse_pool(body), body
     except PoolError as exc:
@@ -219,8 +294,52 @@ def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
     )
 
 
+def _pool_ns(claim: Claim) -> str:
+    """Return the namespace of the claim's pool: its own, or ``""`` for a Global pool."""
+    return capi.pool_namespace(claim.pool_ref.kind, claim.namespace)
+
+
 def _pool_display(claim: Claim) -> str:
+    if claim.pool_ref.is_global:
+        return f"{claim.pool_ref.kind} {claim.pool_ref.name}"
     return f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
+
+
+def _requested_address(ctx: Context, claim: Claim) -> str | None:
+    """Return the normalised address the claim's requested-address annotation asks for.
+
+    Raises
+    ------
+    ClaimError
+        ``AllocationFailed`` when the annotation is not an IP address (a person must fix
+        it; the annotation's change queues the claim again).
+    """
+    raw = claim.annotations.get(capi.REQUESTED_ADDRESS_ANNOTATION)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return str(ipaddress.ip_address(raw.strip()))
+    except ValueError:
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"annotation {capi.REQUESTED_ADDRESS_ANNOTATION} {raw!r} is not an IP address",
+            delay=ctx.settings.requeue_config_error_seconds,
+        ) from None
+
+
+def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
+    """Return the error of an unavailable requested address: names the address and its holder.
+
+    Nothing was registered; the claim waits (a person frees the address or changes the
+    annotation, whose change is an event of the claim) and looks again only after
+    ``requeue_config_error_seconds``.
+    """
+    message = f"{pool.display}: requested address {exc.address} is not available: {exc.message}"
+    if exc.holder and exc.holder not in exc.message:
+        message += f" (held by {exc.holder})"
+    return ClaimError(
+        Reason.ALLOCATION_FAILED, message, delay=ctx.settings.requeue_config_error_seconds
+    )
 
 
 # -- allocation ----------------------------------------------------------------------------
@@ -234,7 +353,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
 
     _paused(ctx, claim)
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
-    waiting = Decision.wait(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
+    waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
     pool, pool_body = _pool_of(ctx, claim)
     if pool is None or pool_body is None:
         raise _Wait(
@@ -273,24 +392,28 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         # The contract: the finalizer goes on before anything is allocated.
         body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
 
-    if ctx.gate.closed(pool.key):
+    requested = _requested_address(ctx, claim)
+    if requested is None and ctx.gate.closed(pool.key):
         raise _wait_for_address(ctx, pool)
     try:
-        backend = backend_for(ctx, pool)
+        backend = backend_for(ctx, pool, reuse=True)
     except PoolError as exc:
         raise _not_ready(ctx, claim, exc) from exc
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
-    labels = (f"{claim.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
+    labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
         allocation = ctx.metrics.call(
             BACKEND_NAMES[pool.kind],
             "allocate",
-            lambda: backend.allocate(hostname, description_for(claim)),
+            lambda: backend.allocate(hostname, description_for(claim), address=requested),
         )
+    except AddressUnavailableError as exc:
+        ctx.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
+        raise _unavailable(ctx, exc, pool) from exc
     except BackendError as exc:
         error = _backend_error(ctx, exc, pool)
         ctx.metrics.allocations.labels(*labels, error.reason).inc()
-        if error.reason == Reason.POOL_EXHAUSTED:
+        if error.reason == Reason.POOL_EXHAUSTED and requested is None:
             ctx.gate.exhausted(pool.key)
             raise _wait_for_address(ctx, pool) from exc
         raise error from exc
@@ -303,8 +426,9 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         version=ctx.address_version,
         pool_uid=pool.uid,
         address=allocation.address,
-        prefix=pool.prefix if pool.prefix is not None else allocation.prefix,
-        gateway=pool.gateway or allocation.gateway,
+        # The subnet's own: the backend folds the entry's and the pool's overrides in.
+        prefix=allocation.prefix,
+        gateway=allocation.gateway,
         hostname=hostname,
         location=location_of(pool),
     )
@@ -386,7 +510,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     _paused(ctx, claim)
     version = ctx.address_version
     address = _address_of(ctx, claim)
-    labels = (f"{claim.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
+    labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
         message = (
@@ -400,7 +524,9 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name)
+            ctx.kube.delete_ip_address(
+                version, claim.namespace, address.metadata.name, _seen(address)
+            )
         message = (
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
@@ -413,10 +539,18 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     )
     # Release where the allocation went: the location recorded on the IPAddress.
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    # With a grace period the entry stays in the IPAM, quarantined until then (DESIGN 6).
+    until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
     try:
-        backend = backend_for(ctx, where)
+        backend = backend_for(ctx, where, reuse=True)
         released = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind], "release", lambda: backend.release(hostname)
+            BACKEND_NAMES[pool.kind],
+            "release",
+            lambda: (
+                backend.release(hostname)
+                if until is None
+                else backend.release(hostname, quarantine_until=until)
+            ),
         )
     except PoolError as exc:
         ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
@@ -425,18 +559,23 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         error = _backend_error(ctx, exc, pool)
         ctx.metrics.releases.labels(*labels, error.reason).inc()
         raise error from exc
-    ctx.gate.open(pool.key)
     if address is not None:
-        ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name)
+        ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name, _seen(address))
     what = registered or hostname
-    message = (
-        f"released {what} in {pool.display}"
-        if released
-        else f"{hostname} was not registered in {pool.display}; nothing to release"
-    )
+    if not released:
+        message = f"{hostname} was not registered in {pool.display}; nothing to release"
+    elif until is not None:
+        message = (
+            f"released {what} in {pool.display}; quarantined for "
+            f"{pool.grace_period_seconds} s before it may be handed out again"
+        )
+    else:
+        message = f"released {what} in {pool.display}"
     decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
-    # An address was freed: the longest waiting claim of this pool may now get it.
-    ctx.wake(pool_token(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name), count=1)
+    if until is None:
+        # An address was freed: the longest waiting claim of this pool may now get it.
+        ctx.gate.open(pool.key)
+        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     return decision
 
 
@@ -449,17 +588,21 @@ def _let_go(
     labels: tuple[str, str],
     result: str,
 ) -> Decision:
-    """Remove ``ReleaseAddress`` from the claim, count, post the Event, queue the pool."""
+    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool."""
     ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False)
     ctx.metrics.releases.labels(*labels, result).inc()
     ctx.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
         log.warning("claim %s: %s", claim.key, message)
-    else:
+        ctx.event(body, "Warning", reason, message)
+    else:  # a release that went as it should posts no Event: the claim is going away
         log.info("claim %s: %s", claim.key, message)
-    ctx.event(body, "Warning" if reason == Reason.RELEASE_SKIPPED else "Normal", reason, message)
-    # A pool being deleted waits for its claims: look at it again now.
-    ctx.enqueue(pool_key(claim.namespace, claim.pool_ref.kind, claim.pool_ref.name))
+    # A pool being deleted waits for its claims: look at it again now. A live pool is not
+    # checked per release (its periodic refresh keeps its usage current).
+    ref = claim.pool_ref
+    pool = ctx.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
+    if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
+        ctx.enqueue(pool_key(_pool_ns(claim), ref.kind, ref.name))
     return Decision.done()
 
 
@@ -521,5 +664,8 @@ def _show(
                 "keeps" if kept else "prunes",
             )
     before = capi.ready_of(body)
-    if before != ("True" if ready else "False", reason):
+    # An Event tells a person what changed: a wait or a failure, and the end of one. The
+    # plain success path (no condition before) posts none: its Ready condition says it all,
+    # and an allocation stays at three API writes (finalizer, IPAddress, status).
+    if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
         ctx.event(body, "Normal" if ready else "Warning", reason, message)

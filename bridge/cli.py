@@ -347,6 +347,21 @@ def _parser() -> argparse.ArgumentParser:
         default="phpipam",
         help="which mock IPAM to run (default phpipam)",
     )
+    audit = sub.add_parser(
+        "audit",
+        help="compare the pools' IPAddresses with their IPAM entries, read-only "
+        "(exit 0 in sync, 1 drift found, 2 error)",
+    )
+    audit.add_argument(
+        "-n", "--namespace", default=None, help="audit only the pools of this namespace"
+    )
+    audit.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="output format (default table)",
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -357,11 +372,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``run`` returns 1 with one line on stderr (``ipam-bridge: <message>``) when a port
     cannot be bound, kopf's start-up failed, the API server refused kopf's requests
     (401/403) or the leader Lease was lost; 0 after a clean stop (SIGTERM, SIGINT).
+    ``audit`` returns 0 in sync, 1 when drift was found, 2 when it could not audit
+    (`bridge.audit.run_cli`).
     """
     args = _parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0
+    if args.command == "audit":
+        from bridge.audit import run_cli
+
+        return run_cli(args.namespace, args.output)
     if args.command == "demo":
         from bridge.demo import run_demo
 

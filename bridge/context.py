@@ -5,17 +5,19 @@ per pool (reused while the pool's spec and Secret stay the same, so a phpIPAM to
 reused), the exhaustion gate and the work queue. Nothing here is module-global.
 
 Keys of the work queue and its wake tokens are plain tuples, made by the functions below:
-``("claim", namespace, name)``, ``("pool", namespace, kind, name)``; wake tokens
+``("claim", namespace, name)``, ``("pool", namespace, kind, name)``, ``("cluster", namespace,
+name)`` (a Cluster's control-plane endpoint, `bridge.endpoints`); wake tokens
 ``("cluster", namespace, name)`` (the claims of a paused or missing Cluster) and
 ``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,7 @@ from kubernetes.client import ApiException
 
 from backends.base import IPAMBackend
 from backends.transport import EndpointRegistry
+from bridge.cache import Cache
 from bridge.kube import Kube
 from bridge.metrics import Metrics
 from bridge.settings import Settings
@@ -32,7 +35,9 @@ __all__ = [
     "BackendCache",
     "Context",
     "ExhaustionGate",
+    "Notices",
     "claim_key",
+    "cluster_key",
     "cluster_token",
     "pool_key",
     "pool_token",
@@ -54,6 +59,38 @@ def pool_key(namespace: str, kind: str, name: str) -> tuple[str, str, str, str]:
     return ("pool", namespace, kind, name)
 
 
+def cluster_key(namespace: str, name: str) -> tuple[str, str, str]:
+    """Return the work-queue key of a Cluster's control-plane endpoint (`bridge.endpoints`)."""
+    return ("cluster", namespace, name)
+
+
+class Notices:
+    """What was last told about each subject, so that a steady problem is told once.
+
+    A Warning Event repeated on every pass (a Cluster is updated by CAPI's controllers many
+    times a minute) would flood the Events of the object; a subject's notice is told again
+    only when its message changes, or after `forget`. Kept in memory: after a restart a
+    problem still present is told once more. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._told: dict[Hashable, str] = {}
+
+    def first(self, subject: Hashable, message: str) -> bool:
+        """Record ``message`` for ``subject``; True when it differs from the one told last."""
+        with self._lock:
+            if self._told.get(subject) == message:
+                return False
+            self._told[subject] = message
+            return True
+
+    def forget(self, subject: Hashable) -> None:
+        """Drop what was told about ``subject`` (its problem is over, or it is gone)."""
+        with self._lock:
+            self._told.pop(subject, None)
+
+
 def cluster_token(namespace: str, name: str) -> tuple[str, str, str]:
     """Return the wake token of the claims waiting for a Cluster (unpaused or created)."""
     return ("cluster", namespace, name)
@@ -72,9 +109,16 @@ class BackendCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[CacheKey, tuple[str, IPAMBackend]] = {}
+        # key -> (fingerprint, spec it was built from, backend)
+        self._entries: dict[CacheKey, tuple[str, Any, IPAMBackend]] = {}
 
-    def get(self, key: CacheKey, fingerprint: str, build: Callable[[], IPAMBackend]) -> IPAMBackend:
+    def get(
+        self,
+        key: CacheKey,
+        fingerprint: str,
+        build: Callable[[], IPAMBackend],
+        spec: Mapping[str, Any] | None = None,
+    ) -> IPAMBackend:
         """Return the cached backend of ``key`` if built from ``fingerprint``, else build one.
 
         Parameters
@@ -87,18 +131,32 @@ class BackendCache:
             Digest of the pool spec, Secret data and CA (see `bridge.pools.fingerprint`).
         build:
             Makes a new backend; its errors propagate and nothing is cached.
+        spec:
+            The pool spec the backend is built from, remembered for `reuse`.
         """
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[0] == fingerprint:
-                return entry[1]
+                return entry[2]
         backend = build()
         with self._lock:
             old = self._entries.get(key)
-            self._entries[key] = (fingerprint, backend)
-        if old is not None and old[1] is not backend:
-            old[1].close()
+            self._entries[key] = (fingerprint, spec, backend)
+        if old is not None and old[2] is not backend:
+            old[2].close()
         return backend
+
+    def reuse(self, key: CacheKey, spec: Mapping[str, Any]) -> IPAMBackend | None:
+        """Return the backend of ``key`` when it was built from this pool ``spec``, else None.
+
+        No Secret is read: the credentials are those of the last build (the pool's check
+        reads its Secrets and rebuilds the client when they changed, `get`).
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is not None and entry[1] is not None and entry[1] == spec:
+            return entry[2]
+        return None
 
     def __len__(self) -> int:
         """Return how many backend clients are cached."""
@@ -110,14 +168,14 @@ class BackendCache:
         with self._lock:
             gone = [k for k in self._entries if k[:3] == key]
             entries = [self._entries.pop(k) for k in gone]
-        for _, backend in entries:
+        for _, _, backend in entries:
             backend.close()
 
     def close(self) -> None:
         """Close every backend."""
         with self._lock:
             entries, self._entries = list(self._entries.values()), {}
-        for _, backend in entries:
+        for _, _, backend in entries:
             backend.close()
 
 
@@ -179,6 +237,14 @@ class Context:
         Whether the served v1beta1 IPAddressClaim schema keeps ``status.v1beta2`` (CAPI
         >= 1.9). None until the first status write of a v1beta1 claim shows it: the API
         server prunes unknown fields and returns what it stored.
+    cluster_version:
+        The served CAPI ``Cluster`` version (``v1beta2`` on CAPI >= 1.11, else ``v1beta1``),
+        detected at start-up; None when Clusters are not served (no control-plane endpoints).
+    notices:
+        Warnings already told (`Notices`), by subject.
+    cache:
+        The objects claims are decided from (claims, pools, Clusters, our IPAddresses), fed
+        by the watches (`bridge.cache`, `bridge.handlers.cache`).
     """
 
     settings: Settings
@@ -190,12 +256,19 @@ class Context:
     endpoints: EndpointRegistry = field(default_factory=EndpointRegistry)
     queue: WorkQueue | None = None
     v1beta2_kept: bool | None = None
+    cluster_version: str | None = None
+    notices: Notices = field(default_factory=Notices)
+    cache: Cache = field(default_factory=Cache)
+    _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.endpoints.on_state = self.metrics.endpoint_changed
         self.endpoints.on_request = self.metrics.request_made
+        if isinstance(self.kube, Kube):  # test doubles have no write-through
+            self.kube.on_stored = self.cache.stored
+            self.kube.on_deleted = self.cache.deleted
 
     def namespace_lock(self, namespace: str) -> threading.Lock:
         """Return the lock that serialises decisions about a namespace's shared Secrets.
@@ -215,12 +288,36 @@ class Context:
         """Post an Event about ``obj``; a refused one is logged, never raised.
 
         Events are told, not relied on: the API refuses them in a terminating namespace
-        (403), and that must never stop a release.
+        (403), and that must never stop a release. With the real gateway (`Kube`) they are
+        posted by a few background threads, so the worker that decided goes on at once
+        instead of waiting for the API server (an Event is a fourth write per allocation
+        and per release, off the claim's critical path); `close` posts those still queued.
+        Test doubles get them at once.
         """
+        if not isinstance(self.kube, Kube):
+            self._post(obj, kind, reason, message)
+            return
+        with self._locks_guard:
+            if self._events is None:
+                self._events = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="ipam-bridge-events"
+                )
+            events = self._events
+        try:
+            events.submit(self._post, obj, kind, reason, message)
+        except RuntimeError:  # shut down: closing
+            self._post(obj, kind, reason, message)
+
+    def _post(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         try:
             self.kube.post_event(obj, type=kind, reason=reason, message=message)
         except ApiException as exc:
             log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
+        except Exception:
+            if isinstance(self.kube, Kube):  # a background thread: nobody else would see it
+                log.exception("event %s not posted", reason)
+            else:
+                raise
 
     def wake(self, token: tuple[str, ...], count: int | None = None) -> None:
         """Wake the keys parked under ``token`` (see `cluster_token`, `pool_token`).
@@ -235,7 +332,11 @@ class Context:
         return self.queue is not None and bool(self.queue.parked(token))
 
     def close(self) -> None:
-        """Close backends, the metrics endpoint and the Kubernetes connection pool."""
+        """Post the queued Events; close backends, metrics endpoint, Kubernetes connections."""
+        with self._locks_guard:
+            events, self._events = self._events, None
+        if events is not None:
+            events.shutdown(wait=True)
         self.backends.close()
         self.metrics.close()
         self.kube.close()

@@ -3,17 +3,22 @@
 Starts a mock IPAM (phpIPAM, or Infoblox WAPI) and the in-memory Kubernetes API on
 127.0.0.1, runs the real operator against them, creates a Secret, a pool and claims, prints
 what each claim got and what the IPAM recorded, deletes the claims and shows the addresses
-released. ``pip install ipam-bridge`` brings all it needs (kmock; the CRDs as package data).
+released; then a paused ClusterClass Cluster gets its control-plane endpoint from the pool, and a
+pool of two subnets fills the first one and moves on to the second.
+``pip install ipam-bridge`` brings all it needs (kmock; the CRDs as package data).
 """
 
 from __future__ import annotations
 
+import importlib.resources
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from bridge.testing.sandbox import Sandbox
+from bridge.testing.sandbox import Sandbox, wait_for
 
 __all__ = ["run_demo"]
 
@@ -108,6 +113,147 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join("  " + line for line in lines)
 
 
+def _cluster_crds() -> list[Path]:
+    """Return CAPI v1.14's Cluster CRD (``crds/capi/``, package data) when present, else []."""
+    path = Path(str(importlib.resources.files("bridge") / "crds" / "capi"))
+    return [p for p in (path / "cluster.x-k8s.io_clusters.yaml",) if p.is_file()]
+
+
+def _endpoint_step(sandbox: Sandbox, kind: str, say: Callable[[str], None]) -> bool:
+    """Step 5: a paused ClusterClass Cluster gets its control-plane endpoint from the pool.
+
+    Returns True when the Cluster got the endpoint, the variable and was unpaused in one
+    write, and the address was released once the Cluster was deleted.
+    """
+    from bridge.endpoints import POOL_ANNOTATION, UNPAUSE_ANNOTATION, VARIABLES_ANNOTATION
+
+    clusters = "cluster.x-k8s.io/v1beta2"
+    sandbox.create(
+        {
+            "apiVersion": clusters,
+            "kind": "Cluster",
+            "metadata": {
+                "name": "workload-1",
+                "namespace": NAMESPACE,
+                "annotations": {
+                    POOL_ANNOTATION: f"{kind}/nodes",
+                    VARIABLES_ANNOTATION: "controlPlaneIpAddr",
+                    UNPAUSE_ANNOTATION: "true",
+                },
+            },
+            "spec": {
+                "paused": True,
+                "topology": {"classRef": {"name": "vsphere-kube-vip"}, "version": "v1.33.0"},
+            },
+        }
+    )
+
+    def endpoint() -> dict[str, Any] | None:
+        body = sandbox.get_object(clusters, "clusters", "workload-1", NAMESPACE) or {}
+        return body if (body.get("spec") or {}).get("controlPlaneEndpoint") else None
+
+    cluster = wait_for(endpoint, timeout=30, message="the control-plane endpoint")
+    spec = cluster["spec"]
+    host, port = spec["controlPlaneEndpoint"]["host"], spec["controlPlaneEndpoint"]["port"]
+    variables = {v["name"]: v["value"] for v in spec["topology"].get("variables") or []}
+    say(
+        f"5. Cluster {NAMESPACE}/workload-1 (paused, annotated "
+        f"{POOL_ANNOTATION.split('/')[1]}: {kind}/nodes) got, in one write:\n"
+        f"   controlPlaneEndpoint {host}:{port}, variable controlPlaneIpAddr="
+        f"{variables.get('controlPlaneIpAddr')}, paused {spec.get('paused')}\n"
+        f"   (from IPAddressClaim {NAMESPACE}/workload-1-control-plane-endpoint)"
+    )
+    sandbox.delete_object(clusters, "clusters", "workload-1", NAMESPACE)
+    sandbox.wait_gone(NAMESPACE, timeout=60)
+    say("   Cluster deleted: its claim went with it and the address was released")
+    return variables.get("controlPlaneIpAddr") == host and spec.get("paused") is False
+
+
+#: Step 6: a pool of two subnets, the first with two host addresses.
+FIRST_SUBNET, SECOND_SUBNET, SECOND_GATEWAY = "10.21.0.0/30", "10.21.1.0/29", "10.21.1.1"
+
+
+def _subnets_step(sandbox: Sandbox, server: Any, kind: str, say: Callable[[str], None]) -> bool:
+    """Step 6: a pool of two subnets fills the first one, then hands out the second's.
+
+    Returns True when the first subnet's two addresses went first, the other claims got
+    addresses of the second subnet with its prefix and gateway, and everything was released.
+    """
+    spec: dict[str, Any]
+    if kind == "PHPIPAMIPPool":
+        server.store.add_subnet(FIRST_SUBNET, section_id=1, subnet_id=21)
+        server.store.add_subnet(SECOND_SUBNET, section_id=1, subnet_id=22, gateway=SECOND_GATEWAY)
+        spec = {"appId": "capi", "subnets": [{"subnetId": 21}, {"subnetId": 22}]}
+    else:
+        server.store.seed(
+            {
+                "networks": [
+                    {"network": FIRST_SUBNET, "network_view": "default"},
+                    {
+                        "network": SECOND_SUBNET,
+                        "network_view": "default",
+                        "gateway": SECOND_GATEWAY,
+                    },
+                ]
+            }
+        )
+        spec = {"subnets": [{"subnet": FIRST_SUBNET}, {"subnet": SECOND_SUBNET}]}
+    sandbox.create(
+        {
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "spread", "namespace": NAMESPACE},
+            "spec": {
+                "endpoint": server.url,
+                "credentialsRef": {"name": "nodes-credentials"},  # the Secret of step 1
+                **spec,
+            },
+        }
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "spread", kind)
+    names = [f"spread-{i}" for i in range(4)]
+    for name in names:
+        sandbox.claim(NAMESPACE, name, "spread", kind=kind)
+    sandbox.wait_claims_bound(NAMESPACE, len(names), timeout=60)
+    specs = {a["metadata"]["name"]: a["spec"] for a in sandbox.addresses(NAMESPACE)}
+    rows = sorted(  # in address order: claims are served in parallel, not by name
+        (
+            (
+                name,
+                specs[name]["address"],
+                str(specs[name]["prefix"]),
+                specs[name].get("gateway", "-"),
+            )
+            for name in names
+        ),
+        key=lambda row: ipaddress.ip_address(row[1]),
+    )
+    time.sleep(1.5)  # one pool refresh
+    status = (sandbox.pool(NAMESPACE, "spread", kind) or {})["status"]
+    say(f"6. {kind} {NAMESPACE}/spread lists two subnets; 4 claims fill the first, then move on:")
+    say(_table(rows, ("claim", "address", "prefix", "gateway")))
+    say(
+        _table(
+            [
+                (s["cidr"], str(s["prefix"]), s.get("gateway", "-"), str(s["ipAddresses"]["free"]))
+                for s in status["subnets"]
+            ],
+            ("status.subnets", "prefix", "gateway", "free"),
+        )
+    )
+    for name in names:
+        sandbox.delete_claim(NAMESPACE, name)
+    sandbox.wait_gone(NAMESPACE, timeout=60)
+    sandbox.delete_pool(NAMESPACE, "spread", kind)
+    wait_for(lambda: sandbox.pool(NAMESPACE, "spread", kind) is None, timeout=30, message="pool")
+    say("   claims deleted: both subnets' addresses released; the pool deleted")
+    first = sorted(r[1] for r in rows if r[1].startswith("10.21.0."))
+    second = [r for r in rows if r[1].startswith("10.21.1.")]
+    return first == ["10.21.0.1", "10.21.0.2"] and all(
+        (r[2], r[3]) == ("29", SECOND_GATEWAY) for r in second
+    )
+
+
 def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
     """Run the demo; return the exit code (0 when every step did what it should).
 
@@ -124,7 +270,7 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
     started = time.monotonic()
     say = print
     say(f"ipam-bridge demo: {claims} claims against a mock {backend} on 127.0.0.1\n")
-    with Sandbox() as sandbox:
+    with Sandbox(capi_crds=_cluster_crds()) as sandbox:
         sandbox.namespace(NAMESPACE)
         setup = _phpipam if backend == "phpipam" else _infoblox
         server, entries, kind = setup(sandbox)
@@ -173,8 +319,18 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
                 f"4. claims deleted: every IPAddress is gone; the {backend} mock holds "
                 f"{len(left)} entries: {', '.join(f'{ip} {h}' for ip, h in left) or 'none'}"
             )
+            say("")
+            endpoint_ok = _endpoint_step(sandbox, kind, say)
+            say("")
+            subnets_ok = _subnets_step(sandbox, server, kind, say)
+            left = entries()
         finally:
             server.stop()
-    ok = distinct == claims and not [h for _, h in left if h.startswith("node-")]
+    ok = (
+        distinct == claims
+        and endpoint_ok
+        and subnets_ok
+        and not [h for _, h in left if h.startswith(("node-", "workload-1"))]
+    )
     say(f"\n{'done' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s")
     return 0 if ok else 1

@@ -1,8 +1,9 @@
 """The only module that talks to the Kubernetes API (the official ``kubernetes`` client).
 
 Reads pools, Secrets and Clusters; creates, updates and deletes IPAddresses; patches
-pool status. Calls are synchronous: handlers run in kopf's thread pool. "Not found" is a
-value (None), every other API failure propagates as ``kubernetes.client.ApiException``.
+pool status; creates control-plane endpoint claims and patches their Clusters. Calls are
+synchronous: handlers run in kopf's thread pool. "Not found" is a value (None), every other
+API failure propagates as ``kubernetes.client.ApiException``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import datetime
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -29,7 +30,7 @@ from kubernetes.client import (
     V1ObjectReference,
 )
 
-from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GROUP, POOL_KINDS
+from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
 
 __all__ = [
     "AccessDeniedError",
@@ -344,6 +345,18 @@ class Kube:
         self.client = client
         self.core = CoreV1Api(client)
         self.custom = CustomObjectsApi(client)
+        #: Write-through to the operator's cache (`bridge.cache`): called with the plural
+        #: (``ipaddressclaims``, ``ipaddresses``) and the object as the API server returned
+        #: it after each successful write of a claim or an IPAddress.
+        self.on_stored: Callable[[str, Mapping[str, Any]], None] | None = None
+        #: Called with ``(plural, namespace, name)`` after an IPAddress was deleted.
+        self.on_deleted: Callable[[str, str, str], None] | None = None
+
+    def _stored(self, plural: str, body: Any) -> Any:
+        """Pass a write's result to `on_stored` (when it is an object); return it unchanged."""
+        if self.on_stored is not None and isinstance(body, Mapping):
+            self.on_stored(plural, body)
+        return body
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -382,8 +395,35 @@ class Kube:
     # -- reads ----------------------------------------------------------------------
 
     def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
-        """Return a pool object of one of our kinds, or None when it does not exist."""
+        """Return a pool object of one of our kinds, or None when it does not exist.
+
+        A Global kind is cluster-scoped: ``namespace`` is ignored (pass ``""``).
+        """
+        if kind in GLOBAL_POOL_KINDS:
+            try:
+                return cast(
+                    dict[str, Any],
+                    self.custom.get_cluster_custom_object(
+                        GROUP, POOL_VERSION, POOL_KINDS[kind], name
+                    ),
+                )
+            except ApiException as exc:
+                if _missing(exc):
+                    return None
+                raise
         return self._get(GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name)
+
+    def _patch_pool(self, pool: Mapping[str, Any], body: Mapping[str, Any]) -> Any:
+        """Merge-patch a pool object (namespaced or Global); errors propagate."""
+        meta = pool.get("metadata") or {}
+        kind = str(pool["kind"])
+        if kind in GLOBAL_POOL_KINDS:
+            return self.custom.patch_cluster_custom_object(
+                GROUP, POOL_VERSION, POOL_KINDS[kind], meta["name"], dict(body)
+            )
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, POOL_VERSION, meta["namespace"], POOL_KINDS[kind], meta["name"], dict(body)
+        )
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """Return a Secret's data decoded to text (``data`` and ``stringData``), or None."""
@@ -407,6 +447,80 @@ class Kube:
             if cluster is not None:
                 return cluster
         return None
+
+    def list_clusters(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
+        """Return the CAPI ``Cluster`` objects of ``namespaces`` (empty: all namespaces).
+
+        In the first served version of ``v1beta2``, ``v1beta1``; None when Clusters are not
+        served at all (a management cluster without CAPI core).
+        """
+        for version in ("v1beta2", "v1beta1"):
+            try:
+                if namespaces:
+                    results = [
+                        cast(
+                            dict[str, Any],
+                            self.custom.list_namespaced_custom_object(
+                                CLUSTER_GROUP, version, ns, "clusters"
+                            ),
+                        )
+                        for ns in namespaces
+                    ]
+                else:
+                    results = [
+                        cast(
+                            dict[str, Any],
+                            self.custom.list_cluster_custom_object(
+                                CLUSTER_GROUP, version, "clusters"
+                            ),
+                        )
+                    ]
+            except ApiException as exc:
+                if _missing(exc):
+                    continue
+                raise
+            items = [dict(item) for result in results for item in result.get("items") or []]
+            for item in items:
+                item.setdefault("apiVersion", f"{CLUSTER_GROUP}/{version}")
+                item.setdefault("kind", "Cluster")
+            return items
+        return None
+
+    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return the CAPI ``Cluster`` as served in ``version`` (``v1beta2``/``v1beta1``), or None.
+
+        For control-plane endpoints (`bridge.endpoints`): one GET in the version detected at
+        start-up, so the patch that follows speaks the same schema.
+        """
+        return self._get(CLUSTER_GROUP, version, namespace, "clusters", name)
+
+    def patch_cluster(
+        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch (RFC 7386) a CAPI ``Cluster``; return it as stored (None when it is gone).
+
+        The caller puts the ``metadata.resourceVersion`` it read into ``patch``: the API server
+        then answers 409 Conflict when the Cluster changed since (propagated), so nothing read
+        earlier is ever overwritten. Lists in the patch (``spec.topology.variables``) replace
+        the stored ones whole: custom resources take no strategic merge.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when the resourceVersion is stale; 422 when the Cluster's schema refuses the
+            result; any other failure but 404.
+        """
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.patch_namespaced_custom_object(
+                    CLUSTER_GROUP, version, namespace, "clusters", name, dict(patch)
+                ),
+            )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
 
     def _get(
         self, group: str, version: str, namespace: str, plural: str, name: str
@@ -458,6 +572,27 @@ class Kube:
             ]
         return [dict(item) for result in results for item in result.get("items") or []]
 
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create an ``IPAddressClaim`` (a control-plane endpoint's); None when the name exists.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
+        """
+        namespace = body["metadata"]["namespace"]
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.create_namespaced_custom_object(
+                    GROUP, version, namespace, "ipaddressclaims", dict(body)
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
@@ -469,8 +604,11 @@ class Kube:
         try:
             return cast(
                 dict[str, Any],
-                self.custom.patch_namespaced_custom_object_status(
-                    GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
+                self._stored(
+                    "ipaddressclaims",
+                    self.custom.patch_namespaced_custom_object_status(
+                        GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
+                    ),
                 ),
             )
         except ApiException as exc:
@@ -483,12 +621,18 @@ class Kube:
     ) -> dict[str, Any] | None:
         """Add or remove ``finalizer`` on a claim (see `set_finalizer`); return the claim."""
         version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
-        return self.set_finalizer(
-            claim,
-            finalizer,
-            present,
-            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
-                GROUP, version, namespace, "ipaddressclaims", name, body
+        return cast(
+            dict[str, Any] | None,
+            self._stored(
+                "ipaddressclaims",
+                self.set_finalizer(
+                    claim,
+                    finalizer,
+                    present,
+                    lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
+                        GROUP, version, namespace, "ipaddressclaims", name, body
+                    ),
+                ),
             ),
         )
 
@@ -596,8 +740,11 @@ class Kube:
         try:
             return cast(
                 dict[str, Any],
-                self.custom.create_namespaced_custom_object(
-                    GROUP, version, namespace, "ipaddresses", dict(body)
+                self._stored(
+                    "ipaddresses",
+                    self.custom.create_namespaced_custom_object(
+                        GROUP, version, namespace, "ipaddresses", dict(body)
+                    ),
                 ),
             )
         except ApiException as exc:
@@ -605,25 +752,60 @@ class Kube:
                 return None
             raise
 
-    def list_ip_addresses(self, version: str, namespace: str) -> list[dict[str, Any]]:
-        """Return every ``IPAddress`` of a namespace."""
-        result = cast(
-            dict[str, Any],
-            self.custom.list_namespaced_custom_object(GROUP, version, namespace, "ipaddresses"),
-        )
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""
+        if namespace is None:
+            result = cast(
+                dict[str, Any],
+                self.custom.list_cluster_custom_object(GROUP, version, "ipaddresses"),
+            )
+        else:
+            result = cast(
+                dict[str, Any],
+                self.custom.list_namespaced_custom_object(GROUP, version, namespace, "ipaddresses"),
+            )
         return list(result.get("items") or [])
 
-    def delete_ip_address(self, version: str, namespace: str, name: str) -> None:
+    def delete_ip_address(
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        current: Mapping[str, Any] | None = None,
+    ) -> None:
         """Remove our ``ProtectAddress`` finalizer from an ``IPAddress`` and delete it.
 
         The finalizer goes first (the contract: an IPAddress must not outlive its claim's
         finalizer); a missing object is success. The finalizer list is written with the
-        object's resourceVersion, so a concurrent change makes the API answer 409, which
-        propagates (kopf retries).
+        object's resourceVersion, so a concurrent change makes the API answer 409.
+
+        Parameters
+        ----------
+        current:
+            The IPAddress as last seen (``metadata.finalizers`` and ``resourceVersion``, e.g.
+            from the operator's cache): no read is sent. When it is stale (409 Conflict), or
+            not given, the object is read once and the write tried again with what was read.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            A 409 that persists after that one read; any failure but 404.
         """
+        if current is not None:
+            try:
+                self._delete_ip_address(version, namespace, name, current)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
         current = self.get_ip_address(version, namespace, name)
         if current is None:
             return
+        self._delete_ip_address(version, namespace, name, current)
+
+    def _delete_ip_address(
+        self, version: str, namespace: str, name: str, current: Mapping[str, Any]
+    ) -> None:
         meta = current.get("metadata") or {}
         finalizers = list(meta.get("finalizers") or [])
         if ADDRESS_FINALIZER in finalizers:
@@ -644,6 +826,7 @@ class Kube:
                 )
             except ApiException as exc:
                 if _missing(exc):
+                    self._gone("ipaddresses", namespace, name)
                     return
                 raise
         try:
@@ -653,16 +836,22 @@ class Kube:
         except ApiException as exc:
             if not _missing(exc):
                 raise
+        self._gone("ipaddresses", namespace, name)
+
+    def _gone(self, plural: str, namespace: str, name: str) -> None:
+        if self.on_deleted is not None:
+            self.on_deleted(plural, namespace, name)
 
     # -- pools ----------------------------------------------------------------------
 
     def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Return every pool of ``kind`` in ``namespaces`` (empty: all namespaces).
 
-        Lists from the API are ``kind``-less; each item gets its ``kind`` back.
+        A Global kind is cluster-scoped: all of them, whatever ``namespaces``. Lists from the
+        API are ``kind``-less; each item gets its ``kind`` back.
         """
         plural = POOL_KINDS[kind]
-        if namespaces:
+        if namespaces and kind not in GLOBAL_POOL_KINDS:
             results = [
                 cast(
                     dict[str, Any],
@@ -687,16 +876,10 @@ class Kube:
         """Add or remove ``finalizer`` on a pool, guarded by its resourceVersion.
 
         A stale resourceVersion makes the API answer 409 (propagated); a missing pool is
-        ignored.
+        ignored. Namespaced and Global (cluster-scoped) kinds alike.
         """
-        plural = POOL_KINDS[str(pool["kind"])]
         self.set_finalizer(
-            pool,
-            finalizer,
-            present,
-            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
-                GROUP, POOL_VERSION, namespace, plural, name, body
-            ),
+            pool, finalizer, present, lambda _name, _namespace, body: self._patch_pool(pool, body)
         )
 
     def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
@@ -705,14 +888,7 @@ class Kube:
         if (meta.get("annotations") or {}).get(key) == value:
             return
         try:
-            self.custom.patch_namespaced_custom_object(
-                GROUP,
-                POOL_VERSION,
-                meta["namespace"],
-                POOL_KINDS[str(pool["kind"])],
-                meta["name"],
-                {"metadata": {"annotations": {key: value}}},
-            )
+            self._patch_pool(pool, {"metadata": {"annotations": {key: value}}})
         except ApiException as exc:
             if not _missing(exc):
                 raise
@@ -720,11 +896,62 @@ class Kube:
     def patch_pool_status(
         self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
     ) -> None:
-        """Merge-patch a pool's status subresource (a missing pool is ignored)."""
+        """Merge-patch a pool's status subresource (a missing pool is ignored).
+
+        A Global kind is cluster-scoped: ``namespace`` is ignored.
+        """
         try:
+            if kind in GLOBAL_POOL_KINDS:
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP, POOL_VERSION, POOL_KINDS[kind], name, {"status": dict(status)}
+                )
+                return
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name, {"status": dict(status)}
             )
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+
+    def patch_pool_conditions(
+        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
+
+        For a writer that owns one condition type among others (the drift audit's
+        ``InSync``): it reads the pool, merges its condition into the list and writes the
+        list back with ``metadata.resourceVersion`` (a merge patch replaces lists whole), so
+        a status written by someone else since makes the API answer 409 Conflict instead of
+        being overwritten. A missing pool is ignored. Namespaced and Global kinds alike.
+
+        Parameters
+        ----------
+        pool:
+            The pool as read (``kind``, ``metadata.name``, ``namespace``,
+            ``resourceVersion``).
+        conditions:
+            The whole new list of conditions.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when the pool changed since it was read; any other failure but 404.
+        """
+        meta = pool.get("metadata") or {}
+        kind = str(pool["kind"])
+        body = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            "status": {"conditions": [dict(c) for c in conditions]},
+        }
+        try:
+            if kind in GLOBAL_POOL_KINDS:
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP, POOL_VERSION, POOL_KINDS[kind], meta["name"], body
+                )
+            else:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, POOL_VERSION, meta["namespace"], POOL_KINDS[kind], meta["name"], body
+                )
         except ApiException as exc:
             if not _missing(exc):
                 raise
@@ -740,7 +967,9 @@ class Kube:
             When the API refuses the Event.
         """
         meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace"))
+        # Events about a cluster-scoped object (a Global pool) live in "default", as
+        # client-go's recorder puts them.
+        namespace = str(meta.get("namespace") or "default")
         now = datetime.datetime.now(datetime.UTC)
         event = CoreV1Event(
             metadata=V1ObjectMeta(generate_name="ipam-bridge-", namespace=namespace),
@@ -748,7 +977,7 @@ class Kube:
                 api_version=obj.get("apiVersion"),
                 kind=obj.get("kind"),
                 name=meta.get("name"),
-                namespace=namespace,
+                namespace=meta.get("namespace") or None,
                 uid=meta.get("uid"),
             ),
             type=type,

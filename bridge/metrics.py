@@ -156,8 +156,8 @@ class Metrics:
         reason.
     backend_duration:
         ``ipam_bridge_backend_request_duration_seconds{backend, operation, result}``: time of
-        each backend operation (``describe_subnet``, ``allocate``, ``release``), retries
-        included.
+        each backend operation (``describe_subnets``, ``allocate``, ``release``, ...),
+        retries included.
     pool_free:
         ``ipam_bridge_pool_free_addresses{pool, kind}``: free addresses as last reported.
     claims_pending:
@@ -174,6 +174,15 @@ class Metrics:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
         IPAM endpoint by result (the status code, or ``timeout``, ``connection_error``,
         ``tls_error``, ``error``).
+    drift:
+        ``ipam_bridge_drift{pool, kind, finding}``: what the last drift audit of each pool
+        left unresolved (`bridge.audit`), by finding: ``missing`` (an IPAddress's entry is
+        gone and could not be registered again yet), ``conflict`` (its address or hostname
+        is held by another entry), ``orphan`` (an entry ipam-bridge made for a claim that no
+        longer exists). 0 for every finding when the pool is in sync.
+    drift_restored:
+        ``ipam_bridge_drift_restored_total{pool, kind}``: missing entries the audit
+        registered again at their address.
     leader:
         ``ipam_bridge_leader``: 1 on the replica that handles claims and pools (the holder of
         the leader Lease, or the only process without leader election), 0 on a standby.
@@ -239,6 +248,18 @@ class Metrics:
             ["endpoint", "result"],
             registry=self.registry,
         )
+        self.drift = Gauge(
+            "ipam_bridge_drift",
+            "Drift found by the last audit of each pool and left unresolved, by finding.",
+            ["pool", "kind", "finding"],
+            registry=self.registry,
+        )
+        self.drift_restored = Counter(
+            "ipam_bridge_drift_restored",
+            "Missing IPAM entries the drift audit registered again at their address.",
+            ["pool", "kind"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "ipam_bridge_leader",
             "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
@@ -258,7 +279,7 @@ class Metrics:
         backend:
             ``phpipam`` or ``infoblox`` (see `bridge.pools.BACKEND_NAMES`).
         operation:
-            ``describe_subnet``, ``allocate`` or ``release``.
+            ``describe_subnets``, ``allocate``, ``release``, ``purge_quarantined`` or ``entries``.
 
         Notes
         -----
@@ -334,12 +355,14 @@ class Metrics:
         )
 
     def forget_pool(self, pool: str, kind: str) -> None:
-        """Drop the free-address series of a deleted pool (``<namespace>/<name>`` and kind).
+        """Drop the gauges (free addresses, drift) of a deleted pool (``<namespace>/<name>``, kind).
 
         A gauge left behind would report addresses of a pool that no longer exists; the
         counters keep their series (Prometheus counters are not deleted).
         """
         self.pool_free.remove(pool, kind)  # a no-op for an unknown series
+        for finding in ("missing", "conflict", "orphan"):
+            self.drift.remove(pool, kind, finding)  # the drift audit's series too
 
     def serve(
         self,

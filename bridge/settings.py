@@ -79,11 +79,25 @@ class Settings(BaseSettings):
         "again (the waiting claims themselves poll nothing; one is woken when an address is "
         "free).",
     )
+    quarantine_purge_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=30,
+        description="How often the leader deletes the IPAM entries whose reuse grace period "
+        "(addressReuseGracePeriodSeconds) ended; also done at start-up.",
+    )
     resync_seconds: float = Field(
         300.0,
         ge=0,
         description="How often every claim is looked at again from its current state "
         "(the safety net of event-driven handling); 0 = never.",
+    )
+    audit_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="How often the leader compares each pool's IPAddresses with its entries "
+        "in the IPAM (drift audit: missing entries registered again, conflicts and orphans "
+        "reported); 0 = never.",
     )
     metrics_port: int = Field(
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."

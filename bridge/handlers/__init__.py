@@ -5,6 +5,8 @@ function of `bridge.claims` or `bridge.pools`, and turns the result into status,
 kopf errors.
 """
 
+# cache first: its event handlers run before the others of the same event (see its docstring).
+from bridge.handlers import cache  # isort: skip
 from bridge.handlers import claims, lifecycle, pools
 
-__all__ = ["claims", "lifecycle", "pools"]
+__all__ = ["cache", "claims", "lifecycle", "pools"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import kopf
 
-from bridge import capi
-from bridge.context import Context, claim_key, cluster_token
+from bridge import capi, endpoints
+from bridge.context import Context, claim_key, cluster_key, cluster_token
 
 __all__ = ["claim_event", "claim_is_ours", "cluster_event"]
 
@@ -29,10 +29,27 @@ def claim_is_ours(spec: kopf.Spec, **_: Any) -> bool:
 
 
 @kopf.on.event(capi.GROUP, "ipaddressclaims", when=claim_is_ours)
-async def claim_event(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
-    """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile."""
+async def claim_event(
+    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> None:
+    """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
+
+    The claim goes into the operator's cache (`bridge.cache`) first; an event that tells the
+    cache nothing new (the echo of our own write, already written through) queues nothing.
+
+    A Cluster's control-plane endpoint claim (`bridge.endpoints.ENDPOINT_LABEL`) also queues
+    its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
+    deleted, the Cluster gets a new one.
+    """
     ctx: Context = memo.bridge
-    ctx.enqueue(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    changed = ctx.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
+    if changed or type in (None, "DELETED"):
+        ctx.enqueue(claim_key(namespace, name))
+    labels = meta.get("labels") or {}
+    cluster = labels.get(capi.CLUSTER_NAME_LABEL)
+    if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:
+        ctx.enqueue(cluster_key(namespace, str(cluster)))
 
 
 @kopf.on.event(capi.CLUSTER_GROUP, "clusters")
@@ -43,7 +60,12 @@ async def cluster_event(
 
     Claims of a paused or missing Cluster are parked in the work queue under the Cluster's
     wake token; an unpause, a creation or a deletion ends their wait without any polling.
+    A Cluster asking for a control-plane endpoint (`bridge.endpoints.POOL_ANNOTATION`) is
+    queued (`bridge.endpoints.reconcile_cluster`), paused or not.
     """
     ctx: Context = memo.bridge
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     if type == "DELETED" or not capi.is_paused(meta.get("annotations"), body.get("spec")):
-        ctx.wake(cluster_token(str(meta.get("namespace")), str(meta.get("name"))))
+        ctx.wake(cluster_token(namespace, name))
+    if endpoints.wants_endpoint(meta.get("annotations")):
+        ctx.enqueue(cluster_key(namespace, name))

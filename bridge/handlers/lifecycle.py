@@ -13,10 +13,13 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge import logcontext
-from bridge.capi import GROUP, SUPPORTED_VERSIONS
+from bridge.audit import audit_forever
+from bridge.cache import prime
+from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
-from bridge.handlers.pools import resync_forever
+from bridge.endpoints import reconcile_cluster
+from bridge.handlers.pools import purge_forever, resync_forever
 from bridge.kube import Kube, NotServedError, access_denied, api_client, kopf_connection_info
 from bridge.leader import (
     LEASE_NAME,
@@ -69,6 +72,10 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     # Reconnect quickly after an API server hiccup.
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]
+    # kopf keeps one task per object for this long after its last event (default 5 s); the
+    # event handlers only queue keys, so a short idle time keeps memory low when the start-up
+    # listing brings every claim and IPAddress at once (issue 15: 10,000 bound claims).
+    settings.queueing.idle_timeout = 0.5
 
 
 @kopf.on.login()
@@ -82,7 +89,11 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
 
 
 def reconcile(ctx: Context, key: Hashable) -> Decision:
-    """Route a work-queue key to its service (`bridge.context.claim_key`, ``pool_key``).
+    """Route a work-queue key to its service.
+
+    `bridge.context.claim_key` to `bridge.claims.reconcile_claim`, ``pool_key`` to
+    `bridge.pool_service.reconcile_pool`, ``cluster_key`` to
+    `bridge.endpoints.reconcile_cluster`.
 
     Raises
     ------
@@ -98,29 +109,41 @@ def reconcile(ctx: Context, key: Hashable) -> Decision:
         case ("pool", str(namespace), str(kind), str(name)):
             with logcontext.about(f"{GROUP}/v1alpha1", kind, namespace, name):
                 return reconcile_pool(ctx, namespace, kind, name)
+        case ("cluster", str(namespace), str(name)):
+            with logcontext.about(
+                f"{CLUSTER_GROUP}/{ctx.cluster_version}", "Cluster", namespace, name
+            ):
+                return reconcile_cluster(ctx, namespace, name)
     raise ValueError(f"unknown work-queue key {key!r}")
 
 
 def start_work(ctx: Context) -> list[asyncio.Task[None]]:
-    """Start the work of the replica that handles objects: the work queue and the resync.
+    """Start the work of the replica that handles objects: queue, resync, purge, drift audit.
 
-    Both run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
+    They run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
     """
     assert ctx.queue is not None
     return [
         asyncio.create_task(ctx.queue.run(), name="ipam-bridge work queue"),
         asyncio.create_task(resync_forever(ctx), name="ipam-bridge resync"),
+        asyncio.create_task(purge_forever(ctx), name="ipam-bridge quarantine purge"),
+        # Its own thread, not the work queue's workers (IPAM_BRIDGE_AUDIT_SECONDS; 0 = off).
+        asyncio.create_task(audit_forever(ctx), name="ipam-bridge drift audit"),
     ]
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Read settings, connect, detect the served CAPI version, start the work queue.
+    """Read settings, connect, detect the served CAPI versions, start the work queue.
+
+    The served versions: IPAddressClaim/IPAddress (required) and Cluster (v1beta2 on CAPI
+    >= 1.11, else v1beta1; without Clusters, control-plane endpoints are off).
 
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
     is 0; the `Context` (with its own metrics registry and the work queue) goes to
     ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as tasks on
-    kopf's loop until the clean-up.
+    kopf's loop until the clean-up. The operator's cache (`bridge.cache`) gets its initial
+    list here (`bridge.cache.prime`), before kopf starts watching.
 
     With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
     Lease (`bridge.leader.Leadership`, in ``memo.leadership``); until then kopf's event
@@ -152,13 +175,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             raise kopf.PermanentError(f"the API server refused: {denied}") from exc
         raise
     log.info("serving CAPI IPAM %s (IPAddressClaim/IPAddress)", version)
+    try:
+        cluster_version: str | None = await asyncio.to_thread(
+            kube.preferred_version, CLUSTER_GROUP, "clusters", SUPPORTED_VERSIONS
+        )
+        log.info("CAPI Cluster %s: control-plane endpoints on", cluster_version)
+    except NotServedError:
+        cluster_version = None
+        log.warning("CAPI Clusters are not served: control-plane endpoints off")
     ctx = Context(
         settings=bridge,
         kube=kube,
         address_version=version,
+        cluster_version=cluster_version,
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
         endpoints=bridge.endpoint_registry(),
     )
+    # The cache's initial list, before kopf's watches start (bridge.cache: no API read on a
+    # claim's hot path).
+    await asyncio.to_thread(prime, ctx.cache, kube, version=version, namespaces=bridge.namespaces)
     if bridge.metrics_port:
         try:
             port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)

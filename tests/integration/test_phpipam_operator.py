@@ -234,11 +234,8 @@ def test_fifty_claims_bound_then_twenty_released(
         if r.method == "POST" and "/addresses/first_free/" in r.path
     ]
     assert [r.status for r in allocations] == [201] * 50
-    wait_for(
-        lambda: len(events_of(sandbox, "IPAddressClaim", "m-49", "AddressAllocated")) == 1,
-        timeout=10,
-        message="AddressAllocated event",
-    )
+    # A claim allocated at once has nothing to tell beyond its Ready condition: no Event.
+    assert events_of(sandbox, "IPAddressClaim", "m-49", "AddressAllocated") == []
 
     # Delete 20: exactly their rows go, their IPAddresses go, the other 30 stay as they were.
     deleted, kept = names[0:40:2], [n for n in names if n not in names[0:40:2]]
@@ -782,7 +779,7 @@ def test_no_secret_in_events_status_or_logs(
         timeout=10,
         message="u1 and c1 released",
     )
-    wait_event(sandbox, "IPAddressClaim", "u1", "AddressReleased")
+    assert [e for e in sandbox.events(NAMESPACE) if e.get("reason") == "AddressReleased"] == []
 
     user = phpipam.store.find_user(CREDENTIALS["username"])
     assert user is not None and user.token  # the session token phpIPAM gave the operator
@@ -802,7 +799,7 @@ def test_no_secret_in_events_status_or_logs(
         if not r.name.startswith(HARNESS_LOGGERS)
     )
     # The checks look at real material: the failures and releases are in there.
-    assert "AuthenticationFailed" in published and "AddressReleased" in published
+    assert "AuthenticationFailed" in published and "PoolNotReady" in published
     assert any(r.name.startswith(("bridge", "backends")) for r in caplog.records)
     assert "Invalid username or password" in operator_log
     for secret in secrets:

@@ -43,23 +43,36 @@ HELM_LABELS = {
 # subresources only, which OwnerReferencesPermissionEnforcement requires to create an
 # IPAddress with blockOwnerDeletion owner references to its claim and pool.
 EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    ("ipam.cluster.x-k8s.io", "ipaddressclaims"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "ipaddressclaims"): {"get", "list", "watch", "create", "patch"},
     ("ipam.cluster.x-k8s.io", "ipaddressclaims/status"): {"patch"},
     ("ipam.cluster.x-k8s.io", "ipaddressclaims/finalizers"): {"update"},
-    ("ipam.cluster.x-k8s.io", "ipaddresses"): {"get", "list", "create", "patch", "delete"},
+    ("ipam.cluster.x-k8s.io", "ipaddresses"): {"get", "list", "watch", "create", "patch", "delete"},
     ("ipam.cluster.x-k8s.io", "phpipamippools"): {"get", "list", "watch", "patch"},
     ("ipam.cluster.x-k8s.io", "infobloxippools"): {"get", "list", "watch", "patch"},
     ("ipam.cluster.x-k8s.io", "phpipamippools/status"): {"patch"},
     ("ipam.cluster.x-k8s.io", "infobloxippools/status"): {"patch"},
     ("ipam.cluster.x-k8s.io", "phpipamippools/finalizers"): {"update"},
     ("ipam.cluster.x-k8s.io", "infobloxippools/finalizers"): {"update"},
-    ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch"},
+    # Global pools (cluster-scoped): the same verbs as their namespaced twins.
+    ("ipam.cluster.x-k8s.io", "globalphpipamippools"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "globalinfobloxippools"): {"get", "list", "watch", "patch"},
+    ("ipam.cluster.x-k8s.io", "globalphpipamippools/status"): {"patch"},
+    ("ipam.cluster.x-k8s.io", "globalinfobloxippools/status"): {"patch"},
+    ("ipam.cluster.x-k8s.io", "globalphpipamippools/finalizers"): {"update"},
+    ("ipam.cluster.x-k8s.io", "globalinfobloxippools/finalizers"): {"update"},
+    ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch", "patch"},
     ("", "secrets"): {"get", "patch"},
     ("", "events"): {"create"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
-# The owners an IPAddress points to with blockOwnerDeletion (claim and both pool kinds).
-OWNER_RESOURCES = ("ipaddressclaims", "phpipamippools", "infobloxippools")
+# The owners an IPAddress points to with blockOwnerDeletion (claim and every pool kind).
+OWNER_RESOURCES = (
+    "ipaddressclaims",
+    "phpipamippools",
+    "infobloxippools",
+    "globalphpipamippools",
+    "globalinfobloxippools",
+)
 # Names that must not appear anywhere in the install: the manager runs without kopf peering.
 # (Comments in deploy/ may say so; the objects and the chart's values may not mention it.)
 PEERING_MARKERS = re.compile(r"peering|kopf\.dev|POD_ID|standalone", re.IGNORECASE)
@@ -330,6 +343,8 @@ def test_install_has_the_crds_and_one_namespace(install: list[dict[str, Any]]) -
     assert crds == {
         "phpipamippools.ipam.cluster.x-k8s.io",
         "infobloxippools.ipam.cluster.x-k8s.io",
+        "globalphpipamippools.ipam.cluster.x-k8s.io",
+        "globalinfobloxippools.ipam.cluster.x-k8s.io",
     }
     assert _one(install, "Namespace")["metadata"]["name"] == NAMESPACE
     assert not [obj for obj in install if "ipaddressclaims" in obj["metadata"]["name"]]
@@ -416,6 +431,8 @@ def test_install_has_no_kopf_peering(install: list[dict[str, Any]]) -> None:
 
 def test_chart_has_no_kopf_peering() -> None:
     assert sorted(path.name for path in (CHART / "crds").iterdir()) == [
+        "globalinfobloxippools.ipam.cluster.x-k8s.io.yaml",
+        "globalphpipamippools.ipam.cluster.x-k8s.io.yaml",
         "infobloxippools.ipam.cluster.x-k8s.io.yaml",
         "phpipamippools.ipam.cluster.x-k8s.io.yaml",
     ]

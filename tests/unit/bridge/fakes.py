@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 import pytest
 from kubernetes.client import ApiException
 
-from backends.base import Allocation, SubnetInfo
-from backends.errors import BackendError, SubnetExhaustedError
+from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
+from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
 from bridge import pool_service
-from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP, POOL_KINDS
+from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
 from bridge.pools import Pool, location_of
 
 DELETED_AT = "2026-01-01T00:00:00Z"
@@ -62,7 +62,8 @@ class FakeKube:
     writes:
         Every write, in order (`Write`). Ops: ``claim.finalizer``, ``claim.status``,
         ``address.create``, ``address.finalizer``, ``address.delete``, ``pool.finalizer``,
-        ``pool.status``, ``secret.finalizer``, ``event``. Finalizer details are
+        ``pool.status``, ``secret.finalizer``, ``event``, ``claim.create``,
+        ``cluster.patch``. Finalizer details are
         ``(finalizer, present)``; an event's is ``(type, reason, message)``.
     reads:
         Every read: ``(method, target)``.
@@ -122,7 +123,7 @@ class FakeKube:
         meta = stored.setdefault("metadata", {})
         meta.setdefault("resourceVersion", self._rv())
         meta.setdefault("generation", 1)
-        self.pools[(meta["namespace"], stored["kind"], meta["name"])] = stored
+        self.pools[(meta.get("namespace", ""), stored["kind"], meta["name"])] = stored
         return stored
 
     def add_cluster(self, namespace: str, name: str, **body: Any) -> None:
@@ -188,9 +189,13 @@ class FakeKube:
         found = self.addresses.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    def list_ip_addresses(self, version: str, namespace: str) -> list[dict[str, Any]]:
-        self._read(("list_ip_addresses", namespace))
-        return [copy.deepcopy(b) for (ns, _), b in self.addresses.items() if ns == namespace]
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        self._read(("list_ip_addresses", namespace or "*"))
+        return [
+            copy.deepcopy(b)
+            for (ns, _), b in self.addresses.items()
+            if namespace is None or ns == namespace
+        ]
 
     def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         self._read(("get_pool", f"{namespace}/{kind}/{name}"))
@@ -203,7 +208,7 @@ class FakeKube:
         items = [
             copy.deepcopy(body)
             for (ns, k, _), body in self.pools.items()
-            if k == kind and (not namespaces or ns in namespaces)
+            if k == kind and (not namespaces or ns in namespaces or kind in GLOBAL_POOL_KINDS)
         ]
         if self.on_list_pools is not None:
             for namespace in namespaces:
@@ -214,6 +219,14 @@ class FakeKube:
         self._read(("get_cluster", f"{namespace}/{name}"))
         found = self.clusters.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
+
+    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._read(("read_cluster", f"{namespace}/{name}"))
+        found = self.clusters.get((namespace, name))
+        if found is None:
+            return None
+        found.setdefault("metadata", {}).setdefault("resourceVersion", self._rv())
+        return copy.deepcopy(found)
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         self._read(("read_secret", f"{namespace}/{name}"))
@@ -263,6 +276,31 @@ class FakeKube:
             self.claims, key, claim, finalizer, present, "claim.finalizer", "/".join(key)
         )
 
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self.claims:
+            return None
+        self._record("claim.create", "/".join(key), copy.deepcopy(dict(body)))
+        stored = copy.deepcopy(dict(body))
+        stored["metadata"]["uid"] = f"uid-claim-{meta['name']}"
+        return copy.deepcopy(self.add_claim(stored))
+
+    def patch_cluster(
+        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a Cluster; a stale ``metadata.resourceVersion`` in it is a 409."""
+        stored = self.clusters.get((namespace, name))
+        if stored is None:
+            return None
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != stored["metadata"].get("resourceVersion"):
+            raise self._conflict()
+        self._record("cluster.patch", f"{namespace}/{name}", copy.deepcopy(dict(patch)))
+        _merge(stored, {k: v for k, v in patch.items() if k != "metadata"})
+        stored["metadata"]["resourceVersion"] = self._rv()
+        return copy.deepcopy(stored)
+
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
@@ -289,7 +327,9 @@ class FakeKube:
         self.addresses[key] = stored
         return copy.deepcopy(stored)
 
-    def delete_ip_address(self, version: str, namespace: str, name: str) -> None:
+    def delete_ip_address(
+        self, version: str, namespace: str, name: str, current: Any = None
+    ) -> None:
         stored = self.addresses.get((namespace, name))
         if stored is None:
             return
@@ -306,20 +346,20 @@ class FakeKube:
 
     def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> None:
         meta = pool.get("metadata") or {}
-        key = (meta["namespace"], str(pool["kind"]), meta["name"])
+        key = (meta.get("namespace", ""), str(pool["kind"]), meta["name"])
         self._set_finalizers(
             self.pools, key, pool, finalizer, present, "pool.finalizer", "/".join(key)
         )
 
     def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
         meta = pool.get("metadata") or {}
-        stored = self.pools.get((meta["namespace"], str(pool["kind"]), meta["name"]))
+        stored = self.pools.get((meta.get("namespace", ""), str(pool["kind"]), meta["name"]))
         if stored is None:
             return
         annotations = stored["metadata"].setdefault("annotations", {})
         if annotations.get(key) == value:
             return
-        self._record("pool.annotate", f"{meta['namespace']}/{meta['name']}", (key, value))
+        self._record("pool.annotate", f"{meta.get('namespace', '')}/{meta['name']}", (key, value))
         if value is None:
             annotations.pop(key, None)
         else:
@@ -368,17 +408,30 @@ class FakeKube:
 
 @dataclass
 class FakeIPAM:
-    """What the fake IPAM holds, shared by every `FakeBackend` client of it."""
+    """What the fake IPAM holds, shared by every `FakeBackend` client of it.
+
+    ``cidr``/``gateway`` are the first subnet; ``more`` the following ones (``(cidr,
+    gateway)``), in the pool's order. A claim gets the first free address of the first subnet
+    with one; the gateway of each subnet is never handed out.
+    """
 
     cidr: str = "10.0.0.0/29"
     gateway: str | None = "10.0.0.1"
+    more: list[tuple[str, str | None]] = field(default_factory=list)
     #: hostname -> address.
     entries: dict[str, str] = field(default_factory=dict)
+    #: address -> (quarantined hostname, until), entries released with a grace period.
+    quarantined: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: ``(operation, hostname, location)`` of every call, in order.
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     #: Raised by the next calls (and kept) when set.
     error: BackendError | None = None
     timeline: list[tuple[str, ...]] | None = None
+
+    @property
+    def subnets(self) -> list[tuple[str, str | None]]:
+        """``(cidr, gateway)`` of every subnet, in order."""
+        return [(self.cidr, self.gateway), *self.more]
 
 
 class FakeBackend:
@@ -405,49 +458,114 @@ class FakeBackend:
         if self.ipam.error is not None:
             raise self.ipam.error
 
-    def _network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-        return ipaddress.ip_network(self.ipam.cidr)
+    def _subnet_of(self, address: str) -> tuple[str, str | None] | None:
+        ip = ipaddress.ip_address(address)
+        for cidr, gateway in self.ipam.subnets:
+            if ip in ipaddress.ip_network(cidr):
+                return cidr, gateway
+        return None
 
     def _allocation(self, hostname: str) -> Allocation:
         address = self.ipam.entries[hostname]
+        cidr, gateway = self._subnet_of(address) or (self.ipam.cidr, self.ipam.gateway)
         return Allocation(
             address=address,
-            prefix=self._network().prefixlen,
-            gateway=self.ipam.gateway,
+            prefix=ipaddress.ip_network(cidr).prefixlen,
+            gateway=gateway,
             hostname=hostname,
             ref=f"ref-{address}",
+            subnet=cidr,
         )
 
-    def describe_subnet(self) -> SubnetInfo:
-        self._call("describe_subnet", "")
-        hosts = list(self._network().hosts())
-        used = len(self.ipam.entries) + (1 if self.ipam.gateway else 0)
-        return SubnetInfo(
-            cidr=self.ipam.cidr,
-            prefix=self._network().prefixlen,
-            gateway=self.ipam.gateway,
-            total=len(hosts),
-            used=used,
-            free=max(len(hosts) - used, 0),
-        )
+    def _taken(self) -> set[str]:
+        gateways = {g for _, g in self.ipam.subnets if g}
+        return set(self.ipam.entries.values()) | set(self.ipam.quarantined) | gateways
+
+    def describe_subnets(self) -> list[SubnetInfo]:
+        self._call("describe_subnets", "")
+        infos = []
+        taken = self._taken()
+        for cidr, gateway in self.ipam.subnets:
+            network = ipaddress.ip_network(cidr)
+            hosts = [str(a) for a in network.hosts()]
+            used = sum(1 for a in hosts if a in taken)
+            infos.append(
+                SubnetInfo(
+                    cidr=cidr,
+                    prefix=network.prefixlen,
+                    gateway=gateway,
+                    total=len(hosts),
+                    used=used,
+                    free=max(len(hosts) - used, 0),
+                )
+            )
+        return infos
 
     def find(self, hostname: str) -> Allocation | None:
         self._call("find", hostname)
         return self._allocation(hostname) if hostname in self.ipam.entries else None
 
-    def allocate(self, hostname: str, description: str) -> Allocation:
+    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
         self._call("allocate", hostname)
-        if hostname not in self.ipam.entries:
-            taken = set(self.ipam.entries.values()) | {self.ipam.gateway}
-            free = [str(a) for a in self._network().hosts() if str(a) not in taken]
-            if not free:
-                raise SubnetExhaustedError(f"subnet {self.ipam.cidr} has no free address")
-            self.ipam.entries[hostname] = free[0]
-        return self._allocation(hostname)
+        existing = self.ipam.entries.get(hostname)
+        if existing is not None and (address is None or existing == address):
+            return self._allocation(hostname)
+        taken = self._taken()
+        if address is not None:
+            if self._subnet_of(address) is None:
+                raise AddressUnavailableError(
+                    f"{address} lies outside the subnets of the pool", address=address
+                )
+            if address in taken:
+                holder = next((h for h, a in self.ipam.entries.items() if a == address), None)
+                if holder is None and address in self.ipam.quarantined:
+                    holder = self.ipam.quarantined[address][0]
+                raise AddressUnavailableError(
+                    f"{address} is already registered", address=address, holder=holder
+                )
+            self.ipam.entries[hostname] = address
+            return self._allocation(hostname)
+        for cidr, _ in self.ipam.subnets:
+            free = [str(a) for a in ipaddress.ip_network(cidr).hosts() if str(a) not in taken]
+            if free:
+                self.ipam.entries[hostname] = free[0]
+                return self._allocation(hostname)
+        raise SubnetExhaustedError("no subnet of the pool has a free address")
 
-    def release(self, hostname: str) -> bool:
+    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
         self._call("release", hostname)
-        return self.ipam.entries.pop(hostname, None) is not None
+        address = self.ipam.entries.pop(hostname, None)
+        if address is None:
+            return False
+        if quarantine_until is not None:
+            self.ipam.quarantined[address] = (QUARANTINE_PREFIX + hostname, quarantine_until)
+        return True
+
+    def purge_quarantined(self, now: float) -> list[str]:
+        self._call("purge_quarantined", "")
+        due = sorted(a for a, (_, until) in self.ipam.quarantined.items() if until <= now)
+        for address in due:
+            del self.ipam.quarantined[address]
+        return due
+
+    def entries(self) -> list[Allocation]:
+        self._call("entries", "")
+        found = [self._allocation(h) for h in self.ipam.entries]
+        for address, (hostname, until) in self.ipam.quarantined.items():
+            cidr, gateway = self._subnet_of(address) or (self.ipam.cidr, self.ipam.gateway)
+            found.append(
+                Allocation(
+                    address=address,
+                    prefix=ipaddress.ip_network(cidr).prefixlen,
+                    gateway=gateway,
+                    hostname=hostname,
+                    ref=f"ref-{address}",
+                    subnet=cidr,
+                    description=quarantine_mark(until),
+                    quarantined_until=until,
+                )
+            )
+        return found
 
     def close(self) -> None:
         self.closed = True

@@ -300,6 +300,13 @@ def test_reasons_are_one_str_enum_written_as_plain_strings():
         "TLSVerificationFailed",
         "BackendUnavailable",
         "DeletionBlocked",
+        # The drift audit (bridge.audit): the pool's InSync condition and its Events.
+        "NoDrift",
+        "DriftFound",
+        "AddressRestored",
+        "AddressMissing",
+        "AddressConflict",
+        "OrphanEntry",
     }
     for reason in Reason:
         assert re.fullmatch(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", reason)

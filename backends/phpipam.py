@@ -848,15 +848,7 @@ class PHPIPAMBackend:
                 self._reserve_row(int(ref), address, never[address], subnet)
                 continue
             log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
-            return Allocation(
-                address=address,
-                prefix=subnet.prefix,
-                gateway=subnet.effective_gateway,
-                hostname=hostname,
-                ref=ref,
-                subnet=subnet.cidr,
-                description=str(body["description"]),
-            )
+            return _created(subnet, address, hostname, ref, str(body["description"]))
         raise BackendUnavailableError(
             f"phpIPAM kept offering addresses that are never assigned ({', '.join(sorted(never))})"
         )
@@ -915,15 +907,7 @@ class PHPIPAMBackend:
         if not ref.isdigit():
             raise BackendUnavailableError("phpIPAM created an address but sent no id")
         log.info("phpIPAM: registered requested %s (id %s) to %s", address, ref, hostname)
-        return Allocation(
-            address=address,
-            prefix=subnet.prefix,
-            gateway=subnet.effective_gateway,
-            hostname=hostname,
-            ref=ref,
-            subnet=subnet.cidr,
-            description=cut,
-        )
+        return _created(subnet, address, hostname, ref, cut)
 
     def _holder_of(self, address: str, subnet: _SubnetFacts, hostname: str) -> Allocation:
         """After phpIPAM said ``address`` exists: ours (returned) or someone else's (raise)."""
@@ -1393,6 +1377,21 @@ class PHPIPAMBackend:
 
 #: How long phpIPAM blocks an address after more than 10 failed logins in 5 minutes.
 _BLOCK_SECONDS: Final = 300.0
+
+
+def _created(
+    subnet: _SubnetFacts, address: str, hostname: str, ref: str, description: str
+) -> Allocation:
+    """Return the `Allocation` of a row this client just created in ``subnet``."""
+    return Allocation(
+        address=address,
+        prefix=subnet.prefix,
+        gateway=subnet.effective_gateway,
+        hostname=hostname,
+        ref=ref,
+        subnet=subnet.cidr,
+        description=description,
+    )
 
 
 def _blocked_for(exc: AuthenticationFailedError) -> float:

@@ -6,9 +6,9 @@ profile), a restart with 10,000 bound claims (``--only restart``) and the drift 
 
 Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
 real kopf operator (the hot-path and restart parts run the operator in a process of its own,
-as in a pod: `benchmarks.operator_process`). Figures only; nothing passes or fails. Defaults finish in about three
-minutes on 2 cores (the API-writes part watches waiting claims for a minute); ``--quick``
-shortens that watch to 10 s, ``--only writes`` runs that part alone.
+as in a pod: `benchmarks.operator_process`). Figures only; nothing passes or fails. Defaults
+finish in about three minutes on 2 cores (the API-writes part watches waiting claims for a
+minute); ``--quick`` shortens that watch to 10 s, ``--only writes`` runs that part alone.
 """
 
 from __future__ import annotations

@@ -358,6 +358,30 @@ class Kube:
             self.on_stored(plural, body)
         return body
 
+    def _create(
+        self, version: str, plural: str, body: Mapping[str, Any], *, write_through: bool = True
+    ) -> dict[str, Any] | None:
+        """Create a namespaced object of our API group; None on 409 AlreadyExists.
+
+        With ``write_through`` the stored object goes to `on_stored` (the cache sees our own
+        write at once, and the echo of its watch event queues nothing).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 (e.g. 403 in a terminating namespace).
+        """
+        namespace = body["metadata"]["namespace"]
+        try:
+            created = self.custom.create_namespaced_custom_object(
+                GROUP, version, namespace, plural, dict(body)
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+        return cast(dict[str, Any], self._stored(plural, created) if write_through else created)
+
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self.client.close()
@@ -580,18 +604,8 @@ class Kube:
         kubernetes.client.ApiException
             Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
         """
-        namespace = body["metadata"]["namespace"]
-        try:
-            return cast(
-                dict[str, Any],
-                self.custom.create_namespaced_custom_object(
-                    GROUP, version, namespace, "ipaddressclaims", dict(body)
-                ),
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
+        # Not written through to the cache: the claim's own watch event must queue it.
+        return self._create(version, "ipaddressclaims", body, write_through=False)
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
@@ -736,21 +750,7 @@ class Kube:
 
     def create_ip_address(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create an ``IPAddress``; return it, or None when one of that name already exists."""
-        namespace = body["metadata"]["namespace"]
-        try:
-            return cast(
-                dict[str, Any],
-                self._stored(
-                    "ipaddresses",
-                    self.custom.create_namespaced_custom_object(
-                        GROUP, version, namespace, "ipaddresses", dict(body)
-                    ),
-                ),
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
+        return self._create(version, "ipaddresses", body)
 
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
         """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""

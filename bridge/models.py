@@ -216,6 +216,21 @@ class IPAddress(_Model):
 # -- pools ----------------------------------------------------------------------------------
 
 
+def _local_namespace(field: str, namespace: str | None, info: ValidationInfo) -> str | None:
+    """Refuse a Secret namespace other than the pool's own on a namespaced pool.
+
+    The pool's namespace comes from the validation context (`IPPool.from_body`); a Global
+    pool has none, so any namespace passes (the CRD requires one there).
+    """
+    own = (info.context or {}).get("namespace")
+    if own and namespace is not None and namespace != own:
+        raise ValueError(
+            f"{field} cannot name a Secret in another namespace (only Global pools name the "
+            "Secret's namespace)"
+        )
+    return namespace
+
+
 class SecretRef(_Model):
     """``spec.credentialsRef``: a Secret, by name (and namespace, on Global pools only).
 
@@ -231,13 +246,7 @@ class SecretRef(_Model):
     @field_validator("namespace")
     @classmethod
     def _is_local(cls, namespace: str | None, info: ValidationInfo) -> str | None:
-        own = (info.context or {}).get("namespace")
-        if own and namespace is not None and namespace != own:
-            raise ValueError(
-                "spec.credentialsRef cannot name a Secret in another namespace (only Global "
-                "pools name the Secret's namespace)"
-            )
-        return namespace
+        return _local_namespace("spec.credentialsRef", namespace, info)
 
 
 class SecretKeyRef(_Model):
@@ -250,13 +259,7 @@ class SecretKeyRef(_Model):
     @field_validator("namespace")
     @classmethod
     def _is_local(cls, namespace: str | None, info: ValidationInfo) -> str | None:
-        own = (info.context or {}).get("namespace")
-        if own and namespace is not None and namespace != own:
-            raise ValueError(
-                "spec.tls.caSecretRef cannot name a Secret in another namespace (only Global "
-                "pools name the Secret's namespace)"
-            )
-        return namespace
+        return _local_namespace("spec.tls.caSecretRef", namespace, info)
 
 
 class PoolTLS(_Model):

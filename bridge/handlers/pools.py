@@ -23,7 +23,8 @@ import kopf
 
 from backends.errors import BackendError
 from bridge import capi
-from bridge.context import Context, claim_key, pool_key, pool_token
+from bridge.context import Context, claim_key, cluster_key, pool_key, pool_token
+from bridge.endpoints import wants_endpoint
 from bridge.errors import PoolError
 from bridge.pool_service import needs_check, purge_quarantined
 from bridge.pools import parse_pool
@@ -92,13 +93,27 @@ def _queue_claims(ctx: Context) -> int:
     return count
 
 
-async def resync_forever(ctx: Context) -> None:
-    """Queue every pool and every claim of ours periodically, until cancelled by the clean-up.
+def _queue_clusters(ctx: Context) -> int:
+    """Queue every Cluster that asks for a control-plane endpoint (none when not served)."""
+    if ctx.cluster_version is None:
+        return 0
+    count = 0
+    for body in ctx.kube.list_clusters(ctx.settings.namespaces) or []:
+        meta = body.get("metadata") or {}
+        if wants_endpoint(meta.get("annotations")):
+            ctx.enqueue(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
+            count += 1
+    return count
 
-    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims every
-    ``resync_seconds`` (0: never). The resync is the safety net of level-triggered handling:
-    whatever an event missed, the next pass decides again from the objects' state. A list
-    that fails is logged and tried at the next tick.
+
+async def resync_forever(ctx: Context) -> None:
+    """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
+
+    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
+    that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
+    the safety net of level-triggered handling: whatever an event missed, the next pass
+    decides again from the objects' state. A list that fails is logged and tried at the next
+    tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + ctx.settings.pool_refresh_seconds
@@ -115,7 +130,8 @@ async def resync_forever(ctx: Context) -> None:
             if next_claims is not None and now >= next_claims:
                 next_claims = now + resync
                 count = await asyncio.to_thread(_queue_claims, ctx)
-                log.debug("resync: %d claims queued", count)
+                clusters = await asyncio.to_thread(_queue_clusters, ctx)
+                log.debug("resync: %d claims and %d Clusters queued", count, clusters)
         except Exception:
             log.exception("periodic resync failed; trying again at the next tick")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -26,7 +27,7 @@ from kubernetes.client import ApiException
 from bridge import capi
 from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, PoolRef
 from bridge.claims import reconcile_claim
-from bridge.context import Context
+from bridge.context import Context, cluster_key
 from bridge.endpoints import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
@@ -43,6 +44,7 @@ from bridge.endpoints import (
     plan_patch,
     reconcile_cluster,
 )
+from bridge.handlers.pools import _queue_clusters
 from bridge.kube import Kube
 from bridge.settings import Settings
 from bridge.workqueue import Decision, WorkQueue
@@ -456,3 +458,49 @@ def test_the_cluster_crd_copies_are_capis_own() -> None:
         )
         assert (REPO / copy).read_bytes() == upstream.read_bytes(), copy
     assert capi.CLUSTER_GROUP == "cluster.x-k8s.io"
+
+
+# -- the periodic resync --------------------------------------------------------------------
+
+
+class _ResyncKube:
+    def __init__(self, clusters: list[dict[str, Any]] | None) -> None:
+        self.clusters = clusters
+        self.asked: list[tuple[str, ...]] = []
+
+    def list_clusters(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
+        self.asked.append(namespaces)
+        return self.clusters
+
+
+class _ResyncContext:
+    def __init__(self, kube: _ResyncKube, cluster_version: str | None) -> None:
+        self.kube = kube
+        self.cluster_version = cluster_version
+        self.settings = SimpleNamespace(namespaces=("team-a",))
+        self.queued: list[tuple[str, ...]] = []
+
+    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
+        self.queued.append(key)
+
+
+def _cluster_body(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "team-a", "annotations": annotations}}
+
+
+def test_the_resync_queues_the_clusters_that_ask_for_an_endpoint_and_no_other() -> None:
+    kube = _ResyncKube(
+        [
+            _cluster_body("wants", {POOL_ANNOTATION: "PHPIPAMIPPool/nodes"}),
+            _cluster_body("plain", {}),
+            _cluster_body("foreign", {"other.example/pool": "x"}),
+        ]
+    )
+    ctx = _ResyncContext(kube, "v1beta2")
+    assert _queue_clusters(ctx) == 1  # type: ignore[arg-type]
+    assert ctx.queued == [cluster_key("team-a", "wants")]
+    assert kube.asked == [("team-a",)]
+
+    off = _ResyncContext(kube, None)  # Clusters not served: endpoints are off
+    assert _queue_clusters(off) == 0  # type: ignore[arg-type]
+    assert off.queued == [] and kube.asked == [("team-a",)]

@@ -23,6 +23,11 @@ quarantine: the IPAM entry stays, marked until the grace period ends.
 Waiting is quiet: a claim that waits writes its status only when the condition it shows
 changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
 instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
+
+A claim's IPAM work is admitted per endpoint (`bridge.admission`): when its pool's endpoint
+already has its limit of claims in flight, the claim parks under
+`bridge.admission.endpoint_token` (no API request, no status change, no worker held) and is
+queued again when a place is kept for it.
 """
 
 from __future__ import annotations
@@ -30,17 +35,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from backends.errors import AddressUnavailableError, BackendError
+from backends.transport import endpoint_key
 from bridge import capi
+from bridge.admission import endpoint_token
 from bridge.cache import MISSING, ObjectCache
 from bridge.capi import Claim, Reason
-from bridge.context import Context, cluster_token, pool_key, pool_token
+from bridge.context import Context, claim_key, cluster_token, pool_key, pool_token
 from bridge.endpoints import allocates_while_paused
 from bridge.errors import (
     ClaimError,
@@ -102,7 +110,24 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
     ------
     kubernetes.client.ApiException
         On API failures other than "not found" and conflicts (the queue logs and retries).
+
+    Notes
+    -----
+    Whatever the pass decides (or raises), the claim's place in an endpoint's line is settled
+    afterwards (`bridge.admission.EndpointAdmission.settle`): kept while it waits for that
+    endpoint, else given to the next waiting claim.
     """
+    decision: Decision | None = None
+    try:
+        decision = _decide(ctx, namespace, name)
+        return decision
+    finally:
+        waits_on = decision.wake_on if decision is not None else ()
+        ctx.admission.settle(claim_key(namespace, name), waits_on)
+
+
+def _decide(ctx: Context, namespace: str, name: str) -> Decision:
+    """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
     body = _claim_of(ctx, namespace, name)
     if body is None:
         ctx.metrics.pending(f"{namespace}/{name}", None)
@@ -284,6 +309,29 @@ def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
     )
 
 
+@contextmanager
+def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
+    """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
+
+    ``pool`` is where the work goes (for a release, the recorded location). The endpoint is
+    ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
+    transport's registry keys it). The block's outcome adapts the endpoint's limit
+    (`bridge.admission.EndpointAdmission.finish`); its exception propagates unchanged.
+
+    Raises
+    ------
+    _Wait
+        Before the block runs, when the endpoint is full: the claim parks under
+        `bridge.admission.endpoint_token` without a status write.
+    """
+    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    key = claim_key(claim.namespace, claim.name)
+    if not ctx.admission.try_admit(endpoint, key):
+        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+    with ctx.admission.held(endpoint, key):
+        yield
+
+
 def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
     return claim_error_from(
         exc,
@@ -395,18 +443,18 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     requested = _requested_address(ctx, claim)
     if requested is None and ctx.gate.closed(pool.key):
         raise _wait_for_address(ctx, pool)
-    try:
-        backend = backend_for(ctx, pool, reuse=True)
-    except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
-        allocation = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind],
-            "allocate",
-            lambda: backend.allocate(hostname, description_for(claim), address=requested),
-        )
+        with _admitted(ctx, claim, pool):
+            backend = backend_for(ctx, pool, reuse=True)
+            allocation = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "allocate",
+                lambda: backend.allocate(hostname, description_for(claim), address=requested),
+            )
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
     except AddressUnavailableError as exc:
         ctx.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
         raise _unavailable(ctx, exc, pool) from exc
@@ -542,16 +590,17 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     # With a grace period the entry stays in the IPAM, quarantined until then (DESIGN 6).
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
     try:
-        backend = backend_for(ctx, where, reuse=True)
-        released = ctx.metrics.call(
-            BACKEND_NAMES[pool.kind],
-            "release",
-            lambda: (
-                backend.release(hostname)
-                if until is None
-                else backend.release(hostname, quarantine_until=until)
-            ),
-        )
+        with _admitted(ctx, claim, where):
+            backend = backend_for(ctx, where, reuse=True)
+            released = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "release",
+                lambda: (
+                    backend.release(hostname)
+                    if until is None
+                    else backend.release(hostname, quarantine_until=until)
+                ),
+            )
     except PoolError as exc:
         ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
         raise _not_ready(ctx, claim, exc) from exc

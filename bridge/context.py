@@ -8,7 +8,10 @@ Keys of the work queue and its wake tokens are plain tuples, made by the functio
 ``("claim", namespace, name)``, ``("pool", namespace, kind, name)``, ``("cluster", namespace,
 name)`` (a Cluster's control-plane endpoint, `bridge.endpoints`); wake tokens
 ``("cluster", namespace, name)`` (the claims of a paused or missing Cluster) and
-``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool).
+``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool) and
+``("endpoint", "scheme://host:port")`` (the claims waiting for a place at an IPAM endpoint,
+`bridge.admission.endpoint_token`; they are queued one by one by the admission, not woken by
+the token).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from kubernetes.client import ApiException
 
 from backends.base import IPAMBackend
 from backends.transport import EndpointRegistry
+from bridge.admission import EndpointAdmission
 from bridge.cache import Cache
 from bridge.kube import Kube
 from bridge.metrics import Metrics
@@ -245,6 +249,10 @@ class Context:
     cache:
         The objects claims are decided from (claims, pools, Clusters, our IPAddresses), fed
         by the watches (`bridge.cache`, `bridge.handlers.cache`).
+    admission:
+        Claims in flight per IPAM endpoint (`bridge.admission.EndpointAdmission`), at most
+        ``endpoints.max_concurrent`` each; a claim refused waits parked, and is queued again
+        (`enqueue`) when a place is kept for it. Made from ``endpoints`` (not an argument).
     """
 
     settings: Settings
@@ -259,6 +267,7 @@ class Context:
     cluster_version: str | None = None
     notices: Notices = field(default_factory=Notices)
     cache: Cache = field(default_factory=Cache)
+    admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -266,6 +275,9 @@ class Context:
     def __post_init__(self) -> None:
         self.endpoints.on_state = self.metrics.endpoint_changed
         self.endpoints.on_request = self.metrics.request_made
+        self.admission = EndpointAdmission(
+            self.endpoints.max_concurrent, self._requeue, on_limit=self.metrics.endpoint_limit
+        )
         if isinstance(self.kube, Kube):  # test doubles have no write-through
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
@@ -283,6 +295,11 @@ class Context:
         """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""
         if self.queue is not None:
             self.queue.add(key, after)
+
+    def _requeue(self, key: Hashable) -> None:
+        """Queue a claim key woken by the admission (`enqueue` for any hashable key)."""
+        if self.queue is not None:
+            self.queue.add(key)
 
     def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         """Post an Event about ``obj``; a refused one is logged, never raised.

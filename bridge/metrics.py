@@ -170,6 +170,10 @@ class Metrics:
         ``ipam_bridge_backend_endpoint_state{endpoint}``: circuit breaker of each IPAM endpoint
         (``scheme://host:port``): 0 closed (calls go through), 1 open (calls fail fast),
         2 half-open (one probe call in flight).
+    endpoint_concurrency:
+        ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many claims each IPAM
+        endpoint may have in flight now (`bridge.admission`: adapts between 1 and
+        ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved when the endpoint times out or fails).
     http_requests:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
         IPAM endpoint by result (the status code, or ``timeout``, ``connection_error``,
@@ -239,6 +243,12 @@ class Metrics:
         self.endpoint_state = Gauge(
             "ipam_bridge_backend_endpoint_state",
             "Circuit breaker of each IPAM endpoint: 0 closed, 1 open, 2 half-open.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.endpoint_concurrency = Gauge(
+            "ipam_bridge_backend_endpoint_concurrency",
+            "Claims each IPAM endpoint may have in flight now (adapts to what it sustains).",
             ["endpoint"],
             registry=self.registry,
         )
@@ -315,6 +325,10 @@ class Metrics:
     def endpoint_changed(self, endpoint: str, state: EndpointState) -> None:
         """Record an endpoint's new circuit state (the `EndpointRegistry` state hook)."""
         self.endpoint_state.labels(endpoint).set(int(state))
+
+    def endpoint_limit(self, endpoint: str, limit: int) -> None:
+        """Record how many claims ``endpoint`` may have in flight (`bridge.admission` hook)."""
+        self.endpoint_concurrency.labels(endpoint).set(limit)
 
     def request_made(self, record: RequestRecord) -> None:
         """Count one HTTP request to an IPAM endpoint (the `EndpointRegistry` request hook)."""

@@ -150,6 +150,26 @@ class EndpointAdmission:
             state.in_flight[key] = state.epoch
             return True
 
+    def wait_if_full(self, endpoint: str, key: Key) -> bool:
+        """Record ``key`` as waiting and return True when ``endpoint`` has no room for it now.
+
+        A peek for the writes a claim makes before its IPAM work (its ``ReleaseAddress``
+        finalizer): a claim that `try_admit` would refuse parks before writing anything, so
+        a burst of new claims does not spend the API server on claims that must wait anyway.
+        Takes no place: with room, or a place kept for ``key``, or ``key`` in flight, returns
+        False and `try_admit` decides at the IPAM call. After True the claim parks exactly
+        as after a refused `try_admit` (``Decision.wait(endpoint_token(endpoint))``).
+        """
+        with self._lock:
+            state = self._states.get(endpoint)
+            if state is None or key in state.in_flight or key in state.reserved:
+                return False
+            if state.room() > 0:
+                return False
+            state.waiting.setdefault(key, None)
+            self._endpoints_of.setdefault(key, set()).add(endpoint)
+            return True
+
     def finish(self, endpoint: str, key: Key, error: BaseException | None = None) -> None:
         """End ``key``'s admitted IPAM work on ``endpoint``; adapt the limit; wake the next.
 

@@ -437,6 +437,10 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         )
 
     if capi.CLAIM_FINALIZER not in claim.finalizers:
+        endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+        if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+            # Its endpoint is busy: wait for a place before writing anything.
+            raise _Wait(Decision.wait(endpoint_token(endpoint)))
         # The contract: the finalizer goes on before anything is allocated.
         body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
 

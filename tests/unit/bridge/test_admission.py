@@ -54,6 +54,20 @@ def test_the_limit_starts_at_the_max_and_is_per_endpoint() -> None:
         EndpointAdmission(0, woken)
 
 
+def test_the_peek_before_the_finalizer_takes_no_place_and_queues_in_line() -> None:
+    adm, woken, _ = admission(1)
+    assert not adm.wait_if_full(EP, "a")  # unknown endpoint: room
+    assert adm.try_admit(EP, "a")
+    assert not adm.wait_if_full(EP, "a")  # in flight itself: never parks
+    assert adm.wait_if_full(EP, "b")  # full: b waits in line, nothing taken
+    assert adm.in_flight(EP) == 1 and adm.waiting(EP) == ["b"]
+    adm.finish(EP, "a")
+    assert woken.keys == ["b"]  # the place is kept for b ...
+    assert not adm.wait_if_full(EP, "b")  # ... so its next pass goes on to write
+    assert adm.wait_if_full(EP, "c") and adm.waiting(EP) == ["c"]  # b's kept place is no room
+    assert adm.try_admit(EP, "b") and adm.in_flight(EP) == 1
+
+
 def test_a_finish_queues_the_longest_waiting_claim_and_keeps_its_place() -> None:
     adm, woken, _ = admission(1)
     assert adm.try_admit(EP, "a")
@@ -168,7 +182,7 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     decision = reconcile_claim(ctx, "ns", "c2")
     assert decision == Decision.wait(endpoint_token(endpoint))  # parked, no timer
     assert world.ipam.calls == []  # the IPAM was not asked
-    assert world.kube.ops() == ["claim.finalizer"]  # the finalizer only: no status write
+    assert world.kube.writes == []  # parked before its finalizer: no write at all
     world.kube.writes.clear()
     assert reconcile_claim(ctx, "ns", "c2") == decision  # a resync: still nothing written
     assert world.kube.writes == []
@@ -177,6 +191,7 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
     assert reconcile_claim(ctx, "ns", "c2") == Decision.done()
     assert ("ns", "c2") in world.kube.addresses
+    assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
     assert ctx.admission.in_flight(endpoint) == 0
 
 

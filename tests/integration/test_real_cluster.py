@@ -51,8 +51,8 @@ def test_v1beta1_claim_on_capi_1_8_does_not_churn(phpipam: MockPhpipamServer) ->
         for name in ("m1", "m2"):
             reasons = [e["reason"] for e in events if e["involvedObject"].get("name") == name]
             assert reasons.count("AddressAllocated") <= 1, reasons
-            if "AddressAllocated" in reasons:
-                assert reasons.index("AddressAllocated") > 0, reasons
+            if "AddressAllocated" in reasons:  # Events are posted in the background: any order
+                assert {"PoolNotReady", "PoolExhausted", "AllocationFailed"} & set(reasons), reasons
 
 
 def _granted() -> set[tuple[str, str, str]]:

@@ -57,6 +57,7 @@ from bridge.errors import (
     exhausted_message,
     retry_delay,
 )
+from bridge.kube import Write
 from bridge.models import IPAddress
 from bridge.pool_service import backend_for
 from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
@@ -400,6 +401,59 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         return _bound(ctx, body, claim, address)
 
     _paused(ctx, claim)
+    if capi.CLAIM_FINALIZER in claim.finalizers:
+        pool = _usable_pool(ctx, claim)
+    else:
+        # Until the finalizer is on, the pool's deletion guard counts this claim by its
+        # intent (`bridge.context.FinalizerIntents`): no address goes into a pool that let go.
+        ref = claim.pool_ref
+        with ctx.intents.declared(
+            (_pool_ns(claim), ref.kind, ref.name), claim_key(claim.namespace, claim.name)
+        ):
+            pool = _usable_pool(ctx, claim)
+            endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+            if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+                # Its endpoint is busy: wait for a place before writing anything.
+                raise _Wait(Decision.wait(endpoint_token(endpoint)))
+            # The contract: the finalizer goes on before anything is allocated.
+            body = _with_finalizer(ctx, body)
+    return _allocate(ctx, body, claim, pool)
+
+
+def _with_finalizer(ctx: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Add ``ReleaseAddress`` to the claim; return the claim as stored.
+
+    Raises
+    ------
+    _Wait
+        Done when the claim is gone (nothing is allocated for a claim that no longer
+        exists); a retry in a second on a conflict (the claim changed: its watch event
+        brings the new version, and the next pass decides from it).
+    """
+    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
+    return _written(written, body)
+
+
+def _written(written: Write, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Return the claim a finalizer write left (see `_with_finalizer` for what it raises)."""
+    if written.gone:
+        raise _Wait(Decision.done())
+    if written.conflict:
+        raise _Wait(Decision.retry(1.0))
+    return written.obj if written.obj is not None else body
+
+
+def _usable_pool(ctx: Context, claim: Claim) -> Pool:
+    """Return the claim's pool when it may be asked for an address: live, checked and Ready.
+
+    Raises
+    ------
+    _Wait
+        Parked under the pool's token while it is missing, being deleted, not checked yet
+        (no status write: its check wakes the claim) or not Ready (``PoolNotReady``).
+    ClaimError
+        ``PoolNotReady`` when the pool's spec is invalid.
+    """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
     waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
     pool, pool_body = _pool_of(ctx, claim)
@@ -435,15 +489,11 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
         )
+    return pool
 
-    if capi.CLAIM_FINALIZER not in claim.finalizers:
-        endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
-        if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
-            # Its endpoint is busy: wait for a place before writing anything.
-            raise _Wait(Decision.wait(endpoint_token(endpoint)))
-        # The contract: the finalizer goes on before anything is allocated.
-        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
 
+def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+    """Register the claim's address in the IPAM, create its IPAddress, show it bound."""
     requested = _requested_address(ctx, claim)
     if requested is None and ctx.gate.closed(pool.key):
         raise _wait_for_address(ctx, pool)
@@ -484,7 +534,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         hostname=hostname,
         location=location_of(pool),
     )
-    created = _parse_address(ctx.kube.create_ip_address(ctx.address_version, new))
+    created = _created(ctx, claim, ctx.kube.create_ip_address(ctx.address_version, new))
     if created is None:
         # An IPAddress of that name exists but is not this claim's (another pool's, or a
         # stale one): never hand one name to two addresses; a person must look.
@@ -494,9 +544,38 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
             delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
         )
+    if created.spec.address != allocation.address:
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"IPAddress {claim.namespace}/{claim.name} says {created.spec.address} but the "
+            f"IPAM holds {allocation.address} as {hostname}; a person must look",
+            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+        )
     ctx.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
     return _bound(ctx, body, claim, created, check_pause=False)
+
+
+def _created(ctx: Context, claim: Claim, written: Write) -> IPAddress | None:
+    """Return the claim's IPAddress after its create, or None when the name is not its own.
+
+    A create that answers 409 AlreadyExists was read back (`bridge.kube.Kube.create_ip_address`):
+    an IPAddress of this claim and pool is adopted (our own earlier create, unseen by the
+    cache after a restart or a failover), anything else is not this claim's.
+
+    Raises
+    ------
+    _Wait
+        A retry in a second when the IPAddress in the way went away before it was read.
+    """
+    if written.conflict and written.obj is None:
+        raise _Wait(Decision.retry(1.0))
+    created = _parse_address(written.obj)
+    if created is None or (written.conflict and not _belongs_to(created, claim)):
+        return None
+    if written.conflict:
+        log.info("claim %s: adopted its existing IPAddress %s", claim.key, created.metadata.name)
+    return created
 
 
 def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
@@ -540,7 +619,7 @@ def _bound(
     if check_pause:
         _paused(ctx, claim)
     if missing_finalizer:
-        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
+        body = _with_finalizer(ctx, body)
     _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     return Decision.done()
 
@@ -564,15 +643,9 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     address = _address_of(ctx, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
-    if address is None and claim.address_ref:
-        message = (
-            f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
-            "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
-            f"{claim.key} is left as it is"
-        )
-        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
-
     pool, _ = _pool_of(ctx, claim)
+    if address is None and claim.address_ref and pool is not None:
+        return _release_without_address(ctx, body, claim, pool, labels)
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
@@ -632,6 +705,40 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     return decision
 
 
+def _release_without_address(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool, labels: tuple[str, str]
+) -> Decision:
+    """Finish the release of a bound claim whose IPAddress is gone, as the IPAM shows it.
+
+    Two ways lead here. Our own release went through (IPAM entry and IPAddress gone) but
+    removing ``ReleaseAddress`` met a conflict or a crash: the hostname is registered no
+    more, and the claim is let go as released. Or the IPAddress was removed without this
+    operator (finalizers stripped, as ``clusterctl move`` deletes its source objects): the
+    entry is still registered and now belongs to the moved claim, so it is left as it is.
+    One ``find`` by hostname tells the two apart.
+    """
+    hostname = capi.hostname_for(claim, pool.hostname_suffix)
+    try:
+        with _admitted(ctx, claim, pool):
+            backend = backend_for(ctx, pool, reuse=True)
+            entry = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
+            )
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
+    except BackendError as exc:
+        raise _backend_error(ctx, exc, pool) from exc
+    if entry is None:
+        message = f"released {hostname} in {pool.display}"
+        return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+    message = (
+        f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
+        "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry "
+        f"{entry.address} of {claim.key} is left as it is"
+    )
+    return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+
+
 def _let_go(
     ctx: Context,
     body: Mapping[str, Any],
@@ -641,8 +748,13 @@ def _let_go(
     labels: tuple[str, str],
     result: str,
 ) -> Decision:
-    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool."""
-    ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False)
+    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
+
+    On a conflict (the claim changed) nothing is counted: the next pass decides again
+    from the claim and the IPAM as they are then.
+    """
+    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).conflict:
+        return Decision.retry(1.0)
     ctx.metrics.releases.labels(*labels, result).inc()
     ctx.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
@@ -707,7 +819,9 @@ def _show(
     changed = _changes(body, status)
     if not changed:
         return
-    stored = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    stored = ctx.kube.patch_claim_status(
+        ctx.address_version, claim.namespace, claim.name, changed
+    ).obj
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in (stored.get("status") or {})
         if ctx.v1beta2_kept != kept:

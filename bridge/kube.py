@@ -2,18 +2,22 @@
 
 Reads pools, Secrets and Clusters; creates, updates and deletes IPAddresses; patches
 pool status; creates control-plane endpoint claims and patches their Clusters. Calls are
-synchronous: handlers run in kopf's thread pool. "Not found" is a value (None), every other
-API failure propagates as ``kubernetes.client.ApiException``.
+synchronous: they run in the work queue's worker threads. A read answers "not found" as a
+value (None). A write that can find its object gone or changed answers a `Write`: what the
+API server did (`Outcome`: written, unchanged, gone, conflict), so every caller decides on
+each case; every other API failure propagates as ``kubernetes.client.ApiException``.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import enum
 import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -36,6 +40,8 @@ __all__ = [
     "AccessDeniedError",
     "Kube",
     "NotServedError",
+    "Outcome",
+    "Write",
     "access_denied",
     "api_client",
     "api_status_message",
@@ -51,6 +57,56 @@ POOL_VERSION = "v1alpha1"
 #: The service account token a pod gets; ``ca.crt`` and ``namespace`` lie beside it
 #: (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+class Outcome(enum.Enum):
+    """What one write at the Kubernetes boundary did."""
+
+    #: The API server stored the write; `Write.obj` is the object as it returned it.
+    WRITTEN = "written"
+    #: Nothing was sent: the object already is as asked (`Write.obj` is None).
+    UNCHANGED = "unchanged"
+    #: 404: the object does not exist (any more).
+    GONE = "gone"
+    #: 409: the object changed since it was read (a guarded write), or, for a create, an
+    #: object of that name exists (`Write.obj` is that object as read, when it could be).
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class Write:
+    """The outcome of one write and the object it concerns.
+
+    Attributes
+    ----------
+    outcome:
+        What the API server did (`Outcome`).
+    obj:
+        The object as stored (`Outcome.WRITTEN`), the object found in the way of a create
+        (`Outcome.CONFLICT`, when it could be read), else None.
+    """
+
+    outcome: Outcome
+    obj: dict[str, Any] | None = None
+
+    @property
+    def gone(self) -> bool:
+        """True when the object does not exist (404)."""
+        return self.outcome is Outcome.GONE
+
+    @property
+    def written(self) -> bool:
+        """True when the object is as asked: stored now, or already so (`Outcome.UNCHANGED`)."""
+        return self.outcome in (Outcome.WRITTEN, Outcome.UNCHANGED)
+
+    @property
+    def conflict(self) -> bool:
+        """True when the API server answered 409."""
+        return self.outcome is Outcome.CONFLICT
+
+
+UNCHANGED: Write = Write(Outcome.UNCHANGED)
+GONE: Write = Write(Outcome.GONE)
 
 
 class NotServedError(RuntimeError):
@@ -360,11 +416,18 @@ class Kube:
 
     def _create(
         self, version: str, plural: str, body: Mapping[str, Any], *, write_through: bool = True
-    ) -> dict[str, Any] | None:
-        """Create a namespaced object of our API group; None on 409 AlreadyExists.
+    ) -> Write:
+        """Create a namespaced object of our API group.
 
         With ``write_through`` the stored object goes to `on_stored` (the cache sees our own
         write at once, and the echo of its watch event queues nothing).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the object as stored; on 409 AlreadyExists
+            `Outcome.CONFLICT` with the object in the way as read now (``obj`` None when it
+            went away between the two requests).
 
         Raises
         ------
@@ -377,10 +440,14 @@ class Kube:
                 GROUP, version, namespace, plural, dict(body)
             )
         except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
-        return cast(dict[str, Any], self._stored(plural, created) if write_through else created)
+            if exc.status != 409:
+                raise
+            existing = self._get(GROUP, version, namespace, plural, body["metadata"]["name"])
+            return Write(Outcome.CONFLICT, existing)
+        stored = cast(dict[str, Any], created)
+        if write_through:
+            self._stored(plural, stored)
+        return Write(Outcome.WRITTEN, stored)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -605,50 +672,57 @@ class Kube:
             Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
         """
         # Not written through to the cache: the claim's own watch event must queue it.
-        return self._create(version, "ipaddressclaims", body, write_through=False)
+        written = self._create(version, "ipaddressclaims", body, write_through=False)
+        return written.obj if written.outcome is Outcome.WRITTEN else None
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a claim's status subresource; return the claim as stored (None if gone).
+    ) -> Write:
+        """Merge-patch a claim's status subresource.
 
         What the served schema does not know is pruned by the API server (e.g.
-        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        ``status.v1beta2`` on CAPI < 1.9): the object returned shows what was kept.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the claim as stored, or `Outcome.GONE`.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404.
         """
         try:
-            return cast(
-                dict[str, Any],
-                self._stored(
-                    "ipaddressclaims",
-                    self.custom.patch_namespaced_custom_object_status(
-                        GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
-                    ),
-                ),
+            stored = self.custom.patch_namespaced_custom_object_status(
+                GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
             )
         except ApiException as exc:
             if _missing(exc):
-                return None
+                return GONE
             raise
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored("ipaddressclaims", stored)))
 
-    def set_claim_finalizer(
-        self, claim: Mapping[str, Any], finalizer: str, present: bool
-    ) -> dict[str, Any] | None:
-        """Add or remove ``finalizer`` on a claim (see `set_finalizer`); return the claim."""
+    def set_claim_finalizer(self, claim: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a claim (see `set_finalizer`).
+
+        The claim as stored goes to `on_stored`; a claim found gone goes to `on_deleted`.
+        """
         version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
-        return cast(
-            dict[str, Any] | None,
-            self._stored(
-                "ipaddressclaims",
-                self.set_finalizer(
-                    claim,
-                    finalizer,
-                    present,
-                    lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
-                        GROUP, version, namespace, "ipaddressclaims", name, body
-                    ),
-                ),
+        written = self.set_finalizer(
+            claim,
+            finalizer,
+            present,
+            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
+                GROUP, version, namespace, "ipaddressclaims", name, body
             ),
         )
+        if written.obj is not None:
+            self._stored("ipaddressclaims", written.obj)
+        elif written.gone:
+            meta = claim.get("metadata") or {}
+            self._gone("ipaddressclaims", str(meta.get("namespace")), str(meta.get("name")))
+        return written
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
@@ -657,7 +731,27 @@ class Kube:
 
         Reads the Secret's metadata first (the write is guarded by its resourceVersion); a
         Secret that is being deleted can lose a finalizer but not get one (the API refuses).
+        A Secret changed between the read and the write (409) is read and written again, up
+        to three times.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404, and a 409 that persists.
         """
+        for _ in range(2):
+            written = self._set_secret_finalizer(namespace, name, finalizer, present)
+            if written is not None:
+                return written
+        written = self._set_secret_finalizer(namespace, name, finalizer, present)
+        if written is None:
+            raise ApiException(status=409, reason=f"Secret {namespace}/{name} keeps changing")
+        return written
+
+    def _set_secret_finalizer(
+        self, namespace: str, name: str, finalizer: str, present: bool
+    ) -> bool | None:
+        """One read and guarded write of `set_secret_finalizer`; None on 409."""
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -681,7 +775,7 @@ class Kube:
             and finalizer not in (meta.finalizers or [])
         ):
             return True
-        self.set_finalizer(
+        written = self.set_finalizer(
             body,
             finalizer,
             present,
@@ -692,7 +786,9 @@ class Kube:
                 n, ns, patch, _content_type="application/merge-patch+json"
             ),
         )
-        return True
+        if written.conflict:
+            return None
+        return not written.gone
 
     @staticmethod
     def set_finalizer(
@@ -700,12 +796,13 @@ class Kube:
         finalizer: str,
         present: bool,
         patch: Any,
-    ) -> dict[str, Any] | None:
+    ) -> Write:
         """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
 
         Only ``finalizer`` changes: the others are written back as they were read, and a
-        concurrent change of the object makes the API answer 409 (propagated; the caller
-        reads again and retries). Nothing is written when the finalizer is already as asked.
+        concurrent change of the object makes the API answer 409 (`Outcome.CONFLICT`: the
+        caller reads again and retries). Nothing is written when the finalizer is already as
+        asked.
 
         Parameters
         ----------
@@ -717,14 +814,20 @@ class Kube:
 
         Returns
         -------
-        dict or None
-            The object as returned by the patch (None when nothing was written or it is gone).
+        Write
+            `Outcome.WRITTEN` with the object as the patch returned it, `Outcome.UNCHANGED`
+            when nothing was to be written, `Outcome.GONE` (404) or `Outcome.CONFLICT` (409).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
         """
         meta = obj.get("metadata") or {}
         current = list(meta.get("finalizers") or [])
         wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
         if wanted == current:
-            return None
+            return UNCHANGED
         try:
             result = patch(
                 meta["name"],
@@ -738,9 +841,14 @@ class Kube:
             )
         except ApiException as exc:
             if _missing(exc):
-                return None
+                return GONE
+            if exc.status == 409:
+                return Write(Outcome.CONFLICT)
             raise
-        return result if isinstance(result, dict) else None
+        if isinstance(result, dict):
+            return Write(Outcome.WRITTEN, result)
+        # A built-in kind's patch answers a model object: written, its body not kept.
+        return Write(Outcome.WRITTEN)
 
     # -- IPAddresses --------------------------------------------------------------
 
@@ -748,8 +856,16 @@ class Kube:
         """Return an ``IPAddress``, or None when it does not exist."""
         return self._get(GROUP, version, namespace, "ipaddresses", name)
 
-    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create an ``IPAddress``; return it, or None when one of that name already exists."""
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddress`` (see `_create`).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the IPAddress as stored, or `Outcome.CONFLICT` with the
+            IPAddress of that name that exists already (``obj`` None when it went away
+            before it could be read): the caller decides whether it is its own.
+        """
         return self._create(version, "ipaddresses", body)
 
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
@@ -872,13 +988,13 @@ class Kube:
             item.setdefault("apiVersion", f"{GROUP}/{POOL_VERSION}")
         return items
 
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> None:
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
         """Add or remove ``finalizer`` on a pool, guarded by its resourceVersion.
 
-        A stale resourceVersion makes the API answer 409 (propagated); a missing pool is
-        ignored. Namespaced and Global (cluster-scoped) kinds alike.
+        Namespaced and Global (cluster-scoped) kinds alike. See `set_finalizer` for the
+        outcomes (a stale resourceVersion is `Outcome.CONFLICT`).
         """
-        self.set_finalizer(
+        return self.set_finalizer(
             pool, finalizer, present, lambda _name, _namespace, body: self._patch_pool(pool, body)
         )
 

@@ -376,8 +376,9 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     if meta.get("deletionTimestamp"):
         return _reconcile_deleting(ctx, body, pool)
 
-    if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
-        ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True)
+    protected = capi.POOL_FINALIZER in (meta.get("finalizers") or [])
+    if not protected and not ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).written:
+        return Decision.retry(1.0)  # changed or gone since read: its event says which
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
@@ -417,8 +418,16 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     meta = body.get("metadata") or {}
     kind, name = str(body["kind"]), str(meta["name"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
+    # The claims that read this pool from the cache from now on see it going; the ones
+    # that read it before and have not written their finalizer yet hold an intent
+    # (`bridge.context.FinalizerIntents`), counted before the claims are listed.
+    ctx.cache.pools.put((kind, namespace, name), body)
     ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
-    users = users_of(ctx, namespace, kind, name)
+    users = [
+        f"IPAddressClaim {f'{claim_ns}/' if not namespace else ''}{claim_name} (about to "
+        "register an address)"
+        for _, claim_ns, claim_name in ctx.intents.of((namespace, kind, name))
+    ] + users_of(ctx, namespace, kind, name)
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
@@ -434,7 +443,8 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     # Under the namespace locks (see Context.namespace_lock): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
     _free_secrets(ctx, held, besides=(namespace, kind, name))
-    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
+    if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).conflict:
+        return Decision.retry(1.0)  # changed since read: decide again from what it is now
     ctx.backends.drop((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)

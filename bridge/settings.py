@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     requeue_seconds: float = Field(
         10.0, gt=0, description="Delay before an object is retried after a transient failure."
     )
+    error_backoff_seconds: float = Field(
+        0.005,
+        gt=0,
+        description="Delay before an object whose reconcile raised an unexpected error is "
+        "tried again; doubled at each further error in a row.",
+    )
+    error_backoff_max_seconds: float = Field(
+        1000.0, gt=0, description="The cap of that doubling (seconds)."
+    )
     requeue_config_error_seconds: float = Field(
         60.0,
         gt=0,

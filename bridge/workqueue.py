@@ -12,7 +12,13 @@ key, read the object as it is now and decide what it needs (`bridge.claims`,
   annotations and a "touch" patch on every attempt);
 - **parking**: a key that waits for something (its Cluster unpaused, its pool Ready) is parked
   under a *wake token*; `wake` puts every key parked under it back into the queue. A parked key
-  may also carry a deadline after which it runs anyway.
+  may also carry a deadline after which it runs anyway;
+- **per-key exponential backoff** for unexpected errors, as controller-runtime's default
+  rate limiter (``workqueue.DefaultTypedItemBasedRateLimiter``: 5 ms doubling to 1000 s),
+  reset by a pass that raises nothing; one log line per failed pass, the traceback only at
+  the first failure of a run (then at DEBUG);
+- **bounded memory**: what is kept per key or token lives only while the key is queued,
+  parked, processed or failing.
 
 Everything runs on the operator's event loop; the reconcile function runs in a thread pool of
 ``workers`` threads (the Kubernetes and IPAM clients are synchronous). `add` and `wake` may be
@@ -77,11 +83,14 @@ class WorkQueue:
     ----------
     reconcile:
         Called in a worker thread with a key; returns a `Decision`. An exception is logged and
-        the key is retried after ``error_delay`` seconds.
+        the key is retried after its backoff (`backoff`).
     workers:
         How many keys are reconciled at the same time (threads).
     error_delay:
-        Seconds before a key whose reconcile raised is tried again.
+        Seconds before a key whose reconcile raised for the first time in a row is tried
+        again; each further failure in a row doubles it.
+    max_error_delay:
+        The cap of that doubling, in seconds.
     """
 
     def __init__(
@@ -89,11 +98,14 @@ class WorkQueue:
         reconcile: Callable[[Key], Decision],
         *,
         workers: int,
-        error_delay: float = 5.0,
+        error_delay: float = 0.005,
+        max_error_delay: float = 1000.0,
     ) -> None:
         self._reconcile = reconcile
         self._workers = workers
         self._error_delay = error_delay
+        self._max_error_delay = max(max_error_delay, error_delay)
+        self._failures: dict[Key, int] = {}  # keys whose last passes raised: how many in a row
         self._lock = threading.Lock()
         self._due: dict[Key, float] = {}  # queued keys and when they are due (loop time)
         self._heap: list[tuple[float, int, Key]] = []
@@ -145,6 +157,28 @@ class WorkQueue:
         if keys:
             self._notify()
         return len(keys)
+
+    def backoff(self, failures: int) -> float:
+        """Return the delay in seconds after ``failures`` (>= 1) failed passes in a row."""
+        return float(min(self._error_delay * 2 ** min(failures - 1, 64), self._max_error_delay))
+
+    def failing(self) -> int:
+        """Return how many keys are backing off after failed passes."""
+        with self._lock:
+            return len(self._failures)
+
+    def sizes(self) -> dict[str, int]:
+        """Return the sizes of the queue's in-memory structures (for the soak benchmark)."""
+        with self._lock:
+            return {
+                "due": len(self._due),
+                "heap": len(self._heap),
+                "processing": len(self._processing),
+                "parked_tokens": len(self._parked),
+                "parked_keys": len(self._tokens_of),
+                "wake_history": len(self._last_wake),
+                "failing": len(self._failures),
+            }
 
     def parked(self, token: Token) -> frozenset[Key]:
         """Return the keys parked under ``token`` (for metrics and tests)."""
@@ -228,6 +262,44 @@ class WorkQueue:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def _failed(self, key: Key, exc: Exception) -> float:
+        """Count a failed pass of ``key``, log it once; return the seconds until it runs again."""
+        with self._lock:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = self.backoff(failures)
+        what = f"{type(exc).__name__}: {exc}"
+        if failures == 1:
+            log.error(
+                "reconcile of %s failed: %s; retrying in %.3g s", key, what, delay, exc_info=exc
+            )
+        else:
+            log.warning(
+                "reconcile of %s failed again (%d in a row): %s; retrying in %.3g s",
+                key,
+                failures,
+                what,
+                delay,
+            )
+            log.debug("reconcile of %s failed", key, exc_info=exc)
+        return delay
+
+    def _forget_old_wakes(self) -> None:
+        """Drop wake numbers no key in process can miss any more (caller holds the lock).
+
+        A wake matters only to a key whose processing started before it; once every key in
+        process started after a token's last wake, that wake is history.
+        """
+        if not self._last_wake:
+            return
+        if not self._started_at:
+            self._last_wake.clear()
+            return
+        if len(self._last_wake) <= 4 * len(self._started_at) + 64:
+            return
+        oldest = min(self._started_at.values())
+        for token in [t for t, number in self._last_wake.items() if number <= oldest]:
+            del self._last_wake[token]
+
     def _pop_due(self) -> tuple[Key | None, float | None]:
         """Return a key due now (marked processing), or None and the seconds to the next one."""
         with self._lock:
@@ -254,9 +326,11 @@ class WorkQueue:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("reconcile of %s failed; retrying in %ss", key, self._error_delay)
-            decision = Decision.retry(self._error_delay)
+        except Exception as exc:
+            decision = Decision.retry(self._failed(key, exc))
+        else:
+            with self._lock:
+                self._failures.pop(key, None)
         finally:
             slots.release()
         with self._lock:
@@ -271,4 +345,5 @@ class WorkQueue:
                     self._park(key, decision.wake_on)
                 if decision.after is not None:
                     self._schedule(key, loop.time() + decision.after)
+            self._forget_old_wakes()
         self._notify()

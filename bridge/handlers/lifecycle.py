@@ -203,7 +203,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ctx.queue = WorkQueue(
         lambda key: reconcile(ctx, key),
         workers=bridge.workers,
-        error_delay=bridge.requeue_seconds,
+        error_delay=bridge.error_backoff_seconds,
+        max_error_delay=bridge.error_backoff_max_seconds,
     )
     memo.bridge = ctx
     if not bridge.leader_election:

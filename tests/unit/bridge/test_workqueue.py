@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -213,3 +215,64 @@ async def test_wake_with_a_count_wakes_the_longest_parked_first() -> None:
     assert queue.parked("t") == {"second", "third"}
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """5 ms doubling: a key failing for 0.5 s runs at most 8 times, not 100."""
+
+    def answer(key: Hashable, n: int) -> Decision:
+        if key == "bad":
+            raise RuntimeError("still broken")
+        return Decision.retry(0.05)
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=2, error_delay=0.005, max_error_delay=1000.0)
+    queue.add("bad")
+    queue.add("good")
+    with caplog.at_level(logging.DEBUG, logger="bridge.workqueue"):
+        await run_for(queue, 0.5)
+    # 0.005 + 0.01 + ... : at most 8 passes fit in 0.5 s; a fixed 5 ms delay would allow ~100.
+    assert 3 <= rec.count("bad") <= 8
+    with rec.lock:
+        times = [at for k, at in rec.calls if k == "bad"]
+    for failures, (before, after) in enumerate(itertools.pairwise(times), start=1):
+        assert after - before >= queue.backoff(failures) * 0.9  # never earlier than its step
+    assert rec.count("good") >= 2  # the other key keeps its own pace
+    assert queue.failing() == 1
+    lines = [r for r in caplog.records if "bad" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(lines) == rec.count("bad")  # one line per failed pass
+    assert sum(1 for r in lines if r.exc_info) == 1  # the traceback once, at the first failure
+    assert (
+        lines[0].levelno == logging.ERROR and "RuntimeError: still broken" in lines[0].getMessage()
+    )
+
+
+async def test_a_success_resets_the_backoff() -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        if n < 3:
+            raise RuntimeError("transient")
+        return Decision.done()
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1, error_delay=0.01, max_error_delay=0.02)
+    queue.add("k")
+    await run_for(queue, 0.3)
+    assert rec.count("k") == 4
+    assert queue.failing() == 0
+    assert queue.backoff(1) == 0.01 and queue.backoff(2) == 0.02 and queue.backoff(30) == 0.02
+
+
+async def test_wake_history_is_dropped_once_no_key_in_process_can_miss_it() -> None:
+    rec = Recorder(lambda key, n: Decision.done())
+    queue = WorkQueue(rec, workers=1)
+    task = asyncio.create_task(queue.run())
+    for i in range(500):
+        queue.wake(("token", i))
+    queue.add("k")
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert rec.count("k") == 1
+    assert queue.sizes()["wake_history"] == 0

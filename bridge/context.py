@@ -332,6 +332,9 @@ class Context:
         if isinstance(self.kube, Kube):  # test doubles have no write-through
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
+        # A write that reveals someone else's change queues the claim (an IPAddress has its
+        # claim's name): the decision it was part of did not see that change.
+        self.cache.on_changed = lambda _plural, key: self.enqueue(claim_key(*key))
 
     def namespace_lock(self, namespace: str) -> threading.Lock:
         """Return the lock that serialises decisions about a namespace's shared Secrets.

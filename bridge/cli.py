@@ -305,6 +305,31 @@ def _activity_failures(exc: BaseException) -> list[str] | None:
     ]
 
 
+def _add_check_pool(sub: Any) -> None:
+    """Add the ``check-pool`` sub-command to ``sub`` (argparse's sub-parsers action)."""
+    check = sub.add_parser(
+        "check-pool",
+        help="check a pool file against its IPAM, read-only, no cluster needed "
+        "(exit 0 Ready, 1 not Ready, 2 usage error)",
+    )
+    check.add_argument("-f", "--filename", required=True, type=Path, help="YAML file of the pool")
+    check.add_argument(
+        "--secret", type=Path, default=None, help="YAML file of the credentials Secret"
+    )
+    check.add_argument("--username", default=None, help="IPAM user (with --password-stdin)")
+    check.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from the first line of standard input",
+    )
+    check.add_argument(
+        "--ca-file", type=Path, default=None, help="PEM bundle to trust (spec.tls.caSecretRef)"
+    )
+    check.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="default text"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ipam-bridge",
@@ -363,27 +388,7 @@ def _parser() -> argparse.ArgumentParser:
         default="table",
         help="output format (default table)",
     )
-    check = sub.add_parser(
-        "check-pool",
-        help="check a pool file against its IPAM, read-only, no cluster needed "
-        "(exit 0 Ready, 1 not Ready, 2 usage error)",
-    )
-    check.add_argument("-f", "--filename", required=True, type=Path, help="YAML file of the pool")
-    check.add_argument(
-        "--secret", type=Path, default=None, help="YAML file of the credentials Secret"
-    )
-    check.add_argument("--username", default=None, help="IPAM user (with --password-stdin)")
-    check.add_argument(
-        "--password-stdin",
-        action="store_true",
-        help="read the password from the first line of standard input",
-    )
-    check.add_argument(
-        "--ca-file", type=Path, default=None, help="PEM bundle to trust (spec.tls.caSecretRef)"
-    )
-    check.add_argument(
-        "-o", "--output", choices=("text", "json"), default="text", help="default text"
-    )
+    _add_check_pool(sub)
     sub.add_parser("version", help="print the version")
     return parser
 

@@ -204,11 +204,12 @@ def test_promtool_unit_tests_every_alert_firing_and_silent(tmp_path: Path) -> No
 
 @needs_promtool
 def test_promtool_unit_tests_fail_when_an_alert_does_not_fire(tmp_path: Path) -> None:
-    """The unit tests can fail: with a threshold nothing reaches, the low-pool case fails."""
+    """The unit tests can fail: a low-pool rule that fires for every pool fails them."""
     spec = rule_object()["spec"]
     for rule in spec["groups"][0]["rules"]:
         if rule.get("alert") == "IPAMBridgePoolLowOnAddresses":
-            rule["expr"] = "ipam_bridge_pool_free_addresses < 1"
+            # Fires for every pool with room: the silent cases fail.
+            rule["expr"] = "ipam_bridge_pool_free_addresses < ipam_bridge_pool_total_addresses"
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
     shutil.copy(ALERTS_TEST, tmp_path / "alerts_test.yaml")
     result = subprocess.run(
@@ -347,13 +348,17 @@ def test_chart_rule_thresholds_are_values() -> None:
         "--set",
         "metrics.prometheusRule.poolFreeThreshold=25",
         "--set",
+        "metrics.prometheusRule.poolFreeFraction=0.2",
+        "--set",
         "metrics.prometheusRule.claimPendingFor=30m",
         "--show-only",
         "templates/prometheusrule.yaml",
     )
     validate_monitoring_object(rendered)
     by_name = {r["alert"]: r for g in rendered["spec"]["groups"] for r in g["rules"]}
-    assert by_name["IPAMBridgePoolLowOnAddresses"]["expr"] == "ipam_bridge_pool_free_addresses < 25"
+    low = by_name["IPAMBridgePoolLowOnAddresses"]["expr"]
+    assert "ipam_bridge_pool_free_addresses < 25 and ipam_bridge_pool_total_addresses > 25" in low
+    assert "ipam_bridge_pool_free_addresses < 0.2 * ipam_bridge_pool_total_addresses" in low
     assert by_name["IPAMBridgeClaimsPending"]["for"] == "30m"
 
 

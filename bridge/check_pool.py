@@ -22,6 +22,7 @@ import yaml
 
 from backends.base import Allocation, IPAMBackend, SubnetInfo
 from backends.errors import BackendError
+from backends.infoblox import InfobloxBackend
 from bridge.capi import POOL_KINDS
 from bridge.errors import PoolError, pool_error_from
 from bridge.pools import build_backend, parse_pool, pool_status
@@ -145,7 +146,9 @@ def _addresses(entries: Iterable[Allocation]) -> set[ipaddress.IPv4Address | ipa
 def first_free(infos: Sequence[SubnetInfo], entries: Iterable[Allocation]) -> str | None:
     """Return the lowest address of the first subnet with one free, as first-free takes it.
 
-    An address is free when no entry is registered at it and it is not the subnet's gateway;
+    For phpIPAM, whose ``first_free`` takes the lowest address without a row (every
+    registered address is a row, listed by `IPAMBackend.entries`). An address is free
+    when no entry is registered at it and it is not the subnet's gateway;
     the network and broadcast addresses of an IPv4 subnet below /31 are never offered
     (``ipaddress`` ``hosts()``). Subnets reporting no free address are skipped.
 
@@ -172,12 +175,23 @@ def first_free(infos: Sequence[SubnetInfo], entries: Iterable[Allocation]) -> st
     return None
 
 
+def _first_free(backend: IPAMBackend, infos: Sequence[SubnetInfo]) -> str | None:
+    """Return the first free address, or None.
+
+    Infoblox: from WAPI's used addresses of any record type (`InfobloxBackend.first_free`);
+    phpIPAM: from the subnets' rows (`first_free`), where every registered address is a row.
+    """
+    if isinstance(backend, InfobloxBackend):
+        return backend.first_free()
+    return first_free(infos, backend.entries())
+
+
 def _describe(backend: IPAMBackend, body: Mapping[str, Any]) -> CheckResult:
     pool = parse_pool(body)
     infos = backend.describe_subnets()
     status = pool_status(pool, infos)
     ready = status["conditions"][-1]
-    free = first_free(infos, backend.entries()) if status["ipAddresses"]["free"] else None
+    free = _first_free(backend, infos) if status["ipAddresses"]["free"] else None
     return CheckResult(True, str(ready["reason"]), str(ready["message"]), status, free)
 
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import trustme
 import yaml
-from integration_env import CREDENTIALS, PHPIPAM_SEED
+from integration_env import CREDENTIALS, INFOBLOX_SEED, PHPIPAM_SEED
 
 from bridge.cli import main
 from mock_infoblox.server import MockInfobloxServer
+from mock_infoblox.store import InfobloxStore
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
@@ -249,3 +250,22 @@ def test_console_script_exit_code(tmp_path: Path, phpipam: MockPhpipamServer) ->
     )
     assert done.returncode == 0, done.stderr
     assert "first free address: 10.20.2.2 (not taken)" in done.stdout
+
+
+def test_infoblox_first_free_skips_addresses_of_other_record_types(tmp_path: Path) -> None:
+    """An A record (not a host record or fixed address) holds 10.20.1.1: the first free is .2."""
+    seed = copy.deepcopy(INFOBLOX_SEED)
+    seed["used"].append(
+        {"ip": "10.20.1.1", "network_view": "default", "names": ["printer"], "types": ["A"]}
+    )
+    with MockInfobloxServer(InfobloxStore.from_seed(seed)) as server:
+        pool = write(
+            tmp_path,
+            "pool.yaml",
+            pool_doc("InfobloxIPPool", endpoint=server.url, subnet="10.20.1.0/30"),
+        )
+        secret = write(tmp_path, "secret.yaml", secret_doc(CREDENTIALS))
+        code, result = checked("-f", str(pool), "--secret", str(secret))
+    assert code == 0, result
+    assert result["status"]["ipAddresses"] == {"total": 2, "used": 1, "free": 1}
+    assert result["firstFree"] == "10.20.1.2"

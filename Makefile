@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install helm kubectl demo test unit integration lint typecheck e2e bench constraints clean
+.PHONY: install helm kubectl promtool demo test unit integration lint typecheck e2e bench constraints clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +28,23 @@ $(KUBECTL_BIN): | $(STAMP)
 
 helm: $(HELM_BIN)
 
+# promtool and prometheus, from Debian's `prometheus` package (as root, e.g. in CI), for the
+# monitoring tests (tests/unit/test_monitoring.py, tests/integration/test_prometheus.py):
+# optional (they skip without them); skipped when promtool is already on PATH. The package's
+# own service is stopped and disabled: the tests start their own server.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus && \
+		{ systemctl disable --now prometheus >/dev/null 2>&1 || true; }; \
+	} || echo "promtool: Debian's prometheus package is not installed; the monitoring tests skip"
+
 kubectl: $(KUBECTL_BIN)
 
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 
-test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN)
+test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN) promtool
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -41,7 +52,7 @@ test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN)
 		KUBECTL=$(abspath $(KUBECTL_BIN)) \
 		$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
 
-unit: $(STAMP) $(KUBECTL_BIN)
+unit: $(STAMP) $(KUBECTL_BIN) promtool
 	KUBECTL=$(abspath $(KUBECTL_BIN)) $(BIN)/python -m pytest tests/unit
 
 integration: $(STAMP)

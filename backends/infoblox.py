@@ -609,6 +609,43 @@ class InfobloxBackend:
         finally:
             self._session.close()
 
+    # ----------------------------------------------------------------- read-only check
+
+    def first_free(self) -> str | None:
+        """Return the address a first-free `allocate` would take now, without taking it.
+
+        Read-only (``ipam-bridge check-pool``): per network in the pool's order, the
+        network's ``routers`` option (``GET network?network=<cidr>&network_view=<view>``)
+        and its used addresses (``GET ipv4address|ipv6address?network=<cidr>&
+        network_view=<view>&status=USED``, as `describe_subnets` reads them), then the lowest
+        address that is neither used nor never handed out (gateways; network and broadcast
+        of an IPv4 network below /31). Any record type counts as used (A records, leases,
+        fixed addresses), as it does for WAPI's ``next_available_ip``.
+
+        Returns
+        -------
+        str or None
+            The address as text, or None when every network of the pool is full.
+
+        Raises
+        ------
+        SubnetNotFoundError
+            When a network of the pool does not exist.
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+        """
+        return self._transport.call("first_free", self._first_free_once)
+
+    def _first_free_once(self) -> str | None:
+        for net in self._nets:
+            taken = self._used_addresses(net) | self._never_assigned(
+                net, self._refresh_gateway(net)
+            )
+            # Each address skipped is in `taken`: at most len(taken) + 1 steps per network.
+            for address in net.network:
+                if address not in taken:
+                    return str(address)
+        return None
+
     # ----------------------------------------------------------------- operations
 
     def _describe_once(self, net: _Net) -> SubnetInfo:

@@ -1,4 +1,4 @@
-"""``ipam-bridge run | demo | version``: the command line of the operator.
+"""``ipam-bridge run | demo | audit | check-pool | version``: the command line of the operator.
 
 ``run`` never fails silently: the ports it must listen on are checked before kopf starts
 (`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
@@ -14,6 +14,7 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -304,6 +305,31 @@ def _activity_failures(exc: BaseException) -> list[str] | None:
     ]
 
 
+def _add_check_pool(sub: Any) -> None:
+    """Add the ``check-pool`` sub-command to ``sub`` (argparse's sub-parsers action)."""
+    check = sub.add_parser(
+        "check-pool",
+        help="check a pool file against its IPAM, read-only, no cluster needed "
+        "(exit 0 Ready, 1 not Ready, 2 usage error)",
+    )
+    check.add_argument("-f", "--filename", required=True, type=Path, help="YAML file of the pool")
+    check.add_argument(
+        "--secret", type=Path, default=None, help="YAML file of the credentials Secret"
+    )
+    check.add_argument("--username", default=None, help="IPAM user (with --password-stdin)")
+    check.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from the first line of standard input",
+    )
+    check.add_argument(
+        "--ca-file", type=Path, default=None, help="PEM bundle to trust (spec.tls.caSecretRef)"
+    )
+    check.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="default text"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ipam-bridge",
@@ -362,6 +388,7 @@ def _parser() -> argparse.ArgumentParser:
         default="table",
         help="output format (default table)",
     )
+    _add_check_pool(sub)
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -373,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot be bound, kopf's start-up failed, the API server refused kopf's requests
     (401/403) or the leader Lease was lost; 0 after a clean stop (SIGTERM, SIGINT).
     ``audit`` returns 0 in sync, 1 when drift was found, 2 when it could not audit
-    (`bridge.audit.run_cli`).
+    (`bridge.audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
+    not, 2 for a usage error (`bridge.check_pool.run_cli`); argparse's own usage errors exit 2.
     """
     args = _parser().parse_args(argv)
     if args.command == "version":
@@ -383,6 +411,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bridge.audit import run_cli
 
         return run_cli(args.namespace, args.output)
+    if args.command == "check-pool":
+        from bridge.check_pool import run_cli as check_pool
+
+        return check_pool(
+            args.filename,
+            secret_path=args.secret,
+            username=args.username,
+            password_stdin=sys.stdin if args.password_stdin else None,
+            ca_path=args.ca_file,
+            output=args.output,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
     if args.command == "demo":
         from bridge.demo import run_demo
 

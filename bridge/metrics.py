@@ -160,6 +160,10 @@ class Metrics:
         retries included.
     pool_free:
         ``ipam_bridge_pool_free_addresses{pool, kind}``: free addresses as last reported.
+    pool_total:
+        ``ipam_bridge_pool_total_addresses{pool, kind}``: addresses the pool's subnets hold
+        (what allocations are made from), as last reported; with `pool_free`, the fraction
+        free.
     claims_pending:
         ``ipam_bridge_claims_pending{reason}``: claims waiting for an address, by reason
         (claim condition reason: ``PoolNotReady``, ``PoolExhausted``, ``AllocationFailed``).
@@ -225,6 +229,12 @@ class Metrics:
         self.pool_free = Gauge(
             "ipam_bridge_pool_free_addresses",
             "Free addresses of each pool, as last reported.",
+            ["pool", "kind"],
+            registry=self.registry,
+        )
+        self.pool_total = Gauge(
+            "ipam_bridge_pool_total_addresses",
+            "Addresses of each pool's subnets (free and used), as last reported.",
             ["pool", "kind"],
             registry=self.registry,
         )
@@ -369,12 +379,13 @@ class Metrics:
         )
 
     def forget_pool(self, pool: str, kind: str) -> None:
-        """Drop the gauges (free addresses, drift) of a deleted pool (``<namespace>/<name>``, kind).
+        """Drop the gauges (free, total, drift) of a deleted pool (``<namespace>/<name>``, kind).
 
         A gauge left behind would report addresses of a pool that no longer exists; the
         counters keep their series (Prometheus counters are not deleted).
         """
         self.pool_free.remove(pool, kind)  # a no-op for an unknown series
+        self.pool_total.remove(pool, kind)
         for finding in ("missing", "conflict", "orphan"):
             self.drift.remove(pool, kind, finding)  # the drift audit's series too
 

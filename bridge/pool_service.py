@@ -160,6 +160,8 @@ def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, A
         raise pool_error_from(exc, pool.display) from exc
     free = sum(info.free for info in infos)
     ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(free)
+    total = sum(info.total for info in infos)
+    ctx.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
         ctx.gate.open(pool.key)
     previous = (body.get("status") or {}).get("conditions") or []

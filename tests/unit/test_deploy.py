@@ -440,11 +440,14 @@ def test_chart_has_no_kopf_peering() -> None:
         "NOTES.txt",
         "_helpers.tpl",
         "clusterrole.yaml",
+        "dashboard.yaml",
         "deployment.yaml",
         "leader-election-rbac.yaml",
         "poddisruptionbudget.yaml",
+        "prometheusrule.yaml",
         "service.yaml",
         "serviceaccount.yaml",
+        "servicemonitor.yaml",
     ]
     for path in [*(CHART / "templates").iterdir(), CHART / "values.yaml"]:
         text = "\n".join(

@@ -133,14 +133,17 @@ def test_timed_measures_seconds() -> None:
 def test_pools_and_forget_pool() -> None:
     metrics = Metrics()
     metrics.pool_free.labels("ns/b", "InfobloxIPPool").set(3)
+    metrics.pool_total.labels("ns/b", "InfobloxIPPool").set(6)
     metrics.pool_free.labels("ns/a", "PHPIPAMIPPool").set(0)
+    metrics.pool_total.labels("ns/a", "PHPIPAMIPPool").set(2)
     assert metrics.pools() == ["ns/a", "ns/b"]
     metrics.forget_pool("ns/b", "InfobloxIPPool")
     metrics.forget_pool("ns/unknown", "PHPIPAMIPPool")
     assert metrics.pools() == ["ns/a"]
+    for name in ("ipam_bridge_pool_free_addresses", "ipam_bridge_pool_total_addresses"):
+        assert sample(metrics, name, pool="ns/b", kind="InfobloxIPPool") is None
     assert (
-        sample(metrics, "ipam_bridge_pool_free_addresses", pool="ns/b", kind="InfobloxIPPool")
-        is None
+        sample(metrics, "ipam_bridge_pool_total_addresses", pool="ns/a", kind="PHPIPAMIPPool") == 2
     )
 
 

@@ -1,0 +1,328 @@
+"""``ipam-bridge check-pool``: check a pool against its IPAM from a laptop, read-only.
+
+No cluster is needed: the pool and its credentials come from YAML files (or the command
+line), the backend client is the operator's own (`bridge.pools.build_backend`), and only
+read requests are made (login, subnet lookups, usage, the list of each subnet's entries).
+The result is what the pool's status would say, and the first free address an allocation
+would take now.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from backends.base import Allocation, IPAMBackend, SubnetInfo
+from backends.errors import BackendError
+from backends.infoblox import InfobloxBackend
+from bridge.capi import POOL_KINDS
+from bridge.errors import PoolError, pool_error_from
+from bridge.pools import build_backend, parse_pool, pool_status
+from bridge.settings import Settings
+
+__all__ = [
+    "CheckResult",
+    "UsageError",
+    "check_pool",
+    "first_free",
+    "load_pool",
+    "load_secret",
+    "print_result",
+    "run_cli",
+    "secret_values",
+]
+
+
+class UsageError(ValueError):
+    """A file or option of ``check-pool`` cannot be used (exit code 2); the message says why."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What ``check-pool`` found.
+
+    Attributes
+    ----------
+    ready:
+        True when the pool would be Ready.
+    reason, message:
+        The Ready condition's reason (``PoolReady``, ``AuthenticationFailed``,
+        ``SubnetNotFound``, ``TLSVerificationFailed``, ...) and message.
+    status:
+        The pool's status as the operator would write it (`bridge.pools.pool_status`), or
+        None when the pool would not be Ready.
+    first_free:
+        The address a first-free allocation would take now, or None (not Ready, or full).
+    """
+
+    ready: bool
+    reason: str
+    message: str
+    status: Mapping[str, Any] | None = None
+    first_free: str | None = None
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    try:
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path} is not YAML: {exc}") from exc
+    return [doc for doc in docs if isinstance(doc, dict)]
+
+
+def load_pool(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Return the pool object of a YAML file, and the Secrets the same file holds.
+
+    The file holds one pool (``PHPIPAMIPPool``, ``InfobloxIPPool`` or a Global kind) and
+    may hold other documents, e.g. its credentials Secret (as the examples in
+    ``tests/data/`` do).
+
+    Raises
+    ------
+    UsageError
+        When the file cannot be read, is not YAML, or holds no pool or more than one.
+    """
+    docs = _documents(path)
+    pools = [doc for doc in docs if doc.get("kind") in POOL_KINDS]
+    if len(pools) != 1:
+        kinds = ", ".join(sorted(POOL_KINDS))
+        raise UsageError(f"{path} must hold exactly one pool ({kinds}); found {len(pools)}")
+    secrets = [doc for doc in docs if doc.get("kind") == "Secret"]
+    return pools[0], secrets
+
+
+def secret_values(secret: Mapping[str, Any]) -> dict[str, str]:
+    """Return a Secret object's ``data`` (base64-decoded) and ``stringData`` as text.
+
+    Raises
+    ------
+    UsageError
+        When a ``data`` value is not base64 of UTF-8 text.
+    """
+    values: dict[str, str] = {}
+    for key, value in (secret.get("data") or {}).items():
+        try:
+            values[str(key)] = base64.b64decode(str(value), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise UsageError(f"Secret key {key!r} is not base64 of UTF-8 text") from exc
+    values.update({str(k): str(v) for k, v in (secret.get("stringData") or {}).items()})
+    return values
+
+
+def load_secret(path: Path, name: str | None = None) -> dict[str, str]:
+    """Return the values of the Secret in a YAML file (the one named ``name`` if several).
+
+    Raises
+    ------
+    UsageError
+        When the file cannot be read or holds no such Secret.
+    """
+    return _pick_secret(_documents(path), name, str(path))
+
+
+def _pick_secret(docs: Iterable[Mapping[str, Any]], name: str | None, where: str) -> dict[str, str]:
+    secrets = [doc for doc in docs if doc.get("kind") == "Secret"]
+    named = [s for s in secrets if (s.get("metadata") or {}).get("name") == name]
+    chosen = named or (secrets if len(secrets) == 1 else [])
+    if not chosen:
+        raise UsageError(f"{where} holds no Secret {name or ''}".rstrip())
+    return secret_values(chosen[0])
+
+
+def _addresses(entries: Iterable[Allocation]) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    return {ipaddress.ip_address(entry.address) for entry in entries}
+
+
+def first_free(infos: Sequence[SubnetInfo], entries: Iterable[Allocation]) -> str | None:
+    """Return the lowest address of the first subnet with one free, as first-free takes it.
+
+    For phpIPAM, whose ``first_free`` takes the lowest address without a row (every
+    registered address is a row, listed by `IPAMBackend.entries`). An address is free
+    when no entry is registered at it and it is not the subnet's gateway;
+    the network and broadcast addresses of an IPv4 subnet below /31 are never offered
+    (``ipaddress`` ``hosts()``). Subnets reporting no free address are skipped.
+
+    Parameters
+    ----------
+    infos:
+        `IPAMBackend.describe_subnets`, in the pool's order.
+    entries:
+        `IPAMBackend.entries`: every entry of the pool's subnets.
+
+    Returns
+    -------
+    str or None
+        The address as text, or None when no subnet has a free one.
+    """
+    used = _addresses(entries)
+    for info in infos:
+        if info.free <= 0:
+            continue
+        taken = used | ({ipaddress.ip_address(info.gateway)} if info.gateway else set())
+        for host in ipaddress.ip_network(info.cidr, strict=False).hosts():
+            if host not in taken:
+                return str(host)
+    return None
+
+
+def _first_free(backend: IPAMBackend, infos: Sequence[SubnetInfo]) -> str | None:
+    """Return the first free address, or None.
+
+    Infoblox: from WAPI's used addresses of any record type (`InfobloxBackend.first_free`);
+    phpIPAM: from the subnets' rows (`first_free`), where every registered address is a row.
+    """
+    if isinstance(backend, InfobloxBackend):
+        return backend.first_free()
+    return first_free(infos, backend.entries())
+
+
+def _describe(backend: IPAMBackend, body: Mapping[str, Any]) -> CheckResult:
+    pool = parse_pool(body)
+    infos = backend.describe_subnets()
+    status = pool_status(pool, infos)
+    ready = status["conditions"][-1]
+    free = _first_free(backend, infos) if status["ipAddresses"]["free"] else None
+    return CheckResult(True, str(ready["reason"]), str(ready["message"]), status, free)
+
+
+def check_pool(
+    body: Mapping[str, Any],
+    secret: Mapping[str, str],
+    ca_pem: str | None = None,
+    settings: Settings | None = None,
+) -> CheckResult:
+    """Check a pool against its IPAM, read-only, and return what its status would say.
+
+    Parameters
+    ----------
+    body:
+        The pool object (any of our kinds), as in its YAML file.
+    secret:
+        The credentials Secret's values (``username``/``password``, or phpIPAM ``token``).
+    ca_pem:
+        PEM bundle to trust (the content of ``spec.tls.caSecretRef``), or None.
+    settings:
+        Timeouts and retries (``IPAM_BRIDGE_BACKEND_TIMEOUT_SECONDS``, ``..._RETRY_*``);
+        default: from the environment.
+
+    Returns
+    -------
+    CheckResult
+        Ready with the status and first free address; or not Ready with the reason the
+        operator would give (``InvalidSpec``, ``CredentialsNotFound``,
+        ``AuthenticationFailed``, ``SubnetNotFound``, ``TLSVerificationFailed``,
+        ``BackendUnavailable``) and its message. Never raises for a bad pool or IPAM.
+    """
+    settings = settings or Settings()
+    try:
+        pool = parse_pool(body)
+        backend = build_backend(
+            pool,
+            secret,
+            ca_pem,
+            timeout_seconds=settings.backend_timeout_seconds,
+            retry=settings.retry_policy(),
+        )
+    except PoolError as exc:
+        return CheckResult(False, str(exc.reason), exc.message)
+    try:
+        return _describe(backend, body)
+    except BackendError as exc:
+        error = pool_error_from(exc, pool.display)
+        return CheckResult(False, str(error.reason), error.message)
+    finally:
+        backend.close()
+
+
+def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None:
+    """Write ``result`` to ``out``: ``text`` (a summary and the status as YAML) or ``json``."""
+    if output == "json":
+        payload = {
+            "ready": result.ready,
+            "reason": result.reason,
+            "message": result.message,
+            "status": result.status,
+            "firstFree": result.first_free,
+        }
+        out.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        return
+    out.write(f"Ready: {result.ready} ({result.reason}): {result.message}\n")
+    if result.status is None:
+        return
+    shown = {
+        k: v for k, v in result.status.items() if k not in ("conditions", "observedGeneration")
+    }
+    out.write(yaml.safe_dump({"status": shown}, sort_keys=False))
+    taken = result.first_free or "none (no subnet has a free address)"
+    out.write(f"first free address: {taken} (not taken)\n")
+
+
+def _credentials(
+    pool_path: Path,
+    secret_path: Path | None,
+    username: str | None,
+    password_stdin: TextIO | None,
+) -> dict[str, str]:
+    body, inline = load_pool(pool_path)
+    name = ((body.get("spec") or {}).get("credentialsRef") or {}).get("name")
+    if username is not None:
+        if password_stdin is None:
+            raise UsageError("--username needs --password-stdin")
+        password = password_stdin.readline().rstrip("\r\n")
+        if not password:
+            raise UsageError("--password-stdin: no password on standard input")
+        return {"username": username, "password": password}
+    if secret_path is not None:
+        return load_secret(secret_path, name)
+    if inline:
+        return _pick_secret(inline, name, str(pool_path))
+    raise UsageError("credentials: give --secret FILE, or --username and --password-stdin")
+
+
+def run_cli(
+    pool_path: Path,
+    *,
+    secret_path: Path | None = None,
+    username: str | None = None,
+    password_stdin: TextIO | None = None,
+    ca_path: Path | None = None,
+    output: str = "text",
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Run ``ipam-bridge check-pool`` and return its exit code.
+
+    Credentials: ``username`` with the first line of ``password_stdin``, else the Secret of
+    ``secret_path`` (the one ``spec.credentialsRef`` names when it holds several), else a
+    Secret in the pool's own file.
+
+    Returns
+    -------
+    int
+        0 when the pool would be Ready, 1 when it would not (the reason and message are
+        printed), 2 for a usage error (a file that cannot be read, no pool, no credentials;
+        one line on ``err``).
+    """
+    try:
+        body, _ = load_pool(pool_path)
+        secret = _credentials(pool_path, secret_path, username, password_stdin)
+        ca_pem = ca_path.read_text(encoding="utf-8") if ca_path is not None else None
+    except UsageError as exc:
+        err.write(f"ipam-bridge check-pool: {exc}\n")
+        return 2
+    except OSError as exc:
+        err.write(f"ipam-bridge check-pool: cannot read {ca_path}: {exc.strerror or exc}\n")
+        return 2
+    result = check_pool(body, secret, ca_pem)
+    print_result(result, out, output)
+    return 0 if result.ready else 1

@@ -31,6 +31,8 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from bridge.fence import LeadershipLostError
+
 __all__ = ["Decision", "WorkQueue"]
 
 log = logging.getLogger(__name__)
@@ -226,7 +228,8 @@ class WorkQueue:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            # Waiting for the workers blocks: off the event loop.
+            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
     def _pop_due(self) -> tuple[Key | None, float | None]:
         """Return a key due now (marked processing), or None and the seconds to the next one."""
@@ -254,6 +257,9 @@ class WorkQueue:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
         except asyncio.CancelledError:
             raise
+        except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
+            log.warning("%s not reconciled: %s", key, exc)
+            decision = Decision.retry(self._error_delay)
         except Exception:
             log.exception("reconcile of %s failed; retrying in %ss", key, self._error_delay)
             decision = Decision.retry(self._error_delay)

@@ -3,8 +3,9 @@
 Two replicas (``python -m bridge.cli run`` with leader election, default timings: lease 15 s,
 renew deadline 10 s, retry 2 s) against one emulated API server and one mock phpIPAM. Claims
 are created every 0.2 s and bound claims deleted every 0.5 s through the admin. The leader's
-identity is then cut off by the API server (its new requests are refused; its open watch
-streams go on, so it keeps seeing claims to work on), while the IPAM still answers it.
+identity is then cut off by the API server (its new requests are refused, or hang without
+an answer; its open watch streams go on, so it keeps seeing claims to work on), while the
+IPAM still answers it.
 
 - Fencing: no IPAM write from the old leader (the mock's journal tells the replicas apart by
   their ``User-Agent``) later than its last renew of the Lease plus the renew deadline, plus
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
@@ -145,8 +147,12 @@ def ipam_writes(phpipam: MockPhpipamServer, pod: str) -> list[float]:
     return [e.at for e in phpipam.store.requests(writes_only=True) if e.client.endswith(f"({pod})")]
 
 
+@pytest.mark.parametrize("mode", ["refuse", "hang"])
 def test_a_leader_cut_off_from_the_api_server_stops_writing_within_the_renew_deadline(
-    cluster: Sandbox, replicas: Callable[[str], Replica], phpipam: MockPhpipamServer
+    cluster: Sandbox,
+    replicas: Callable[[str], Replica],
+    phpipam: MockPhpipamServer,
+    mode: Literal["refuse", "hang"],
 ) -> None:
     a = replicas("a")
     a.wait_started()
@@ -163,7 +169,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_within_the_renew_dea
     churn.start()
     time.sleep(3)  # the churn runs under the leader
     cut = time.time()
-    cluster.kube.handler.partition.cut(a.identity, "refuse")
+    cluster.kube.handler.partition.cut(a.identity, mode)
     try:
         wait_leader(cluster, b, timeout=60)
         takeover = time.time() - cut
@@ -190,7 +196,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_within_the_renew_dea
     late = [round(t - last_renew, 3) for t in writes if t > last_renew + RENEW_DEADLINE + MARGIN]
     after_cut = [t for t in writes if t > cut]
     print(
-        f"\npartition of the leader: {len(churn.created)} claims created, {len(deleted)} "
+        f"\npartition of the leader ({mode}): {len(churn.created)} claims created, {len(deleted)} "
         f"deleted; old leader's last renew {last_renew - cut:+.2f} s from the cut, its last "
         f"IPAM write {(max(writes) - cut):+.2f} s from the cut ({len(after_cut)} after it; "
         f"fenced at last renew + {RENEW_DEADLINE:g} s = {last_renew + RENEW_DEADLINE - cut:+.2f} "

@@ -16,7 +16,10 @@ their API's semantics. It owns:
 - `basic_auth`: HTTP Basic with UTF-8 credentials (requests would use Latin-1);
 - per-endpoint isolation through an `EndpointRegistry` (one per operator): a circuit
   breaker, a limit on concurrent operations, and the budget of refused logins;
-- a hook for request metrics (`EndpointRegistry.on_request`, `EndpointRegistry.on_state`).
+- a hook for request metrics (`EndpointRegistry.on_request`, `EndpointRegistry.on_state`);
+- a fence (`EndpointRegistry.fence`): called in the calling thread before every request that
+  is not a read (not GET, HEAD or OPTIONS); it raises to keep the request from being sent
+  (the operator's replica that lost its leader Lease must not write).
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ T = TypeVar("T")
 _MESSAGE_MAX_CHARS: Final = 200
 #: Below this many seconds left, a request is not started (it could not get an answer).
 _MIN_REQUEST_SECONDS: Final = 0.05
+#: Methods that change nothing: sent without asking the fence.
+_READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Answers of a proxy whose upstream (the IPAM) did not answer: count as unreachable.
 _GATEWAY_FAILURES: Final = frozenset({502, 504})
 
@@ -396,6 +401,9 @@ class EndpointRegistry:
         Called with ``(endpoint, EndpointState)`` when a breaker changes state.
     on_request:
         Called with a `RequestRecord` after each HTTP request.
+    fence:
+        Called before each request that is not a read; raises to refuse it (the request is
+        not sent, the exception propagates unchanged). None: every request is sent.
     clock, wall_clock:
         Monotonic and POSIX time (tests pass fakes).
     """
@@ -412,6 +420,7 @@ class EndpointRegistry:
         login_retry_seconds: float = 60.0,
         on_state: Callable[[str, EndpointState], None] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
+        fence: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -426,6 +435,7 @@ class EndpointRegistry:
         self.login_retry_seconds = login_retry_seconds
         self.on_state = on_state
         self.on_request = on_request
+        self.fence = fence
         self.clock = clock
         self.wall_clock = wall_clock
         self._lock = threading.Lock()
@@ -742,7 +752,13 @@ class Transport:
             The certificate could not be verified.
         InvalidRequestError
             A redirect (naming its target), or a request that cannot be made.
+        Exception
+            Whatever `EndpointRegistry.fence` raises before a request that is not a read
+            (the request is not sent).
         """
+        fence = self.endpoints.fence
+        if fence is not None and method.upper() not in _READ_METHODS:
+            fence()
         config = self.config
         timeout = config.timeout_seconds
         left = time_left()

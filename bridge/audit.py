@@ -1169,7 +1169,7 @@ def run_cli(
 def _cli_context(namespace: str | None) -> Context:
     """Connect with the current kubeconfig and return a context for `survey` (no queue)."""
     settings = Settings().model_copy(update={"namespace": namespace or ""})
-    kube = Kube(api_client())
+    kube = Kube(api_client(timeout=settings.kube_timeout))
     try:
         version = kube.preferred_version(capi.GROUP, "ipaddresses", capi.SUPPORTED_VERSIONS)
     except BaseException:

@@ -40,6 +40,7 @@ __all__ = [
     "AccessDeniedError",
     "Kube",
     "NotServedError",
+    "OperatorApiClient",
     "Outcome",
     "Write",
     "access_denied",
@@ -369,19 +370,108 @@ def access_denied(exc: ApiException) -> AccessDeniedError | None:
     return None
 
 
+#: HTTP methods that change something on the API server (checked by the fence).
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _is_event(url: str) -> bool:
+    """Return True for a request on Events (``core/v1`` or ``events.k8s.io``)."""
+    path = url.split("?", 1)[0]
+    return path.endswith("/events") or "/events/" in path or "/events.k8s.io/" in path
+
+
+class OperatorApiClient(ApiClient):
+    """An ``ApiClient`` whose every request has a timeout and whose writes pass a fence.
+
+    The kubernetes client sends a request without any timeout unless each call passes
+    ``_request_timeout`` (a documented per-call parameter of every API method): a connection
+    that died silently then hangs its worker for ever. ``ApiClient.call_api`` is the public
+    method every API method's request goes through, so this subclass supplies the default
+    there; a call's own ``_request_timeout`` wins.
+
+    Before each POST, PUT, PATCH and DELETE other than an Event, ``fence`` is called in the
+    calling thread (`bridge.fence.Fence.check`): it raises when this replica may not write,
+    and the request is not sent. Events are notes, not state, and the Event saying that a
+    replica stopped leading is posted after its fence closed.
+
+    Parameters
+    ----------
+    configuration:
+        The client configuration (`load_configuration`).
+    timeout:
+        ``(connect, read)`` timeout of each request in seconds (urllib3's meaning: the read
+        timeout bounds each wait for bytes, not the whole answer); None: the client's
+        default (no timeout).
+    fence:
+        Raises before a write that must not be sent; None: every write is sent.
+    """
+
+    def __init__(
+        self,
+        configuration: kubernetes.client.Configuration,
+        *,
+        timeout: tuple[float, float] | None = None,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(configuration)
+        self.timeout = timeout
+        self.fence = fence
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """``ApiClient.call_api`` with the default timeout and the fence (see the class).
+
+        Raises
+        ------
+        bridge.fence.LeadershipLostError
+            From ``fence``, for a write this replica may not send.
+        kubernetes.client.ApiException, urllib3.exceptions.HTTPError
+            As ``ApiClient.call_api`` (a timeout is urllib3's ``TimeoutError``).
+        """
+        if self.fence is not None and method.upper() in WRITE_METHODS and not _is_event(url):
+            self.fence()
+        timeout = self.timeout if _request_timeout is None else _request_timeout
+        return super().call_api(
+            method,
+            url,
+            header_params=header_params,
+            body=body,
+            post_params=post_params,
+            _request_timeout=timeout,
+        )
+
+
 def api_client(
-    configuration: kubernetes.client.Configuration | None = None, *, pool_size: int = 10
-) -> ApiClient:
-    """Return an ``ApiClient`` on ``configuration`` (default: `load_configuration()`).
+    configuration: kubernetes.client.Configuration | None = None,
+    *,
+    pool_size: int = 10,
+    timeout: tuple[float, float] | None = None,
+    fence: Callable[[], None] | None = None,
+) -> OperatorApiClient:
+    """Return an `OperatorApiClient` on ``configuration`` (default: `load_configuration()`).
+
+    Loading the configuration may read files and run a kubeconfig's exec plugin: call this
+    off the event loop.
 
     Parameters
     ----------
     pool_size:
         HTTP connections kept per host (one per concurrent worker thread).
+    timeout:
+        ``(connect, read)`` seconds of every request (``Settings.kube_timeout``); None: none.
+    fence:
+        Called before every write but Events; raises to refuse it (`bridge.fence.Fence.check`).
     """
     configuration = configuration or load_configuration()
     configuration.connection_pool_maxsize = max(pool_size, 4)
-    return ApiClient(configuration)
+    return OperatorApiClient(configuration, timeout=timeout, fence=fence)
 
 
 def _missing(exc: ApiException) -> bool:

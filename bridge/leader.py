@@ -6,8 +6,11 @@ stand by (kopf's watches run and queue keys in memory; no IPAM call, no write). 
 are controller-runtime's (lease 15 s, renew deadline 10 s, retry 2 s;
 ``IPAM_BRIDGE_LEADER_ELECTION_*``).
 A leader that cannot renew within the deadline stops handling at once and the process exits 1
-(`OperatorStop`); on a clean stop the leader gives the Lease up (`ElectionLock.release`), so a
-standby takes over at its next retry instead of after the lease duration.
+(`OperatorStop`): its `bridge.fence.Fence` refuses every write from the renew deadline on,
+in the writing thread, and the exit is armed from a thread of the election, so neither needs
+the event loop (which a blocking call could hold). On a clean stop the leader gives the Lease
+up (`ElectionLock.release`), so a standby takes over at its next retry instead of after the
+lease duration.
 
 The election itself is the official client's ``kubernetes.leaderelection`` (``LeaderElection``
 in a daemon thread, ``LeaseLock``). Where it falls short, a few lines here:
@@ -27,7 +30,7 @@ in a daemon thread, ``LeaseLock``). Where it falls short, a few lines here:
   ``LeaderElectionReleaseOnCancel`` does.
 - Its renew loop notices a missed deadline only after sleeping one more retry period past it
   (client-go stops at the deadline; with custom timings that sleep can reach past the lease
-  duration): `Leadership` also watches the deadline of the last renew itself.
+  duration): `Leadership` also watches the deadline of the last renew itself, in a thread.
 - Lease times go out through ``datetime.isoformat()``, which drops the fraction when the
   microsecond is 0; a real API server's ``MicroTime`` needs all six digits (the update is
   refused): such an instant is written 1 µs later.
@@ -54,6 +57,7 @@ from kubernetes.client import ApiClient, ApiException, CoordinationV1Api
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
+from bridge.fence import Fence, LeadershipLostError
 from bridge.kube import Kube, _service_account_file, api_client, in_cluster, load_configuration
 from bridge.metrics import Metrics
 from bridge.settings import Settings
@@ -68,6 +72,7 @@ __all__ = [
     "Timings",
     "election_client",
     "holder_identity",
+    "lease_fence",
     "lease_namespace",
 ]
 
@@ -81,10 +86,6 @@ MIN_REQUEST_TIMEOUT = 0.1
 
 class ElectionStoppedError(Exception):
     """Raised by a stopped `ElectionLock`: it ends the official election loop."""
-
-
-class LeadershipLostError(RuntimeError):
-    """The leader could not renew its Lease: ``ipam-bridge run`` exits 1 with this message."""
 
 
 @dataclass(frozen=True)
@@ -323,8 +324,9 @@ class OperatorStop:
 
     ``ipam-bridge run`` passes `flag` to ``kopf.run`` as its stop flag and this object in the
     memo (``memo.operator_stop``); after kopf returns, `reason` set means exit 1
-    (`LeadershipLostError`). A request hung on an unreachable API server could keep the
-    process from ending: after ``grace`` seconds it is ended with ``os._exit(1)``.
+    (`LeadershipLostError`). A request hung on an unreachable API server, or an event loop
+    held by a blocking call, could keep the process from ending: after ``grace`` seconds it
+    is ended with ``os._exit(1)``.
     """
 
     def __init__(self) -> None:
@@ -332,19 +334,40 @@ class OperatorStop:
         self.reason: str | None = None
         self.returned = False
         """Set by ``ipam-bridge run`` once kopf returned (it reports the reason itself)."""
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def arm(self, reason: str, grace: float) -> None:
+        """End the process with exit code 1 ``grace`` seconds from now; any thread.
+
+        Only the first call sets `reason` and starts the timer; kopf's flag is not touched
+        (it belongs to the event loop: `__call__`).
+        """
+        with self._lock:
+            if self._timer is not None:
+                return
+            self.reason = reason
+            self._timer = threading.Timer(grace, self._exit)
+            self._timer.daemon = True
+            self._timer.start()
 
     def __call__(self, reason: str, grace: float) -> None:
-        """Stop kopf with ``reason``; end the process after ``grace`` seconds if still alive."""
-        self.reason = reason
+        """Stop kopf with ``reason`` (on the event loop); `arm` the exit after ``grace`` s."""
+        self.arm(reason, grace)
         self.flag.set()
-        timer = threading.Timer(grace, self._exit)
-        timer.daemon = True
-        timer.start()
 
     def _exit(self) -> None:
         if not self.returned:
             print(f"ipam-bridge: {self.reason}; exiting", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def lease_fence(lock: ElectionLock) -> Fence:
+    """Return the fence of ``lock``'s holder (`bridge.fence.Fence`).
+
+    Writes pass while its last successful renew is younger than the renew deadline.
+    """
+    return Fence(lambda: lock.renewed, lock.timings.renew_deadline_seconds)
 
 
 def _run_election(config: Any) -> None:
@@ -370,6 +393,13 @@ class Leadership:
     stop_operator:
         Called on the event loop with a message and a grace period when leadership is lost
         (`OperatorStop`); None: only the work stops (a runner other than ``ipam-bridge run``).
+    arm_exit:
+        Called from the election's threads with a message and a grace period when
+        leadership is lost, before the event loop hears of it (`OperatorStop.arm`): the
+        process ends even if the loop is blocked. None: nothing is armed.
+    fence:
+        The fence of this replica's writes (`bridge.fence.Fence`); revoked when leadership
+        is lost. Default: one on ``lock.renewed`` and the renew deadline.
     kube:
         Where the Events on the Lease are posted (None: no Event).
     run_election:
@@ -384,11 +414,16 @@ class Leadership:
         start_work: Callable[[], Iterable[asyncio.Task[Any]]],
         metrics: Metrics,
         stop_operator: Callable[[str, float], None] | None = None,
+        arm_exit: Callable[[str, float], None] | None = None,
+        fence: Fence | None = None,
         kube: Kube | None = None,
         run_election: Callable[[Any], None] = _run_election,
     ) -> None:
         self.lock = lock
         self.timings: Timings = lock.timings
+        self.fence = fence or lease_fence(lock)
+        self._arm_exit = arm_exit
+        self._closed = threading.Event()  # ends the renew-deadline thread
         self._start_work = start_work
         self._metrics = metrics
         self._stop_operator = stop_operator
@@ -457,13 +492,42 @@ class Leadership:
             log.debug("leader election of %s stopped", self.lock.identity)
         except Exception as exc:
             log.exception("leader election of %s failed", self.lock.identity)
-            self._call_soon(self._on_lost, f"leader election failed: {exc}")
+            self._lose(f"leader election failed: {exc}")
 
     def _started_leading(self) -> None:
+        threading.Thread(
+            target=self._guard_renewals, name="ipam-bridge-renew-deadline", daemon=True
+        ).start()
         self._call_soon(self._on_won)
 
     def _stopped_leading(self) -> None:
-        self._call_soon(self._on_lost, self._not_renewed())
+        self._lose(self._not_renewed())
+
+    def _guard_renewals(self) -> None:
+        """Lose leadership at the renew deadline of the current round, to the moment.
+
+        Runs in a thread of its own from the win until `close`. The deadline is client-go's:
+        the last successful renew, plus the retry period, plus the renew deadline. The
+        official renew loop notices it only after the retry period it sleeps past it, which
+        a custom timing could stretch beyond the lease duration.
+        """
+        t = self.timings
+        won = time.monotonic()
+        while not self._closed.is_set():
+            renewed = self.lock.renewed
+            started = renewed if renewed is not None else won
+            left = started + t.retry_seconds + t.renew_deadline_seconds - time.monotonic()
+            if left <= 0:
+                self._lose(self._not_renewed())
+                return
+            self._closed.wait(min(left, t.retry_seconds))
+
+    def _lose(self, reason: str) -> None:
+        """From an election thread: close the fence, arm the exit, then tell the loop."""
+        self.fence.revoke(reason)
+        if self._arm_exit is not None and not self._closed.is_set():
+            self._arm_exit(reason, self.exit_grace)
+        self._call_soon(self._on_lost, reason)
 
     def _not_renewed(self) -> str:
         return (
@@ -484,10 +548,7 @@ class Leadership:
         if self._closing or self.lost is not None:
             return
         self.leading = True
-        self._tasks = [
-            *self._start_work(),
-            asyncio.create_task(self._watch_renewals(), name="ipam-bridge renew deadline"),
-        ]
+        self._tasks = list(self._start_work())
         self._metrics.leader.set(1)
         log.info(
             "became the leader (Lease %s, identity %s): handling claims and pools",
@@ -495,23 +556,6 @@ class Leadership:
             self.lock.identity,
         )
         self._announce("Normal", f"{self.lock.identity} became leader")
-
-    async def _watch_renewals(self) -> None:
-        """Lose leadership at the renew deadline of the current round, to the moment.
-
-        The deadline is client-go's: the last successful renew, plus the retry period, plus
-        the renew deadline. The official renew loop notices it only after the retry period
-        it sleeps past it, which a custom timing could stretch beyond the lease duration.
-        """
-        t = self.timings
-        while True:
-            renewed = self.lock.renewed
-            started = renewed if renewed is not None else time.monotonic()
-            left = started + t.retry_seconds + t.renew_deadline_seconds - time.monotonic()
-            if left <= 0:
-                self._on_lost(self._not_renewed())
-                return
-            await asyncio.sleep(min(left, t.retry_seconds))
 
     def _on_lost(self, reason: str) -> None:
         if self.lost is not None:
@@ -525,6 +569,7 @@ class Leadership:
         if self._closing:
             log.warning("%s (while stopping)", reason)
             return
+        self.fence.revoke(reason)
         if was_leading:
             self._announce("Warning", f"{self.lock.identity} stopped leading: {reason}")
         if self._stop_operator is None:
@@ -564,6 +609,7 @@ class Leadership:
         was lost (the holder is checked on the server: a standby releases nothing).
         """
         self._closing = True
+        self._closed.set()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             if not task.cancelling():  # cancelled once (lost): let it finish

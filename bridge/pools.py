@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +49,10 @@ __all__ = [
     "with_location",
 ]
 
-USER_AGENT = f"ipam-bridge/{__version__}"
+#: The ``User-Agent`` of every IPAM request: ``ipam-bridge/<version> (<pod or host name>)``,
+#: so the IPAM's access log tells the replicas apart (``POD_NAME``: the Deployment sets it
+#: from ``metadata.name``).
+USER_AGENT = f"ipam-bridge/{__version__} ({os.environ.get('POD_NAME') or socket.gethostname()})"
 #: Status counts are int64 in the CRD; an IPv6 /64 holds 2**64 addresses, so counts saturate
 #: here (as the in-cluster provider's do).
 INT64_MAX = 2**63 - 1

@@ -119,6 +119,15 @@ class Settings(BaseSettings):
         "INFO", description="Log level."
     )
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    kube_connect_timeout_seconds: float = Field(
+        5.0, gt=0, description="Connect timeout of each Kubernetes API request."
+    )
+    kube_read_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Read timeout of each Kubernetes API request (the longest wait for bytes "
+        "of an answer): a dead connection is an error and a retry, never a hang.",
+    )
     leader_election: bool = Field(
         False,
         description="Run for the Lease `ipam-bridge` in the operator's namespace; only its "
@@ -178,6 +187,11 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def kube_timeout(self) -> tuple[float, float]:
+        """``(connect, read)`` timeout of each Kubernetes API request, in seconds."""
+        return (self.kube_connect_timeout_seconds, self.kube_read_timeout_seconds)
+
+    @property
     def namespaces(self) -> tuple[str, ...]:
         """The watched namespaces (``namespace`` split on commas); empty means all."""
         return tuple(ns.strip() for ns in self.namespace.split(",") if ns.strip())
@@ -187,11 +201,13 @@ class Settings(BaseSettings):
         *,
         on_state: Callable[[str, EndpointState], None] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> EndpointRegistry:
         """Return the per-endpoint isolation (breaker, concurrency) these settings describe.
 
         Refused logins are budgeted at 5 per 5 minutes per endpoint (phpIPAM blocks the
-        operator's address after more than 10).
+        operator's address after more than 10). ``fence`` is called before every IPAM
+        request that is not a read (`backends.transport.EndpointRegistry`).
         """
         return EndpointRegistry(
             failure_threshold=self.endpoint_failure_threshold,
@@ -199,6 +215,7 @@ class Settings(BaseSettings):
             max_concurrent=self.endpoint_max_concurrent or max(1, self.workers // 2),
             on_state=on_state,
             on_request=on_request,
+            fence=fence,
         )
 
     def retry_policy(self) -> RetryPolicy:

@@ -37,6 +37,8 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from bridge.fence import LeadershipLostError
+
 __all__ = ["Decision", "WorkQueue"]
 
 log = logging.getLogger(__name__)
@@ -260,7 +262,8 @@ class WorkQueue:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            # Waiting for the workers blocks: off the event loop.
+            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
     def _failed(self, key: Key, exc: Exception) -> float:
         """Count a failed pass of ``key``, log it once; return the seconds until it runs again."""
@@ -326,6 +329,9 @@ class WorkQueue:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
         except asyncio.CancelledError:
             raise
+        except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
+            log.warning("%s not reconciled: %s", key, exc)
+            decision = Decision.retry(1.0)
         except Exception as exc:
             decision = Decision.retry(self._failed(key, exc))
         else:

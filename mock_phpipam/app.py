@@ -911,7 +911,9 @@ def create_app(store: Store, faults: FaultInjector | None = None) -> web.Applica
 
 
 def _journal_middleware(store: Store) -> Any:
-    """Record every API request (method, path, final status) in ``store.journal``.
+    """Record every API request (method, path, final status, User-Agent, arrival time).
+
+    The entries go to ``store.journal`` (`mock_phpipam.store.JournalEntry`).
 
     Outermost, so injected faults are recorded too; the ``/_mock`` admin API is not.
     """
@@ -921,6 +923,7 @@ def _journal_middleware(store: Store) -> Any:
         if not request.path.startswith("/api"):
             return cast(web.StreamResponse, await handler(request))
         status = 599  # the connection was dropped (an injected "down" or a hang)
+        arrived = time.time()
         try:
             response = cast(web.StreamResponse, await handler(request))
             status = response.status
@@ -929,7 +932,13 @@ def _journal_middleware(store: Store) -> Any:
             status = exc.status
             raise
         finally:
-            store.record(request.method, request.path, status)
+            store.record(
+                request.method,
+                request.path,
+                status,
+                client=request.headers.get("User-Agent", ""),
+                at=arrived,
+            )
 
     return journal
 

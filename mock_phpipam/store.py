@@ -129,12 +129,17 @@ _TIME_FMT = "%Y-%m-%d %H:%M:%S"
 class JournalEntry:
     """One API request the mock answered: method, path and final HTTP status.
 
-    Status 599 means the connection was dropped without an answer.
+    Status 599 means the connection was dropped without an answer. ``client`` is the
+    request's ``User-Agent`` (ipam-bridge sends ``ipam-bridge/<version> (<pod name>)``, so
+    replicas can be told apart; empty when absent) and ``at`` the POSIX time in seconds the
+    request arrived (0.0 when not given).
     """
 
     method: str
     path: str
     status: int
+    client: str = ""
+    at: float = 0.0
 
 
 class PhpipamError(Exception):
@@ -1400,10 +1405,16 @@ class Store:
         with self._lock:
             return next((u for u in self.users.values() if u.username == username), None)
 
-    def record(self, method: str, path: str, status: int) -> None:
-        """Append one API request to `journal` (the HTTP layer calls this)."""
+    def record(
+        self, method: str, path: str, status: int, *, client: str = "", at: float = 0.0
+    ) -> None:
+        """Append one API request to `journal` (the HTTP layer calls this).
+
+        ``client`` is its ``User-Agent``, ``at`` the POSIX time it arrived (see
+        `JournalEntry`).
+        """
         with self._lock:
-            self.journal.append(JournalEntry(method, path, status))
+            self.journal.append(JournalEntry(method, path, status, client, at))
 
     def requests(self, *, writes_only: bool = False) -> list[JournalEntry]:
         """Return the API requests seen since start or `clear_journal`, oldest first.

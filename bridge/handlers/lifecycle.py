@@ -19,15 +19,18 @@ from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate
 from bridge.endpoints import reconcile_cluster
+from bridge.fence import Fence
 from bridge.handlers.pools import purge_forever, resync_forever
 from bridge.kube import Kube, NotServedError, access_denied, api_client, kopf_connection_info
 from bridge.leader import (
     LEASE_NAME,
     ElectionLock,
     Leadership,
+    OperatorStop,
     Timings,
     election_client,
     holder_identity,
+    lease_fence,
     lease_namespace,
 )
 from bridge.metrics import PortUnavailableError
@@ -35,7 +38,16 @@ from bridge.pool_service import reconcile_pool
 from bridge.settings import Settings
 from bridge.workqueue import Decision, WorkQueue
 
-__all__ = ["cleanup", "configure", "login", "probe", "reconcile", "start_work", "startup"]
+__all__ = [
+    "cleanup",
+    "configure",
+    "election_lock",
+    "login",
+    "probe",
+    "reconcile",
+    "start_work",
+    "startup",
+]
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +161,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     Lease (`bridge.leader.Leadership`, in ``memo.leadership``); until then kopf's event
     handlers only queue keys in memory. Losing the Lease cancels them and stops the operator
     through ``memo.operator_stop`` (`bridge.leader.OperatorStop`, given by ``ipam-bridge
-    run``): the process exits 1.
+    run``): the process exits 1. Every Kubernetes write and IPAM write checks the replica's
+    `bridge.fence.Fence` first, in its own thread.
 
     Raises
     ------
@@ -160,7 +173,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     """
     bridge = Settings()
     configure(settings, bridge)
-    kube = Kube(api_client(pool_size=bridge.workers))
+    # Loading the kubeconfig may run an exec plugin: never on the event loop.
+    lock = await asyncio.to_thread(election_lock, bridge) if bridge.leader_election else None
+    fence = Fence.open() if lock is None else lease_fence(lock)
+    kube = Kube(
+        await asyncio.to_thread(
+            api_client, pool_size=bridge.workers, timeout=bridge.kube_timeout, fence=fence.check
+        )
+    )
     try:
         version = await asyncio.to_thread(
             kube.preferred_version, GROUP, "ipaddresses", SUPPORTED_VERSIONS
@@ -189,7 +209,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         address_version=version,
         cluster_version=cluster_version,
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
-        endpoints=bridge.endpoint_registry(),
+        endpoints=bridge.endpoint_registry(fence=fence.check),
     )
     # The cache's initial list, before kopf's watches start (bridge.cache: no API read on a
     # claim's hot path).
@@ -207,25 +227,35 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         max_error_delay=bridge.error_backoff_max_seconds,
     )
     memo.bridge = ctx
-    if not bridge.leader_election:
+    if lock is None:
         ctx.metrics.leader.set(1)
         memo.tasks = start_work(ctx)
         return
-    lock = ElectionLock(
+    stop: OperatorStop | None = memo.get("operator_stop")
+    memo.leadership = Leadership(
+        lock,
+        start_work=lambda: start_work(ctx),
+        metrics=ctx.metrics,
+        stop_operator=stop,
+        arm_exit=None if stop is None else stop.arm,
+        fence=fence,
+        kube=ctx.kube,
+    )
+    memo.leadership.start()
+
+
+def election_lock(bridge: Settings) -> ElectionLock:
+    """Return this replica's candidate for the Lease (a new holder identity); blocking.
+
+    Loads the client configuration (files, a kubeconfig's exec plugin).
+    """
+    return ElectionLock(
         LEASE_NAME,
         lease_namespace(bridge),
         holder_identity(),
         client=election_client(),
         timings=Timings.of(bridge),
     )
-    memo.leadership = Leadership(
-        lock,
-        start_work=lambda: start_work(ctx),
-        metrics=ctx.metrics,
-        stop_operator=memo.get("operator_stop"),
-        kube=ctx.kube,
-    )
-    memo.leadership.start()
 
 
 @kopf.on.cleanup()

@@ -23,6 +23,7 @@ from bridge.testing.auth import (
     owner_references_admission,
     request_attributes,
 )
+from bridge.testing.partition import Partition
 from bridge.testing.resources import ResourceDef
 from bridge.testing.store import Admit, ApiError, ObjectStore
 
@@ -139,6 +140,9 @@ class KubeEmulator(kmock.KubernetesScaffold):
         delayed); empty (the default) adds none. For benchmarks: a real API server answers
         reads in milliseconds and writes after an etcd commit. Other requests are served
         meanwhile (the wait does not block the server).
+    partition : Partition
+        Identities cut off from the server (their requests hang or are refused while others
+        are served): a network partition of one client.
 
     Notes
     -----
@@ -168,6 +172,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
     require_token: bool = False
     access_log: AccessLog = attrs.field(factory=AccessLog)
     latency: dict[str, float] = attrs.field(factory=dict)
+    partition: Partition = attrs.field(factory=Partition)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -197,6 +202,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         identity = self.authenticate(raw_request.headers.get("Authorization"))
         if identity is None:
             return _status_response(ApiError(401, "Unauthorized", "Unauthorized"), attributes)
+        await self.partition.admit(identity, raw_request)
         allowed, reason = identity.authorize(attributes)
         self.access_log.record(identity.user, attributes, allowed)
         if not allowed:

@@ -429,3 +429,38 @@ def test_messages_name_no_secret(rsps: responses.RequestsMock) -> None:
     with pytest.raises(BackendUnavailableError) as caught:
         get(transport())
     assert re.search(r"cannot reach http://ipam.test/api", caught.value.message)
+
+
+# ------------------------------------------------------------------ fence
+
+
+class RefusedError(Exception):
+    pass
+
+
+def test_the_fence_is_asked_before_every_request_but_reads_and_can_stop_it(
+    rsps: responses.RequestsMock,
+) -> None:
+    asked: list[str] = []
+    allowed = [True]
+
+    def fence() -> None:
+        asked.append("asked")
+        if not allowed[0]:
+            raise RefusedError("not the leader")
+
+    t = transport(endpoints=EndpointRegistry(fence=fence))
+    rsps.get(f"{URL}/x", json={})
+    rsps.post(f"{URL}/x", json={})
+    rsps.delete(f"{URL}/x", json={})
+    get(t)
+    t.call("post", lambda: t.request("POST", f"{URL}/x", what="POST x"))
+    assert asked == ["asked"] and len(rsps.calls) == 2  # the GET did not ask
+
+    allowed[0] = False
+    for method in ("POST", "PATCH", "PUT", "DELETE"):
+        with pytest.raises(RefusedError):
+            t.call("w", lambda m=method: t.request(m, f"{URL}/x", what=f"{m} x"))  # type: ignore[misc]
+    assert len(rsps.calls) == 2  # nothing sent
+    get(t)  # reads go on
+    assert len(rsps.calls) == 3

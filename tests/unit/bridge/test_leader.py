@@ -29,6 +29,7 @@ from bridge.leader import (
     ElectionLock,
     ElectionStoppedError,
     Leadership,
+    LeadershipLostError,
     OperatorStop,
     Timings,
     election_client,
@@ -566,3 +567,56 @@ def test_run_exits_1_with_a_last_line_when_the_lease_was_lost(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "ipam-bridge: lost the leader Lease ns/ipam-bridge: not renewed within 10 s; exiting"
     )
+
+
+@pytest.mark.asyncio
+async def test_a_blocked_loop_does_not_delay_the_fence_or_the_armed_exit() -> None:
+    timings = Timings(lease_seconds=3, renew_deadline_seconds=1.3, retry_seconds=1.0)
+    lock, fake, work, stops = FakeLock(timings), FakeElection(), Work([]), []
+    armed: list[tuple[str, float, float]] = []
+    lead = Leadership(
+        lock,  # type: ignore[arg-type]
+        start_work=work,
+        metrics=Metrics(),
+        stop_operator=lambda reason, grace: stops.append((reason, grace)),
+        arm_exit=lambda reason, grace: armed.append((reason, grace, time.monotonic())),
+        run_election=fake,
+    )
+    lead.start()
+    fake.win.set()
+    await until(lambda: lead.leading)
+    lock.renewed = time.monotonic()
+    lead.fence.check()  # renewed now: writes pass
+    renewed = lock.renewed
+    time.sleep(2.6)  # the event loop is blocked past retry + renew deadline (2.3 s)
+    # The fence closed at the renew deadline and the exit was armed, both off the loop.
+    with pytest.raises(LeadershipLostError, match=r"not renewed within 1\.3 s"):
+        lead.fence.check()
+    assert [(r, g) for r, g, _ in armed] == [
+        ("lost the leader Lease ns/ipam-bridge: not renewed within 1.3 s", 0.5)
+    ]
+    assert 2.3 <= armed[0][2] - renewed < 2.5
+    assert stops == []  # the loop has not run yet
+    await until(lambda: lead.lost is not None)
+    assert len(stops) == 1
+    fake.lose.set()
+    await lead.close()
+
+
+def test_operator_stop_arms_the_exit_once_from_any_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(leader.os, "_exit", exits.append)
+    stop = OperatorStop()
+    threads = [threading.Thread(target=stop.arm, args=(f"reason {i}", 0.05)) for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stop.reason is not None and not stop.flag.is_set()
+    stop("later", 0.05)
+    assert stop.flag.is_set() and stop.reason.startswith("reason ")
+    deadline = time.monotonic() + 5
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert exits == [1]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
+from bridge.fence import LeadershipLostError
 from bridge.workqueue import Decision, WorkQueue
 
 pytestmark = pytest.mark.asyncio
@@ -276,3 +277,21 @@ async def test_wake_history_is_dropped_once_no_key_in_process_can_miss_it() -> N
     await asyncio.gather(task, return_exceptions=True)
     assert rec.count("k") == 1
     assert queue.sizes()["wake_history"] == 0
+
+
+async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        raise LeadershipLostError("the leader Lease is not renewed within 10 s")
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1, error_delay=0.005)
+    queue.add("k")
+    with caplog.at_level("WARNING", logger="bridge.workqueue"):
+        await run_for(queue, 1.5)
+    assert rec.count("k") == 2  # at once, then once a second later: no backoff storm
+    records = [r for r in caplog.records if r.name == "bridge.workqueue"]
+    assert [r.levelname for r in records] == ["WARNING", "WARNING"]
+    assert all(r.exc_info is None for r in records)
+    assert "not renewed within 10 s" in records[0].getMessage()

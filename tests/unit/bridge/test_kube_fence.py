@@ -1,0 +1,91 @@
+"""OperatorApiClient: a timeout on every Kubernetes request, the fence before every write."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import kubernetes.client
+import pytest
+import urllib3
+
+from bridge.fence import LeadershipLostError
+from bridge.kube import OperatorApiClient, api_client
+from bridge.testing import EmulatedKubernetes
+from bridge.testing.auth import Identity, User
+
+WRITES = {"create", "update", "patch", "delete"}
+
+
+@pytest.fixture
+def kube() -> Iterator[EmulatedKubernetes]:
+    with EmulatedKubernetes() as emulator:
+        yield emulator
+
+
+def configuration(kube: EmulatedKubernetes, identity: Identity) -> kubernetes.client.Configuration:
+    config = kubernetes.client.Configuration()
+    config.host = kube.url
+    config.api_key = {"BearerToken": f"Bearer {identity.token}"}
+    config.retries = False
+    return config
+
+
+class Gate:
+    def __init__(self) -> None:
+        self.open = True
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if not self.open:
+            raise LeadershipLostError("not the leader")
+
+
+def test_a_closed_fence_keeps_writes_from_being_sent_reads_and_events_go_on(
+    kube: EmulatedKubernetes,
+) -> None:
+    me = kube.add_identity(Identity(User("replica-a")))
+    gate = Gate()
+    client = api_client(configuration(kube, me), fence=gate)
+    assert isinstance(client, OperatorApiClient)
+    core = kubernetes.client.CoreV1Api(client)
+    core.create_namespace({"metadata": {"name": "one"}})
+    assert gate.calls == 1
+
+    gate.open = False
+    with pytest.raises(LeadershipLostError):
+        core.create_namespace({"metadata": {"name": "two"}})
+    with pytest.raises(LeadershipLostError):
+        core.patch_namespace("one", {"metadata": {"labels": {"a": "b"}}})
+    with pytest.raises(LeadershipLostError):
+        core.delete_namespace("one")
+    assert [n.metadata.name for n in core.list_namespace().items if n.metadata.name == "one"]
+    core.create_namespaced_event(
+        "default",
+        {"metadata": {"generateName": "x-"}, "involvedObject": {"kind": "Lease", "name": "l"}},
+    )
+    writes = [(r.verb, r.resource) for r in kube.access_log.records(me) if r.verb in WRITES]
+    assert writes == [("create", "namespaces"), ("create", "events")]
+    client.close()
+
+
+def test_every_request_has_the_default_timeout_a_hung_server_is_an_error(
+    kube: EmulatedKubernetes,
+) -> None:
+    me = kube.add_identity(Identity(User("replica-a")))
+    client = api_client(configuration(kube, me), timeout=(1.0, 0.5))
+    core = kubernetes.client.CoreV1Api(client)
+    core.list_namespace()
+    kube.handler.partition.cut(me)  # requests hang: no answer, ever
+    started = time.monotonic()
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        core.list_namespace()
+    assert time.monotonic() - started < 5
+    # a call's own timeout still wins
+    started = time.monotonic()
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        core.list_namespace(_request_timeout=0.2)
+    assert time.monotonic() - started < 0.45
+    kube.handler.partition.heal()
+    client.close()

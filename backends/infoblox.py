@@ -372,6 +372,23 @@ class InfobloxBackend:
     ``_ref`` values from WAPI are already URL-encoded (``ipv6fixedaddress/ZG5...:2001%3Adb8
     %3A%3A10/default``) and are sent as they are, never encoded a second time.
 
+    Requests follow the WAPI 2.12 schema Infoblox generated from a grid (public repository
+    infobloxopen/infoblox-swagger-wapi): only its search fields, return fields and body
+    fields are sent (the unit tests check every request against it). Compared with
+    Infoblox's own Python client ``infoblox-client`` 0.6.2 (``objects.py``,
+    ``object_manager.py``): the same ``func:nextavailableip:<cidr>,<network view>`` string
+    and host records searched by ``name`` and ``view``; its ``fixedaddress`` searchable
+    fields lack ``name`` too, and it finds fixed addresses by ``ipv4addr``/``mac`` and
+    ``network_view``. This client cannot search by address (a claim knows only its
+    hostname; every fixed address it makes has the zero MAC), so it goes through the
+    address view, ``ipv4address?names=``. It differs where a bounded, idempotent operator
+    needs it: the object-function form of next-available-IP to exclude gateways in the
+    same create (infoblox-client has no exclusion), ``network_view`` on every host record
+    (infoblox-client omits it and relies on the DNS view's default), names lower-cased
+    before every search, and every call bounded by the shared transport (one slot of the
+    endpoint, a time budget, a login budget) instead of infoblox-client's unbounded
+    connector retries.
+
     Parameters
     ----------
     config:
@@ -431,8 +448,10 @@ class InfobloxBackend:
         """Return each network's CIDR, prefix, gateway and live usage, in the pool's order.
 
         Per network: ``GET network`` (``ipv6network``) with ``_return_fields=network,
-        network_view,options`` and the used addresses counted with paged
-        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``.
+        network_view,options``, the used addresses counted with paged
+        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``, and
+        the DHCP (and reserved) ranges with ``GET range|ipv6range?network=<cidr>&
+        network_view=<view>``.
 
         Returns
         -------
@@ -441,9 +460,12 @@ class InfobloxBackend:
             first value of the DHCP option ``routers`` (option 3) on the network, or None
             when the network does not set it (inherited options are not resolved);
             ``total`` is ``2**(bits - prefix)`` minus network and broadcast for IPv4
-            prefixes below /31; ``used`` counts addresses WAPI reports ``USED`` (records of
-            anyone, quarantined ones included), excluding the network and broadcast
-            addresses, plus a gateway nothing registers; ``free = max(total - used, 0)``.
+            prefixes below /31 and minus the subnet-router anycast address ``prefix::`` for
+            IPv6 below /127 (next-available-IP hands none of them out); ``used`` counts
+            every address inside a ``range``/``ipv6range`` (next-available-IP never hands
+            those out, used or not), plus, outside the ranges, addresses WAPI reports
+            ``USED`` (records of anyone, quarantined ones included) and a gateway nothing
+            registers; ``free = max(total - used, 0)``.
 
         Raises
         ------
@@ -459,11 +481,16 @@ class InfobloxBackend:
     def find(self, hostname: str) -> Allocation | None:
         """Return the address registered under ``hostname`` in the pool's networks, or None.
 
-        One search by name. Host mode: ``GET record:host?name=<fqdn>&view=<dns view>`` when
+        Host mode: one search by name, ``GET record:host?name=<fqdn>&view=<dns view>`` when
         the pool has a DNS zone, else ``GET record:host?name=<hostname>&network_view=<view>``
-        (records outside DNS have no DNS view, WAPI reports ``view: " "``). Fixed-address
-        mode: ``GET fixedaddress?name=<hostname>&network_view=<view>`` (and
-        ``ipv6fixedaddress`` when the pool has an IPv6 network). Only addresses inside the
+        (records outside DNS have no DNS view, WAPI reports ``view: " "``); the name is
+        lower-cased, as NIOS stores DNS names. Fixed-address mode: ``name`` is not a search
+        field of ``fixedaddress``/``ipv6fixedaddress`` (WAPI 2.12 schema), so
+        ``GET ipv4address|ipv6address?names=<hostname>&network_view=<view>`` (``names`` is
+        searchable there) lists the addresses held under that name with the ``_ref`` of
+        each object (``objects``), and each fixed address among them is read with
+        ``GET <_ref>`` (only those whose ``name`` is exactly ``hostname`` count; IPv6 only
+        when the pool has an IPv6 network). Only addresses inside the
         pool's networks count; quarantined records (a `backends.base.quarantine_mark`
         comment) and gateway, network or broadcast addresses are ignored; of several, the
         first network's, then the lowest address wins (WAPI exposes no creation order).
@@ -543,7 +570,12 @@ class InfobloxBackend:
             the view by a record that holds no address of the pool: a person must rename
             or remove that record.
         ConflictError
-            A lost race for an address (retried by the policy, which looks up again first).
+            A lost race for an address (retried by the policy, which looks up again first):
+            a ``Client.Ibap.Data.Conflict`` whose text says "already exists" / "already in
+            use". Any other ``Client.Ibap.Data.Conflict`` (an extensible attribute not
+            allowed for the object, superuser-only EA definitions, a member assigned to
+            another network view) is an `InvalidRequestError` with the grid's text, and a
+            404 on the create (an unknown DNS view, network view or zone) too.
         AuthenticationFailedError, BackendUnavailableError
 
         """
@@ -606,11 +638,14 @@ class InfobloxBackend:
     def entries(self) -> list[Allocation]:
         """Return every record address in the pool's networks, whoever registered it.
 
-        One paged list per network (``_paging=1``, 1000 a page): host mode
-        ``GET record:host?network=<cidr>&network_view=<view>&_return_fields=name,view,
-        comment,ipv4addrs,ipv6addrs``; fixed-address mode ``GET fixedaddress|
-        ipv6fixedaddress?network=<cidr>&network_view=<view>``. Objects of other types (A
-        records, leases, fixed addresses in host mode) are not listed.
+        Per network, paged (``_paging=1``, 1000 a page): fixed-address mode ``GET
+        fixedaddress|ipv6fixedaddress?network=<cidr>&network_view=<view>``; host mode
+        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED&
+        _return_fields=ip_address,objects`` (``network`` is not a search field of
+        ``record:host`` at WAPI 2.12), then ``GET <_ref>?_return_fields=name,view,comment,
+        ipv4addrs,ipv6addrs`` for each host record named in ``objects`` (once per record).
+        Objects of other types (A records, leases, fixed addresses in host mode) are not
+        listed.
 
         Returns
         -------

@@ -218,8 +218,16 @@ OBJECT_TYPES: dict[str, ObjectType] = {
         _type(
             "extensibleattributedef",
             ("comment", "default_value", "name", "type"),
-            ("list_values", "flags"),
-            ("name", "type", "comment", "default_value", "list_values", "flags"),
+            ("list_values", "flags", "allowed_object_types"),
+            (
+                "name",
+                "type",
+                "comment",
+                "default_value",
+                "list_values",
+                "flags",
+                "allowed_object_types",
+            ),
             ("name", "type", "comment"),
             required=("name", "type"),
         ),

@@ -46,6 +46,17 @@ _FUNC_PREFIX = "func:nextavailableip:"
 RECORD_TYPES = ("record:host", "fixedaddress", "ipv6fixedaddress")
 _NETWORK_TYPES = {4: "network", 6: "ipv6network"}
 _RANGE_TYPES = {4: "range", 6: "ipv6range"}
+#: NIOS account lockout defaults (when enabled): 5 failed logins lock a user for 5 minutes.
+LOCKOUT_FAILURES = 5
+LOCKOUT_SECONDS = 300.0
+#: ``allowed_object_types`` names of an extensible attribute definition, per WAPI type.
+_EA_OBJECT_TYPES = {
+    "record:host": "HostRecord",
+    "fixedaddress": "FixedAddress",
+    "ipv6fixedaddress": "IPv6FixedAddress",
+    "network": "Network",
+    "ipv6network": "IPv6Network",
+}
 _FIXED_TYPES = {4: "fixedaddress", 6: "ipv6fixedaddress"}
 _ADDR_KEYS = {4: "ipv4addr", 6: "ipv6addr"}
 _HOST_LISTS = {4: "ipv4addrs", 6: "ipv6addrs"}
@@ -314,6 +325,11 @@ class InfobloxStore:
         self._used: list[UsedAddress] = []
         self._sessions: dict[str, _Session] = {}
         self._pagers: dict[str, _Pager] = {}
+        #: Refused logins per user (times) and the end of each user's lockout.
+        self._refused: dict[str, list[float]] = {}
+        self._locked_until: dict[str, float] = {}
+        #: A Grid Master Candidate: read-only API access (writes answer 403).
+        self.read_only = False
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -331,6 +347,9 @@ class InfobloxStore:
             self._used.clear()
             self._sessions.clear()
             self._pagers.clear()
+            self._refused.clear()
+            self._locked_until.clear()
+            self.read_only = False
             self._insert_view("networkview", {"name": "default", "is_default": True})
             self._insert_view(
                 "view", {"name": "default", "is_default": True, "network_view": "default"}
@@ -528,13 +547,26 @@ class InfobloxStore:
         str or None
             The ``ibapauth`` cookie value
             (``ip=…,client=API,group=…,ctime=…,timeout=…,mtime=…,su=1,auth=LOCAL,user=…,<sig>``,
-            format of reference/backends.md B.2), or None when the credentials are wrong.
+            format of reference/backends.md B.2), or None when the credentials are wrong or
+            the user is locked out (`is_locked`).
+
+        Account lockout as NIOS's default when enabled: `LOCKOUT_FAILURES` refused logins
+        of one user within `LOCKOUT_SECONDS` lock it for `LOCKOUT_SECONDS`; a locked user
+        is refused even with the right password.
         """
         with self.lock:
+            now = self.clock()
+            if self.is_locked(user):
+                return None
             expected = self.users.get(user)
             if expected is None or not secrets.compare_digest(expected, password):
+                recent = [t for t in self._refused.get(user, []) if now - t < LOCKOUT_SECONDS]
+                recent.append(now)
+                self._refused[user] = recent
+                if len(recent) >= LOCKOUT_FAILURES:
+                    self._locked_until[user] = now + LOCKOUT_SECONDS
+                    self._refused[user] = []
                 return None
-            now = self.clock()
             sig = secrets.token_urlsafe(24)
             self._sessions[sig] = _Session(user=user, ctime=now, timeout=self.session_timeout)
             ctime = int(now)
@@ -543,6 +575,11 @@ class InfobloxStore:
                 f"timeout={self.session_timeout},mtime={ctime},su=1,auth=LOCAL,"
                 f"user={user},{sig}"
             )
+
+    def is_locked(self, user: str) -> bool:
+        """Return True while ``user`` is locked out after too many refused logins."""
+        with self.lock:
+            return self.clock() < self._locked_until.get(user, 0.0)
 
     def session_user(self, cookie: str) -> str | None:
         """Return the user of a live session cookie.
@@ -1119,6 +1156,15 @@ class InfobloxStore:
                 self._check_ea_name(str(name))
                 if not isinstance(value, Mapping) or "value" not in value:
                     raise proto_error(f"Invalid value for extensible attribute {name}")
+                self._check_ea_allowed(otype.name, str(name))
+
+    def _check_ea_allowed(self, type_name: str, name: str) -> None:
+        # NIOS answers Client.Ibap.Data.Conflict (not a race) for an EA whose definition
+        # restricts the object types it may be set on.
+        for definition in self._find("extensibleattributedef", name=name):
+            allowed = definition.get("allowed_object_types") or []
+            if allowed and _EA_OBJECT_TYPES.get(type_name) not in allowed:
+                raise conflict(f"Extensible attribute '{name}' is not allowed for this operation")
 
     def _check_ea_name(self, name: str) -> None:
         if not self._find("extensibleattributedef", name=name):

@@ -619,9 +619,13 @@ class InfobloxBackend:
     def purge_quarantined(self, now: float) -> list[str]:
         """Delete the quarantined records of the pool's networks whose quarantine ended.
 
-        Lists each network's records as `entries` does (one paged list per network) and
-        sends ``DELETE <_ref>`` for each record whose `backends.base.quarantined_until` is
-        ``<= now`` (Unix time, seconds). Idempotent: a record already gone is success.
+        Host mode: one paged search for the quarantined host records of the pool's view,
+        ``GET record:host?name~=^quarantined[.]&view=<dns view>`` (``network_view=<view>``
+        without a DNS zone; ``name`` is searchable, with the regular-expression modifier),
+        whatever the number of live records. Fixed-address mode: each network's fixed
+        addresses as `entries` lists them. Then ``DELETE <_ref>`` for each record of the
+        pool's networks whose `backends.base.quarantined_until` is ``<= now`` (Unix time,
+        seconds). Idempotent: a record already gone is success.
 
         Returns
         -------
@@ -932,12 +936,16 @@ class InfobloxBackend:
         self._delete(entry.ref)
 
     def _purge_once(self, now: float) -> list[str]:
-        ended = [
-            e
-            for net in self._nets
-            for e in self._list_network(net)
-            if (until := e.quarantined_until) is not None and until <= now
-        ]
+        if self.config.record_type == "host":
+            params = [
+                ("name~", "^" + QUARANTINE_PREFIX.replace(".", "[.]")),
+                *self._host_scope(),
+                ("_return_fields", _HOST_FIELDS),
+            ]
+            marked = self._host_entries(list(self._paged("record:host", params)), None)
+        else:
+            marked = [e for net in self._nets for e in self._list_network(net)]
+        ended = [e for e in marked if (until := e.quarantined_until) is not None and until <= now]
         deleted: list[str] = []
         for ref, group in _by_ref(ended).items():
             self._delete(ref)

@@ -611,15 +611,29 @@ def test_purge_deletes_only_records_whose_quarantine_ended(
 ) -> None:
     ended = host("quarantined.a.ns1", "10.20.0.5", comment=quarantine_mark(UNTIL - 1))
     running = host("quarantined.b.ns1", "10.20.0.6", comment=quarantine_mark(UNTIL + 60))
-    live = host("c.ns1", "10.20.0.7", comment="ipam-bridge ns1/c")
     exact = host("quarantined.d.ns1", "10.30.0.2", comment=quarantine_mark(UNTIL))
-    add_listing(rsps, NET1, [[ended, running], [live]])
-    add_listing(rsps, NET2, [[exact]])
+    elsewhere = host("quarantined.e.ns1", "192.0.2.7", comment=quarantine_mark(UNTIL - 1))
+    # One paged search for the view's quarantined host records (not one per live record).
+    query = {
+        "name~": "^quarantined[.]",
+        "network_view": "default",
+        "_return_fields": HOST_FIELDS,
+    } | PAGING
+    rsps.get(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher(query)],
+        json={"result": [ended, running], "next_page_id": "789c:1"},
+    )
+    rsps.get(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher(query | {"_page_id": "789c:1"})],
+        json={"result": [exact, elsewhere]},
+    )
     rsps.delete(f"{WAPI}/{ended['_ref']}", json=ended["_ref"])
     rsps.delete(f"{WAPI}/{exact['_ref']}", json=exact["_ref"])
 
     assert make().purge_quarantined(UNTIL) == ["10.20.0.5", "10.30.0.2"]
-    assert methods(rsps).count("DELETE") == 2
+    assert methods(rsps) == ["GET", "GET", "DELETE", "DELETE"]
 
 
 # ------------------------------------------------------------------------------ entries

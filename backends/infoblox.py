@@ -7,7 +7,7 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import Cookie, CookieJar
 from types import MappingProxyType
@@ -45,7 +45,13 @@ from backends.transport import (
     status_error,
 )
 
-__all__ = ["MAX_SUBNETS", "InfobloxBackend", "InfobloxConfig"]
+__all__ = [
+    "DEFAULT_LOGIN_LIMIT",
+    "MAX_SUBNETS",
+    "NIOS_LOCKOUT_FAILURES",
+    "InfobloxBackend",
+    "InfobloxConfig",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,12 @@ PAGE_SIZE = 1000
 MAX_SUBNETS = 32
 #: Namespace of the deterministic DUID-UUID (RFC 6355) given to IPv6 fixed addresses.
 _DUID_NAMESPACE = uuid.UUID("4a6f1c52-7b0e-4d5c-9a43-6d1f0b2c8e11")
+#: Failed logins after which NIOS locks a local user (account lockout default).
+NIOS_LOCKOUT_FAILURES = 5
+#: Refused logins per endpoint and 5 minutes the client allows itself (below the lockout).
+DEFAULT_LOGIN_LIMIT = 3
+#: How long NIOS keeps a locked account locked by default (seconds).
+NIOS_LOCKOUT_SECONDS = 300.0
 #: Fields read from host records (search by name, listing of a network).
 _HOST_FIELDS = "name,view,comment,ipv4addrs,ipv6addrs"
 
@@ -77,6 +89,12 @@ _NETWORK_MISSING_RE = re.compile(
     re.IGNORECASE,
 )
 _UNSUPPORTED_VERSION_RE = re.compile(r"version\s+\S+\s+not supported", re.IGNORECASE)
+#: Conflict texts of a lost race (for an address or a name); any other
+#: ``Client.Ibap.Data.Conflict`` (an EA not allowed, superuser-only EA definitions, a member
+#: of another network view) is a refusal a person must resolve.
+_RACE_RE = re.compile(r"already exists|already in use|already (been )?(used|assigned)", re.I)
+_LOCKED_RE = re.compile(r"\block(ed|out)\b|account (is )?disabled", re.IGNORECASE)
+_TAG_RE = re.compile(r"<[^>]+>")
 
 
 def _normal_gateway(text: str | None, network: IPNetwork, what: str) -> str | None:
@@ -174,6 +192,13 @@ class InfobloxConfig:
         ``total_seconds`` bounds each operation, requests in flight included.
     user_agent:
         The ``User-Agent`` header.
+    login_limit:
+        Refused logins to the grid's endpoint within 5 minutes after which no login is sent
+        until the oldest leaves the window (default 3; 1-4). NIOS's account lockout, when
+        enabled, locks a local user after 5 failed logins for 5 minutes by default (NIOS
+        admin guide, "Configuring Security Features"), so the operator can never lock the
+        account it needs; the operator's whole endpoint budget (phpIPAM's is 5) is also an
+        upper bound.
 
     Raises
     ------
@@ -183,7 +208,7 @@ class InfobloxConfig:
         ``subnet_id``), a CIDR is malformed, two entries overlap, a gateway is not an
         address of its subnet's family, a prefix is out of range, ``record_type`` is
         unknown, ``dns_zone`` is set with ``record_type="fixedaddress"``, or
-        ``timeout_seconds`` is not positive.
+        ``timeout_seconds`` is not positive, or ``login_limit`` is not 1-4.
 
     """
 
@@ -205,6 +230,7 @@ class InfobloxConfig:
     timeout_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     user_agent: str = field(default_factory=default_user_agent)
+    login_limit: int = DEFAULT_LOGIN_LIMIT
 
     def __post_init__(self) -> None:
         if (self.subnet is None) == (not self.subnets):
@@ -226,6 +252,11 @@ class InfobloxConfig:
             raise ValueError("dns_zone applies to host records only (record_type 'host')")
         if self.timeout_seconds <= 0:
             raise ValueError("timeout_seconds must be positive")
+        if not 1 <= self.login_limit < NIOS_LOCKOUT_FAILURES:
+            raise ValueError(
+                f"login_limit must be 1-{NIOS_LOCKOUT_FAILURES - 1} (below NIOS's lockout "
+                f"threshold of {NIOS_LOCKOUT_FAILURES} failed logins), not {self.login_limit}"
+            )
         if self.gateway is not None and self.subnet is not None:
             object.__setattr__(self, "gateway", subnets[0].gateway)
         object.__setattr__(self, "subnets", subnets)
@@ -341,6 +372,23 @@ class InfobloxBackend:
     ``_ref`` values from WAPI are already URL-encoded (``ipv6fixedaddress/ZG5...:2001%3Adb8
     %3A%3A10/default``) and are sent as they are, never encoded a second time.
 
+    Requests follow the WAPI 2.12 schema Infoblox generated from a grid (public repository
+    infobloxopen/infoblox-swagger-wapi): only its search fields, return fields and body
+    fields are sent (the unit tests check every request against it). Compared with
+    Infoblox's own Python client ``infoblox-client`` 0.6.2 (``objects.py``,
+    ``object_manager.py``): the same ``func:nextavailableip:<cidr>,<network view>`` string
+    and host records searched by ``name`` and ``view``; its ``fixedaddress`` searchable
+    fields lack ``name`` too, and it finds fixed addresses by ``ipv4addr``/``mac`` and
+    ``network_view``. This client cannot search by address (a claim knows only its
+    hostname; every fixed address it makes has the zero MAC), so it goes through the
+    address view, ``ipv4address?names=``. It differs where a bounded, idempotent operator
+    needs it: the object-function form of next-available-IP to exclude gateways in the
+    same create (infoblox-client has no exclusion), ``network_view`` on every host record
+    (infoblox-client omits it and relies on the DNS view's default), names lower-cased
+    before every search, and every call bounded by the shared transport (one slot of the
+    endpoint, a time budget, a login budget) instead of infoblox-client's unbounded
+    connector retries.
+
     Parameters
     ----------
     config:
@@ -400,8 +448,10 @@ class InfobloxBackend:
         """Return each network's CIDR, prefix, gateway and live usage, in the pool's order.
 
         Per network: ``GET network`` (``ipv6network``) with ``_return_fields=network,
-        network_view,options`` and the used addresses counted with paged
-        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``.
+        network_view,options``, the used addresses counted with paged
+        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED``, and
+        the DHCP (and reserved) ranges with ``GET range|ipv6range?network=<cidr>&
+        network_view=<view>``.
 
         Returns
         -------
@@ -410,9 +460,12 @@ class InfobloxBackend:
             first value of the DHCP option ``routers`` (option 3) on the network, or None
             when the network does not set it (inherited options are not resolved);
             ``total`` is ``2**(bits - prefix)`` minus network and broadcast for IPv4
-            prefixes below /31; ``used`` counts addresses WAPI reports ``USED`` (records of
-            anyone, quarantined ones included), excluding the network and broadcast
-            addresses, plus a gateway nothing registers; ``free = max(total - used, 0)``.
+            prefixes below /31 and minus the subnet-router anycast address ``prefix::`` for
+            IPv6 below /127 (next-available-IP hands none of them out); ``used`` counts
+            every address inside a ``range``/``ipv6range`` (next-available-IP never hands
+            those out, used or not), plus, outside the ranges, addresses WAPI reports
+            ``USED`` (records of anyone, quarantined ones included) and a gateway nothing
+            registers; ``free = max(total - used, 0)``.
 
         Raises
         ------
@@ -428,11 +481,16 @@ class InfobloxBackend:
     def find(self, hostname: str) -> Allocation | None:
         """Return the address registered under ``hostname`` in the pool's networks, or None.
 
-        One search by name. Host mode: ``GET record:host?name=<fqdn>&view=<dns view>`` when
+        Host mode: one search by name, ``GET record:host?name=<fqdn>&view=<dns view>`` when
         the pool has a DNS zone, else ``GET record:host?name=<hostname>&network_view=<view>``
-        (records outside DNS have no DNS view, WAPI reports ``view: " "``). Fixed-address
-        mode: ``GET fixedaddress?name=<hostname>&network_view=<view>`` (and
-        ``ipv6fixedaddress`` when the pool has an IPv6 network). Only addresses inside the
+        (records outside DNS have no DNS view, WAPI reports ``view: " "``); the name is
+        lower-cased, as NIOS stores DNS names. Fixed-address mode: ``name`` is not a search
+        field of ``fixedaddress``/``ipv6fixedaddress`` (WAPI 2.12 schema), so
+        ``GET ipv4address|ipv6address?names=<hostname>&network_view=<view>`` (``names`` is
+        searchable there) lists the addresses held under that name with the ``_ref`` of
+        each object (``objects``), and each fixed address among them is read with
+        ``GET <_ref>`` (only those whose ``name`` is exactly ``hostname`` count; IPv6 only
+        when the pool has an IPv6 network). Only addresses inside the
         pool's networks count; quarantined records (a `backends.base.quarantine_mark`
         comment) and gateway, network or broadcast addresses are ignored; of several, the
         first network's, then the lowest address wins (WAPI exposes no creation order).
@@ -512,7 +570,12 @@ class InfobloxBackend:
             the view by a record that holds no address of the pool: a person must rename
             or remove that record.
         ConflictError
-            A lost race for an address (retried by the policy, which looks up again first).
+            A lost race for an address (retried by the policy, which looks up again first):
+            a ``Client.Ibap.Data.Conflict`` whose text says "already exists" / "already in
+            use". Any other ``Client.Ibap.Data.Conflict`` (an extensible attribute not
+            allowed for the object, superuser-only EA definitions, a member assigned to
+            another network view) is an `InvalidRequestError` with the grid's text, and a
+            404 on the create (an unknown DNS view, network view or zone) too.
         AuthenticationFailedError, BackendUnavailableError
 
         """
@@ -556,9 +619,13 @@ class InfobloxBackend:
     def purge_quarantined(self, now: float) -> list[str]:
         """Delete the quarantined records of the pool's networks whose quarantine ended.
 
-        Lists each network's records as `entries` does (one paged list per network) and
-        sends ``DELETE <_ref>`` for each record whose `backends.base.quarantined_until` is
-        ``<= now`` (Unix time, seconds). Idempotent: a record already gone is success.
+        Host mode: one paged search for the quarantined host records of the pool's view,
+        ``GET record:host?name~=^quarantined[.]&view=<dns view>`` (``network_view=<view>``
+        without a DNS zone; ``name`` is searchable, with the regular-expression modifier),
+        whatever the number of live records. Fixed-address mode: each network's fixed
+        addresses as `entries` lists them. Then ``DELETE <_ref>`` for each record of the
+        pool's networks whose `backends.base.quarantined_until` is ``<= now`` (Unix time,
+        seconds). Idempotent: a record already gone is success.
 
         Returns
         -------
@@ -575,11 +642,14 @@ class InfobloxBackend:
     def entries(self) -> list[Allocation]:
         """Return every record address in the pool's networks, whoever registered it.
 
-        One paged list per network (``_paging=1``, 1000 a page): host mode
-        ``GET record:host?network=<cidr>&network_view=<view>&_return_fields=name,view,
-        comment,ipv4addrs,ipv6addrs``; fixed-address mode ``GET fixedaddress|
-        ipv6fixedaddress?network=<cidr>&network_view=<view>``. Objects of other types (A
-        records, leases, fixed addresses in host mode) are not listed.
+        Per network, paged (``_paging=1``, 1000 a page): fixed-address mode ``GET
+        fixedaddress|ipv6fixedaddress?network=<cidr>&network_view=<view>``; host mode
+        ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED&
+        _return_fields=ip_address,objects`` (``network`` is not a search field of
+        ``record:host`` at WAPI 2.12), then ``GET <_ref>?_return_fields=name,view,comment,
+        ipv4addrs,ipv6addrs`` for each host record named in ``objects`` (once per record).
+        Objects of other types (A records, leases, fixed addresses in host mode) are not
+        listed.
 
         Returns
         -------
@@ -651,8 +721,15 @@ class InfobloxBackend:
     def _describe_once(self, net: _Net) -> SubnetInfo:
         routers = self._refresh_gateway(net)
         total = _capacity(net.network)
-        # A gateway nobody registered is not free either: it is never handed out.
-        used = len(self._used_addresses(net) | self._gateways(net, routers))
+        # Addresses inside DHCP (and reserved) ranges are never handed out by
+        # next-available-IP, and neither is a gateway nobody registered.
+        spans = self._range_spans(net)
+        outside = {
+            a
+            for a in self._used_addresses(net) | self._gateways(net, routers)
+            if not any(lo <= int(a) <= hi for lo, hi in spans)
+        }
+        used = len(outside) + sum(hi - lo + 1 for lo, hi in spans)
         return SubnetInfo(
             cidr=net.cidr,
             prefix=net.prefixlen,
@@ -896,12 +973,16 @@ class InfobloxBackend:
         self._delete(entry.ref)
 
     def _purge_once(self, now: float) -> list[str]:
-        ended = [
-            e
-            for net in self._nets
-            for e in self._list_network(net)
-            if (until := e.quarantined_until) is not None and until <= now
-        ]
+        if self.config.record_type == "host":
+            params = [
+                ("name~", "^" + QUARANTINE_PREFIX.replace(".", "[.]")),
+                *self._host_scope(),
+                ("_return_fields", _HOST_FIELDS),
+            ]
+            marked = self._host_entries(list(self._paged("record:host", params)), None)
+        else:
+            marked = [e for net in self._nets for e in self._list_network(net)]
+        ended = [e for e in marked if (until := e.quarantined_until) is not None and until <= now]
         deleted: list[str] = []
         for ref, group in _by_ref(ended).items():
             self._delete(ref)
@@ -958,22 +1039,66 @@ class InfobloxBackend:
         entries: list[_Entry] = []
         for v6 in self._families():
             fixed_type, addr_field = _fixed_names(v6)
-            records = self._get_list(
-                fixed_type,
+            # ``name`` is not a search field of fixedaddress/ipv6fixedaddress: the address
+            # view lists every object by name (``names`` is searchable) with its refs.
+            found = self._get_list(
+                "ipv6address" if v6 else "ipv4address",
                 [
-                    ("name", hostname),
+                    ("names", hostname),
                     ("network_view", self.config.network_view),
-                    ("_return_fields", f"name,comment,{addr_field},network_view"),
+                    ("_return_fields", "ip_address,names,objects"),
                 ],
             )
+            fields = f"name,comment,{addr_field},network_view"
+            records = [
+                record
+                for ref in self._object_refs(found, fixed_type)
+                if (record := self._read(ref, fields)) is not None
+                and record.get("name") == hostname
+            ]
             entries.extend(self._fixed_entries(records, addr_field, None))
         return entries
 
+    def _object_refs(self, items: Iterable[Mapping[str, Any]], obj_type: str) -> list[str]:
+        """Return the ``_ref`` of each ``obj_type`` object an address-view answer lists.
+
+        In order; only addresses inside the pool's networks count; each ref appears once.
+        """
+        refs: dict[str, None] = {}
+        for item in items:
+            address = _parse_address(item.get("ip_address"))
+            if address is None or self._net_of(address) is None:
+                continue
+            for ref in item.get("objects") or []:
+                if isinstance(ref, str) and ref.startswith(obj_type + "/"):
+                    refs.setdefault(ref)
+        return list(refs)
+
+    def _read(self, ref: str, fields: str) -> dict[str, Any] | None:
+        """``GET <ref>`` with ``_return_fields``; None when the object is gone meanwhile."""
+        try:
+            answer = self._call_json("GET", ref, params=[("_return_fields", fields)])
+        except _RefNotFoundError:
+            return None
+        if isinstance(answer, dict) and "_ref" not in answer:
+            answer = answer.get("result")
+        return answer if isinstance(answer, dict) and "_ref" in answer else None
+
     def _list_network(self, net: _Net) -> list[_Entry]:
-        """Every record address in ``net``: one paged list (see `entries`)."""
+        """Every record address in ``net`` (see `entries`)."""
         scope = [("network", net.cidr), ("network_view", self.config.network_view)]
         if self.config.record_type == "host":
-            records = list(self._paged("record:host", [*scope, ("_return_fields", _HOST_FIELDS)]))
+            # ``network`` is not a search field of record:host at WAPI 2.12: the address
+            # view of the network lists the host records that use its addresses.
+            used = self._paged(
+                net.address_type,
+                [*scope, ("status", "USED"), ("_return_fields", "ip_address,objects")],
+            )
+            records = [
+                record
+                for ref in self._object_refs(used, "record:host")
+                if (record := self._read(ref, _HOST_FIELDS)) is not None
+            ]
             return self._host_entries(records, net)
         fixed_type, addr_field = _fixed_names(net.v6)
         fields = ("_return_fields", f"name,comment,{addr_field},network_view")
@@ -1032,12 +1157,14 @@ class InfobloxBackend:
         family = net.family
         if self.config.record_type == "host":
             body[f"{family}addrs"] = [{f"{family}addr": value, "configure_for_dhcp": False}]
+            # The record's own network_view places it: the view named in
+            # func:nextavailableip only picks the address.
+            body["network_view"] = self.config.network_view
             if self.config.dns_zone:
                 body["configure_for_dns"] = True
                 body["view"] = self.config.dns_view
             else:
                 body["configure_for_dns"] = False
-                body["network_view"] = self.config.network_view
             obj_type, return_fields = "record:host", f"name,comment,{family}addrs"
         else:
             obj_type = net.fixed_type
@@ -1146,6 +1273,38 @@ class InfobloxBackend:
             return False
         return False
 
+    def _range_spans(self, net: _Net) -> list[tuple[int, int]]:
+        """Return the network's ``range``/``ipv6range`` objects as ``(first, last)`` ints.
+
+        ``GET range|ipv6range?network=<cidr>&network_view=<view>``; clipped to the addresses
+        next-available-IP could hand out, merged where they overlap, sorted.
+        """
+        items = self._get_list(
+            "ipv6range" if net.v6 else "range",
+            [
+                ("network", net.cidr),
+                ("network_view", self.config.network_view),
+                ("_return_fields", "start_addr,end_addr"),
+            ],
+        )
+        first, last = _host_bounds(net.network)
+        spans: list[tuple[int, int]] = []
+        for item in items:
+            start = _parse_address(item.get("start_addr"))
+            end = _parse_address(item.get("end_addr"))
+            if start is None or end is None:
+                continue
+            lo, hi = max(int(start), first), min(int(end), last)
+            if lo <= hi:
+                spans.append((lo, hi))
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        return merged
+
     def _used_addresses(self, net: _Net) -> set[IPAddr]:
         """Addresses WAPI reports ``USED`` in the network, without network and broadcast."""
         params = [
@@ -1164,7 +1323,8 @@ class InfobloxBackend:
                 raise BackendUnavailableError(
                     f"WAPI listed a used address of {net.cidr} without ip_address"
                 )
-            used.add(address)
+            if _in_hosts(address, net.network):
+                used.add(address)
         return used
 
     def _paged(self, obj_type: str, params: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
@@ -1208,8 +1368,11 @@ class InfobloxBackend:
         return None
 
     def _record_name(self, hostname: str) -> str:
+        """Return the record name of a claim's key (host records lower-cased, as NIOS stores)."""
         if self.config.record_type == "host" and self.config.dns_zone:
-            return f"{hostname}.{self.config.dns_zone}"
+            return f"{hostname}.{self.config.dns_zone}".lower()
+        if self.config.record_type == "host":
+            return hostname.lower()
         return hostname
 
     def _hostname_of(self, name: str) -> str:
@@ -1284,6 +1447,8 @@ class InfobloxBackend:
         network = net.network
         if network.version == 4 and network.prefixlen < 31:
             never.update((network.network_address, network.broadcast_address))
+        if network.version == 6 and network.prefixlen < 127:
+            never.add(network.network_address)  # the subnet-router anycast address
         return frozenset(never)
 
     def _next_available(self, net: _Net, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
@@ -1355,15 +1520,35 @@ class InfobloxBackend:
             answer = self._transport.request(
                 method, url, what=what, params=params, json=json, auth=self._basic
             )
-            if answer.status_code == 401:
-                raise AuthenticationFailedError(
-                    f"the grid at {self.config.endpoint} refused the credentials of user "
-                    f"{self.config.username!r} (HTTP 401)",
-                    status=401,
-                )
+            if answer.status_code == 401 or (
+                answer.status_code == 403 and _LOCKED_RE.search(_plain_text(answer))
+            ):
+                raise self._refused_login(answer)
             return answer
 
-        return self._transport.login(self._credential, with_basic_auth)
+        return self._transport.login(
+            self._credential,
+            with_basic_auth,
+            blocked_for=lambda exc: NIOS_LOCKOUT_SECONDS if _LOCKED_RE.search(exc.message) else 0,
+            limit=self.config.login_limit,
+        )
+
+    def _refused_login(self, answer: requests.Response) -> AuthenticationFailedError:
+        """Return the error of a refused Basic-auth answer (a locked account in the grid's text)."""
+        text = _plain_text(answer)
+        status = answer.status_code
+        if _LOCKED_RE.search(text):
+            return AuthenticationFailedError(
+                f"the grid at {self.config.endpoint} reports the account of user "
+                f"{self.config.username!r} locked (HTTP {status}): {text}; no login is sent "
+                f"for {NIOS_LOCKOUT_SECONDS:g}s",
+                status=status,
+            )
+        return AuthenticationFailedError(
+            f"the grid at {self.config.endpoint} refused the credentials of user "
+            f"{self.config.username!r} (HTTP {status})",
+            status=status,
+        )
 
     def _call_json(
         self,
@@ -1384,18 +1569,35 @@ class InfobloxBackend:
                     f"{response.status_code} with a body that is not JSON",
                     status=response.status_code,
                 ) from exc
-        raise _classify(response, self.config.wapi_version)
+        raise _classify(response, self.config.wapi_version, on_ref="/" in path)
 
 
 # --------------------------------------------------------------------- pure helpers
 
 
-def _classify(response: requests.Response, wapi_version: str) -> BackendError:
+def _plain_text(response: requests.Response) -> str:
+    """Return an answer's human text: a WAPI error's ``text``, else the body without tags."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and (body.get("text") or body.get("Error")):
+        return str(body.get("text") or body.get("Error"))[:300]
+    return " ".join(_TAG_RE.sub(" ", response.text or "").split())[:300]
+
+
+def _classify(response: requests.Response, wapi_version: str, *, on_ref: bool) -> BackendError:
     """Map a failed WAPI answer to a `BackendError`, by its ``code``/``text`` first.
 
-    The WAPI error body is ``{"Error": ..., "code": ..., "text": ...}`` (backends.md B.6);
-    401/403 bodies are HTML and an unsupported version is plain text, so the body is only
-    trusted when it decodes to that shape.
+    The WAPI error body is ``{"Error": ..., "code": ..., "text": ...}``; 401/403 bodies are
+    HTML and an unsupported version is plain text, so the body is only trusted when it
+    decodes to that shape. ``on_ref``: the request named a ``_ref`` (a 404 then means the
+    object is gone); a 404 on an object type means the grid does not know a view, network
+    view or zone the request names (``Client.Ibap.Data.NotFound``), which a person must fix.
+    ``Client.Ibap.Data.Conflict`` is a retryable `ConflictError` only for the "already
+    exists / in use" texts of a lost race; NIOS uses the same code for extensible attributes
+    not allowed on an object, superuser-only EA definitions and members of another network
+    view, which become `InvalidRequestError` with the grid's text.
     """
     status = response.status_code
     error = code = text = ""
@@ -1411,6 +1613,10 @@ def _classify(response: requests.Response, wapi_version: str) -> BackendError:
     detail = text or raw or f"HTTP {status}"
 
     if status == 403:
+        if _LOCKED_RE.search(plain := _plain_text(response)):
+            return AuthenticationFailedError(
+                f"the grid reports the WAPI account locked (HTTP 403): {plain}", status=status
+            )
         return AuthenticationFailedError(
             f"the WAPI user lacks permission (HTTP 403): {text or 'forbidden'}", status=status
         )
@@ -1421,7 +1627,12 @@ def _classify(response: requests.Response, wapi_version: str) -> BackendError:
         or code == "Client.Ibap.Data.NotFound"
         or error.startswith("AdmConDataNotFoundError")
     ):
-        return _RefNotFoundError(f"WAPI object not found: {detail}", status=status)
+        if on_ref:
+            return _RefNotFoundError(f"WAPI object not found: {detail}", status=status)
+        return InvalidRequestError(
+            f"the grid does not know a view, network view or zone the pool names: {detail}",
+            status=status,
+        )
     if body is None and _UNSUPPORTED_VERSION_RE.search(raw):
         return InvalidRequestError(
             f"the grid does not support WAPI version {wapi_version}: {raw}", status=status
@@ -1436,7 +1647,9 @@ def _classify(response: requests.Response, wapi_version: str) -> BackendError:
             status=status,
         )
     if code.startswith("Client.Ibap.Data.Conflict") or "IBDataConflictError" in error:
-        return ConflictError(f"WAPI conflict: {text}", status=status)
+        if _RACE_RE.search(text):
+            return ConflictError(f"WAPI conflict: {text}", status=status)
+        return InvalidRequestError(f"the grid refused the request: {text}", status=status)
     if _NETWORK_MISSING_RE.search(text) and not _EXHAUSTED_RE.search(text):
         return SubnetNotFoundError(f"network not found: {text}", status=status)
     return InvalidRequestError(
@@ -1471,24 +1684,35 @@ def _gateway_from_options(options: object) -> str | None:
     return None
 
 
+def _host_bounds(network: IPNetwork) -> tuple[int, int]:
+    """Return the first and last address (as ints) next-available-IP can hand out.
+
+    IPv4 below /31 loses the network and broadcast addresses; IPv6 below /127 loses the
+    subnet-router anycast address ``prefix::`` (RFC 4291 section 2.6.1).
+    """
+    first, last = int(network.network_address), int(network.broadcast_address)
+    if network.version == 4 and network.prefixlen < 31:
+        return first + 1, last - 1
+    if network.version == 6 and network.prefixlen < 127:
+        return first + 1, last
+    return first, last
+
+
 def _in_hosts(address: IPAddr, network: IPNetwork) -> bool:
     """Return True when next-available-IP can hand ``address`` out of ``network``.
 
-    Everything in the network but, for IPv4 below /31, the network and broadcast addresses
-    (backends.md B.5).
+    Everything in the network but the addresses `_host_bounds` leaves out.
     """
-    if address not in network:
+    if address.version != network.version or address not in network:
         return False
-    if network.version == 4 and network.prefixlen < 31:
-        return address not in (network.network_address, network.broadcast_address)
-    return True
+    first, last = _host_bounds(network)
+    return first <= int(address) <= last
 
 
 def _capacity(network: IPNetwork) -> int:
-    """Addresses that can be handed out (IPv4 loses network and broadcast below /31)."""
-    if network.version == 4 and network.prefixlen < 31:
-        return network.num_addresses - 2
-    return network.num_addresses
+    """Addresses that can be handed out (see `_host_bounds`)."""
+    first, last = _host_bounds(network)
+    return last - first + 1
 
 
 def _duid_for(hostname: str) -> str:

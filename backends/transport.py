@@ -281,7 +281,7 @@ class Endpoint:
 
     # ------------------------------------------------------------------ logins
 
-    def check_login(self, credential: str) -> bool:
+    def check_login(self, credential: str, limit: int | None = None) -> bool:
         """Raise when a login with ``credential`` must be held back; else admit it.
 
         Returns True when the admitted login took a place in the budget (its credentials are
@@ -292,6 +292,7 @@ class Endpoint:
         `EndpointRegistry.login_retry_seconds` after they were refused, and while the
         endpoint refused `EndpointRegistry.login_limit` logins within the window (whatever
         the credentials), so that the refusals of one endpoint stay within that budget.
+        ``limit`` lowers that budget for this login (an IPAM that locks accounts sooner).
 
         Raises
         ------
@@ -319,7 +320,8 @@ class Endpoint:
                     f"{_at(wall + refused[0] + registry.login_retry_seconds - now)}"
                 )
             count = len(self._refusals)
-            if count + self._pending < registry.login_limit:
+            budget = min(limit, registry.login_limit) if limit is not None else registry.login_limit
+            if count + self._pending < budget:
                 self._pending += 1
                 return True
             next_try = (
@@ -688,6 +690,7 @@ class Transport:
         fn: Callable[[], T],
         *,
         blocked_for: Callable[[AuthenticationFailedError], float] | None = None,
+        limit: int | None = None,
     ) -> T:
         """Run a login ``fn`` under the endpoint's login budget.
 
@@ -700,13 +703,16 @@ class Transport:
         blocked_for:
             Tells from a refusal how long the IPAM now blocks this address (0: it does not);
             no login to the endpoint is sent before that.
+        limit:
+            Refused logins per window this login allows, when below the endpoint's
+            ``login_limit`` (Infoblox: 3 per 5 minutes, below NIOS's account lockout).
 
         Raises
         ------
         AuthenticationFailedError
             The refusal (recorded), or the login held back (not sent).
         """
-        admitted = self.endpoint.check_login(credential)
+        admitted = self.endpoint.check_login(credential, limit)
         try:
             result = fn()
         except AuthenticationFailedError as exc:

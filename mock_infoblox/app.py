@@ -12,7 +12,14 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from mock_infoblox.errors import UNAUTHORIZED_HTML, WAPIError, conflict, proto_error
+from mock_infoblox.errors import (
+    LOCKED_HTML,
+    UNAUTHORIZED_HTML,
+    WAPIError,
+    conflict,
+    proto_error,
+    read_only_member,
+)
 from mock_infoblox.schema import ObjectType
 from mock_infoblox.store import InfobloxStore, SearchFilter
 from mock_phpipam.faults import FaultConfig, FaultInjector, RaceHooks
@@ -78,10 +85,10 @@ def _error(exc: WAPIError) -> web.Response:
     return _json(exc.body(), status=exc.status)
 
 
-def _unauthorized() -> web.Response:
+def _unauthorized(*, locked: bool = False) -> web.Response:
     return web.Response(
         status=401,
-        text=UNAUTHORIZED_HTML,
+        text=LOCKED_HTML if locked else UNAUTHORIZED_HTML,
         content_type="text/html",
         headers={"WWW-Authenticate": _REALM},
     )
@@ -261,6 +268,8 @@ async def _dispatch(req: _Request) -> web.Response:
         if method == "GET":
             return await _search(req, path)
         if method == "POST":
+            if store.read_only:
+                raise read_only_member()
             body = await req.body()
             created = store.create(path, body)
             otype = store.object_type(path)
@@ -273,6 +282,8 @@ async def _dispatch(req: _Request) -> web.Response:
     otype = store.object_type(type_name)
     if "_function" in req.control:
         return await _function(req, path)
+    if method in ("PUT", "DELETE") and store.read_only:
+        raise read_only_member()
     if method == "GET":
         return req.wrap(req.shape(otype, store.get(path)))
     if method == "PUT":
@@ -306,7 +317,7 @@ async def _wapi(request: web.Request) -> web.StreamResponse:
         peer = request.remote or "127.0.0.1"
         new_cookie = store.login(*creds, client_ip=peer) if creds else None
         if new_cookie is None:
-            return _unauthorized()
+            return _unauthorized(locked=creds is not None and store.is_locked(creds[0]))
     else:
         cookie = request.cookies.get(COOKIE_NAME)
         if not cookie or store.session_user(cookie) is None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "LOCKED_HTML",
     "UNAUTHORIZED_HTML",
     "WAPIError",
     "conflict",
     "data_error",
     "not_found",
     "proto_error",
+    "read_only_member",
 ]
 
 #: The Apache page NIOS answers with on a missing or wrong password or an expired cookie
@@ -26,6 +28,17 @@ requested.  Either you supplied the wrong
 credentials (e.g., bad password), or your
 browser doesn't understand how to supply
 the credentials required.</p>
+</body></html>
+"""
+
+#: The 401 page of a locked-out account. The exact NIOS page is not recorded in public
+#: material; the mock's says "locked" as the grid's message does.
+LOCKED_HTML = """<!DOCTYPE HTML PUBLIC "-//IETF//DTD HTML 2.0//EN">
+<html><head>
+<title>401 Authorization Required</title>
+</head><body>
+<h1>Authorization Required</h1>
+<p>Account is locked: too many failed login attempts. Try again later.</p>
 </body></html>
 """
 
@@ -138,3 +151,16 @@ def not_found(text: str) -> WAPIError:
         Status 404, ``Error`` prefixed with ``AdmConDataNotFoundError: ``.
     """
     return WAPIError(404, f"AdmConDataNotFoundError: {text}", "Client.Ibap.Data.NotFound", text)
+
+
+def read_only_member() -> WAPIError:
+    """Return the error of a write sent to a Grid Master Candidate (read-only API access).
+
+    Returns
+    -------
+    WAPIError
+        Status 403, ``Client.Ibap.Proto``. The exact NIOS text is not recorded in public
+        material; the mock's names the read-only member.
+    """
+    text = "Write operations are not allowed: this member has read-only API access"
+    return WAPIError(403, f"AdmConProtoError: {text}", "Client.Ibap.Proto", text)

@@ -1,10 +1,25 @@
-"""The WAPI object types the mock serves: their fields, basic fields and searchable fields."""
+"""The WAPI object types the mock serves: their fields, basic fields and searchable fields.
+
+Searchable fields, known fields and body fields come from ``wapi/wapi-2.12.json``, extracted
+by ``wapi/generate.py`` from the WAPI 2.12 OpenAPI description Infoblox generated from a
+grid (public repository infobloxopen/infoblox-swagger-wapi): a search on a field a grid
+does not search, or a field a grid does not know, is refused as a grid refuses it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-__all__ = ["OBJECT_TYPES", "ObjectType"]
+__all__ = ["OBJECT_TYPES", "WAPI_SCHEMA", "ObjectType"]
+
+#: The extracted WAPI 2.12 schema: ``{"objects": {<type>: {"search", "fields", "create",
+#: "update", "functions"}}, "version", "source"}`` (lists of field names).
+WAPI_SCHEMA: dict[str, Any] = json.loads(
+    (Path(__file__).with_name("wapi") / "wapi-2.12.json").read_text()
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,24 @@ class ObjectType:
     searchable: frozenset[str]
     required: tuple[str, ...] = ()
     read_only: bool = False
+    updatable: frozenset[str] | None = None
+
+
+def _from_schema(otype: ObjectType) -> ObjectType:
+    """Return ``otype`` with the searchable, known and body fields of the WAPI 2.12 schema.
+
+    Types the schema does not describe are returned unchanged.
+    """
+    data = WAPI_SCHEMA["objects"].get(otype.name)
+    if data is None:
+        return otype
+    return replace(
+        otype,
+        fields=frozenset(data["fields"]) | frozenset(otype.basic),
+        searchable=frozenset(data["search"]),
+        writable=frozenset(data["create"]),
+        updatable=frozenset(data["update"]),
+    )
 
 
 def _type(
@@ -75,7 +108,7 @@ _ADDRESS_SEARCH = (
 #: Every object type the mock knows, by WAPI name. Field names follow the WAPI 2.12
 #: reference (and the infobloxopen/infoblox-nios-go-client OpenAPI specs of WAPI 2.13.6).
 OBJECT_TYPES: dict[str, ObjectType] = {
-    t.name: t
+    t.name: _from_schema(t)
     for t in (
         _type(
             "network",
@@ -165,10 +198,36 @@ OBJECT_TYPES: dict[str, ObjectType] = {
             required=("start_addr", "end_addr"),
         ),
         _type(
+            "ipv6range",
+            ("comment", "end_addr", "network", "network_view", "start_addr"),
+            ("extattrs", "disable", "name", "server_association_type"),
+            (
+                "start_addr",
+                "end_addr",
+                "network",
+                "network_view",
+                "comment",
+                "extattrs",
+                "disable",
+                "name",
+                "server_association_type",
+            ),
+            ("start_addr", "end_addr", "network", "network_view", "comment", "name"),
+            required=("start_addr", "end_addr"),
+        ),
+        _type(
             "extensibleattributedef",
             ("comment", "default_value", "name", "type"),
-            ("list_values", "flags"),
-            ("name", "type", "comment", "default_value", "list_values", "flags"),
+            ("list_values", "flags", "allowed_object_types"),
+            (
+                "name",
+                "type",
+                "comment",
+                "default_value",
+                "list_values",
+                "flags",
+                "allowed_object_types",
+            ),
             ("name", "type", "comment"),
             required=("name", "type"),
         ),

@@ -45,6 +45,18 @@ _FUNC_PREFIX = "func:nextavailableip:"
 #: The object types the admin API edits as "records" (what pools register).
 RECORD_TYPES = ("record:host", "fixedaddress", "ipv6fixedaddress")
 _NETWORK_TYPES = {4: "network", 6: "ipv6network"}
+_RANGE_TYPES = {4: "range", 6: "ipv6range"}
+#: NIOS account lockout defaults (when enabled): 5 failed logins lock a user for 5 minutes.
+LOCKOUT_FAILURES = 5
+LOCKOUT_SECONDS = 300.0
+#: ``allowed_object_types`` names of an extensible attribute definition, per WAPI type.
+_EA_OBJECT_TYPES = {
+    "record:host": "HostRecord",
+    "fixedaddress": "FixedAddress",
+    "ipv6fixedaddress": "IPv6FixedAddress",
+    "network": "Network",
+    "ipv6network": "IPv6Network",
+}
 _FIXED_TYPES = {4: "fixedaddress", 6: "ipv6fixedaddress"}
 _ADDR_KEYS = {4: "ipv4addr", 6: "ipv6addr"}
 _HOST_LISTS = {4: "ipv4addrs", 6: "ipv6addrs"}
@@ -313,6 +325,11 @@ class InfobloxStore:
         self._used: list[UsedAddress] = []
         self._sessions: dict[str, _Session] = {}
         self._pagers: dict[str, _Pager] = {}
+        #: Refused logins per user (times) and the end of each user's lockout.
+        self._refused: dict[str, list[float]] = {}
+        self._locked_until: dict[str, float] = {}
+        #: A Grid Master Candidate: read-only API access (writes answer 403).
+        self.read_only = False
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -330,6 +347,9 @@ class InfobloxStore:
             self._used.clear()
             self._sessions.clear()
             self._pagers.clear()
+            self._refused.clear()
+            self._locked_until.clear()
+            self.read_only = False
             self._insert_view("networkview", {"name": "default", "is_default": True})
             self._insert_view(
                 "view", {"name": "default", "is_default": True, "network_view": "default"}
@@ -450,7 +470,8 @@ class InfobloxStore:
                 body["options"] = options
             self.create(_NETWORK_TYPES[cidr.version], self._plain_extattrs(body))
         for rng in seed.get("ranges") or []:
-            self.create("range", self._plain_extattrs(dict(rng)))
+            start = ipaddress.ip_address(str(rng["start_addr"]))
+            self.create(_RANGE_TYPES[start.version], self._plain_extattrs(dict(rng)))
         for used in seed.get("used") or []:
             self._used.append(
                 UsedAddress(
@@ -526,13 +547,26 @@ class InfobloxStore:
         str or None
             The ``ibapauth`` cookie value
             (``ip=…,client=API,group=…,ctime=…,timeout=…,mtime=…,su=1,auth=LOCAL,user=…,<sig>``,
-            format of reference/backends.md B.2), or None when the credentials are wrong.
+            format of reference/backends.md B.2), or None when the credentials are wrong or
+            the user is locked out (`is_locked`).
+
+        Account lockout as NIOS's default when enabled: `LOCKOUT_FAILURES` refused logins
+        of one user within `LOCKOUT_SECONDS` lock it for `LOCKOUT_SECONDS`; a locked user
+        is refused even with the right password.
         """
         with self.lock:
+            now = self.clock()
+            if self.is_locked(user):
+                return None
             expected = self.users.get(user)
             if expected is None or not secrets.compare_digest(expected, password):
+                recent = [t for t in self._refused.get(user, []) if now - t < LOCKOUT_SECONDS]
+                recent.append(now)
+                self._refused[user] = recent
+                if len(recent) >= LOCKOUT_FAILURES:
+                    self._locked_until[user] = now + LOCKOUT_SECONDS
+                    self._refused[user] = []
                 return None
-            now = self.clock()
             sig = secrets.token_urlsafe(24)
             self._sessions[sig] = _Session(user=user, ctime=now, timeout=self.session_timeout)
             ctime = int(now)
@@ -541,6 +575,11 @@ class InfobloxStore:
                 f"timeout={self.session_timeout},mtime={ctime},su=1,auth=LOCAL,"
                 f"user={user},{sig}"
             )
+
+    def is_locked(self, user: str) -> bool:
+        """Return True while ``user`` is locked out after too many refused logins."""
+        with self.lock:
+            return self.clock() < self._locked_until.get(user, 0.0)
 
     def session_user(self, cookie: str) -> str | None:
         """Return the user of a live session cookie.
@@ -757,10 +796,6 @@ class InfobloxStore:
         if flt.field.startswith("*"):
             ea = (item.get("extattrs") or {}).get(flt.field[1:])
             have = _text_values(ea.get("value") if isinstance(ea, Mapping) else None)
-        elif otype.name == "record:host" and flt.field == "network":
-            # Search-only field: hosts with an address in the network (NIOS QA suites search
-            # ``record:host?network=10.0.0.0/16``).
-            return not flt.regex and any(self._host_in_network(item, value) for value in flt.values)
         elif otype.name == "record:host" and flt.field in ("ipv4addr", "ipv6addr", "mac"):
             addrs = (item.get("ipv4addrs") or []) + (item.get("ipv6addrs") or [])
             have = [str(a[flt.field]) for a in addrs if a.get(flt.field) is not None]
@@ -776,19 +811,6 @@ class InfobloxStore:
                     if value.casefold() == want.casefold():
                         return True
                 elif _normalise(flt.field, value) == _normalise(flt.field, want):
-                    return True
-        return False
-
-    @staticmethod
-    def _host_in_network(item: Mapping[str, Any], cidr: str) -> bool:
-        try:
-            net = ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            return False
-        for version in (4, 6):
-            for addr in item.get(_HOST_LISTS[version]) or []:
-                ip = ipaddress.ip_address(str(addr[_ADDR_KEYS[version]]))
-                if ip.version == net.version and ip in net:
                     return True
         return False
 
@@ -857,7 +879,7 @@ class InfobloxStore:
             otype = self.object_type(type_name)
             if old is None or otype.read_only:
                 raise not_found(f"Reference {ref} not found")
-            self._check_body(otype, body)
+            self._check_body(otype, body, update=True)
             merged = self._input_form(otype, old)
             merged.update(body)
             key, data = self._build(otype, merged, replacing=old_key)
@@ -1115,11 +1137,14 @@ class InfobloxStore:
         return ips
 
     # --------------------------------------------------------------- builders
-    def _check_body(self, otype: ObjectType, body: Mapping[str, Any]) -> None:
+    def _check_body(
+        self, otype: ObjectType, body: Mapping[str, Any], *, update: bool = False
+    ) -> None:
         if not isinstance(body, Mapping):
             raise proto_error("Invalid request body: a JSON object is required")
+        allowed = otype.updatable if update and otype.updatable is not None else otype.writable
         for name in body:
-            if name not in otype.writable:
+            if name not in allowed:
                 if name in otype.fields or name == "_ref":
                     raise proto_error(f"Field is not writable: {name}")
                 raise proto_error(f"Unknown argument/field: '{name}'")
@@ -1131,6 +1156,15 @@ class InfobloxStore:
                 self._check_ea_name(str(name))
                 if not isinstance(value, Mapping) or "value" not in value:
                     raise proto_error(f"Invalid value for extensible attribute {name}")
+                self._check_ea_allowed(otype.name, str(name))
+
+    def _check_ea_allowed(self, type_name: str, name: str) -> None:
+        # NIOS answers Client.Ibap.Data.Conflict (not a race) for an EA whose definition
+        # restricts the object types it may be set on.
+        for definition in self._find("extensibleattributedef", name=name):
+            allowed = definition.get("allowed_object_types") or []
+            if allowed and _EA_OBJECT_TYPES.get(type_name) not in allowed:
+                raise conflict(f"Extensible attribute '{name}' is not allowed for this operation")
 
     def _check_ea_name(self, name: str) -> None:
         if not self._find("extensibleattributedef", name=name):
@@ -1182,6 +1216,7 @@ class InfobloxStore:
             "fixedaddress": self._build_fixed,
             "ipv6fixedaddress": self._build_fixed,
             "range": self._build_range,
+            "ipv6range": self._build_range,
             "extensibleattributedef": self._build_simple,
             "networkview": self._build_simple,
             "view": self._build_simple,
@@ -1295,7 +1330,7 @@ class InfobloxStore:
             if net is not None:
                 data["network"] = str(net)
         internal = f"dns.dhcp_range${start}/{end}//{index}//0/"
-        key = f"range/{_b64(internal)}"
+        key = f"{otype.name}/{_b64(internal)}"
         data["_ref"] = f"{key}:{start}/{end}/{nv}"
         return key, data
 
@@ -1336,8 +1371,9 @@ class InfobloxStore:
     def _build_host(
         self, otype: ObjectType, body: dict[str, Any], replacing: str | None
     ) -> tuple[str, dict[str, Any]]:
-        name = str(body["name"]).rstrip(".")
         dns = bool(body.get("configure_for_dns", True))
+        # NIOS stores DNS names in lower case (an exact name= search in upper case misses).
+        name = str(body["name"]).rstrip(".").lower() if dns else str(body["name"]).rstrip(".")
         # A host outside DNS belongs to no DNS view: NIOS reports its view as " ".
         view_name = str(body.get("view") or "default") if dns else NON_DNS_VIEW
         view = self._dns_view(view_name) if dns else {}
@@ -1351,7 +1387,9 @@ class InfobloxStore:
         data.setdefault("extattrs", {})
         if zone is not None:
             data["zone"] = zone
-        nv: str | None = body.get("network_view")
+        # The record's own network_view (else its DNS view's): the view named in
+        # func:nextavailableip only picks the address, it does not place the record.
+        nv = str(body.get("network_view") or view.get("network_view") or "default")
         allocator = _Allocator(self, replacing)
         resolved: dict[int, list[tuple[IPAddress, Mapping[str, Any]]]] = {4: [], 6: []}
         for version in (4, 6):
@@ -1364,10 +1402,8 @@ class InfobloxStore:
             allocator.reserve_literals(version, (item[addr_key] for item in items))
             for item in items:
                 ip, func_nv = self._resolve_address(item[addr_key], version, addr_key, allocator)
-                if func_nv is not None:
-                    nv = self._object_network_view(nv, func_nv)
+                nv = self._object_network_view(nv, func_nv)
                 resolved[version].append((ip, item))
-        nv = nv or str(view.get("network_view", "default"))
         index = self._network_view_index(nv)
         for other_key, other in self._objects.items():
             if (
@@ -1419,8 +1455,7 @@ class InfobloxStore:
 
     @staticmethod
     def _object_network_view(given: str | None, func_nv: str | None) -> str:
-        if given is None:
-            return func_nv or "default"
+        given = given or "default"
         if func_nv is not None and func_nv != given:
             raise data_error(
                 f"The network view {func_nv} of the next available IP differs from the "
@@ -1542,9 +1577,13 @@ class InfobloxStore:
         )
         return used
 
+    def _ranges(self, nv: str) -> list[dict[str, Any]]:
+        """Return the IPv4 ``range`` and IPv6 ``ipv6range`` objects of a network view."""
+        return self._find("range", network_view=nv) + self._find("ipv6range", network_view=nv)
+
     def _range_spans(self, nv: str, version: int) -> list[tuple[int, int]]:
         spans = []
-        for data in self._find("range", network_view=nv):
+        for data in self._ranges(nv):
             start = ipaddress.ip_address(data["start_addr"])
             if start.version == version:
                 spans.append((int(start), int(ipaddress.ip_address(data["end_addr"]))))
@@ -1670,7 +1709,7 @@ class InfobloxStore:
 
     def _range_types(self, nv: str, version: int) -> list[tuple[int, int, str]]:
         spans = []
-        for data in self._find("range", network_view=nv):
+        for data in self._ranges(nv):
             start = ipaddress.ip_address(data["start_addr"])
             if start.version != version:
                 continue

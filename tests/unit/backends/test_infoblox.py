@@ -12,6 +12,7 @@ import pytest
 import requests
 import responses
 from responses import matchers
+from wapi_requests import add_fixed_search, assert_grid_accepts
 
 from backends.base import Allocation, IPAMBackend, SubnetInfo
 from backends.errors import (
@@ -86,8 +87,10 @@ def sleeps() -> list[float]:
 
 @pytest.fixture
 def rsps() -> Iterator[responses.RequestsMock]:
+    """`responses` mock; afterwards every request sent must be one a WAPI 2.12 grid accepts."""
     with responses.RequestsMock(assert_all_requests_are_fired=True) as mock:
         yield mock
+        assert_grid_accepts(mock.calls)
 
 
 @pytest.fixture
@@ -299,18 +302,14 @@ def test_find_ignores_records_outside_subnet_and_returns_none(
 def test_find_fixedaddress_filters_network_and_picks_lowest(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    query = {
-        "name": "m1.ns1",
-        "network_view": "prod",
-        "_return_fields": "name,comment,ipv4addr,network_view",
-    }
-    rsps.get(
-        f"{WAPI}/fixedaddress",
-        match=[matchers.query_param_matcher(query)],
-        json=[
+    add_fixed_search(
+        rsps,
+        "m1.ns1",
+        [
             {"_ref": "fixedaddress/b:10.20.0.30/prod", "ipv4addr": "10.20.0.30", "name": "m1.ns1"},
             {"_ref": "fixedaddress/a:10.20.0.9/prod", "ipv4addr": "10.20.0.9", "name": "m1.ns1"},
         ],
+        view="prod",
     )
     rsps.get(
         f"{WAPI}/network",
@@ -402,7 +401,7 @@ def test_allocate_host_with_dns_zone_and_extensible_attributes(
     assert body["name"] == fqdn
     assert body["configure_for_dns"] is True
     assert body["view"] == "internal"
-    assert "network_view" not in body
+    assert body["network_view"] == "default"  # the record's own network view places it
     assert body["extattrs"] == {"Owner": {"value": "capi"}, "Cluster": {"value": "c1"}}
     assert body["comment"] == "x" * 256
 
@@ -441,7 +440,7 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
 
 
 def test_allocate_fixedaddress_v4(rsps: responses.RequestsMock, make: Any) -> None:
-    rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     rsps.post(
         f"{WAPI}/fixedaddress",
         match=[
@@ -475,19 +474,7 @@ def test_allocate_fixedaddress_v6_sends_deterministic_duid(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
     ref = "ipv6fixedaddress/ZG5z:2001%3Adb8%3A20%3A%3A5/default"
-    rsps.get(
-        f"{WAPI}/ipv6fixedaddress",
-        match=[
-            matchers.query_param_matcher(
-                {
-                    "name": "m6.ns1",
-                    "network_view": "default",
-                    "_return_fields": "name,comment,ipv6addr,network_view",
-                }
-            )
-        ],
-        json=[],
-    )
+    add_fixed_search(rsps, "m6.ns1", [], v6=True)
     rsps.post(
         f"{WAPI}/ipv6fixedaddress",
         status=201,
@@ -520,7 +507,7 @@ def test_allocate_adopts_existing_record_without_create(
 def test_allocate_reads_back_when_grid_returns_only_ref(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     rsps.post(f"{WAPI}/fixedaddress", status=201, json=FIXED_REF)
     rsps.get(
         ref_url(FIXED_REF),
@@ -594,9 +581,9 @@ def test_allocate_fixedaddress_lost_race_is_retried_with_a_new_lookup(
         "Client.Ibap.Data.Conflict",
         "Fixed address 10.20.0.10 already exists in network view default.",
     )
-    rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     rsps.post(f"{WAPI}/fixedaddress", status=400, json=conflict)
-    rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     rsps.post(
         f"{WAPI}/fixedaddress",
         status=201,
@@ -616,10 +603,12 @@ def test_allocate_fixedaddress_lost_race_is_retried_with_a_new_lookup(
 def test_allocate_conflict_race_exhausts_attempts_as_conflict_error(
     rsps: responses.RequestsMock, make: Any, sleeps: list[float]
 ) -> None:
-    conflict = wapi_error("AdmConDataError: x", "Client.Ibap.Data.Conflict", "Fixed address x")
+    conflict = wapi_error(
+        "AdmConDataError: x", "Client.Ibap.Data.Conflict", "Fixed address x already exists."
+    )
     add_network(rsps)
     for _ in range(3):
-        rsps.get(f"{WAPI}/fixedaddress", json=[])
+        add_fixed_search(rsps, "m1.ns1", [])
         rsps.post(f"{WAPI}/fixedaddress", status=400, json=conflict)
     with pytest.raises(ConflictError):
         make(record_type="fixedaddress").allocate("m1.ns1", "d")
@@ -657,7 +646,7 @@ def test_allocate_unknown_extensible_attribute(
 def test_allocate_unknown_network_by_error_text(
     rsps: responses.RequestsMock, make: Any, text: str
 ) -> None:
-    rsps.get(f"{WAPI}/fixedaddress", json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     add_network(rsps)  # the gateway read: the network was still there
     rsps.post(
         f"{WAPI}/fixedaddress",
@@ -739,14 +728,16 @@ HOST_SPACES_REF = (
 def test_release_sends_an_ipv6_fixedaddress_ref_as_it_is(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    rsps.get(
-        f"{WAPI}/ipv6fixedaddress",
-        json=[{"_ref": IPV6_FIXED_REF, "ipv6addr": "2001:db8::10", "name": "m1.ns1"}],
+    add_fixed_search(
+        rsps,
+        "m1.ns1",
+        [{"_ref": IPV6_FIXED_REF, "ipv6addr": "2001:db8::10", "name": "m1.ns1"}],
+        v6=True,
     )
     rsps.delete(f"{WAPI}/{IPV6_FIXED_REF}", json=IPV6_FIXED_REF)
     backend = make(subnet="2001:db8::/64", record_type="fixedaddress")
     assert backend.release("m1.ns1") is True
-    assert url_of(rsps.calls[1]) == f"{WAPI}/{IPV6_FIXED_REF}"  # %3A not encoded again
+    assert url_of(rsps.calls[2]) == f"{WAPI}/{IPV6_FIXED_REF}"  # %3A not encoded again
 
 
 def test_release_sends_a_host_ref_with_a_space_as_it_is(
@@ -807,9 +798,10 @@ def test_release_host_with_foreign_addresses_only_removes_ours(
 
 def test_release_fixedaddress_deletes_every_match(rsps: responses.RequestsMock, make: Any) -> None:
     refs = ["fixedaddress/a:10.20.0.9/default", "fixedaddress/b:10.20.0.30/default"]
-    rsps.get(
-        f"{WAPI}/fixedaddress",
-        json=[
+    add_fixed_search(
+        rsps,
+        "m1.ns1",
+        [
             {"_ref": refs[0], "ipv4addr": "10.20.0.9", "name": "m1.ns1"},
             {"_ref": refs[1], "ipv4addr": "10.20.0.30", "name": "m1.ns1"},
         ],
@@ -817,7 +809,8 @@ def test_release_fixedaddress_deletes_every_match(rsps: responses.RequestsMock, 
     for ref in refs:
         rsps.delete(ref_url(ref), json=ref)
     assert make(record_type="fixedaddress").release("m1.ns1") is True
-    assert sorted(str(c.request.method) for c in rsps.calls) == ["DELETE", "DELETE", "GET"]
+    methods = sorted(str(c.request.method) for c in rsps.calls)
+    assert methods == ["DELETE", "DELETE", "GET", "GET", "GET"]
 
 
 # ------------------------------------------------------------------------------ describe
@@ -857,6 +850,7 @@ def test_describe_subnet_v4_pages_and_gateway_from_routers(
         match=[matchers.query_param_matcher(base | {"_page_id": "789c:page2"})],
         json={"result": [item("10.20.0.3", "HOST", "A"), item("10.20.0.255", "BROADCAST")]},
     )
+    rsps.get(f"{WAPI}/range", json=[])
 
     info = make().describe_subnets()[0]
 
@@ -877,9 +871,11 @@ def test_describe_subnet_v6_without_routers(rsps: responses.RequestsMock, make: 
             "result": [{"_ref": "ipv6address/x", "ip_address": "2001:db8:20::2", "types": ["HOST"]}]
         },
     )
+    rsps.get(f"{WAPI}/ipv6range", json=[])
     info = make(subnet="2001:db8:20::/64", network_view="lab").describe_subnets()[0]
+    # prefix:: (the subnet-router anycast address) is never handed out
     assert info == SubnetInfo(
-        cidr="2001:db8:20::/64", prefix=64, gateway=None, total=2**64, used=1, free=2**64 - 1
+        cidr="2001:db8:20::/64", prefix=64, gateway=None, total=2**64 - 1, used=1, free=2**64 - 2
     )
 
 
@@ -897,6 +893,7 @@ def test_routers_option_not_in_use_gives_no_gateway(
     record["options"][1]["use_option"] = False
     rsps.get(f"{WAPI}/network", json=[record])
     rsps.get(f"{WAPI}/ipv4address", json={"result": []})
+    rsps.get(f"{WAPI}/range", json=[])
     assert make().describe_subnets()[0].gateway is None
 
 
@@ -908,7 +905,7 @@ def test_routers_option_not_in_use_gives_no_gateway(
         ("10.0.0.0/31", 2),
         ("10.0.0.1/32", 1),
         ("2001:db8::/127", 2),
-        ("2001:db8::/120", 256),
+        ("2001:db8::/120", 255),  # prefix:: is never handed out
     ],
 )
 def test_capacity(cidr: str, total: int) -> None:
@@ -1137,7 +1134,10 @@ def test_ipv6_gateway_override_is_excluded_on_the_ipv6network(
 ) -> None:
     cidr = "2001:db8:20::/64"
     obj = "record:host" if record_type == "host" else "ipv6fixedaddress"
-    rsps.get(f"{WAPI}/{obj}", json=[])
+    if record_type == "host":
+        rsps.get(f"{WAPI}/record:host", json=[])
+    else:
+        add_fixed_search(rsps, "m6.ns1", [], v6=True)
     rsps.get(
         f"{WAPI}/ipv6network",
         match=[matchers.query_param_matcher(network_query(cidr))],
@@ -1214,6 +1214,7 @@ def test_describe_counts_an_unregistered_gateway_as_used(
             ]
         },
     )
+    rsps.get(f"{WAPI}/range", json=[])
 
     plain = make().describe_subnets()[0]
     overridden = make(gateway="10.20.0.254").describe_subnets()[0]

@@ -6,6 +6,7 @@ fixedaddress, ipv4address, network, paging, error bodies).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import requests
 import responses
 from responses import matchers
+from wapi_requests import add_fixed_search, assert_grid_accepts
 
 from backends.base import (
     Allocation,
@@ -50,8 +52,10 @@ def sleeps() -> list[float]:
 
 @pytest.fixture
 def rsps() -> Iterator[responses.RequestsMock]:
+    """`responses` mock; afterwards every request sent must be one a WAPI 2.12 grid accepts."""
     with responses.RequestsMock(assert_all_requests_are_fired=True) as mock:
         yield mock
+        assert_grid_accepts(mock.calls)
 
 
 @pytest.fixture
@@ -155,13 +159,41 @@ def add_address_use(
 
 
 def add_listing(rsps: responses.RequestsMock, cidr: str, pages: list[list[dict[str, Any]]]) -> None:
-    base = {"network": cidr, "network_view": "default", "_return_fields": HOST_FIELDS} | PAGING
+    """Answer the listing of ``cidr``'s host records: the used addresses, then each record.
+
+    ``network`` is not a search field of record:host at WAPI 2.12: the client pages through
+    ``ipv4address?network=<cidr>&status=USED`` and reads each host record its ``objects``
+    name.
+    """
+    base = {
+        "network": cidr,
+        "network_view": "default",
+        "status": "USED",
+        "_return_fields": "ip_address,objects",
+    } | PAGING
+    network = ipaddress.ip_network(cidr)
     for number, page in enumerate(pages):
         query = base | ({"_page_id": f"789c:{cidr}:{number}"} if number else {})
-        answer: dict[str, Any] = {"result": page}
+        items = [
+            {
+                "_ref": f"ipv4address/x:{a['ipv4addr']}",
+                "ip_address": a["ipv4addr"],
+                "objects": [r["_ref"]],
+            }
+            for r in page
+            for a in r["ipv4addrs"]
+            if ipaddress.ip_address(a["ipv4addr"]) in network
+        ]
+        answer: dict[str, Any] = {"result": items}
         if number + 1 < len(pages):
             answer["next_page_id"] = f"789c:{cidr}:{number + 1}"
-        rsps.get(f"{WAPI}/record:host", match=[matchers.query_param_matcher(query)], json=answer)
+        rsps.get(f"{WAPI}/ipv4address", match=[matchers.query_param_matcher(query)], json=answer)
+        for record in page:
+            rsps.get(
+                f"{WAPI}/{record['_ref']}",
+                match=[matchers.query_param_matcher({"_return_fields": HOST_FIELDS})],
+                json=record,
+            )
 
 
 # ------------------------------------------------------------------------------ config
@@ -447,12 +479,7 @@ def test_requested_host_address_shared_after_create_is_given_back(
 def test_requested_fixed_address_conflict_names_the_holder(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    query = {
-        "name": "m1.ns1",
-        "network_view": "default",
-        "_return_fields": "name,comment,ipv4addr,network_view",
-    }
-    rsps.get(f"{WAPI}/fixedaddress", match=[matchers.query_param_matcher(query)], json=[])
+    add_fixed_search(rsps, "m1.ns1", [])
     add_network(rsps, NET1, routers="10.20.0.1")
     add_address_use(rsps, "10.20.0.7")
     conflict = {
@@ -584,15 +611,29 @@ def test_purge_deletes_only_records_whose_quarantine_ended(
 ) -> None:
     ended = host("quarantined.a.ns1", "10.20.0.5", comment=quarantine_mark(UNTIL - 1))
     running = host("quarantined.b.ns1", "10.20.0.6", comment=quarantine_mark(UNTIL + 60))
-    live = host("c.ns1", "10.20.0.7", comment="ipam-bridge ns1/c")
     exact = host("quarantined.d.ns1", "10.30.0.2", comment=quarantine_mark(UNTIL))
-    add_listing(rsps, NET1, [[ended, running], [live]])
-    add_listing(rsps, NET2, [[exact]])
+    elsewhere = host("quarantined.e.ns1", "192.0.2.7", comment=quarantine_mark(UNTIL - 1))
+    # One paged search for the view's quarantined host records (not one per live record).
+    query = {
+        "name~": "^quarantined[.]",
+        "network_view": "default",
+        "_return_fields": HOST_FIELDS,
+    } | PAGING
+    rsps.get(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher(query)],
+        json={"result": [ended, running], "next_page_id": "789c:1"},
+    )
+    rsps.get(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher(query | {"_page_id": "789c:1"})],
+        json={"result": [exact, elsewhere]},
+    )
     rsps.delete(f"{WAPI}/{ended['_ref']}", json=ended["_ref"])
     rsps.delete(f"{WAPI}/{exact['_ref']}", json=exact["_ref"])
 
     assert make().purge_quarantined(UNTIL) == ["10.20.0.5", "10.30.0.2"]
-    assert methods(rsps).count("DELETE") == 2
+    assert methods(rsps) == ["GET", "GET", "DELETE", "DELETE"]
 
 
 # ------------------------------------------------------------------------------ entries
@@ -693,6 +734,7 @@ def test_describe_subnets_reports_each_network_with_its_overrides(
             match=[matchers.query_param_matcher(query)],
             json={"result": [{"_ref": f"ipv4address/x:{a}", "ip_address": a} for a in used]},
         )
+    rsps.get(f"{WAPI}/range", json=[])
 
     infos = make().describe_subnets()
 

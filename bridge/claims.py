@@ -42,6 +42,7 @@ from typing import Any
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
+from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
 from backends.transport import endpoint_key
 from bridge import capi
@@ -57,6 +58,7 @@ from bridge.errors import (
     exhausted_message,
     retry_delay,
 )
+from bridge.kube import Outcome, Write
 from bridge.models import IPAddress
 from bridge.pool_service import backend_for
 from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
@@ -394,12 +396,36 @@ def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> Clai
 
 
 def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
-    """Bind a live claim: answer from its IPAddress, or allocate one."""
+    """Bind a live claim: answer from its IPAddress, or allocate one.
+
+    From its look at its pool to its finalizer write the claim counts in ``ctx.holds``, so
+    a pool's deletion guard never lets go of a pool this claim is about to register in.
+    """
     address = _address_of(ctx, claim)
     if address is not None:
         return _bound(ctx, body, claim, address)
 
     _paused(ctx, claim)
+    ref = claim.pool_ref
+    with ctx.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
+        pool = _ready_pool(ctx, claim)
+        held = _hold(ctx, body, claim, pool)
+    if isinstance(held, Decision):
+        return held
+    return _allocate(ctx, held, claim, pool)
+
+
+def _ready_pool(ctx: Context, claim: Claim) -> Pool:
+    """Return the claim's pool when it is Ready for its current spec and not being deleted.
+
+    Raises
+    ------
+    _Wait
+        Parked under the pool's token while it is missing, being deleted (the pool is queued:
+        its deletion guard may have counted this claim) or not Ready.
+    ClaimError
+        ``PoolNotReady`` when the pool's spec is invalid.
+    """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
     waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
     pool, pool_body = _pool_of(ctx, claim)
@@ -409,6 +435,7 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
         )
     if pool.deleting:
+        ctx.enqueue(pool_key(pool.namespace, pool.kind, pool.name))
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
@@ -435,15 +462,54 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
         )
+    return pool
 
-    if capi.CLAIM_FINALIZER not in claim.finalizers:
-        endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
-        if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
-            # Its endpoint is busy: wait for a place before writing anything.
-            raise _Wait(Decision.wait(endpoint_token(endpoint)))
-        # The contract: the finalizer goes on before anything is allocated.
-        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
 
+def _hold(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool
+) -> Mapping[str, Any] | Decision:
+    """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
+
+    Returns
+    -------
+    Mapping or Decision
+        The claim as stored after the write (or as read when it carried the finalizer);
+        `Decision.done` when the claim is gone (nothing may be allocated for it), a retry
+        in one second when it changed since it was read (its watch event queues it too).
+
+    Raises
+    ------
+    _Wait
+        When the pool's endpoint is full: parked before any write.
+    """
+    if capi.CLAIM_FINALIZER in claim.finalizers:
+        return body
+    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+        # Its endpoint is busy: wait for a place before writing anything.
+        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
+    return _written(ctx, claim, written, body)
+
+
+def _written(
+    ctx: Context, claim: Claim, written: Write, body: Mapping[str, Any]
+) -> Mapping[str, Any] | Decision:
+    """Return the claim after a write of its finalizer, or the decision that ends the pass.
+
+    `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
+    `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
+    """
+    if written.outcome is Outcome.GONE:
+        ctx.metrics.pending(claim.key, None)
+        return Decision.done()
+    if written.outcome is Outcome.CONFLICT:
+        return Decision.retry(1.0)
+    return written.obj if written.obj is not None else body
+
+
+def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+    """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(ctx, claim)
     if requested is None and ctx.gate.closed(pool.key):
         raise _wait_for_address(ctx, pool)
@@ -472,7 +538,34 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     ctx.gate.open(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    created = _register(ctx, claim, pool, allocation, hostname)
+    if created is None:
+        return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
+    ctx.metrics.allocations.labels(*labels, "success").inc()
+    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
+    return _bound(ctx, body, claim, created, check_pause=False)
 
+
+def _register(
+    ctx: Context, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
+) -> IPAddress | None:
+    """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
+
+    An IPAddress of that name that exists (409) is read: it is adopted when it names this
+    claim and pool and holds the address the IPAM gave ``hostname`` (a pass that created it
+    before a restart or a cache lag).
+
+    Returns
+    -------
+    IPAddress or None
+        The claim's IPAddress; None when the existing one was deleted right after the 409.
+
+    Raises
+    ------
+    ClaimError
+        ``AllocationFailed`` when the existing IPAddress is not this claim's: one name is
+        never handed to two addresses; a person must look.
+    """
     new = capi.build_ip_address(
         claim,
         version=ctx.address_version,
@@ -484,19 +577,36 @@ def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         hostname=hostname,
         location=location_of(pool),
     )
-    created = _parse_address(ctx.kube.create_ip_address(ctx.address_version, new))
-    if created is None:
-        # An IPAddress of that name exists but is not this claim's (another pool's, or a
-        # stale one): never hand one name to two addresses; a person must look.
+    written = ctx.kube.create_ip_address(ctx.address_version, new)
+    found = _parse_address(written.obj)
+    if written.outcome is Outcome.CONFLICT and written.obj is None:
+        return None
+    if written.outcome is Outcome.CONFLICT and not (
+        found is not None
+        and _belongs_to(found, claim)
+        and _same_address(str(found.spec.address or ""), allocation.address)
+    ):
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
             delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
         )
-    ctx.metrics.allocations.labels(*labels, "success").inc()
-    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _bound(ctx, body, claim, created, check_pause=False)
+    if found is None:
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"IPAddress {claim.namespace}/{claim.name} as stored is not an IPAddress",
+            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+        )
+    return found
+
+
+def _same_address(one: str, other: str) -> bool:
+    """Return True when two textual IP addresses are the same address."""
+    try:
+        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+    except ValueError:
+        return one == other
 
 
 def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
@@ -540,7 +650,12 @@ def _bound(
     if check_pause:
         _paused(ctx, claim)
     if missing_finalizer:
-        body = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True) or body
+        held = _written(
+            ctx, claim, ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+        )
+        if isinstance(held, Decision):
+            return held
+        body = held
     _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     return Decision.done()
 
@@ -560,11 +675,13 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     if capi.CLAIM_FINALIZER not in claim.finalizers:
         return Decision.done()  # nothing of ours holds the claim
     _paused(ctx, claim)
-    version = ctx.address_version
     address = _address_of(ctx, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
+        finished = _released_before(ctx, body, claim, labels)
+        if finished is not None:
+            return finished
         message = (
             f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
@@ -576,9 +693,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            ctx.kube.delete_ip_address(
-                version, claim.namespace, address.metadata.name, _seen(address)
-            )
+            _delete_address(ctx, claim, address)
         message = (
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
@@ -613,7 +728,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         ctx.metrics.releases.labels(*labels, error.reason).inc()
         raise error from exc
     if address is not None:
-        ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name, _seen(address))
+        _delete_address(ctx, claim, address)
     what = registered or hostname
     if not released:
         message = f"{hostname} was not registered in {pool.display}; nothing to release"
@@ -632,6 +747,66 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     return decision
 
 
+def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
+    """Delete the claim's IPAddress (gone already is success).
+
+    Raises
+    ------
+    _Wait
+        A retry in one second when a 409 Conflict persists (the next pass decides again
+        from the IPAM and the IPAddress).
+    """
+    deleted = ctx.kube.delete_ip_address(
+        ctx.address_version, claim.namespace, address.metadata.name, _seen(address)
+    )
+    if deleted.outcome is Outcome.CONFLICT:
+        raise _Wait(Decision.retry(1.0))
+
+
+def _released_before(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
+) -> Decision | None:
+    """Finish a release whose IPAM entry and IPAddress are both gone already.
+
+    A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
+    by an earlier pass that stopped before its finalizer went (a 409, a crash), or moved
+    (``clusterctl move`` strips the IPAddress's finalizers: the entry stays, now another
+    claim's). The IPAM tells them apart: no entry under the claim's hostname means released
+    (quarantined entries are not found, `backends.base.IPAMBackend.find`).
+
+    Returns
+    -------
+    Decision or None
+        The decision of letting the claim go as ``Released``; None when its pool is gone
+        (nothing can be asked) or the IPAM still has the entry.
+
+    Raises
+    ------
+    ClaimError
+        When the IPAM cannot be asked (retried).
+    _Wait
+        When the pool's endpoint is full.
+    """
+    pool, _ = _pool_of(ctx, claim)
+    if pool is None:
+        return None
+    hostname = capi.hostname_for(claim, pool.hostname_suffix)
+    try:
+        with _admitted(ctx, claim, pool):
+            backend = backend_for(ctx, pool, reuse=True)
+            found = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
+            )
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
+    except BackendError as exc:
+        raise _backend_error(ctx, exc, pool) from exc
+    if found is not None:
+        return None
+    message = f"released {hostname} in {pool.display}"
+    return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+
+
 def _let_go(
     ctx: Context,
     body: Mapping[str, Any],
@@ -641,8 +816,15 @@ def _let_go(
     labels: tuple[str, str],
     result: str,
 ) -> Decision:
-    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool."""
-    ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False)
+    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
+
+    A 409 on the finalizer write counts nothing and retries in one second: the next pass
+    decides again from the IPAM and the IPAddress (`_released_before`).
+    """
+    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+        Outcome.CONFLICT
+    ):
+        return Decision.retry(1.0)
     ctx.metrics.releases.labels(*labels, result).inc()
     ctx.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
@@ -707,7 +889,9 @@ def _show(
     changed = _changes(body, status)
     if not changed:
         return
-    stored = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    stored = ctx.kube.patch_claim_status(
+        ctx.address_version, claim.namespace, claim.name, changed
+    ).obj
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in (stored.get("status") or {})
         if ctx.v1beta2_kept != kept:

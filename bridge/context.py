@@ -30,6 +30,7 @@ from backends.base import IPAMBackend
 from backends.transport import EndpointRegistry
 from bridge.admission import EndpointAdmission
 from bridge.cache import Cache
+from bridge.holds import PendingHolds
 from bridge.kube import Kube
 from bridge.metrics import Metrics
 from bridge.settings import Settings
@@ -253,6 +254,9 @@ class Context:
         Claims in flight per IPAM endpoint (`bridge.admission.EndpointAdmission`), at most
         ``endpoints.max_concurrent`` each; a claim refused waits parked, and is queued again
         (`enqueue`) when a place is kept for it. Made from ``endpoints`` (not an argument).
+    holds:
+        Claims between their look at their pool and their finalizer write
+        (`bridge.holds.PendingHolds`), counted by a pool's deletion guard.
     """
 
     settings: Settings
@@ -267,6 +271,7 @@ class Context:
     cluster_version: str | None = None
     notices: Notices = field(default_factory=Notices)
     cache: Cache = field(default_factory=Cache)
+    holds: PendingHolds = field(default_factory=PendingHolds)
     admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)

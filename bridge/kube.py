@@ -2,8 +2,10 @@
 
 Reads pools, Secrets and Clusters; creates, updates and deletes IPAddresses; patches
 pool status; creates control-plane endpoint claims and patches their Clusters. Calls are
-synchronous: handlers run in kopf's thread pool. "Not found" is a value (None), every other
-API failure propagates as ``kubernetes.client.ApiException``.
+synchronous: handlers run in kopf's thread pool. "Not found" is a value (None) for reads; a
+write of a claim, an IPAddress or a pool answers a `Write` (written, unchanged, gone,
+conflict) that its caller handles case by case. Every other API failure propagates as
+``kubernetes.client.ApiException``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, cast
 
 import kopf
@@ -36,6 +40,8 @@ __all__ = [
     "AccessDeniedError",
     "Kube",
     "NotServedError",
+    "Outcome",
+    "Write",
     "access_denied",
     "api_client",
     "api_status_message",
@@ -51,6 +57,42 @@ POOL_VERSION = "v1alpha1"
 #: The service account token a pod gets; ``ca.crt`` and ``namespace`` lie beside it
 #: (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+class Outcome(Enum):
+    """What a write at the Kubernetes boundary did (`Write.outcome`)."""
+
+    #: The API server stored the write (`Write.obj` is the object as stored, when returned).
+    WRITTEN = "written"
+    #: Nothing had to change: no request was sent.
+    UNCHANGED = "unchanged"
+    #: The object does not exist (404 Not Found).
+    GONE = "gone"
+    #: 409 Conflict: a stale resourceVersion, or (a create) the name exists already.
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class Write:
+    """The typed outcome of one write: `Outcome` and, where there is one, the object.
+
+    ``obj`` is the object as the API server returned it for `Outcome.WRITTEN`; for a create
+    answering `Outcome.CONFLICT`, the object that exists under that name (read right after
+    the 409; None when it was deleted meanwhile); else None.
+    """
+
+    outcome: Outcome
+    obj: dict[str, Any] | None = None
+
+    @property
+    def written(self) -> bool:
+        """True when the API server stored the write."""
+        return self.outcome is Outcome.WRITTEN
+
+
+UNCHANGED = Write(Outcome.UNCHANGED)
+GONE = Write(Outcome.GONE)
+CONFLICT = Write(Outcome.CONFLICT)
 
 
 class NotServedError(RuntimeError):
@@ -360,11 +402,17 @@ class Kube:
 
     def _create(
         self, version: str, plural: str, body: Mapping[str, Any], *, write_through: bool = True
-    ) -> dict[str, Any] | None:
-        """Create a namespaced object of our API group; None on 409 AlreadyExists.
+    ) -> Write:
+        """Create a namespaced object of our API group.
 
         With ``write_through`` the stored object goes to `on_stored` (the cache sees our own
         write at once, and the echo of its watch event queues nothing).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the stored object, or `Outcome.CONFLICT` (no object) on
+            409 AlreadyExists.
 
         Raises
         ------
@@ -378,9 +426,10 @@ class Kube:
             )
         except ApiException as exc:
             if exc.status == 409:
-                return None
+                return CONFLICT
             raise
-        return cast(dict[str, Any], self._stored(plural, created) if write_through else created)
+        stored = self._stored(plural, created) if write_through else created
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], stored))
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -596,8 +645,10 @@ class Kube:
             ]
         return [dict(item) for result in results for item in result.get("items") or []]
 
-    def create_claim(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create an ``IPAddressClaim`` (a control-plane endpoint's); None when the name exists.
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddressClaim`` (a control-plane endpoint's).
+
+        Returns `Outcome.WRITTEN` with the claim, or `Outcome.CONFLICT` when the name exists.
 
         Raises
         ------
@@ -609,46 +660,45 @@ class Kube:
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a claim's status subresource; return the claim as stored (None if gone).
+    ) -> Write:
+        """Merge-patch a claim's status subresource.
 
         What the served schema does not know is pruned by the API server (e.g.
         ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the claim as stored, or `Outcome.GONE` (404).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404.
         """
         try:
-            return cast(
-                dict[str, Any],
-                self._stored(
-                    "ipaddressclaims",
-                    self.custom.patch_namespaced_custom_object_status(
-                        GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
-                    ),
-                ),
+            stored = self.custom.patch_namespaced_custom_object_status(
+                GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
             )
         except ApiException as exc:
             if _missing(exc):
-                return None
+                return GONE
             raise
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored("ipaddressclaims", stored)))
 
-    def set_claim_finalizer(
-        self, claim: Mapping[str, Any], finalizer: str, present: bool
-    ) -> dict[str, Any] | None:
-        """Add or remove ``finalizer`` on a claim (see `set_finalizer`); return the claim."""
+    def set_claim_finalizer(self, claim: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a claim; the outcome as `set_finalizer` gives it."""
         version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
-        return cast(
-            dict[str, Any] | None,
-            self._stored(
-                "ipaddressclaims",
-                self.set_finalizer(
-                    claim,
-                    finalizer,
-                    present,
-                    lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
-                        GROUP, version, namespace, "ipaddressclaims", name, body
-                    ),
-                ),
+        result = self.set_finalizer(
+            claim,
+            finalizer,
+            present,
+            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
+                GROUP, version, namespace, "ipaddressclaims", name, body
             ),
         )
+        self._stored("ipaddressclaims", result.obj)
+        return result
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
@@ -657,6 +707,12 @@ class Kube:
 
         Reads the Secret's metadata first (the write is guarded by its resourceVersion); a
         Secret that is being deleted can lose a finalizer but not get one (the API refuses).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when the Secret changed between the read and the write (the caller retries);
+            any other failure but 404.
         """
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
@@ -681,7 +737,7 @@ class Kube:
             and finalizer not in (meta.finalizers or [])
         ):
             return True
-        self.set_finalizer(
+        written = self.set_finalizer(
             body,
             finalizer,
             present,
@@ -692,7 +748,9 @@ class Kube:
                 n, ns, patch, _content_type="application/merge-patch+json"
             ),
         )
-        return True
+        if written.outcome is Outcome.CONFLICT:
+            raise ApiException(status=409, reason="Conflict")
+        return written.outcome is not Outcome.GONE
 
     @staticmethod
     def set_finalizer(
@@ -700,12 +758,12 @@ class Kube:
         finalizer: str,
         present: bool,
         patch: Any,
-    ) -> dict[str, Any] | None:
+    ) -> Write:
         """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
 
         Only ``finalizer`` changes: the others are written back as they were read, and a
-        concurrent change of the object makes the API answer 409 (propagated; the caller
-        reads again and retries). Nothing is written when the finalizer is already as asked.
+        concurrent change of the object makes the API answer 409 (the caller reads again
+        and retries). Nothing is written when the finalizer is already as asked.
 
         Parameters
         ----------
@@ -717,14 +775,21 @@ class Kube:
 
         Returns
         -------
-        dict or None
-            The object as returned by the patch (None when nothing was written or it is gone).
+        Write
+            `Outcome.WRITTEN` with the object as the patch returned it; `Outcome.UNCHANGED`
+            when nothing had to change (no request); `Outcome.GONE` on 404;
+            `Outcome.CONFLICT` on 409 (a stale resourceVersion).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
         """
         meta = obj.get("metadata") or {}
         current = list(meta.get("finalizers") or [])
         wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
         if wanted == current:
-            return None
+            return UNCHANGED
         try:
             result = patch(
                 meta["name"],
@@ -738,9 +803,11 @@ class Kube:
             )
         except ApiException as exc:
             if _missing(exc):
-                return None
+                return GONE
+            if exc.status == 409:
+                return CONFLICT
             raise
-        return result if isinstance(result, dict) else None
+        return Write(Outcome.WRITTEN, result if isinstance(result, dict) else None)
 
     # -- IPAddresses --------------------------------------------------------------
 
@@ -748,9 +815,28 @@ class Kube:
         """Return an ``IPAddress``, or None when it does not exist."""
         return self._get(GROUP, version, namespace, "ipaddresses", name)
 
-    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create an ``IPAddress``; return it, or None when one of that name already exists."""
-        return self._create(version, "ipaddresses", body)
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddress``.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the stored IPAddress; on 409 AlreadyExists the one of that
+            name is read: `Outcome.CONFLICT` with it (None when it was deleted meanwhile), so
+            the caller can tell its own from a foreign one.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 of the create, any failure but 404 of the read.
+        """
+        created = self._create(version, "ipaddresses", body)
+        if created.outcome is not Outcome.CONFLICT:
+            return created
+        meta = body["metadata"]
+        return Write(
+            Outcome.CONFLICT, self.get_ip_address(version, meta["namespace"], meta["name"])
+        )
 
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
         """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""
@@ -772,7 +858,7 @@ class Kube:
         namespace: str,
         name: str,
         current: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> Write:
         """Remove our ``ProtectAddress`` finalizer from an ``IPAddress`` and delete it.
 
         The finalizer goes first (the contract: an IPAddress must not outlive its claim's
@@ -786,26 +872,37 @@ class Kube:
             from the operator's cache): no read is sent. When it is stale (409 Conflict), or
             not given, the object is read once and the write tried again with what was read.
 
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` when this call deleted it; `Outcome.GONE` when it did not exist
+            (any more); `Outcome.CONFLICT` when a 409 persists after that one read.
+
         Raises
         ------
         kubernetes.client.ApiException
-            A 409 that persists after that one read; any failure but 404.
+            Any failure but 404 and 409.
         """
         if current is not None:
             try:
-                self._delete_ip_address(version, namespace, name, current)
-                return
+                return self._delete_ip_address(version, namespace, name, current)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
         current = self.get_ip_address(version, namespace, name)
         if current is None:
-            return
-        self._delete_ip_address(version, namespace, name, current)
+            self._gone("ipaddresses", namespace, name)
+            return GONE
+        try:
+            return self._delete_ip_address(version, namespace, name, current)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return CONFLICT
 
     def _delete_ip_address(
         self, version: str, namespace: str, name: str, current: Mapping[str, Any]
-    ) -> None:
+    ) -> Write:
         meta = current.get("metadata") or {}
         finalizers = list(meta.get("finalizers") or [])
         if ADDRESS_FINALIZER in finalizers:
@@ -827,7 +924,7 @@ class Kube:
             except ApiException as exc:
                 if _missing(exc):
                     self._gone("ipaddresses", namespace, name)
-                    return
+                    return GONE
                 raise
         try:
             self.custom.delete_namespaced_custom_object(
@@ -836,7 +933,10 @@ class Kube:
         except ApiException as exc:
             if not _missing(exc):
                 raise
+            self._gone("ipaddresses", namespace, name)
+            return GONE
         self._gone("ipaddresses", namespace, name)
+        return Write(Outcome.WRITTEN)
 
     def _gone(self, plural: str, namespace: str, name: str) -> None:
         if self.on_deleted is not None:
@@ -872,13 +972,14 @@ class Kube:
             item.setdefault("apiVersion", f"{GROUP}/{POOL_VERSION}")
         return items
 
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> None:
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
         """Add or remove ``finalizer`` on a pool, guarded by its resourceVersion.
 
-        A stale resourceVersion makes the API answer 409 (propagated); a missing pool is
-        ignored. Namespaced and Global (cluster-scoped) kinds alike.
+        Namespaced and Global (cluster-scoped) kinds alike; the outcome as `set_finalizer`
+        gives it (a stale resourceVersion is `Outcome.CONFLICT`, a missing pool
+        `Outcome.GONE`).
         """
-        self.set_finalizer(
+        return self.set_finalizer(
             pool, finalizer, present, lambda _name, _namespace, body: self._patch_pool(pool, body)
         )
 

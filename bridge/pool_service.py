@@ -34,6 +34,7 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.context import Context, pool_key, pool_token
 from bridge.errors import PoolError, pool_error_from, retry_delay
+from bridge.kube import Outcome
 from bridge.pools import (
     BACKEND_NAMES,
     Pool,
@@ -341,7 +342,9 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     A live pool: ``ProtectPool`` and the Secrets' `CREDENTIALS_FINALIZER` are ensured, the
     pool is checked against its IPAM, the status written where it changed (an Event when
     Ready changes), and when Ready the claims waiting for it are woken. A pool being deleted
-    keeps ``ProtectPool`` while `users_of` finds anything (``DeletionBlocked`` naming them);
+    keeps ``ProtectPool`` while `users_of` finds anything, or a claim is about to hold it
+    (``ctx.holds``, between its look at the pool and its finalizer write): ``DeletionBlocked``
+    naming them;
     then the finalizer goes, the Secrets are let go when no other pool reads them, and its
     backend client is closed.
 
@@ -377,7 +380,11 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         return _reconcile_deleting(ctx, body, pool)
 
     if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
-        ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True)
+        outcome = ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
+        if outcome is Outcome.CONFLICT:
+            return Decision.retry(1.0)  # changed since read: its watch event queues it too
+        if outcome is Outcome.GONE:
+            return Decision.done()
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
@@ -418,7 +425,9 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     kind, name = str(body["kind"]), str(meta["name"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
-    users = users_of(ctx, namespace, kind, name)
+    users = users_of(ctx, namespace, kind, name) + [
+        f"IPAddressClaim {key}" for key in ctx.holds.of((namespace, kind, name))
+    ]
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
@@ -434,7 +443,8 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     # Under the namespace locks (see Context.namespace_lock): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
     _free_secrets(ctx, held, besides=(namespace, kind, name))
-    ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
+    if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
+        return Decision.retry(1.0)  # changed since read: decided again from what it is now
     ctx.backends.drop((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)

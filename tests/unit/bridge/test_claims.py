@@ -25,7 +25,7 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
-from bridge import capi
+from bridge import capi, pool_service
 from bridge.capi import Reason
 from bridge.claims import reconcile_claim
 from bridge.context import Context, ExhaustionGate, cluster_token, pool_key, pool_token
@@ -922,3 +922,102 @@ def test_a_claim_of_a_missing_global_pool_waits_under_the_pools_token(world: Wor
     world.kube.add_claim(claim(kind=GLOBAL, pool="shared"))
     assert world.reconcile() == Decision.wait(pool_token("", GLOBAL, "shared"))
     assert ready(world.stored())["message"] == f"{GLOBAL} shared not found"
+
+
+# -- races at the Kubernetes boundary: each write's outcome decides ---------------------------
+
+
+def test_a_claim_found_gone_at_its_finalizer_write_stops_before_the_ipam(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+    original = world.kube.set_claim_finalizer
+
+    def deleted_meanwhile(body: Any, finalizer: str, present: bool) -> Any:
+        world.kube.claims.pop((NS, "c1"), None)  # deleted (nothing held it) after the read
+        return original(body, finalizer, present)
+
+    monkeypatch.setattr(world.kube, "set_claim_finalizer", deleted_meanwhile)
+    assert world.reconcile() == Decision.done()
+    assert world.ipam.calls == [] and world.ipam.entries == {}
+    assert world.kube.addresses == {}
+
+
+def test_an_ipaddress_create_answering_409_adopts_the_claims_own(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bind(world)
+    address = world.kube.addresses[(NS, "c1")]
+    world.stored()["status"] = {}  # e.g. its status write was lost before a restart
+    # A lagging view: the claim's IPAddress is not seen, so the create answers 409.
+    monkeypatch.setattr(world.kube, "get_ip_address", lambda *_: None)
+    assert world.reconcile() == Decision.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+    assert world.stored()["status"]["addressRef"]["name"] == "c1"
+    assert world.kube.addresses[(NS, "c1")] == address  # adopted as it is
+    assert not [e for e in world.kube.events if e[0] == "Warning"]
+    assert [c[0] for c in world.ipam.calls] == ["allocate"]
+    assert len(world.ipam.entries) == 1
+
+
+def test_an_ipaddress_create_answering_409_with_a_foreign_one_is_an_error(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bind(world)
+    world.kube.addresses[(NS, "c1")]["spec"]["address"] = "10.0.0.7"  # not what the IPAM gave
+    world.stored()["status"] = {}
+    monkeypatch.setattr(world.kube, "get_ip_address", lambda *_: None)
+    assert world.reconcile() != Decision.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATION_FAILED
+    assert "does not belong" in ready(world.stored())["message"]
+
+
+def test_a_release_whose_finalizer_write_met_a_conflict_is_finished_as_released(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bind(world)
+    world.delete()
+    original = world.kube.delete_ip_address
+
+    def and_claim_changed(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        world.stored()["metadata"]["resourceVersion"] = "changed-by-someone"
+        return result
+
+    monkeypatch.setattr(world.kube, "delete_ip_address", and_claim_changed)
+    try:
+        first = world.reconcile()
+    except ApiException as exc:  # a 409 raised through
+        first = Decision.retry(1.0) if exc.status == 409 else Decision.done()
+    assert first == Decision.retry(1.0)
+    assert (NS, "c1") in world.kube.claims and world.ipam.entries == {}
+    assert world.reconcile() == Decision.done()
+    assert (NS, "c1") not in world.kube.claims
+    assert world.kube.events == []  # no ReleaseSkipped: the release happened
+    assert [c[0] for c in world.ipam.calls] == ["release", "find"]
+    labels = (f"{NS}/{POOL}", KIND)
+    assert world.ctx.metrics.releases.labels(*labels, "success")._value.get() == 1
+    assert world.ctx.metrics.releases.labels(*labels, "skipped")._value.get() == 0
+
+
+def test_a_pool_deleted_between_a_claims_look_and_its_finalizer_write_is_kept(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition(), finalizers=(capi.POOL_FINALIZER,)))
+    world.kube.add_claim(claim())
+    original = world.kube.set_claim_finalizer
+    guard: list[Decision] = []
+
+    def pool_deleted_meanwhile(body: Any, finalizer: str, present: bool) -> Any:
+        # The pool's deletion arrives and its guard runs while the claim is about to write.
+        world.kube.pools[(NS, KIND, POOL)]["metadata"]["deletionTimestamp"] = DELETED_AT
+        guard.append(pool_service.reconcile_pool(world.ctx, NS, KIND, POOL))
+        return original(body, finalizer, present)
+
+    monkeypatch.setattr(world.kube, "set_claim_finalizer", pool_deleted_meanwhile)
+    world.reconcile()
+    assert guard and guard[0] != Decision.done()  # the guard waited for the claim
+    stored = world.kube.pools[(NS, KIND, POOL)]
+    assert capi.POOL_FINALIZER in stored["metadata"]["finalizers"]
+    assert "c1" in ready(stored)["message"]

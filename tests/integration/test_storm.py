@@ -1,0 +1,178 @@
+"""A create/delete storm: claims created from many threads, half deleted moments later.
+
+CAPI scales a MachineSet up and down within a second: 300 claims are created from 20
+threads, 150 of them deleted 0-300 ms after their creation (an admin client of the
+in-memory API server); in another namespace 20 claims arrive and their pool is deleted
+right after. After convergence nothing may be duplicated or leaked in the mock phpIPAM,
+every live claim is bound to an address of its own, every deleted claim is gone, and every
+pool can be deleted. The figures are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from fault_audit import (
+    audit,
+    deleting,
+    hostname_of,
+    poll,
+    pools,
+    print_figures,
+    wait_converged,
+)
+from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
+
+from bridge.capi import GROUP
+from bridge.testing.sandbox import Sandbox
+from mock_phpipam.server import MockPhpipamServer
+from mock_phpipam.store import Store
+
+#: A /23 (509 assignable addresses) for the storm; the seed's subnet 7 for the doomed pool.
+STORM_SUBNET = 21
+STORM_CIDR = "10.31.0.0/23"
+DOOMED_SUBNET = 7
+DOOMED_NAMESPACE = "doomed"
+CLAIMS = 300
+DELETED = 150
+THREADS = 20
+DOOMED_CLAIMS = 20
+#: Generous: 300 claims on a loaded 2-core machine shared with other test runs.
+CONVERGE_SECONDS = 600.0
+
+
+@pytest.fixture
+def phpipam_storm() -> Iterator[MockPhpipamServer]:
+    """A mock phpIPAM whose section also holds the /23 `STORM_CIDR` (id `STORM_SUBNET`)."""
+    seed: dict[str, Any] = copy.deepcopy(PHPIPAM_SEED)
+    seed["sections"][0]["subnets"].append(
+        {"id": STORM_SUBNET, "cidr": STORM_CIDR, "gateway": "10.31.0.1"}
+    )
+    with MockPhpipamServer(Store(seed)) as server:
+        yield server
+
+
+def _storm(sandbox: Sandbox, names: list[str], doomed: set[str]) -> None:
+    """Create ``names`` from `THREADS` threads; delete each of ``doomed`` 0-300 ms later."""
+    rng = random.Random(1919)
+    delays = {name: rng.uniform(0.0, 0.3) for name in doomed}
+    timers: list[threading.Timer] = []
+    lock = threading.Lock()
+
+    def create(name: str) -> None:
+        sandbox.claim(NAMESPACE, name, "pool")
+        if name in doomed:
+            timer = threading.Timer(delays[name], sandbox.delete_claim, (NAMESPACE, name))
+            with lock:
+                timers.append(timer)
+            timer.start()
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(create, names))
+    for timer in timers:
+        timer.join()
+
+
+def _rows(store: Store, subnet: int) -> list[tuple[str, str]]:
+    """The (hostname, address) rows of a subnet, gateway excluded."""
+    return [
+        (a.hostname or "", a.ip.compressed)
+        for a in store.subnet_addresses(subnet)
+        if not a.is_gateway
+    ]
+
+
+def _doomed_settled(sandbox: Sandbox, store: Store) -> bool:
+    """Every doomed claim shows a Ready condition; every row of its subnet is a live claim's."""
+    claims = sandbox.claims(DOOMED_NAMESPACE)
+    live = {hostname_of(c) for c in claims if not deleting(c)}
+    shown = all((c.get("status") or {}).get("conditions") for c in claims)
+    return shown and all(host in live for host, _ in _rows(store, DOOMED_SUBNET))
+
+
+def _delete_everything(sandbox: Sandbox, namespaces: tuple[str, ...]) -> None:
+    """Delete every claim, then every pool, of ``namespaces``."""
+    for namespace in namespaces:
+        for claim in sandbox.claims(namespace):
+            sandbox.delete_claim(namespace, claim["metadata"]["name"])
+    for namespace in namespaces:
+        for pool in pools(sandbox, namespace):
+            sandbox.delete_object(
+                f"{GROUP}/v1alpha1", "phpipamippools", pool["metadata"]["name"], namespace
+            )
+
+
+def test_a_create_delete_storm_leaks_nothing_and_every_pool_can_be_deleted(
+    make_sandbox: Callable[..., Sandbox], phpipam_storm: MockPhpipamServer
+) -> None:
+    phpipam, store = phpipam_storm, phpipam_storm.store
+    sandbox = make_sandbox(settings={"IPAM_BRIDGE_WORKERS": "8"})
+    sandbox.namespace(DOOMED_NAMESPACE)
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=STORM_SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.phpipam_pool(
+        DOOMED_NAMESPACE,
+        "pool",
+        endpoint=phpipam.url,
+        subnet_id=DOOMED_SUBNET,
+        credentials=CREDENTIALS,
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool")
+    sandbox.wait_pool_ready(DOOMED_NAMESPACE, "pool")
+
+    names = [f"storm-{i:03d}" for i in range(CLAIMS)]
+    doomed = set(random.Random(19).sample(names, DELETED))
+    started = time.monotonic()
+    # The doomed pool's claims arrive, and the pool is deleted right after them.
+    for i in range(DOOMED_CLAIMS):
+        sandbox.claim(DOOMED_NAMESPACE, f"late-{i:02d}", "pool")
+    sandbox.delete_object(f"{GROUP}/v1alpha1", "phpipamippools", "pool", DOOMED_NAMESPACE)
+    _storm(sandbox, names, doomed)
+
+    result = wait_converged(
+        sandbox, store, CLAIMS - DELETED, timeout=CONVERGE_SECONDS, subnet_ids=(STORM_SUBNET,)
+    )
+    poll(
+        lambda: _doomed_settled(sandbox, store),
+        timeout=CONVERGE_SECONDS,
+        message="every claim of the deleted pool decided, no row of its subnet leaked",
+    )
+    converge_seconds = time.monotonic() - started
+    live = {c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)}
+    assert live == set(names) - doomed  # every deleted claim is gone
+    addresses = [a["spec"]["address"] for a in sandbox.addresses(NAMESPACE)]
+    assert len(addresses) == len(set(addresses)) == CLAIMS - DELETED
+    doomed_rows = _rows(store, DOOMED_SUBNET)
+
+    # Every pool can then be deleted: once their claims go, nothing holds them.
+    _delete_everything(sandbox, (NAMESPACE, DOOMED_NAMESPACE))
+    poll(
+        lambda: (
+            not any(
+                pools(sandbox, ns) or sandbox.claims(ns) for ns in (NAMESPACE, DOOMED_NAMESPACE)
+            )
+        ),
+        timeout=CONVERGE_SECONDS,
+        message="every claim and pool deleted",
+    )
+    assert _rows(store, STORM_SUBNET) == [] and _rows(store, DOOMED_SUBNET) == []
+    assert sandbox.addresses(NAMESPACE) == [] and sandbox.addresses(DOOMED_NAMESPACE) == []
+    final = audit(sandbox, store, subnet_ids=(STORM_SUBNET,))
+    print_figures(
+        f"create/delete storm, {THREADS} threads",
+        claims=CLAIMS,
+        deletions=DELETED,
+        claims_of_a_deleted_pool=DOOMED_CLAIMS,
+        duplicates=len(result.duplicates),
+        leaks=len(result.leaks) + len(final.leaks),
+        doomed_pool_rows_at_convergence=len(doomed_rows),
+        converge_seconds=converge_seconds,
+    )

@@ -419,12 +419,21 @@ def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> N
     _write(ctx, body, status, ready=False, reason=error.reason, message=error.message)
 
 
+#: How soon a pool being deleted looks again while the cache does not show its deletion yet.
+CACHE_LAG_SECONDS = 0.5
+
+
 def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None) -> Decision:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
     kind, name = str(body["kind"]), str(meta["name"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
+    cached = ctx.cache.pools.get((kind, namespace, name))
+    if cached is not None and not (cached.get("metadata") or {}).get("deletionTimestamp"):
+        # Claims decide from the cache: until it shows the deletion, a claim may still see
+        # the pool live and register in it. Its watch event queues the pool again.
+        return Decision.retry(CACHE_LAG_SECONDS)
     users = users_of(ctx, namespace, kind, name) + [
         f"IPAddressClaim {key}" for key in ctx.holds.of((namespace, kind, name))
     ]

@@ -7,6 +7,7 @@ status on v1beta1 schemas without ``status.v1beta2``).
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, cast
 
@@ -1021,3 +1022,17 @@ def test_a_pool_deleted_between_a_claims_look_and_its_finalizer_write_is_kept(
     stored = world.kube.pools[(NS, KIND, POOL)]
     assert capi.POOL_FINALIZER in stored["metadata"]["finalizers"]
     assert "c1" in ready(stored)["message"]
+
+
+def test_a_pool_deleted_before_the_cache_shows_it_waits_for_the_cache(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition(), finalizers=(capi.POOL_FINALIZER,)))
+    world.kube.add_claim(claim())
+    stored = world.kube.pools[(NS, KIND, POOL)]
+    # What claims decide from: the pool as it was before its deletion (its event not seen yet).
+    world.ctx.cache.pools.fill([((KIND, NS, POOL), copy.deepcopy(stored))])
+    stored["metadata"]["deletionTimestamp"] = DELETED_AT
+    guard = pool_service.reconcile_pool(world.ctx, NS, KIND, POOL)  # e.g. queued by a release
+    world.reconcile()  # the claim still sees the pool live, and registers in it
+    assert guard != Decision.done()
+    if world.ipam.entries:  # never an entry in a pool that let go
+        assert capi.POOL_FINALIZER in world.kube.pools[(NS, KIND, POOL)]["metadata"]["finalizers"]

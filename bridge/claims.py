@@ -421,8 +421,7 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
     Raises
     ------
     _Wait
-        Parked under the pool's token while it is missing, being deleted (the pool is queued:
-        its deletion guard may have counted this claim) or not Ready.
+        Parked under the pool's token while it is missing, being deleted or not Ready.
     ClaimError
         ``PoolNotReady`` when the pool's spec is invalid.
     """
@@ -435,7 +434,6 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
             ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
         )
     if pool.deleting:
-        ctx.enqueue(pool_key(pool.namespace, pool.kind, pool.name))
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),

@@ -419,7 +419,8 @@ def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> N
     _write(ctx, body, status, ready=False, reason=error.reason, message=error.message)
 
 
-#: How soon a pool being deleted looks again while the cache does not show its deletion yet.
+#: How soon a pool being deleted looks again while the cache does not show its deletion yet,
+#: or while a claim is about to hold it (``ctx.holds``).
 CACHE_LAG_SECONDS = 0.5
 
 
@@ -434,9 +435,8 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
         # Claims decide from the cache: until it shows the deletion, a claim may still see
         # the pool live and register in it. Its watch event queues the pool again.
         return Decision.retry(CACHE_LAG_SECONDS)
-    users = users_of(ctx, namespace, kind, name) + [
-        f"IPAddressClaim {key}" for key in ctx.holds.of((namespace, kind, name))
-    ]
+    pending = ctx.holds.of((namespace, kind, name))
+    users = users_of(ctx, namespace, kind, name) + [f"IPAddressClaim {key}" for key in pending]
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
@@ -446,6 +446,8 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
             needs_person=False,
         )
         _write_failure(ctx, body, error)
+        if pending:  # claims in flight settle within moments: look again soon
+            return Decision.retry(CACHE_LAG_SECONDS)
         # Each release queues the pool again; this retry is only the safety net.
         return Decision.retry(ctx.settings.requeue_config_error_seconds)
     held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())

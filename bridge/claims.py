@@ -867,6 +867,18 @@ def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, An
     return {key: value for key, value in status.items() if current.get(key) != value}
 
 
+def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Return True when ``after`` differs from ``before`` in what a claim's decision reads.
+
+    Compared: ``metadata`` deletionTimestamp, generation (the spec), annotations and labels
+    (not finalizers: a pass may have written its own). Both are claim bodies as read or
+    returned by a write.
+    """
+    fields = ("deletionTimestamp", "generation", "annotations", "labels")
+    old, new = before.get("metadata") or {}, after.get("metadata") or {}
+    return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
+
+
 def _show(
     ctx: Context,
     body: Mapping[str, Any],
@@ -890,6 +902,11 @@ def _show(
     stored = ctx.kube.patch_claim_status(
         ctx.address_version, claim.namespace, claim.name, changed
     ).obj
+    if stored is not None and _changed_since(body, stored):
+        # The write is not guarded by resourceVersion: what it returns may show a change
+        # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
+        # an echo of the written-through claim and queues nothing: queue it here.
+        ctx.enqueue(claim_key(claim.namespace, claim.name))
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in (stored.get("status") or {})
         if ctx.v1beta2_kept != kept:

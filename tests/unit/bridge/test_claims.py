@@ -29,7 +29,14 @@ from backends import errors as be
 from bridge import capi, pool_service
 from bridge.capi import Reason
 from bridge.claims import reconcile_claim
-from bridge.context import Context, ExhaustionGate, cluster_token, pool_key, pool_token
+from bridge.context import (
+    Context,
+    ExhaustionGate,
+    claim_key,
+    cluster_token,
+    pool_key,
+    pool_token,
+)
 from bridge.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.kube import Kube
 from bridge.pools import LOCATION_FIELDS, location_of, parse_pool, with_location
@@ -1036,3 +1043,24 @@ def test_a_pool_deleted_before_the_cache_shows_it_waits_for_the_cache(world: Wor
     assert guard != Decision.done()
     if world.ipam.entries:  # never an entry in a pool that let go
         assert capi.POOL_FINALIZER in world.kube.pools[(NS, KIND, POOL)]["metadata"]["finalizers"]
+
+
+def test_a_claim_deleted_while_its_status_is_written_is_queued_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+    original = world.kube.patch_claim_status
+
+    def deleted_meanwhile(*args: Any) -> Any:
+        # Deleted between the allocation and the (unguarded) status write: the stored claim
+        # the write returns shows it, and the write-through hides its watch event.
+        world.delete()
+        return original(*args)
+
+    monkeypatch.setattr(world.kube, "patch_claim_status", deleted_meanwhile)
+    assert world.reconcile() == Decision.done()
+    assert (claim_key(NS, "c1"), 0.0) in world.queue.added
+    monkeypatch.setattr(world.kube, "patch_claim_status", original)
+    assert world.reconcile() == Decision.done()  # the pass the queue runs again releases it
+    assert (NS, "c1") not in world.kube.claims and world.ipam.entries == {}

@@ -10,10 +10,17 @@ claim's current state each time (DESIGN.md section 5):
   ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
 - bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
   no Cluster read when it already does);
-- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``;
+- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``
+  (a claim found gone by that write stops there, before any IPAM call; from its look at the
+  pool to that write it counts in the pool's deletion guard, `bridge.holds`);
   allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
   address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
-  create the IPAddress; write ``status.addressRef`` and Ready.
+  create the IPAddress (one that exists is adopted when it is this claim's, of this pool, at
+  the address the IPAM gave); write ``status.addressRef`` and Ready.
+
+Every write's outcome (`bridge.kube.Write`: written, unchanged, gone, conflict) decides what
+follows; a release that stopped before its last step is finished from what the IPAM and the
+IPAddress show, never guessed.
 
 A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
 up without a namespace (`bridge.capi.pool_namespace`), the hostname stays

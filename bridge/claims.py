@@ -906,9 +906,10 @@ def _show(
     changed = _changes(body, status)
     if not changed:
         return
-    stored = ctx.kube.patch_claim_status(
-        ctx.address_version, claim.namespace, claim.name, changed
-    ).obj
+    written = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    if written.outcome is Outcome.GONE:
+        return  # nobody is left to read its status or an Event about it
+    stored = written.obj
     if stored is not None and _changed_since(body, stored):
         # The write is not guarded by resourceVersion: what it returns may show a change
         # made since ``body`` was read (a deletion, a new annotation). Its watch event is now

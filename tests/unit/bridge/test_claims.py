@@ -1064,3 +1064,18 @@ def test_a_claim_deleted_while_its_status_is_written_is_queued_again(
     monkeypatch.setattr(world.kube, "patch_claim_status", original)
     assert world.reconcile() == Decision.done()  # the pass the queue runs again releases it
     assert (NS, "c1") not in world.kube.claims and world.ipam.entries == {}
+
+
+def test_a_claim_gone_at_its_status_write_gets_no_event(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_claim(claim())  # its pool is missing: a Warning status is due
+    original = world.kube.patch_claim_status
+
+    def gone(*args: Any) -> Any:
+        world.kube.claims.pop((NS, "c1"), None)
+        return original(*args)
+
+    monkeypatch.setattr(world.kube, "patch_claim_status", gone)
+    world.reconcile()
+    assert world.kube.events == []

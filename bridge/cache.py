@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from kubernetes.client import ApiException
@@ -217,29 +217,12 @@ class Cache:
         self.addresses = ObjectCache("ipaddresses")
         self.pools = ObjectCache("pools")
         self.clusters = ObjectCache("clusters")
-        #: Called with ``(plural, (namespace, name))`` when the object one of our writes
-        #: returned shows a change someone else made since the cache last saw it (see
-        #: `stored`): its watch event may be older than our write, and so never queue it.
-        self.on_changed: Callable[[str, tuple[str, str]], None] | None = None
 
     def stored(self, plural: str, body: Mapping[str, Any]) -> None:
-        """Write-through of one of our writes (`bridge.kube.Kube.on_stored`).
-
-        The API server returns the object as stored, with every change made before our
-        write. A change that is not ours (``metadata.deletionTimestamp``, ``generation``,
-        labels, annotations or ``spec``: our writes to claims and IPAddresses touch
-        finalizers and status only) goes to `on_changed`. Without it the watch event of that
-        change, older than our write, would be taken for an echo and queue nothing: a claim
-        deleted while its status was being written would wait for the next resync.
-        """
+        """Write-through of one of our writes (`bridge.kube.Kube.on_stored`)."""
         part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
-        if part is None:
-            return
-        key = self.key_of(body)
-        before = part.get(key)
-        part.put(key, body)
-        if before is not None and self.on_changed is not None and _changed_by_others(before, body):
-            self.on_changed(plural, key)
+        if part is not None:
+            part.put(self.key_of(body), body)
 
     def deleted(self, plural: str, namespace: str, name: str) -> None:
         """Write-through of one of our deletions (`bridge.kube.Kube.on_deleted`)."""
@@ -252,15 +235,6 @@ class Cache:
         """Return ``(namespace, name)`` of an object (namespace empty when cluster-scoped)."""
         meta = body.get("metadata") or {}
         return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def _changed_by_others(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
-    """Return True when ``after`` differs from ``before`` in what only others write."""
-    old, new = before.get("metadata") or {}, after.get("metadata") or {}
-    return before.get("spec") != after.get("spec") or any(
-        old.get(field) != new.get(field)
-        for field in ("deletionTimestamp", "generation", "labels", "annotations")
-    )
 
 
 def _ours(body: Mapping[str, Any]) -> bool:

@@ -10,10 +10,17 @@ claim's current state each time (DESIGN.md section 5):
   ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
 - bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
   no Cluster read when it already does);
-- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``;
+- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``
+  (a claim found gone by that write stops there, before any IPAM call; from its look at the
+  pool to that write it counts in the pool's deletion guard, `bridge.holds`);
   allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
   address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
-  create the IPAddress; write ``status.addressRef`` and Ready.
+  create the IPAddress (one that exists is adopted when it is this claim's, of this pool, at
+  the address the IPAM gave); write ``status.addressRef`` and Ready.
+
+Every write's outcome (`bridge.kube.Write`: written, unchanged, gone, conflict) decides what
+follows; a release that stopped before its last step is finished from what the IPAM and the
+IPAddress show, never guessed.
 
 A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
 up without a namespace (`bridge.capi.pool_namespace`), the hostname stays
@@ -42,6 +49,7 @@ from typing import Any
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
+from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
 from backends.transport import endpoint_key
 from bridge import capi
@@ -57,7 +65,7 @@ from bridge.errors import (
     exhausted_message,
     retry_delay,
 )
-from bridge.kube import Write
+from bridge.kube import Outcome, Write
 from bridge.models import IPAddress
 from bridge.pool_service import backend_for
 from bridge.pools import BACKEND_NAMES, Pool, location_of, parse_pool, with_location
@@ -395,62 +403,32 @@ def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> Clai
 
 
 def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
-    """Bind a live claim: answer from its IPAddress, or allocate one."""
+    """Bind a live claim: answer from its IPAddress, or allocate one.
+
+    From its look at its pool to its finalizer write the claim counts in ``ctx.holds``, so
+    a pool's deletion guard never lets go of a pool this claim is about to register in.
+    """
     address = _address_of(ctx, claim)
     if address is not None:
         return _bound(ctx, body, claim, address)
 
     _paused(ctx, claim)
-    if capi.CLAIM_FINALIZER in claim.finalizers:
-        pool = _usable_pool(ctx, claim)
-    else:
-        # Until the finalizer is on, the pool's deletion guard counts this claim by its
-        # intent (`bridge.context.FinalizerIntents`): no address goes into a pool that let go.
-        ref = claim.pool_ref
-        with ctx.intents.declared(
-            (_pool_ns(claim), ref.kind, ref.name), claim_key(claim.namespace, claim.name)
-        ):
-            pool = _usable_pool(ctx, claim)
-            endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
-            if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
-                # Its endpoint is busy: wait for a place before writing anything.
-                raise _Wait(Decision.wait(endpoint_token(endpoint)))
-            # The contract: the finalizer goes on before anything is allocated.
-            body = _with_finalizer(ctx, body)
-    return _allocate(ctx, body, claim, pool)
+    ref = claim.pool_ref
+    with ctx.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
+        pool = _ready_pool(ctx, claim)
+        held = _hold(ctx, body, claim, pool)
+    if isinstance(held, Decision):
+        return held
+    return _allocate(ctx, held, claim, pool)
 
 
-def _with_finalizer(ctx: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Add ``ReleaseAddress`` to the claim; return the claim as stored.
+def _ready_pool(ctx: Context, claim: Claim) -> Pool:
+    """Return the claim's pool when it is Ready for its current spec and not being deleted.
 
     Raises
     ------
     _Wait
-        Done when the claim is gone (nothing is allocated for a claim that no longer
-        exists); a retry in a second on a conflict (the claim changed: its watch event
-        brings the new version, and the next pass decides from it).
-    """
-    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
-    return _written(written, body)
-
-
-def _written(written: Write, body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Return the claim a finalizer write left (see `_with_finalizer` for what it raises)."""
-    if written.gone:
-        raise _Wait(Decision.done())
-    if written.conflict:
-        raise _Wait(Decision.retry(1.0))
-    return written.obj if written.obj is not None else body
-
-
-def _usable_pool(ctx: Context, claim: Claim) -> Pool:
-    """Return the claim's pool when it may be asked for an address: live, checked and Ready.
-
-    Raises
-    ------
-    _Wait
-        Parked under the pool's token while it is missing, being deleted, not checked yet
-        (no status write: its check wakes the claim) or not Ready (``PoolNotReady``).
+        Parked under the pool's token while it is missing, being deleted or not Ready.
     ClaimError
         ``PoolNotReady`` when the pool's spec is invalid.
     """
@@ -492,8 +470,51 @@ def _usable_pool(ctx: Context, claim: Claim) -> Pool:
     return pool
 
 
+def _hold(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool
+) -> Mapping[str, Any] | Decision:
+    """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
+
+    Returns
+    -------
+    Mapping or Decision
+        The claim as stored after the write (or as read when it carried the finalizer);
+        `Decision.done` when the claim is gone (nothing may be allocated for it), a retry
+        in one second when it changed since it was read (its watch event queues it too).
+
+    Raises
+    ------
+    _Wait
+        When the pool's endpoint is full: parked before any write.
+    """
+    if capi.CLAIM_FINALIZER in claim.finalizers:
+        return body
+    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+        # Its endpoint is busy: wait for a place before writing anything.
+        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
+    return _written(ctx, claim, written, body)
+
+
+def _written(
+    ctx: Context, claim: Claim, written: Write, body: Mapping[str, Any]
+) -> Mapping[str, Any] | Decision:
+    """Return the claim after a write of its finalizer, or the decision that ends the pass.
+
+    `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
+    `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
+    """
+    if written.outcome is Outcome.GONE:
+        ctx.metrics.pending(claim.key, None)
+        return Decision.done()
+    if written.outcome is Outcome.CONFLICT:
+        return Decision.retry(1.0)
+    return written.obj if written.obj is not None else body
+
+
 def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
-    """Register the claim's address in the IPAM, create its IPAddress, show it bound."""
+    """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(ctx, claim)
     if requested is None and ctx.gate.closed(pool.key):
         raise _wait_for_address(ctx, pool)
@@ -522,7 +543,34 @@ def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -
     ctx.gate.open(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    created = _register(ctx, claim, pool, allocation, hostname)
+    if created is None:
+        return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
+    ctx.metrics.allocations.labels(*labels, "success").inc()
+    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
+    return _bound(ctx, body, claim, created, check_pause=False)
 
+
+def _register(
+    ctx: Context, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
+) -> IPAddress | None:
+    """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
+
+    An IPAddress of that name that exists (409) is read: it is adopted when it names this
+    claim and pool and holds the address the IPAM gave ``hostname`` (a pass that created it
+    before a restart or a cache lag).
+
+    Returns
+    -------
+    IPAddress or None
+        The claim's IPAddress; None when the existing one was deleted right after the 409.
+
+    Raises
+    ------
+    ClaimError
+        ``AllocationFailed`` when the existing IPAddress is not this claim's: one name is
+        never handed to two addresses; a person must look.
+    """
     new = capi.build_ip_address(
         claim,
         version=ctx.address_version,
@@ -534,48 +582,36 @@ def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -
         hostname=hostname,
         location=location_of(pool),
     )
-    created = _created(ctx, claim, ctx.kube.create_ip_address(ctx.address_version, new))
-    if created is None:
-        # An IPAddress of that name exists but is not this claim's (another pool's, or a
-        # stale one): never hand one name to two addresses; a person must look.
+    written = ctx.kube.create_ip_address(ctx.address_version, new)
+    found = _parse_address(written.obj)
+    if written.outcome is Outcome.CONFLICT and written.obj is None:
+        return None
+    if written.outcome is Outcome.CONFLICT and not (
+        found is not None
+        and _belongs_to(found, claim)
+        and _same_address(str(found.spec.address or ""), allocation.address)
+    ):
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
             delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
         )
-    if created.spec.address != allocation.address:
+    if found is None:
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
-            f"IPAddress {claim.namespace}/{claim.name} says {created.spec.address} but the "
-            f"IPAM holds {allocation.address} as {hostname}; a person must look",
+            f"IPAddress {claim.namespace}/{claim.name} as stored is not an IPAddress",
             delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
         )
-    ctx.metrics.allocations.labels(*labels, "success").inc()
-    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _bound(ctx, body, claim, created, check_pause=False)
+    return found
 
 
-def _created(ctx: Context, claim: Claim, written: Write) -> IPAddress | None:
-    """Return the claim's IPAddress after its create, or None when the name is not its own.
-
-    A create that answers 409 AlreadyExists was read back (`bridge.kube.Kube.create_ip_address`):
-    an IPAddress of this claim and pool is adopted (our own earlier create, unseen by the
-    cache after a restart or a failover), anything else is not this claim's.
-
-    Raises
-    ------
-    _Wait
-        A retry in a second when the IPAddress in the way went away before it was read.
-    """
-    if written.conflict and written.obj is None:
-        raise _Wait(Decision.retry(1.0))
-    created = _parse_address(written.obj)
-    if created is None or (written.conflict and not _belongs_to(created, claim)):
-        return None
-    if written.conflict:
-        log.info("claim %s: adopted its existing IPAddress %s", claim.key, created.metadata.name)
-    return created
+def _same_address(one: str, other: str) -> bool:
+    """Return True when two textual IP addresses are the same address."""
+    try:
+        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+    except ValueError:
+        return one == other
 
 
 def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
@@ -619,7 +655,12 @@ def _bound(
     if check_pause:
         _paused(ctx, claim)
     if missing_finalizer:
-        body = _with_finalizer(ctx, body)
+        held = _written(
+            ctx, claim, ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+        )
+        if isinstance(held, Decision):
+            return held
+        body = held
     _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     return Decision.done()
 
@@ -639,19 +680,25 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     if capi.CLAIM_FINALIZER not in claim.finalizers:
         return Decision.done()  # nothing of ours holds the claim
     _paused(ctx, claim)
-    version = ctx.address_version
     address = _address_of(ctx, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
+    if address is None and claim.address_ref:
+        finished = _released_before(ctx, body, claim, labels)
+        if finished is not None:
+            return finished
+        message = (
+            f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
+            "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
+            f"{claim.key} is left as it is"
+        )
+        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+
     pool, _ = _pool_of(ctx, claim)
-    if address is None and claim.address_ref and pool is not None:
-        return _release_without_address(ctx, body, claim, pool, labels)
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            ctx.kube.delete_ip_address(
-                version, claim.namespace, address.metadata.name, _seen(address)
-            )
+            _delete_address(ctx, claim, address)
         message = (
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
@@ -686,7 +733,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
         ctx.metrics.releases.labels(*labels, error.reason).inc()
         raise error from exc
     if address is not None:
-        ctx.kube.delete_ip_address(version, claim.namespace, address.metadata.name, _seen(address))
+        _delete_address(ctx, claim, address)
     what = registered or hostname
     if not released:
         message = f"{hostname} was not registered in {pool.display}; nothing to release"
@@ -705,38 +752,64 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     return decision
 
 
-def _release_without_address(
-    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool, labels: tuple[str, str]
-) -> Decision:
-    """Finish the release of a bound claim whose IPAddress is gone, as the IPAM shows it.
+def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
+    """Delete the claim's IPAddress (gone already is success).
 
-    Two ways lead here. Our own release went through (IPAM entry and IPAddress gone) but
-    removing ``ReleaseAddress`` met a conflict or a crash: the hostname is registered no
-    more, and the claim is let go as released. Or the IPAddress was removed without this
-    operator (finalizers stripped, as ``clusterctl move`` deletes its source objects): the
-    entry is still registered and now belongs to the moved claim, so it is left as it is.
-    One ``find`` by hostname tells the two apart.
+    Raises
+    ------
+    _Wait
+        A retry in one second when a 409 Conflict persists (the next pass decides again
+        from the IPAM and the IPAddress).
     """
+    deleted = ctx.kube.delete_ip_address(
+        ctx.address_version, claim.namespace, address.metadata.name, _seen(address)
+    )
+    if deleted.outcome is Outcome.CONFLICT:
+        raise _Wait(Decision.retry(1.0))
+
+
+def _released_before(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
+) -> Decision | None:
+    """Finish a release whose IPAM entry and IPAddress are both gone already.
+
+    A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
+    by an earlier pass that stopped before its finalizer went (a 409, a crash), or moved
+    (``clusterctl move`` strips the IPAddress's finalizers: the entry stays, now another
+    claim's). The IPAM tells them apart: no entry under the claim's hostname means released
+    (quarantined entries are not found, `backends.base.IPAMBackend.find`).
+
+    Returns
+    -------
+    Decision or None
+        The decision of letting the claim go as ``Released``; None when its pool is gone
+        (nothing can be asked) or the IPAM still has the entry.
+
+    Raises
+    ------
+    ClaimError
+        When the IPAM cannot be asked (retried).
+    _Wait
+        When the pool's endpoint is full.
+    """
+    pool, _ = _pool_of(ctx, claim)
+    if pool is None:
+        return None
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     try:
         with _admitted(ctx, claim, pool):
             backend = backend_for(ctx, pool, reuse=True)
-            entry = ctx.metrics.call(
+            found = ctx.metrics.call(
                 BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
             )
     except PoolError as exc:
         raise _not_ready(ctx, claim, exc) from exc
     except BackendError as exc:
         raise _backend_error(ctx, exc, pool) from exc
-    if entry is None:
-        message = f"released {hostname} in {pool.display}"
-        return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
-    message = (
-        f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
-        "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry "
-        f"{entry.address} of {claim.key} is left as it is"
-    )
-    return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+    if found is not None:
+        return None
+    message = f"released {hostname} in {pool.display}"
+    return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
 
 
 def _let_go(
@@ -750,10 +823,12 @@ def _let_go(
 ) -> Decision:
     """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
 
-    On a conflict (the claim changed) nothing is counted: the next pass decides again
-    from the claim and the IPAM as they are then.
+    A 409 on the finalizer write counts nothing and retries in one second: the next pass
+    decides again from the IPAM and the IPAddress (`_released_before`).
     """
-    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).conflict:
+    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+        Outcome.CONFLICT
+    ):
         return Decision.retry(1.0)
     ctx.metrics.releases.labels(*labels, result).inc()
     ctx.metrics.pending(claim.key, None)
@@ -799,6 +874,18 @@ def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, An
     return {key: value for key, value in status.items() if current.get(key) != value}
 
 
+def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Return True when ``after`` differs from ``before`` in what a claim's decision reads.
+
+    Compared: ``metadata`` deletionTimestamp, generation (the spec), annotations and labels
+    (not finalizers: a pass may have written its own). Both are claim bodies as read or
+    returned by a write.
+    """
+    fields = ("deletionTimestamp", "generation", "annotations", "labels")
+    old, new = before.get("metadata") or {}, after.get("metadata") or {}
+    return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
+
+
 def _show(
     ctx: Context,
     body: Mapping[str, Any],
@@ -819,9 +906,15 @@ def _show(
     changed = _changes(body, status)
     if not changed:
         return
-    stored = ctx.kube.patch_claim_status(
-        ctx.address_version, claim.namespace, claim.name, changed
-    ).obj
+    written = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    if written.outcome is Outcome.GONE:
+        return  # nobody is left to read its status or an Event about it
+    stored = written.obj
+    if stored is not None and _changed_since(body, stored):
+        # The write is not guarded by resourceVersion: what it returns may show a change
+        # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
+        # an echo of the written-through claim and queues nothing: queue it here.
+        ctx.enqueue(claim_key(claim.namespace, claim.name))
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in (stored.get("status") or {})
         if ctx.v1beta2_kept != kept:

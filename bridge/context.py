@@ -17,11 +17,10 @@ the token).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from backends.base import IPAMBackend
 from backends.transport import EndpointRegistry
 from bridge.admission import EndpointAdmission
 from bridge.cache import Cache
+from bridge.holds import PendingHolds
 from bridge.kube import Kube
 from bridge.metrics import Metrics
 from bridge.settings import Settings
@@ -40,7 +40,6 @@ __all__ = [
     "BackendCache",
     "Context",
     "ExhaustionGate",
-    "FinalizerIntents",
     "Notices",
     "claim_key",
     "cluster_key",
@@ -185,51 +184,6 @@ class BackendCache:
             backend.close()
 
 
-class FinalizerIntents:
-    """Claims between their pool check and their ``ReleaseAddress`` write, per pool.
-
-    A claim reads its pool from the cache, finds it live, then writes its finalizer; a pool
-    being deleted lets go once no claim carries that finalizer (`bridge.pool_service`).
-    Between the two steps a claim holds an intent here, and the pool's deletion guard
-    counts intents as users, so no claim registers an address in a pool that let go. The
-    guard puts the pool it read (being deleted) into the cache *before* it counts: a claim
-    that declares its intent after the count reads that pool and waits.
-
-    Keys: pool keys ``(namespace, kind, name)`` (namespace ``""`` for a Global pool) and
-    claim keys (`claim_key`). Thread-safe; empty sets are dropped, so memory follows the
-    claims in flight only.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_pool: dict[tuple[str, str, str], set[tuple[str, str, str]]] = {}
-
-    @contextlib.contextmanager
-    def declared(self, pool: tuple[str, str, str], claim: tuple[str, str, str]) -> Iterator[None]:
-        """Hold the intent of ``claim`` to write its finalizer while the block runs."""
-        with self._lock:
-            self._by_pool.setdefault(pool, set()).add(claim)
-        try:
-            yield
-        finally:
-            with self._lock:
-                held = self._by_pool.get(pool)
-                if held is not None:
-                    held.discard(claim)
-                    if not held:
-                        del self._by_pool[pool]
-
-    def of(self, pool: tuple[str, str, str]) -> list[tuple[str, str, str]]:
-        """Return the claim keys that hold an intent on ``pool`` now."""
-        with self._lock:
-            return sorted(self._by_pool.get(pool, ()))
-
-    def __len__(self) -> int:
-        """Return how many pools have claims in flight."""
-        with self._lock:
-            return len(self._by_pool)
-
-
 class ExhaustionGate:
     """Remembers which pools were found exhausted, so waiting claims do not all ask the IPAM.
 
@@ -296,13 +250,13 @@ class Context:
     cache:
         The objects claims are decided from (claims, pools, Clusters, our IPAddresses), fed
         by the watches (`bridge.cache`, `bridge.handlers.cache`).
-    intents:
-        Claims about to write their ``ReleaseAddress`` finalizer, per pool
-        (`FinalizerIntents`): the pool deletion guard counts them.
     admission:
         Claims in flight per IPAM endpoint (`bridge.admission.EndpointAdmission`), at most
         ``endpoints.max_concurrent`` each; a claim refused waits parked, and is queued again
         (`enqueue`) when a place is kept for it. Made from ``endpoints`` (not an argument).
+    holds:
+        Claims between their look at their pool and their finalizer write
+        (`bridge.holds.PendingHolds`), counted by a pool's deletion guard.
     """
 
     settings: Settings
@@ -317,7 +271,7 @@ class Context:
     cluster_version: str | None = None
     notices: Notices = field(default_factory=Notices)
     cache: Cache = field(default_factory=Cache)
-    intents: FinalizerIntents = field(default_factory=FinalizerIntents)
+    holds: PendingHolds = field(default_factory=PendingHolds)
     admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
@@ -332,9 +286,6 @@ class Context:
         if isinstance(self.kube, Kube):  # test doubles have no write-through
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
-        # A write that reveals someone else's change queues the claim (an IPAddress has its
-        # claim's name): the decision it was part of did not see that change.
-        self.cache.on_changed = lambda _plural, key: self.enqueue(claim_key(*key))
 
     def namespace_lock(self, namespace: str) -> threading.Lock:
         """Return the lock that serialises decisions about a namespace's shared Secrets.

@@ -485,7 +485,7 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
             )
         except ApiException as exc:
             return _refused(ctx, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
-        if created is None:  # made meanwhile (its event queues the Cluster again)
+        if not created.written:  # made meanwhile (its event queues the Cluster again)
             return Decision.retry(1.0)
         message = (
             f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "

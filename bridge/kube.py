@@ -2,22 +2,22 @@
 
 Reads pools, Secrets and Clusters; creates, updates and deletes IPAddresses; patches
 pool status; creates control-plane endpoint claims and patches their Clusters. Calls are
-synchronous: they run in the work queue's worker threads. A read answers "not found" as a
-value (None). A write that can find its object gone or changed answers a `Write`: what the
-API server did (`Outcome`: written, unchanged, gone, conflict), so every caller decides on
-each case; every other API failure propagates as ``kubernetes.client.ApiException``.
+synchronous: handlers run in kopf's thread pool. "Not found" is a value (None) for reads; a
+write of a claim, an IPAddress or a pool answers a `Write` (written, unchanged, gone,
+conflict) that its caller handles case by case. Every other API failure propagates as
+``kubernetes.client.ApiException``.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
-import enum
 import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, cast
 
 import kopf
@@ -60,54 +60,40 @@ POOL_VERSION = "v1alpha1"
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
-class Outcome(enum.Enum):
-    """What one write at the Kubernetes boundary did."""
+class Outcome(Enum):
+    """What a write at the Kubernetes boundary did (`Write.outcome`)."""
 
-    #: The API server stored the write; `Write.obj` is the object as it returned it.
+    #: The API server stored the write (`Write.obj` is the object as stored, when returned).
     WRITTEN = "written"
-    #: Nothing was sent: the object already is as asked (`Write.obj` is None).
+    #: Nothing had to change: no request was sent.
     UNCHANGED = "unchanged"
-    #: 404: the object does not exist (any more).
+    #: The object does not exist (404 Not Found).
     GONE = "gone"
-    #: 409: the object changed since it was read (a guarded write), or, for a create, an
-    #: object of that name exists (`Write.obj` is that object as read, when it could be).
+    #: 409 Conflict: a stale resourceVersion, or (a create) the name exists already.
     CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
 class Write:
-    """The outcome of one write and the object it concerns.
+    """The typed outcome of one write: `Outcome` and, where there is one, the object.
 
-    Attributes
-    ----------
-    outcome:
-        What the API server did (`Outcome`).
-    obj:
-        The object as stored (`Outcome.WRITTEN`), the object found in the way of a create
-        (`Outcome.CONFLICT`, when it could be read), else None.
+    ``obj`` is the object as the API server returned it for `Outcome.WRITTEN`; for a create
+    answering `Outcome.CONFLICT`, the object that exists under that name (read right after
+    the 409; None when it was deleted meanwhile); else None.
     """
 
     outcome: Outcome
     obj: dict[str, Any] | None = None
 
     @property
-    def gone(self) -> bool:
-        """True when the object does not exist (404)."""
-        return self.outcome is Outcome.GONE
-
-    @property
     def written(self) -> bool:
-        """True when the object is as asked: stored now, or already so (`Outcome.UNCHANGED`)."""
-        return self.outcome in (Outcome.WRITTEN, Outcome.UNCHANGED)
-
-    @property
-    def conflict(self) -> bool:
-        """True when the API server answered 409."""
-        return self.outcome is Outcome.CONFLICT
+        """True when the API server stored the write."""
+        return self.outcome is Outcome.WRITTEN
 
 
-UNCHANGED: Write = Write(Outcome.UNCHANGED)
-GONE: Write = Write(Outcome.GONE)
+UNCHANGED = Write(Outcome.UNCHANGED)
+GONE = Write(Outcome.GONE)
+CONFLICT = Write(Outcome.CONFLICT)
 
 
 class NotServedError(RuntimeError):
@@ -515,9 +501,8 @@ class Kube:
         Returns
         -------
         Write
-            `Outcome.WRITTEN` with the object as stored; on 409 AlreadyExists
-            `Outcome.CONFLICT` with the object in the way as read now (``obj`` None when it
-            went away between the two requests).
+            `Outcome.WRITTEN` with the stored object, or `Outcome.CONFLICT` (no object) on
+            409 AlreadyExists.
 
         Raises
         ------
@@ -530,14 +515,11 @@ class Kube:
                 GROUP, version, namespace, plural, dict(body)
             )
         except ApiException as exc:
-            if exc.status != 409:
-                raise
-            existing = self._get(GROUP, version, namespace, plural, body["metadata"]["name"])
-            return Write(Outcome.CONFLICT, existing)
-        stored = cast(dict[str, Any], created)
-        if write_through:
-            self._stored(plural, stored)
-        return Write(Outcome.WRITTEN, stored)
+            if exc.status == 409:
+                return CONFLICT
+            raise
+        stored = self._stored(plural, created) if write_through else created
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], stored))
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -753,8 +735,10 @@ class Kube:
             ]
         return [dict(item) for result in results for item in result.get("items") or []]
 
-    def create_claim(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create an ``IPAddressClaim`` (a control-plane endpoint's); None when the name exists.
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddressClaim`` (a control-plane endpoint's).
+
+        Returns `Outcome.WRITTEN` with the claim, or `Outcome.CONFLICT` when the name exists.
 
         Raises
         ------
@@ -762,8 +746,7 @@ class Kube:
             Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
         """
         # Not written through to the cache: the claim's own watch event must queue it.
-        written = self._create(version, "ipaddressclaims", body, write_through=False)
-        return written.obj if written.outcome is Outcome.WRITTEN else None
+        return self._create(version, "ipaddressclaims", body, write_through=False)
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
@@ -771,12 +754,12 @@ class Kube:
         """Merge-patch a claim's status subresource.
 
         What the served schema does not know is pruned by the API server (e.g.
-        ``status.v1beta2`` on CAPI < 1.9): the object returned shows what was kept.
+        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
 
         Returns
         -------
         Write
-            `Outcome.WRITTEN` with the claim as stored, or `Outcome.GONE`.
+            `Outcome.WRITTEN` with the claim as stored, or `Outcome.GONE` (404).
 
         Raises
         ------
@@ -794,12 +777,9 @@ class Kube:
         return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored("ipaddressclaims", stored)))
 
     def set_claim_finalizer(self, claim: Mapping[str, Any], finalizer: str, present: bool) -> Write:
-        """Add or remove ``finalizer`` on a claim (see `set_finalizer`).
-
-        The claim as stored goes to `on_stored`; a claim found gone goes to `on_deleted`.
-        """
+        """Add or remove ``finalizer`` on a claim; the outcome as `set_finalizer` gives it."""
         version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
-        written = self.set_finalizer(
+        result = self.set_finalizer(
             claim,
             finalizer,
             present,
@@ -807,12 +787,8 @@ class Kube:
                 GROUP, version, namespace, "ipaddressclaims", name, body
             ),
         )
-        if written.obj is not None:
-            self._stored("ipaddressclaims", written.obj)
-        elif written.gone:
-            meta = claim.get("metadata") or {}
-            self._gone("ipaddressclaims", str(meta.get("namespace")), str(meta.get("name")))
-        return written
+        self._stored("ipaddressclaims", result.obj)
+        return result
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
@@ -821,27 +797,13 @@ class Kube:
 
         Reads the Secret's metadata first (the write is guarded by its resourceVersion); a
         Secret that is being deleted can lose a finalizer but not get one (the API refuses).
-        A Secret changed between the read and the write (409) is read and written again, up
-        to three times.
 
         Raises
         ------
         kubernetes.client.ApiException
-            Any failure but 404, and a 409 that persists.
+            409 when the Secret changed between the read and the write (the caller retries);
+            any other failure but 404.
         """
-        for _ in range(2):
-            written = self._set_secret_finalizer(namespace, name, finalizer, present)
-            if written is not None:
-                return written
-        written = self._set_secret_finalizer(namespace, name, finalizer, present)
-        if written is None:
-            raise ApiException(status=409, reason=f"Secret {namespace}/{name} keeps changing")
-        return written
-
-    def _set_secret_finalizer(
-        self, namespace: str, name: str, finalizer: str, present: bool
-    ) -> bool | None:
-        """One read and guarded write of `set_secret_finalizer`; None on 409."""
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -876,9 +838,9 @@ class Kube:
                 n, ns, patch, _content_type="application/merge-patch+json"
             ),
         )
-        if written.conflict:
-            return None
-        return not written.gone
+        if written.outcome is Outcome.CONFLICT:
+            raise ApiException(status=409, reason="Conflict")
+        return written.outcome is not Outcome.GONE
 
     @staticmethod
     def set_finalizer(
@@ -890,9 +852,8 @@ class Kube:
         """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
 
         Only ``finalizer`` changes: the others are written back as they were read, and a
-        concurrent change of the object makes the API answer 409 (`Outcome.CONFLICT`: the
-        caller reads again and retries). Nothing is written when the finalizer is already as
-        asked.
+        concurrent change of the object makes the API answer 409 (the caller reads again
+        and retries). Nothing is written when the finalizer is already as asked.
 
         Parameters
         ----------
@@ -905,8 +866,9 @@ class Kube:
         Returns
         -------
         Write
-            `Outcome.WRITTEN` with the object as the patch returned it, `Outcome.UNCHANGED`
-            when nothing was to be written, `Outcome.GONE` (404) or `Outcome.CONFLICT` (409).
+            `Outcome.WRITTEN` with the object as the patch returned it; `Outcome.UNCHANGED`
+            when nothing had to change (no request); `Outcome.GONE` on 404;
+            `Outcome.CONFLICT` on 409 (a stale resourceVersion).
 
         Raises
         ------
@@ -933,12 +895,9 @@ class Kube:
             if _missing(exc):
                 return GONE
             if exc.status == 409:
-                return Write(Outcome.CONFLICT)
+                return CONFLICT
             raise
-        if isinstance(result, dict):
-            return Write(Outcome.WRITTEN, result)
-        # A built-in kind's patch answers a model object: written, its body not kept.
-        return Write(Outcome.WRITTEN)
+        return Write(Outcome.WRITTEN, result if isinstance(result, dict) else None)
 
     # -- IPAddresses --------------------------------------------------------------
 
@@ -947,16 +906,27 @@ class Kube:
         return self._get(GROUP, version, namespace, "ipaddresses", name)
 
     def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
-        """Create an ``IPAddress`` (see `_create`).
+        """Create an ``IPAddress``.
 
         Returns
         -------
         Write
-            `Outcome.WRITTEN` with the IPAddress as stored, or `Outcome.CONFLICT` with the
-            IPAddress of that name that exists already (``obj`` None when it went away
-            before it could be read): the caller decides whether it is its own.
+            `Outcome.WRITTEN` with the stored IPAddress; on 409 AlreadyExists the one of that
+            name is read: `Outcome.CONFLICT` with it (None when it was deleted meanwhile), so
+            the caller can tell its own from a foreign one.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 of the create, any failure but 404 of the read.
         """
-        return self._create(version, "ipaddresses", body)
+        created = self._create(version, "ipaddresses", body)
+        if created.outcome is not Outcome.CONFLICT:
+            return created
+        meta = body["metadata"]
+        return Write(
+            Outcome.CONFLICT, self.get_ip_address(version, meta["namespace"], meta["name"])
+        )
 
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
         """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""
@@ -978,7 +948,7 @@ class Kube:
         namespace: str,
         name: str,
         current: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> Write:
         """Remove our ``ProtectAddress`` finalizer from an ``IPAddress`` and delete it.
 
         The finalizer goes first (the contract: an IPAddress must not outlive its claim's
@@ -992,26 +962,37 @@ class Kube:
             from the operator's cache): no read is sent. When it is stale (409 Conflict), or
             not given, the object is read once and the write tried again with what was read.
 
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` when this call deleted it; `Outcome.GONE` when it did not exist
+            (any more); `Outcome.CONFLICT` when a 409 persists after that one read.
+
         Raises
         ------
         kubernetes.client.ApiException
-            A 409 that persists after that one read; any failure but 404.
+            Any failure but 404 and 409.
         """
         if current is not None:
             try:
-                self._delete_ip_address(version, namespace, name, current)
-                return
+                return self._delete_ip_address(version, namespace, name, current)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
         current = self.get_ip_address(version, namespace, name)
         if current is None:
-            return
-        self._delete_ip_address(version, namespace, name, current)
+            self._gone("ipaddresses", namespace, name)
+            return GONE
+        try:
+            return self._delete_ip_address(version, namespace, name, current)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return CONFLICT
 
     def _delete_ip_address(
         self, version: str, namespace: str, name: str, current: Mapping[str, Any]
-    ) -> None:
+    ) -> Write:
         meta = current.get("metadata") or {}
         finalizers = list(meta.get("finalizers") or [])
         if ADDRESS_FINALIZER in finalizers:
@@ -1033,7 +1014,7 @@ class Kube:
             except ApiException as exc:
                 if _missing(exc):
                     self._gone("ipaddresses", namespace, name)
-                    return
+                    return GONE
                 raise
         try:
             self.custom.delete_namespaced_custom_object(
@@ -1042,7 +1023,10 @@ class Kube:
         except ApiException as exc:
             if not _missing(exc):
                 raise
+            self._gone("ipaddresses", namespace, name)
+            return GONE
         self._gone("ipaddresses", namespace, name)
+        return Write(Outcome.WRITTEN)
 
     def _gone(self, plural: str, namespace: str, name: str) -> None:
         if self.on_deleted is not None:
@@ -1081,8 +1065,9 @@ class Kube:
     def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
         """Add or remove ``finalizer`` on a pool, guarded by its resourceVersion.
 
-        Namespaced and Global (cluster-scoped) kinds alike. See `set_finalizer` for the
-        outcomes (a stale resourceVersion is `Outcome.CONFLICT`).
+        Namespaced and Global (cluster-scoped) kinds alike; the outcome as `set_finalizer`
+        gives it (a stale resourceVersion is `Outcome.CONFLICT`, a missing pool
+        `Outcome.GONE`).
         """
         return self.set_finalizer(
             pool, finalizer, present, lambda _name, _namespace, body: self._patch_pool(pool, body)

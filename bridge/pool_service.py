@@ -34,6 +34,7 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.context import Context, pool_key, pool_token
 from bridge.errors import PoolError, pool_error_from, retry_delay
+from bridge.kube import Outcome
 from bridge.pools import (
     BACKEND_NAMES,
     Pool,
@@ -343,7 +344,9 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     A live pool: ``ProtectPool`` and the Secrets' `CREDENTIALS_FINALIZER` are ensured, the
     pool is checked against its IPAM, the status written where it changed (an Event when
     Ready changes), and when Ready the claims waiting for it are woken. A pool being deleted
-    keeps ``ProtectPool`` while `users_of` finds anything (``DeletionBlocked`` naming them);
+    keeps ``ProtectPool`` while `users_of` finds anything, or a claim is about to hold it
+    (``ctx.holds``, between its look at the pool and its finalizer write): ``DeletionBlocked``
+    naming them;
     then the finalizer goes, the Secrets are let go when no other pool reads them, and its
     backend client is closed.
 
@@ -378,9 +381,12 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     if meta.get("deletionTimestamp"):
         return _reconcile_deleting(ctx, body, pool)
 
-    protected = capi.POOL_FINALIZER in (meta.get("finalizers") or [])
-    if not protected and not ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).written:
-        return Decision.retry(1.0)  # changed or gone since read: its event says which
+    if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
+        outcome = ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
+        if outcome is Outcome.CONFLICT:
+            return Decision.retry(1.0)  # changed since read: its watch event queues it too
+        if outcome is Outcome.GONE:
+            return Decision.done()
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
@@ -415,21 +421,24 @@ def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> N
     _write(ctx, body, status, ready=False, reason=error.reason, message=error.message)
 
 
+#: How soon a pool being deleted looks again while the cache does not show its deletion yet,
+#: or while a claim is about to hold it (``ctx.holds``).
+CACHE_LAG_SECONDS = 0.5
+
+
 def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None) -> Decision:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
     kind, name = str(body["kind"]), str(meta["name"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
-    # The claims that read this pool from the cache from now on see it going; the ones
-    # that read it before and have not written their finalizer yet hold an intent
-    # (`bridge.context.FinalizerIntents`), counted before the claims are listed.
-    ctx.cache.pools.put((kind, namespace, name), body)
     ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
-    users = [
-        f"IPAddressClaim {f'{claim_ns}/' if not namespace else ''}{claim_name} (about to "
-        "register an address)"
-        for _, claim_ns, claim_name in ctx.intents.of((namespace, kind, name))
-    ] + users_of(ctx, namespace, kind, name)
+    cached = ctx.cache.pools.get((kind, namespace, name))
+    if cached is not None and not (cached.get("metadata") or {}).get("deletionTimestamp"):
+        # Claims decide from the cache: until it shows the deletion, a claim may still see
+        # the pool live and register in it. Its watch event queues the pool again.
+        return Decision.retry(CACHE_LAG_SECONDS)
+    pending = ctx.holds.of((namespace, kind, name))
+    users = users_of(ctx, namespace, kind, name) + [f"IPAddressClaim {key}" for key in pending]
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
@@ -439,14 +448,16 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
             needs_person=False,
         )
         _write_failure(ctx, body, error)
+        if pending:  # claims in flight settle within moments: look again soon
+            return Decision.retry(CACHE_LAG_SECONDS)
         # Each release queues the pool again; this retry is only the safety net.
         return Decision.retry(ctx.settings.requeue_config_error_seconds)
     held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())
     # Under the namespace locks (see Context.namespace_lock): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
     _free_secrets(ctx, held, besides=(namespace, kind, name))
-    if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).conflict:
-        return Decision.retry(1.0)  # changed since read: decide again from what it is now
+    if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
+        return Decision.retry(1.0)  # changed since read: decided again from what it is now
     ctx.backends.drop((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)

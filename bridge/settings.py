@@ -207,8 +207,8 @@ class Settings(BaseSettings):
 
         Refused logins are budgeted at 5 per 5 minutes per phpIPAM endpoint (phpIPAM blocks
         the operator's address after more than 10) and 3 per Infoblox endpoint (NIOS locks
-        the account after 5; `backends.infoblox.InfobloxConfig.login_limit`). ``fence`` is called before every IPAM
-        request that is not a read (`backends.transport.EndpointRegistry`).
+        the account after 5; `backends.infoblox.InfobloxConfig.login_limit`). ``fence`` is
+        called before every IPAM request that is not a read (`backends.transport.EndpointRegistry`).
         """
         return EndpointRegistry(
             failure_threshold=self.endpoint_failure_threshold,

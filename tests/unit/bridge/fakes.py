@@ -28,7 +28,7 @@ from backends.errors import AddressUnavailableError, BackendError, SubnetExhaust
 from bridge import pool_service
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
 from bridge.kube import Outcome
-from bridge.kube import Write as Written
+from bridge.kube import Write as KubeWrite
 from bridge.pools import Pool, location_of
 
 DELETED_AT = "2026-01-01T00:00:00Z"
@@ -250,43 +250,43 @@ class FakeKube:
         present: bool,
         op: str,
         target: str,
-    ) -> Written:
+    ) -> KubeWrite:
         """Add or remove a finalizer as `bridge.kube.Kube.set_finalizer` does, over ``store``."""
         meta = obj.get("metadata") or {}
         current = list(meta.get("finalizers") or [])
         wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
         if wanted == current:
-            return Written(Outcome.UNCHANGED)
+            return KubeWrite(Outcome.UNCHANGED)
         stored = store.get(key)
         if stored is None:
-            return Written(Outcome.GONE)
+            return KubeWrite(Outcome.GONE)
         if meta.get("resourceVersion") != stored["metadata"].get("resourceVersion"):
-            return Written(Outcome.CONFLICT)
+            return KubeWrite(Outcome.CONFLICT)
         self._record(op, target, (finalizer, present))
         stored["metadata"]["finalizers"] = wanted
         stored["metadata"]["resourceVersion"] = self._rv()
         if not wanted and stored["metadata"].get("deletionTimestamp"):
             del store[key]
-        return Written(Outcome.WRITTEN, copy.deepcopy(stored))
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def set_claim_finalizer(
         self, claim: Mapping[str, Any], finalizer: str, present: bool
-    ) -> Written:
+    ) -> KubeWrite:
         meta = claim.get("metadata") or {}
         key = (meta["namespace"], meta["name"])
         return self._set_finalizers(
             self.claims, key, claim, finalizer, present, "claim.finalizer", "/".join(key)
         )
 
-    def create_claim(self, version: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> KubeWrite:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if key in self.claims:
-            return None
+            return KubeWrite(Outcome.CONFLICT)
         self._record("claim.create", "/".join(key), copy.deepcopy(dict(body)))
         stored = copy.deepcopy(dict(body))
         stored["metadata"]["uid"] = f"uid-claim-{meta['name']}"
-        return copy.deepcopy(self.add_claim(stored))
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(self.add_claim(stored)))
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
@@ -305,36 +305,36 @@ class FakeKube:
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> Written:
+    ) -> KubeWrite:
         stored = self.claims.get((namespace, name))
         if stored is None:
-            return Written(Outcome.GONE)
+            return KubeWrite(Outcome.GONE)
         self._record("claim.status", f"{namespace}/{name}", copy.deepcopy(dict(status)))
         current = stored.setdefault("status", {})
         _merge(current, status)
         if self.prune_v1beta2:
             current.pop("v1beta2", None)
         stored["metadata"]["resourceVersion"] = self._rv()
-        return Written(Outcome.WRITTEN, copy.deepcopy(stored))
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
-    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Written:
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> KubeWrite:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if key in self.addresses:
-            return Written(Outcome.CONFLICT, copy.deepcopy(self.addresses[key]))
+            return KubeWrite(Outcome.CONFLICT, copy.deepcopy(self.addresses[key]))
         self._record("address.create", "/".join(key), copy.deepcopy(dict(body)))
         stored = copy.deepcopy(dict(body))
         stored["metadata"]["resourceVersion"] = self._rv()
         stored["metadata"]["uid"] = f"uid-address-{meta['name']}"
         self.addresses[key] = stored
-        return Written(Outcome.WRITTEN, copy.deepcopy(stored))
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def delete_ip_address(
         self, version: str, namespace: str, name: str, current: Any = None
-    ) -> None:
+    ) -> KubeWrite:
         stored = self.addresses.get((namespace, name))
         if stored is None:
-            return
+            return KubeWrite(Outcome.GONE)
         finalizers = list(stored["metadata"].get("finalizers") or [])
         if ADDRESS_FINALIZER in finalizers:
             self._record("address.finalizer", f"{namespace}/{name}", (ADDRESS_FINALIZER, False))
@@ -345,8 +345,11 @@ class FakeKube:
             stored["metadata"]["deletionTimestamp"] = DELETED_AT
         else:
             del self.addresses[(namespace, name)]
+        return KubeWrite(Outcome.WRITTEN)
 
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Written:
+    def set_pool_finalizer(
+        self, pool: Mapping[str, Any], finalizer: str, present: bool
+    ) -> KubeWrite:
         meta = pool.get("metadata") or {}
         key = (meta.get("namespace", ""), str(pool["kind"]), meta["name"])
         return self._set_finalizers(

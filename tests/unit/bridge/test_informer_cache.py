@@ -135,23 +135,3 @@ def test_a_failed_list_leaves_its_part_to_api_reads() -> None:
     assert cache.pools.lookup(("PHPIPAMIPPool", "ns", "p")) == MISSING_UNKNOWN
     # Clusters not served: none exists, which is trusted (a claim naming one waits for it).
     assert cache.clusters.lookup(("ns", "c1")) == MISSING
-
-
-def test_a_write_that_reveals_a_deletion_by_someone_else_queues_the_object() -> None:
-    """Deleted while we wrote its status: the watch event of the deletion is older than our
-    write, so only the object our write returned can tell, and it must queue the claim."""
-    cache = Cache()
-    cache.claims.mark_synced()
-    changed: list[tuple[str, tuple[str, str]]] = []
-    cache.on_changed = lambda plural, key: changed.append((plural, key))
-    cache.claims.apply(("ns", "c"), obj("c", "10", kind="IPAddressClaim"))
-    cache.stored("ipaddressclaims", obj("c", "11", status={"ready": True}))
-    assert changed == []  # our own change (status) only
-    deleted = obj("c", "13", status={"ready": True})
-    deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    cache.stored("ipaddressclaims", deleted)  # rv 12 (the deletion) was someone else's
-    assert changed == [("ipaddressclaims", ("ns", "c"))]
-    # The deletion's own watch event (rv 12) then changes nothing and queues nothing.
-    late = obj("c", "12")
-    late["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert cache.claims.apply(("ns", "c"), late) is False

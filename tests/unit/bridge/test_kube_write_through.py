@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubernetes.client import ApiException
 
 from bridge.capi import ADDRESS_FINALIZER
-from bridge.kube import Kube
+from bridge.kube import Kube, Outcome, Write
 
 
 class FakeCustom:
@@ -70,3 +71,70 @@ def test_writes_of_claims_and_ipaddresses_are_passed_to_the_cache() -> None:
     assert kube._stored("ipaddresses", {"metadata": {"name": "a"}}) == {"metadata": {"name": "a"}}
     assert kube._stored("ipaddressclaims", None) is None  # nothing written: nothing passed
     assert stored == [("ipaddresses", {"metadata": {"name": "a"}})]
+
+
+# -- typed outcomes of writes -------------------------------------------------------------------
+
+
+def _answering(status: int | None) -> Any:
+    """A merge-patch call that answers ``status`` (an ApiException), or the patched object."""
+
+    def patch(name: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        if status is not None:
+            raise ApiException(status=status, reason="refused")
+        return {"metadata": {"name": name, **body["metadata"]}}
+
+    return patch
+
+
+def claim_meta(finalizers: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "c1",
+            "namespace": "ns",
+            "finalizers": finalizers,
+            "resourceVersion": "5",
+        }
+    }
+
+
+def test_a_finalizer_write_tells_written_unchanged_gone_and_conflict_apart() -> None:
+    written = Kube.set_finalizer(claim_meta([]), "f", True, _answering(None))
+    assert written.outcome is Outcome.WRITTEN and written.written
+    assert written.obj is not None and written.obj["metadata"]["finalizers"] == ["f"]
+    unchanged = Kube.set_finalizer(claim_meta(["f"]), "f", True, _answering(500))
+    assert unchanged == Write(Outcome.UNCHANGED)  # no request: the 500 is never met
+    assert Kube.set_finalizer(claim_meta([]), "f", True, _answering(404)).outcome is Outcome.GONE
+    conflict = Kube.set_finalizer(claim_meta([]), "f", True, _answering(409))
+    assert conflict.outcome is Outcome.CONFLICT
+    with pytest.raises(ApiException):
+        Kube.set_finalizer(claim_meta([]), "f", True, _answering(422))
+
+
+class Existing(FakeCustom):
+    """An API server that holds an IPAddress of the created name (a create answers 409)."""
+
+    def create_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(("create",))
+        raise ApiException(status=409, reason="AlreadyExists")
+
+
+def test_an_ipaddress_create_answering_409_returns_the_existing_one() -> None:
+    custom = Existing("7")
+    kube, _ = kube_with(custom)
+    body = {"metadata": {"name": "m1", "namespace": "ns"}, "spec": {}}
+    result = kube.create_ip_address("v1beta2", body)
+    assert result.outcome is Outcome.CONFLICT
+    assert result.obj == {"metadata": {"finalizers": [ADDRESS_FINALIZER], "resourceVersion": "7"}}
+    assert custom.calls == [("create",), ("get",)]
+
+
+def test_deleting_an_ipaddress_that_is_gone_is_gone_not_written() -> None:
+    class Gone(FakeCustom):
+        def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+            raise ApiException(status=404, reason="NotFound")
+
+    kube, deleted = kube_with(Gone("7"))
+    assert kube.delete_ip_address("v1beta2", "ns", "m1").outcome is Outcome.GONE
+    assert deleted == [("ipaddresses", "ns", "m1")]
+    assert kube.delete_ip_address("v1beta2", "ns", "m1", seen("7")).written

@@ -12,7 +12,12 @@ key, read the object as it is now and decide what it needs (`bridge.claims`,
   annotations and a "touch" patch on every attempt);
 - **parking**: a key that waits for something (its Cluster unpaused, its pool Ready) is parked
   under a *wake token*; `wake` puts every key parked under it back into the queue. A parked key
-  may also carry a deadline after which it runs anyway.
+  may also carry a deadline after which it runs anyway;
+- **per-key exponential backoff** for unexpected errors, as controller-runtime's default
+  rate limiter (``workqueue.DefaultTypedItemBasedRateLimiter``: 5 ms doubling up to 1000 s,
+  https://pkg.go.dev/k8s.io/client-go/util/workqueue), reset by the key's next success;
+- **bounded memory**: the wake history keeps only wakes that a key being processed could
+  still miss, so tokens of objects long gone do not accumulate.
 
 Everything runs on the operator's event loop; the reconcile function runs in a thread pool of
 ``workers`` threads (the Kubernetes and IPAM clients are synchronous). `add` and `wake` may be
@@ -37,6 +42,10 @@ log = logging.getLogger(__name__)
 
 Key = Hashable
 Token = Hashable
+
+#: The wake history is pruned when it grows past this many tokens (then past twice what
+#: a pruning left), so pruning costs O(1) amortised per wake.
+_PRUNE_MIN = 256
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,17 @@ class WorkQueue:
     Parameters
     ----------
     reconcile:
-        Called in a worker thread with a key; returns a `Decision`. An exception is logged and
-        the key is retried after ``error_delay`` seconds.
+        Called in a worker thread with a key; returns a `Decision`. An exception is retried
+        with a per-key exponential backoff: after ``backoff_base * 2**n`` seconds (``n``
+        failures in a row before this one), at most ``backoff_cap``; a success resets it. Each
+        failure is one log line (the key, the exception's type and message, the delay); the
+        traceback is logged at ERROR for a key's first failure in a row, at DEBUG after that.
     workers:
         How many keys are reconciled at the same time (threads).
-    error_delay:
-        Seconds before a key whose reconcile raised is tried again.
+    backoff_base:
+        Seconds before the first retry of a key that raised.
+    backoff_cap:
+        The longest delay between two retries of a key that keeps raising, in seconds.
     """
 
     def __init__(
@@ -89,11 +103,14 @@ class WorkQueue:
         reconcile: Callable[[Key], Decision],
         *,
         workers: int,
-        error_delay: float = 5.0,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 1000.0,
     ) -> None:
         self._reconcile = reconcile
         self._workers = workers
-        self._error_delay = error_delay
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._failures: dict[Key, int] = {}  # failures in a row, by key (gone on success)
         self._lock = threading.Lock()
         self._due: dict[Key, float] = {}  # queued keys and when they are due (loop time)
         self._heap: list[tuple[float, int, Key]] = []
@@ -108,6 +125,7 @@ class WorkQueue:
         self._wakes = itertools.count(1)
         self._last_wake: dict[Token, int] = {}
         self._started_at: dict[Key, int] = {}
+        self._prune_at = _PRUNE_MIN
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -139,6 +157,7 @@ class WorkQueue:
             keys = parked if count is None else parked[:count]
             if count is None:
                 self._last_wake[token] = next(self._wakes)
+                self._prune_wakes()
             for key in keys:
                 self._unpark(key)
                 self._schedule(key, self._now())
@@ -155,6 +174,26 @@ class WorkQueue:
         """Return how many keys are queued or being processed."""
         with self._lock:
             return len(self._due) + len(self._processing)
+
+    def sizes(self) -> dict[str, int]:
+        """Return the sizes of the queue's in-memory structures, by name (for benchmarks).
+
+        ``queued`` (keys due, including timers), ``heap`` (heap entries, superseded ones
+        included), ``processing``, ``again``, ``parked_keys``, ``tokens`` (tokens with parked
+        keys), ``wake_history`` (tokens whose last wake is remembered), ``failing`` (keys in
+        backoff).
+        """
+        with self._lock:
+            return {
+                "queued": len(self._due),
+                "heap": len(self._heap),
+                "processing": len(self._processing),
+                "again": len(self._again),
+                "parked_keys": len(self._tokens_of),
+                "tokens": len(self._parked),
+                "wake_history": len(self._last_wake),
+                "failing": len(self._failures),
+            }
 
     def _now(self) -> float:
         loop = self._loop
@@ -182,6 +221,22 @@ class WorkQueue:
                 keys.pop(key, None)
                 if not keys:
                     del self._parked[token]
+
+    def _prune_wakes(self) -> None:
+        """Forget wakes that no key being processed started before (lock held).
+
+        A wake is remembered only so that a key whose processing started before it and that
+        then parks under its token is queued at once (`_process`); once every such key is
+        done, the wake is history nobody reads.
+        """
+        if len(self._last_wake) < self._prune_at:
+            return
+        oldest = min(self._started_at.values(), default=None)
+        if oldest is None:
+            self._last_wake.clear()
+        else:
+            self._last_wake = {t: n for t, n in self._last_wake.items() if n > oldest}
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self._last_wake))
 
     def _notify(self) -> None:
         loop, changed = self._loop, self._changed
@@ -247,6 +302,21 @@ class WorkQueue:
                 return key, None
             return None, None
 
+    def _failed(self, key: Key, exc: Exception) -> float:
+        """Log the failure of ``key``'s reconcile; return the seconds until its retry."""
+        with self._lock:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+        delay = min(self._backoff_base * 2.0 ** min(failures, 64), self._backoff_cap)
+        message = "reconcile of %s failed (%s: %s); retry %d in %.3gs"
+        args = (key, type(exc).__name__, exc, failures + 1, delay)
+        if failures == 0:
+            log.error(message, *args, exc_info=exc)
+        else:
+            log.warning(message, *args)
+            log.debug("reconcile of %s failed", key, exc_info=exc)
+        return delay
+
     async def _process(self, key: Key, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
         decision: Decision
@@ -254,9 +324,11 @@ class WorkQueue:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("reconcile of %s failed; retrying in %ss", key, self._error_delay)
-            decision = Decision.retry(self._error_delay)
+        except Exception as exc:
+            decision = Decision.retry(self._failed(key, exc))
+        else:
+            with self._lock:
+                self._failures.pop(key, None)
         finally:
             slots.release()
         with self._lock:

@@ -200,11 +200,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         except PortUnavailableError as exc:
             raise kopf.PermanentError(str(exc)) from exc
         log.info("serving metrics on :%d/metrics", port)
-    ctx.queue = WorkQueue(
-        lambda key: reconcile(ctx, key),
-        workers=bridge.workers,
-        error_delay=bridge.requeue_seconds,
-    )
+    ctx.queue = WorkQueue(lambda key: reconcile(ctx, key), workers=bridge.workers)
     memo.bridge = ctx
     if not bridge.leader_election:
         ctx.metrics.leader.set(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -163,17 +164,97 @@ async def test_a_parked_key_with_a_deadline_runs_after_it() -> None:
     assert queue.parked("t") == frozenset()
 
 
-async def test_a_failing_reconcile_is_retried_after_the_error_delay() -> None:
+async def test_a_failing_reconcile_is_retried_after_the_backoff_base() -> None:
     def answer(key: Hashable, n: int) -> Decision:
         if n == 0:
             raise RuntimeError("boom")
         return Decision.done()
 
     rec = Recorder(answer)
-    queue = WorkQueue(rec, workers=1, error_delay=0.1)
+    queue = WorkQueue(rec, workers=1, backoff_base=0.1)
     queue.add("k")
     await run_for(queue, 0.4)
     assert rec.count("k") == 2
+
+
+def gaps(rec: Recorder, key: Hashable) -> list[float]:
+    with rec.lock:
+        times = [t for k, t in rec.calls if k == key]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+async def test_a_key_that_keeps_failing_backs_off_exponentially_up_to_the_cap() -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        raise RuntimeError(f"boom {n}")
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1, backoff_base=0.02, backoff_cap=0.16)
+    queue.add("k")
+    await run_for(queue, 1.2)
+    delays = gaps(rec, "k")
+    # 0.02, 0.04, 0.08, 0.16, 0.16, ...: each at least its backoff (timers never fire early)
+    expected = [0.02, 0.04, 0.08, 0.16, 0.16]
+    assert len(delays) >= len(expected)
+    assert all(d >= e * 0.95 for d, e in zip(delays, expected, strict=False))
+    # the cap holds: runs within 1.2 s are many more than an uncapped doubling allows (6)
+    assert rec.count("k") >= 7
+    assert queue.sizes()["failing"] == 1
+
+
+async def test_a_success_resets_the_backoff_of_its_key_only() -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        if key == "bad" or n < 3:
+            raise RuntimeError("boom")
+        if n == 3:
+            return Decision.retry(0.0)  # success: the next failure starts from the base
+        raise RuntimeError("again")
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=2, backoff_base=0.05, backoff_cap=10.0)
+    queue.add("k")
+    queue.add("bad")
+    await run_for(queue, 1.0)
+    delays = gaps(rec, "k")
+    # 0.05, 0.1, 0.2 (three failures), then the success's own retry, then 0.05 again
+    assert delays[4] < 0.15
+    assert queue.sizes()["failing"] == 2
+
+
+async def test_a_failing_key_logs_one_line_per_step_and_its_traceback_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def answer(key: Hashable, n: int) -> Decision:
+        raise ValueError("the pool spec is odd")
+
+    rec = Recorder(answer)
+    queue = WorkQueue(rec, workers=1, backoff_base=0.01, backoff_cap=0.02)
+    caplog.set_level("DEBUG", logger="bridge.workqueue")
+    queue.add("k")
+    await run_for(queue, 0.3)
+    runs = rec.count("k")
+    records = [r for r in caplog.records if r.name == "bridge.workqueue"]
+    errors = [r for r in records if r.levelname == "ERROR"]
+    warnings = [r for r in records if r.levelname == "WARNING"]
+    debug = [r for r in records if r.levelname == "DEBUG"]
+    assert runs >= 3
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "ValueError: the pool spec is odd" in errors[0].getMessage()
+    assert len(warnings) in (runs - 1, runs - 2)  # the last run may still be logging
+    assert all(r.exc_info is None for r in warnings)
+    assert all("ValueError: the pool spec is odd" in r.getMessage() for r in warnings)
+    assert all(r.exc_info is not None for r in debug) and len(debug) == len(warnings)
+
+
+async def test_the_wake_history_stays_bounded_with_many_tokens() -> None:
+    rec = Recorder()
+    queue = WorkQueue(rec, workers=2)
+    task = asyncio.create_task(queue.run())
+    for i in range(5000):
+        queue.wake(("cluster", "ns", f"c{i}"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert queue.sizes()["wake_history"] < 600
 
 
 async def test_workers_bound_the_parallelism() -> None:

@@ -163,6 +163,8 @@ def test_paused_clusterclass_cluster_gets_its_endpoint_in_one_write_and_gives_it
         created["metadata"]["uid"],
     )
     assert phpipam_hosts(phpipam) == {f"{CLAIM}.{NAMESPACE}": address}
+    # Events are posted in the background: wait for it, then check it is the only one.
+    wait_for(lambda: events(sandbox, "ControlPlaneEndpointSet"), timeout=20, message="the Event")
     (told,) = events(sandbox, "ControlPlaneEndpointSet")
     assert address in told["message"] and "PHPIPAMIPPool vips" in told["message"]
     assert len(cluster_writes(sandbox)) == 1  # endpoint, variable and unpause in one patch

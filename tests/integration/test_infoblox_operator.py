@@ -315,8 +315,13 @@ def test_exhausted_network_recovers_after_a_deletion(
     assert sandbox.ready(claim)[0] == "False"
     assert "tiny" in claim_message(claim)
     assert not (claim.get("status") or {}).get("addressRef")
-    assert any(
-        e["reason"] == "PoolExhausted" and e["type"] == "Warning" for e in events_for(sandbox, "c")
+    wait_for(  # Events are posted in the background
+        lambda: any(
+            e["reason"] == "PoolExhausted" and e["type"] == "Warning"
+            for e in events_for(sandbox, "c")
+        ),
+        timeout=20,
+        message="a PoolExhausted Warning",
     )
     assert sorted(r["name"] for r in objects(infoblox, "record:host")) == ["a.test", "b.test"]
     assert "c" not in address_map(sandbox)
@@ -549,7 +554,11 @@ def test_wrong_password(infoblox: MockInfobloxServer, quick: Sandbox) -> None:
     claim = sandbox.wait_claim_reason(NAMESPACE, "m1", "PoolNotReady")
     assert CREDENTIALS["username"] in claim_message(claim)
     assert "credentials" in claim_message(claim)
-    assert any(e["reason"] == "AuthenticationFailed" for e in events_for(sandbox, "pool"))
+    wait_for(  # Events are posted in the background
+        lambda: any(e["reason"] == "AuthenticationFailed" for e in events_for(sandbox, "pool")),
+        timeout=20,
+        message="an AuthenticationFailed Event",
+    )
     assert objects(infoblox, "record:host") == []
     assert sandbox.addresses(NAMESPACE) == []
     _assert_no_secret(sandbox, wrong)
@@ -579,8 +588,13 @@ def test_unknown_extensible_attribute_then_defined(
     claim = sandbox.wait_claim_reason(NAMESPACE, "m1", "PoolNotReady")
     assert sandbox.ready(claim)[0] == "False"
     assert "CostCenter" in claim_message(claim)
-    assert any(
-        e["type"] == "Warning" and "CostCenter" in e["message"] for e in events_for(sandbox, "m1")
+    wait_for(  # Events are posted in the background
+        lambda: any(
+            e["type"] == "Warning" and "CostCenter" in e["message"]
+            for e in events_for(sandbox, "m1")
+        ),
+        timeout=20,
+        message="a Warning naming CostCenter",
     )
     assert objects(infoblox, "record:host") == []
     assert sandbox.addresses(NAMESPACE) == []

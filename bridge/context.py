@@ -76,19 +76,30 @@ class Notices:
     times a minute) would flood the Events of the object; a subject's notice is told again
     only when its message changes, or after `forget`. Kept in memory: after a restart a
     problem still present is told once more. Thread-safe.
+
+    Bounded: at most ``limit`` subjects are remembered, the least recently told forgotten
+    first (a subject gone without `forget`, a Cluster deleted while it had a problem, is
+    dropped in time; one forgotten while its problem lasts is told once more).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
         self._lock = threading.Lock()
-        self._told: dict[Hashable, str] = {}
+        self._told: dict[Hashable, str] = {}  # insertion order: least recently told first
 
     def first(self, subject: Hashable, message: str) -> bool:
         """Record ``message`` for ``subject``; True when it differs from the one told last."""
         with self._lock:
-            if self._told.get(subject) == message:
-                return False
+            told = self._told.pop(subject, None)
             self._told[subject] = message
-            return True
+            while len(self._told) > self.limit:
+                del self._told[next(iter(self._told))]
+            return told != message
+
+    def __len__(self) -> int:
+        """Return how many subjects are remembered."""
+        with self._lock:
+            return len(self._told)
 
     def forget(self, subject: Hashable) -> None:
         """Drop what was told about ``subject`` (its problem is over, or it is gone)."""
@@ -332,9 +343,14 @@ class ExhaustionGate:
             self._since[key] = self._clock()
 
     def open(self, key: PoolKey) -> None:
-        """Record that the pool may have a free address (an allocation or a release happened)."""
+        """Record that the pool may have a free address (a release happened, or it is gone)."""
         with self._lock:
             self._since.pop(key, None)
+
+    def __len__(self) -> int:
+        """Return how many pools are remembered as exhausted."""
+        with self._lock:
+            return len(self._since)
 
 
 @dataclass
@@ -393,7 +409,9 @@ class Context:
     cache: Cache = field(default_factory=Cache)
     admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
-    _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _namespace_locks: dict[str, tuple[threading.Lock, int]] = field(
+        default_factory=dict, repr=False
+    )
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -406,14 +424,58 @@ class Context:
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
 
-    def namespace_lock(self, namespace: str) -> threading.Lock:
-        """Return the lock that serialises decisions about a namespace's shared Secrets.
+    @contextlib.contextmanager
+    def namespace_lock(self, namespace: str) -> Iterator[None]:
+        """Hold, for the block, the lock that serialises decisions about a namespace's Secrets.
 
         Two pools that read one Secret, deleted at once (a namespace deletion), must not
-        each see the other and both keep the Secret's finalizer.
+        each see the other and both keep the Secret's finalizer. A namespace's lock lives
+        while a thread holds or waits for it (a count under ``_locks_guard``), so namespaces
+        come and go without their locks staying behind.
         """
         with self._locks_guard:
-            return self._namespace_locks.setdefault(namespace, threading.Lock())
+            lock, users = self._namespace_locks.get(namespace, (threading.Lock(), 0))
+            self._namespace_locks[namespace] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._locks_guard:
+                lock, users = self._namespace_locks[namespace]
+                if users > 1:
+                    self._namespace_locks[namespace] = (lock, users - 1)
+                else:
+                    del self._namespace_locks[namespace]
+
+    def sizes(self) -> dict[str, int]:
+        """Return the sizes of the in-memory structures that grow with objects, by name.
+
+        For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
+        (objects), the work queue's (`bridge.workqueue.WorkQueue.sizes`), the backend
+        cache's (`BackendCache.sizes`), namespace locks, the admission's per-endpoint
+        state, the transport registry's endpoints, notices, the exhaustion gate and the
+        claims counted as pending by the metrics.
+        """
+        sizes = {
+            f"cache.{name}": len(part)
+            for name, part in (
+                ("claims", self.cache.claims),
+                ("addresses", self.cache.addresses),
+                ("pools", self.cache.pools),
+                ("clusters", self.cache.clusters),
+            )
+        }
+        if self.queue is not None:
+            sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
+        sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
+        sizes |= {f"admission.{k}": v for k, v in self.admission.sizes().items()}
+        with self._locks_guard:
+            sizes["namespace_locks"] = len(self._namespace_locks)
+        sizes["transport.endpoints"] = len(self.endpoints.states())
+        sizes["notices"] = len(self.notices)
+        sizes["gate"] = len(self.gate)
+        sizes["metrics.pending"] = len(self.metrics.pending_claims())
+        return sizes
 
     def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
         """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""

@@ -415,6 +415,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     body = ctx.kube.get_pool(namespace, kind, name)
     if body is None:
         ctx.backends.drop((namespace, kind, name))
+        ctx.gate.open((namespace, kind, name))  # forgotten: the pool is gone
         ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
         ctx.wake(pool_token(namespace, kind, name))
         return Decision.done()
@@ -490,6 +491,7 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     _free_secrets(ctx, held, besides=(namespace, kind, name))
     ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False)
     ctx.backends.drop((namespace, kind, name))
+    ctx.gate.open((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Decision.done()

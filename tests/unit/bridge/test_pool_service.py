@@ -342,12 +342,14 @@ def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
 def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
+    world.ctx.gate.exhausted((NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
     assert world.reconcile() == Decision.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
+    assert len(world.ctx.gate) == 0  # nothing of the pool stays in memory
 
 
 # -- the deletion guard ---------------------------------------------------------------------

@@ -17,7 +17,8 @@ key, read the object as it is now and decide what it needs (`bridge.claims`,
   rate limiter (``workqueue.DefaultTypedItemBasedRateLimiter``: 5 ms doubling up to 1000 s,
   https://pkg.go.dev/k8s.io/client-go/util/workqueue), reset by the key's next success;
 - **bounded memory**: the wake history keeps only wakes that a key being processed could
-  still miss, so tokens of objects long gone do not accumulate.
+  still miss (none while no key is processed), so tokens of objects long gone do not
+  accumulate.
 
 Everything runs on the operator's event loop; the reconcile function runs in a thread pool of
 ``workers`` threads (the Kubernetes and IPAM clients are synchronous). `add` and `wake` may be
@@ -155,7 +156,7 @@ class WorkQueue:
         with self._lock:
             parked = list(self._parked.get(token, ()))
             keys = parked if count is None else parked[:count]
-            if count is None:
+            if count is None and self._processing:  # else no key could miss it
                 self._last_wake[token] = next(self._wakes)
                 self._prune_wakes()
             for key in keys:
@@ -336,6 +337,8 @@ class WorkQueue:
             started = self._started_at.pop(key, 0)
             again = self._again.pop(key, None)
             missed = any(self._last_wake.get(token, 0) > started for token in decision.wake_on)
+            if not self._processing:  # every wake is older than any key's next start
+                self._last_wake.clear()
             if again is not None or missed:
                 self._schedule(key, loop.time() if again is None else again)
             else:

@@ -245,16 +245,30 @@ async def test_a_failing_key_logs_one_line_per_step_and_its_traceback_once(
     assert all(r.exc_info is not None for r in debug) and len(debug) == len(warnings)
 
 
-async def test_the_wake_history_stays_bounded_with_many_tokens() -> None:
+async def test_the_wake_history_is_kept_only_while_keys_are_processed() -> None:
     rec = Recorder()
+    rec.hold = 0.3
     queue = WorkQueue(rec, workers=2)
     task = asyncio.create_task(queue.run())
     for i in range(5000):
         queue.wake(("cluster", "ns", f"c{i}"))
-    await asyncio.sleep(0.05)
+    assert queue.sizes()["wake_history"] == 0  # nothing processed: no key could miss them
+    queue.add("k")
+    for _ in range(200):
+        if rec.count("k"):
+            break
+        await asyncio.sleep(0.01)
+    for i in range(1000):
+        queue.wake(("cluster", "ns", f"c{i}"))
+    during = queue.sizes()["wake_history"]
+    for _ in range(500):
+        if not queue.sizes()["processing"]:
+            break
+        await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert queue.sizes()["wake_history"] < 600
+    assert during == 1000
+    assert queue.sizes()["wake_history"] == 0
 
 
 async def test_workers_bound_the_parallelism() -> None:

@@ -1,28 +1,28 @@
-"""Soak: a compressed day of churn against the in-process operator; memory at start and end.
+"""Soak: a compressed day of churn against the operator; its memory at start and end.
 
 Each round (an "hour") uses a namespace of its own: a pool is created and changed, claims
 wait for a pool that does not exist yet (parked under its wake token), claims are created
 and bound, the missing pool is created (waking the waiting claims), then every claim and
-both pools are deleted and the round's Events dropped. The operator (real kopf, in this
-process), the emulated Kubernetes API and mock_phpipam run on 127.0.0.1.
+both pools are deleted and the round's Events dropped. The emulated Kubernetes API and
+mock_phpipam run on 127.0.0.1 in the benchmark's process.
 
-Figures only: the process's resident set size (``VmRSS`` of ``/proc/self/status``, so it
-includes the emulator and the mock) and the size of every in-memory structure of the
-operator (`bridge.context.Context.sizes`, plus the cache's tombstones), and the heap traced
-by `tracemalloc` by where it was allocated (emulator, mock, operator, kopf...), after the
-first round (the start: imports and first allocations done) and after the last. Tracing
-slows the run down about twofold.
+Figures only, after the first round (the start: imports and first allocations done) and
+after the last: the size of every in-memory structure of the operator
+(`bridge.context.Context.sizes`, plus the cache's tombstones) with the operator in this
+process, and the resident set size (``VmRSS``) of the operator run in a process of its own
+(`benchmarks.operator_process`, as in a pod), plus this process's RSS in the first run
+(emulator and mock included).
 """
 
 from __future__ import annotations
 
 import gc
 import time
-import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import CREDENTIALS, SUBNET_ID, seed_for, table
+from benchmarks.operator_process import OperatorProcess
 from bridge.context import Context
 from bridge.testing.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
@@ -45,13 +45,20 @@ class SoakResult:
     rss_end_kib: int = 0
     start: dict[str, int] = field(default_factory=dict)
     end: dict[str, int] = field(default_factory=dict)
-    heap_start: dict[str, int] = field(default_factory=dict)
-    heap_end: dict[str, int] = field(default_factory=dict)
+    operator_rss_start_mib: float = 0.0
+    operator_rss_end_mib: float = 0.0
 
     @property
     def rss_growth(self) -> float:
-        """RSS growth from start to end, as a share of the start (0.05 is 5 %)."""
+        """This process's RSS growth from start to end, as a share of the start (0.05: 5 %)."""
         return (self.rss_end_kib - self.rss_start_kib) / self.rss_start_kib
+
+    @property
+    def operator_rss_growth(self) -> float:
+        """The operator process's RSS growth from start to end, as a share of the start."""
+        return (self.operator_rss_end_mib - self.operator_rss_start_mib) / (
+            self.operator_rss_start_mib
+        )
 
 
 def rss_kib() -> int:
@@ -60,31 +67,6 @@ def rss_kib() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-#: Where traced memory was allocated, by the first path fragment that matches (in order).
-HEAP_PARTS = (
-    ("emulator (bridge/testing)", "/bridge/testing/"),
-    ("mock_phpipam", "/mock_phpipam/"),
-    ("operator (bridge)", "/bridge/"),
-    ("operator (backends)", "/backends/"),
-    ("kopf", "/kopf/"),
-    ("kubernetes client", "/kubernetes/"),
-)
-
-
-def heap_by_part() -> dict[str, int]:
-    """Return the bytes traced by `tracemalloc` now, by where they were allocated.
-
-    Each block counts for the innermost frame of its traceback (``HEAP_PARTS``, else
-    ``other``: the standard library, urllib3, the allocator's own).
-    """
-    parts: dict[str, int] = {}
-    for stat in tracemalloc.take_snapshot().statistics("filename"):
-        path = stat.traceback[0].filename
-        name = next((n for n, frag in HEAP_PARTS if frag in path), "other")
-        parts[name] = parts.get(name, 0) + stat.size
-    return parts
 
 
 def operator_context() -> Context:
@@ -167,7 +149,12 @@ def _round(
 
 
 def run_soak_bench(rounds: int = 24, claims: int = 20, waiting: int = 5) -> SoakResult:
-    """Run ``rounds`` rounds of churn; return memory and structure sizes at start and end.
+    """Run the churn twice: structures in process, then the operator's RSS in a process.
+
+    First with the operator in this process (`bridge.testing.sandbox.Sandbox`), for the
+    size of its structures (and this process's RSS, emulator and mock included); then with
+    the operator in a process of its own (`benchmarks.operator_process`), as in a pod, for
+    its own RSS. Each after the first round and after the last.
 
     Raises
     ------
@@ -176,22 +163,28 @@ def run_soak_bench(rounds: int = 24, claims: int = 20, waiting: int = 5) -> Soak
     """
     result = SoakResult(rounds, claims, waiting)
     started = time.monotonic()
-    tracemalloc.start()
-    with (
-        MockPhpipamServer(Store(seed_for(2 * (claims + waiting)))) as phpipam,
-        Sandbox() as sandbox,
-    ):
+    seed = seed_for(2 * (claims + waiting))
+    with MockPhpipamServer(Store(seed)) as phpipam, Sandbox() as sandbox:
         ctx = operator_context()
         for index in range(rounds):
             _round(sandbox, phpipam, index, claims, waiting)
             if index == 0:
                 result.start = settled(ctx)
                 gc.collect()
-                result.rss_start_kib, result.heap_start = rss_kib(), heap_by_part()
+                result.rss_start_kib = rss_kib()
         result.end = settled(ctx)
         gc.collect()
-        result.rss_end_kib, result.heap_end = rss_kib(), heap_by_part()
-    tracemalloc.stop()
+        result.rss_end_kib = rss_kib()
+    with (
+        MockPhpipamServer(Store(seed)) as phpipam,
+        Sandbox(start_operator=False) as sandbox,
+        OperatorProcess() as operator,
+    ):
+        for index in range(rounds):
+            _round(sandbox, phpipam, index, claims, waiting)
+            if index == 0:
+                result.operator_rss_start_mib = operator.memory_mib()["VmRSS"]
+        result.operator_rss_end_mib = operator.memory_mib()["VmRSS"]
     result.seconds = time.monotonic() - started
     return result
 
@@ -202,22 +195,15 @@ def format_result(result: SoakResult) -> str:
         [name, str(result.start.get(name, "")), str(result.end.get(name, ""))]
         for name in sorted(set(result.start) | set(result.end))
     ]
-    heap = [
-        [
-            name,
-            f"{result.heap_start.get(name, 0) / 1024:.0f}",
-            f"{result.heap_end.get(name, 0) / 1024:.0f}",
-        ]
-        for name in sorted(set(result.heap_start) | set(result.heap_end))
-    ]
     return (
         f"soak: {result.rounds} rounds of {result.claims_per_round} claims + "
         f"{result.waiting_per_round} waiting for a pool created later, 2 pools per round "
         f"(created, changed, deleted), in {result.seconds:.0f} s\n"
-        f"RSS after round 1: {result.rss_start_kib / 1024:.1f} MiB; after round "
-        f"{result.rounds}: {result.rss_end_kib / 1024:.1f} MiB "
-        f"({result.rss_growth:+.1%}, emulator and mock included)\n\n"
+        f"operator process RSS after round 1: {result.operator_rss_start_mib:.1f} MiB; after "
+        f"round {result.rounds}: {result.operator_rss_end_mib:.1f} MiB "
+        f"({result.operator_rss_growth:+.1%})\n"
+        f"operator in the benchmark's process (emulator and mock included): RSS "
+        f"{result.rss_start_kib / 1024:.1f} MiB, then {result.rss_end_kib / 1024:.1f} MiB "
+        f"({result.rss_growth:+.1%})\n\n"
         + table(["structure", "after round 1", f"after round {result.rounds}"], rows)
-        + "\n\n"
-        + table(["traced heap (KiB)", "after round 1", f"after round {result.rounds}"], heap)
     )

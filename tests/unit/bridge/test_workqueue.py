@@ -183,25 +183,45 @@ def gaps(rec: Recorder, key: Hashable) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-async def test_a_key_that_keeps_failing_backs_off_exponentially_up_to_the_cap() -> None:
+def logged_retries(caplog: pytest.LogCaptureFixture, key: str) -> list[tuple[int, float]]:
+    """Return (retry number, delay in s) of each failure of ``key`` logged by the queue."""
+    found = []
+    for record in caplog.records:
+        if record.name == "bridge.workqueue" and record.levelname in ("ERROR", "WARNING"):
+            logged_key, _, _, number, delay = record.args  # type: ignore[misc]
+            if logged_key == key:
+                found.append((int(number), float(delay)))
+    return found
+
+
+async def test_a_key_that_keeps_failing_backs_off_exponentially_up_to_the_cap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def answer(key: Hashable, n: int) -> Decision:
         raise RuntimeError(f"boom {n}")
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, backoff_base=0.02, backoff_cap=0.16)
+    caplog.set_level("WARNING", logger="bridge.workqueue")
     queue.add("k")
-    await run_for(queue, 1.2)
-    delays = gaps(rec, "k")
-    # 0.02, 0.04, 0.08, 0.16, 0.16, ...: each at least its backoff (timers never fire early)
-    expected = [0.02, 0.04, 0.08, 0.16, 0.16]
-    assert len(delays) >= len(expected)
-    assert all(d >= e * 0.95 for d, e in zip(delays, expected, strict=False))
-    # the cap holds: runs within 1.2 s are many more than an uncapped doubling allows (6)
-    assert rec.count("k") >= 7
+    task = asyncio.create_task(queue.run())
+    for _ in range(1000):  # generous: the machine may be loaded
+        if rec.count("k") >= 7:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    retries = logged_retries(caplog, "k")[:6]
+    assert retries == [(1, 0.02), (2, 0.04), (3, 0.08), (4, 0.16), (5, 0.16), (6, 0.16)]
+    # and the timers keep them: each run at least its backoff after the one before
+    delays = gaps(rec, "k")[:6]
+    assert all(d >= e * 0.9 for d, e in zip(delays, [r[1] for r in retries], strict=False))
     assert queue.sizes()["failing"] == 1
 
 
-async def test_a_success_resets_the_backoff_of_its_key_only() -> None:
+async def test_a_success_resets_the_backoff_of_its_key_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def answer(key: Hashable, n: int) -> Decision:
         if key == "bad" or n < 3:
             raise RuntimeError("boom")
@@ -210,13 +230,32 @@ async def test_a_success_resets_the_backoff_of_its_key_only() -> None:
         raise RuntimeError("again")
 
     rec = Recorder(answer)
-    queue = WorkQueue(rec, workers=2, backoff_base=0.05, backoff_cap=10.0)
+    queue = WorkQueue(rec, workers=2, backoff_base=0.01, backoff_cap=10.0)
+    caplog.set_level("WARNING", logger="bridge.workqueue")
     queue.add("k")
     queue.add("bad")
-    await run_for(queue, 1.0)
-    delays = gaps(rec, "k")
-    # 0.05, 0.1, 0.2 (three failures), then the success's own retry, then 0.05 again
-    assert delays[4] < 0.15
+    task = asyncio.create_task(queue.run())
+    for _ in range(1000):
+        if len(logged_retries(caplog, "k")) >= 5 and len(logged_retries(caplog, "bad")) >= 5:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    # three failures, the success, then from the base again
+    assert logged_retries(caplog, "k")[:5] == [
+        (1, 0.01),
+        (2, 0.02),
+        (3, 0.04),
+        (1, 0.01),
+        (2, 0.02),
+    ]
+    assert logged_retries(caplog, "bad")[:5] == [
+        (1, 0.01),
+        (2, 0.02),
+        (3, 0.04),
+        (4, 0.08),
+        (5, 0.16),
+    ]
     assert queue.sizes()["failing"] == 2
 
 
@@ -230,7 +269,13 @@ async def test_a_failing_key_logs_one_line_per_step_and_its_traceback_once(
     queue = WorkQueue(rec, workers=1, backoff_base=0.01, backoff_cap=0.02)
     caplog.set_level("DEBUG", logger="bridge.workqueue")
     queue.add("k")
-    await run_for(queue, 0.3)
+    task = asyncio.create_task(queue.run())
+    for _ in range(1000):  # generous: the machine may be loaded
+        if rec.count("k") >= 4:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
     runs = rec.count("k")
     records = [r for r in caplog.records if r.name == "bridge.workqueue"]
     errors = [r for r in records if r.levelname == "ERROR"]

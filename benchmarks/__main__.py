@@ -2,7 +2,9 @@
 API writes per allocation, per release and per waiting claim-minute, the hot path of a claim
 (``--only hot``: API requests by verb per allocation and release, rate vs the raw IPAM, a
 profile), a restart with 10,000 bound claims (``--only restart``) and the drift audit of a
-10,000-address pool (``--only audit``: wall and CPU seconds, IPAM requests).
+10,000-address pool (``--only audit``: wall and CPU seconds, IPAM requests) and a soak, a
+compressed day of churn (``--only soak``: RSS and the size of every in-memory structure of
+the operator at start and end).
 
 Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
 real kopf operator (the hot-path and restart parts run the operator in a process of its own,
@@ -30,6 +32,8 @@ from benchmarks.hot_path import READ_VERBS, WRITE_VERBS, HotPathResult, run_hot_
 from benchmarks.operator_bench import OperatorResult, run_operator_bench
 from benchmarks.restart_bench import format_result as format_restart
 from benchmarks.restart_bench import run_restart_bench
+from benchmarks.soak_bench import format_result as format_soak
+from benchmarks.soak_bench import run_soak_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -111,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("operator", "client", "writes", "hot", "restart", "audit"),
+        choices=("operator", "client", "writes", "hot", "restart", "audit", "soak"),
         default=None,
         help="run one part only",
     )
@@ -148,6 +152,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default 0/0/0,40/3/10: the bare mocks, then a phpIPAM about as fast as a real "
         "phpIPAM 1.8 on 2 cores, ~80-100 allocations/s with 8 threads, and an API server "
         "answering reads in 3 ms and writes in 10 ms)",
+    )
+    parser.add_argument(
+        "--soak-rounds",
+        type=int,
+        default=None,
+        help="rounds (hours of churn) of the soak (default 24, 6 with --quick)",
     )
     parser.add_argument(
         "--timeout",
@@ -406,6 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "audit"):
         print(f"  drift audit: one pool of {args.audit_addresses} addresses ...", flush=True)
         print("\n" + format_audit(run_audit_bench(args.audit_addresses)), flush=True)
+    if args.only in (None, "soak"):
+        rounds = args.soak_rounds or (6 if args.quick else 24)
+        print(f"  soak: {rounds} rounds of churn ...", flush=True)
+        print("\n" + format_soak(run_soak_bench(rounds)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

@@ -1025,7 +1025,7 @@ async def audit_forever(ctx: Context) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                audited = await loop.run_in_executor(executor, auditor.run_round)
+                audited = await loop.run_in_executor(executor, _held_round, ctx, auditor)
             except Exception:
                 log.exception("drift audit round failed; trying again at the next round")
                 continue
@@ -1033,6 +1033,12 @@ async def audit_forever(ctx: Context) -> None:
     finally:
         auditor.stop()
         executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _held_round(ctx: Context, auditor: Auditor) -> list[PoolAudit]:
+    """Run one audit round holding the backend clients it takes (`BackendCache.holding`)."""
+    with ctx.backends.holding():
+        return auditor.run_round()
 
 
 # -- ipam-bridge audit (a person's kubeconfig, read-only) ----------------------------------

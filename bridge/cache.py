@@ -137,8 +137,19 @@ class ObjectCache:
 
         Only where the cache is fed (synced, or the object already known from a watch):
         where nothing feeds it, as in unit tests, it holds nothing of its own making.
+
+        A body with ``deletionTimestamp`` and no finalizers is an object the API server has
+        just deleted (it goes when its last finalizer does,
+        https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/): it is
+        dropped, never stored. The watch's DELETED may already have arrived; storing it
+        would keep a deleted object in memory for good.
         """
         if body is None:
+            return
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            with self._lock:
+                self._objects.pop(key, None)
             return
         if not self._synced:
             with self._lock:

@@ -17,10 +17,11 @@ the token).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,19 +77,30 @@ class Notices:
     times a minute) would flood the Events of the object; a subject's notice is told again
     only when its message changes, or after `forget`. Kept in memory: after a restart a
     problem still present is told once more. Thread-safe.
+
+    Bounded: at most ``limit`` subjects are remembered, the least recently told forgotten
+    first (a subject gone without `forget`, a Cluster deleted while it had a problem, is
+    dropped in time; one forgotten while its problem lasts is told once more).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
         self._lock = threading.Lock()
-        self._told: dict[Hashable, str] = {}
+        self._told: dict[Hashable, str] = {}  # insertion order: least recently told first
 
     def first(self, subject: Hashable, message: str) -> bool:
         """Record ``message`` for ``subject``; True when it differs from the one told last."""
         with self._lock:
-            if self._told.get(subject) == message:
-                return False
+            told = self._told.pop(subject, None)
             self._told[subject] = message
-            return True
+            while len(self._told) > self.limit:
+                del self._told[next(iter(self._told))]
+            return told != message
+
+    def __len__(self) -> int:
+        """Return how many subjects are remembered."""
+        with self._lock:
+            return len(self._told)
 
     def forget(self, subject: Hashable) -> None:
         """Drop what was told about ``subject`` (its problem is over, or it is gone)."""
@@ -106,16 +118,48 @@ def pool_token(namespace: str, kind: str, name: str) -> tuple[str, str, str, str
     return ("pool-ready", namespace, kind, name)
 
 
+@dataclass
+class _Entry:
+    """A cached backend: the fingerprint and spec it was built from."""
+
+    fingerprint: str
+    spec: Any
+    backend: IPAMBackend
+
+
+@dataclass
+class _Flight:
+    """A build in progress for one key: waiters for its fingerprint share its outcome."""
+
+    fingerprint: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+
+
 class BackendCache:
     """Backend clients by pool, rebuilt when what they were built from changes.
 
     Thread-safe: claim and pool handlers of different objects run in parallel threads.
+
+    - **Single flight**: one build per key at a time. Threads that miss while a client is
+      being built for the same fingerprint wait for it and share it (or its error: a wrong
+      password is tried once, not once per worker, which keeps within an IPAM's login
+      lock-out budget). A build for another fingerprint waits, then builds its own.
+    - **Held clients are not closed**: code that takes clients inside `holding` (each work
+      queue item, each audit round) holds them until the scope ends; a client replaced
+      (`get` with a new fingerprint) or dropped (`drop`) while held is retired and closed
+      when its last holder lets go, so a worker never sees its client's session logged out
+      under it. A reference count per client, kept here; clients taken outside any
+      `holding` scope are not held (one-off tools).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # key -> (fingerprint, spec it was built from, backend)
-        self._entries: dict[CacheKey, tuple[str, Any, IPAMBackend]] = {}
+        self._entries: dict[CacheKey, _Entry] = {}
+        self._building: dict[CacheKey, _Flight] = {}
+        self._holds: dict[int, int] = {}  # id(backend) -> how many holders
+        self._retired: dict[int, IPAMBackend] = {}  # replaced or dropped, still held
+        self._local = threading.local()
 
     def get(
         self,
@@ -135,53 +179,144 @@ class BackendCache:
         fingerprint:
             Digest of the pool spec, Secret data and CA (see `bridge.pools.fingerprint`).
         build:
-            Makes a new backend; its errors propagate and nothing is cached.
+            Makes a new backend; called once per key and fingerprint however many threads
+            ask at once. Its errors propagate (to every thread that waited for that build)
+            and nothing is cached.
         spec:
             The pool spec the backend is built from, remembered for `reuse`.
         """
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None and entry.fingerprint == fingerprint:
+                    return self._hold(entry.backend)
+                flight = self._building.get(key)
+                if flight is None:
+                    flight = self._building[key] = _Flight(fingerprint)
+                    break
+            flight.done.wait()
+            if flight.fingerprint == fingerprint and flight.error is not None:
+                raise flight.error
+        try:
+            backend = build()
+        except Exception as exc:
+            flight.error = exc
+            with self._lock:
+                del self._building[key]
+            flight.done.set()
+            raise
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry[0] == fingerprint:
-                return entry[2]
-        backend = build()
-        with self._lock:
+            del self._building[key]
             old = self._entries.get(key)
-            self._entries[key] = (fingerprint, spec, backend)
-        if old is not None and old[2] is not backend:
-            old[2].close()
+            self._entries[key] = _Entry(fingerprint, spec, backend)
+            self._hold(backend)
+            closing = self._retire([old.backend] if old is not None else [])
+        flight.done.set()
+        _close_all(closing)
         return backend
 
     def reuse(self, key: CacheKey, spec: Mapping[str, Any]) -> IPAMBackend | None:
         """Return the backend of ``key`` when it was built from this pool ``spec``, else None.
 
         No Secret is read: the credentials are those of the last build (the pool's check
-        reads its Secrets and rebuilds the client when they changed, `get`).
+        reads its Secrets and rebuilds the client when they changed, `get`). A backend
+        returned is held like one from `get`.
         """
         with self._lock:
             entry = self._entries.get(key)
-        if entry is not None and entry[1] is not None and entry[1] == spec:
-            return entry[2]
+            if entry is not None and entry.spec is not None and entry.spec == spec:
+                return self._hold(entry.backend)
         return None
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold, until the block ends, every backend this thread takes (`get`, `reuse`).
+
+        On exit each is let go; a retired one (replaced or dropped meanwhile) whose last
+        holder this was is closed. Scopes nest.
+        """
+        outer = getattr(self._local, "held", None)
+        held: list[IPAMBackend] = []
+        self._local.held = held
+        try:
+            yield
+        finally:
+            self._local.held = outer
+            closing: list[IPAMBackend] = []
+            with self._lock:
+                for backend in held:
+                    count = self._holds[id(backend)] - 1
+                    if count:
+                        self._holds[id(backend)] = count
+                        continue
+                    del self._holds[id(backend)]
+                    retired = self._retired.pop(id(backend), None)
+                    if retired is not None:
+                        closing.append(retired)
+            _close_all(closing)
+
+    def _hold(self, backend: IPAMBackend) -> IPAMBackend:
+        """Count a hold of ``backend`` by this thread's `holding` scope, if any (lock held)."""
+        held: list[IPAMBackend] | None = getattr(self._local, "held", None)
+        if held is not None:
+            held.append(backend)
+            self._holds[id(backend)] = self._holds.get(id(backend), 0) + 1
+        return backend
+
+    def _retire(self, backends: list[IPAMBackend]) -> list[IPAMBackend]:
+        """Keep the held ones of ``backends`` for their last holder; return the rest (lock held)."""
+        free: list[IPAMBackend] = []
+        for backend in backends:
+            if self._holds.get(id(backend)):
+                self._retired[id(backend)] = backend
+            else:
+                free.append(backend)
+        return free
 
     def __len__(self) -> int:
         """Return how many backend clients are cached."""
         with self._lock:
             return len(self._entries)
 
+    def sizes(self) -> dict[str, int]:
+        """Return the sizes of the cache's structures, by name (for benchmarks).
+
+        ``entries``, ``retired`` (replaced or dropped, still held), ``held`` (clients with a
+        holder) and ``building``.
+        """
+        with self._lock:
+            return {
+                "entries": len(self._entries),
+                "retired": len(self._retired),
+                "held": len(self._holds),
+                "building": len(self._building),
+            }
+
     def drop(self, key: PoolKey) -> None:
-        """Close and forget every backend of a pool ``(namespace, kind, name)`` (it is gone)."""
+        """Close and forget every backend of a pool ``(namespace, kind, name)`` (it is gone).
+
+        A backend still held is closed when its last holder lets go (`holding`).
+        """
         with self._lock:
             gone = [k for k in self._entries if k[:3] == key]
-            entries = [self._entries.pop(k) for k in gone]
-        for _, _, backend in entries:
-            backend.close()
+            closing = self._retire([self._entries.pop(k).backend for k in gone])
+        _close_all(closing)
 
     def close(self) -> None:
-        """Close every backend."""
+        """Close every backend, held or not (the operator stops)."""
         with self._lock:
-            entries, self._entries = list(self._entries.values()), {}
-        for _, _, backend in entries:
+            backends = [e.backend for e in self._entries.values()] + list(self._retired.values())
+            self._entries, self._retired = {}, {}
+        _close_all(backends)
+
+
+def _close_all(backends: list[IPAMBackend]) -> None:
+    """Close each of ``backends``; an error closing one is logged and the others still close."""
+    for backend in backends:
+        try:
             backend.close()
+        except Exception:
+            log.exception("closing a backend client failed")
 
 
 class ExhaustionGate:
@@ -209,9 +344,14 @@ class ExhaustionGate:
             self._since[key] = self._clock()
 
     def open(self, key: PoolKey) -> None:
-        """Record that the pool may have a free address (an allocation or a release happened)."""
+        """Record that the pool may have a free address (a release happened, or it is gone)."""
         with self._lock:
             self._since.pop(key, None)
+
+    def __len__(self) -> int:
+        """Return how many pools are remembered as exhausted."""
+        with self._lock:
+            return len(self._since)
 
 
 @dataclass
@@ -274,7 +414,9 @@ class Context:
     holds: PendingHolds = field(default_factory=PendingHolds)
     admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
-    _namespace_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+    _namespace_locks: dict[str, tuple[threading.Lock, int]] = field(
+        default_factory=dict, repr=False
+    )
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -287,14 +429,58 @@ class Context:
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
 
-    def namespace_lock(self, namespace: str) -> threading.Lock:
-        """Return the lock that serialises decisions about a namespace's shared Secrets.
+    @contextlib.contextmanager
+    def namespace_lock(self, namespace: str) -> Iterator[None]:
+        """Hold, for the block, the lock that serialises decisions about a namespace's Secrets.
 
         Two pools that read one Secret, deleted at once (a namespace deletion), must not
-        each see the other and both keep the Secret's finalizer.
+        each see the other and both keep the Secret's finalizer. A namespace's lock lives
+        while a thread holds or waits for it (a count under ``_locks_guard``), so namespaces
+        come and go without their locks staying behind.
         """
         with self._locks_guard:
-            return self._namespace_locks.setdefault(namespace, threading.Lock())
+            lock, users = self._namespace_locks.get(namespace, (threading.Lock(), 0))
+            self._namespace_locks[namespace] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._locks_guard:
+                lock, users = self._namespace_locks[namespace]
+                if users > 1:
+                    self._namespace_locks[namespace] = (lock, users - 1)
+                else:
+                    del self._namespace_locks[namespace]
+
+    def sizes(self) -> dict[str, int]:
+        """Return the sizes of the in-memory structures that grow with objects, by name.
+
+        For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
+        (objects), the work queue's (`bridge.workqueue.WorkQueue.sizes`), the backend
+        cache's (`BackendCache.sizes`), namespace locks, the admission's per-endpoint
+        state, the transport registry's endpoints, notices, the exhaustion gate and the
+        claims counted as pending by the metrics.
+        """
+        sizes = {
+            f"cache.{name}": len(part)
+            for name, part in (
+                ("claims", self.cache.claims),
+                ("addresses", self.cache.addresses),
+                ("pools", self.cache.pools),
+                ("clusters", self.cache.clusters),
+            )
+        }
+        if self.queue is not None:
+            sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
+        sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
+        sizes |= {f"admission.{k}": v for k, v in self.admission.sizes().items()}
+        with self._locks_guard:
+            sizes["namespace_locks"] = len(self._namespace_locks)
+        sizes["transport.endpoints"] = len(self.endpoints.states())
+        sizes["notices"] = len(self.notices)
+        sizes["gate"] = len(self.gate)
+        sizes["metrics.pending"] = len(self.metrics.pending_claims())
+        return sizes
 
     def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
         """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""

@@ -1085,20 +1085,41 @@ class Kube:
                 raise
 
     def patch_pool_status(
-        self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
+        self,
+        namespace: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> None:
         """Merge-patch a pool's status subresource (a missing pool is ignored).
 
-        A Global kind is cluster-scoped: ``namespace`` is ignored.
+        A Global kind is cluster-scoped: ``namespace`` is ignored. With
+        ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
+        applies it only to that version of the pool and answers 409 Conflict otherwise
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts). A writer
+        of a list (``status.conditions``: a merge patch replaces lists whole) passes the
+        version it merged into, so a condition written by another writer since is never
+        dropped.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when ``resource_version`` is given and the pool changed since; any other
+            failure but 404.
         """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             if kind in GLOBAL_POOL_KINDS:
                 self.custom.patch_cluster_custom_object_status(
-                    GROUP, POOL_VERSION, POOL_KINDS[kind], name, {"status": dict(status)}
+                    GROUP, POOL_VERSION, POOL_KINDS[kind], name, body
                 )
                 return
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name, {"status": dict(status)}
+                GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name, body
             )
         except ApiException as exc:
             if not _missing(exc):

@@ -28,6 +28,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client import ApiException
+
 from backends.base import IPAMBackend
 from backends.errors import BackendError
 from bridge import capi
@@ -42,6 +44,7 @@ from bridge.pools import (
     fingerprint,
     location_of,
     parse_pool,
+    pool_conditions,
     pool_failed_status,
     pool_status,
 )
@@ -316,6 +319,30 @@ def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
         ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
 
 
+#: The condition type the pool's check owns (`bridge.capi.ready_condition`).
+READY = "Ready"
+
+#: Re-reads of a pool whose status write met 409 Conflict before the write is left to the
+#: next check (each re-read means another writer just wrote; a handful never all lose).
+STATUS_ATTEMPTS = 5
+
+
+def _status_patch(current: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """Return what of ``status`` differs from ``current``'s status, Ready merged in.
+
+    Fields are taken as they are; from ``status["conditions"]`` only the Ready condition is
+    ours: when it differs from ``current``'s, ``conditions`` is ``current``'s list with Ready
+    replaced (`bridge.pools.pool_conditions`), every other type (``InSync``) kept.
+    """
+    now = current.get("status") or {}
+    patch = {k: v for k, v in status.items() if k != "conditions" and now.get(k) != v}
+    ready = next(c for c in status["conditions"] if c.get("type") == READY)
+    previous = now.get("conditions") or []
+    if next((c for c in previous if c.get("type") == READY), None) != ready:
+        patch["conditions"] = pool_conditions(previous, ready)
+    return patch
+
+
 def _write(
     ctx: Context,
     body: Mapping[str, Any],
@@ -325,14 +352,41 @@ def _write(
     reason: str,
     message: str,
 ) -> None:
-    """Write the pool's status where it changed; post an Event when Ready changes."""
+    """Write the pool's status where it changed; post an Event when Ready changes.
+
+    One writer per condition: the pool's check owns ``Ready`` and the status fields
+    (usage, subnets, ``observedGeneration``), the drift audit owns ``InSync``
+    (`bridge.audit`). Fields are merge-patched as they are (nobody else writes them). The
+    conditions list is replaced whole by a merge patch, so when Ready changed it is written
+    merged into the list as read, guarded by that resourceVersion; on 409 Conflict (the audit
+    wrote in between, after seconds of IPAM calls) the pool is read again and Ready merged
+    into what it holds now. A resourceVersion guard with a re-read, rather than server-side
+    apply with a field manager per writer: the guard is plain optimistic concurrency every
+    API server and the in-memory one (`bridge.testing`) serve, while apply would first have
+    to take over the conditions that merge patches of earlier versions own (managed
+    fields, https://kubernetes.io/docs/reference/using-api/server-side-apply/#conflicts).
+    """
     meta = body.get("metadata") or {}
-    current = body.get("status") or {}
-    changed = {k: v for k, v in status.items() if current.get(k) != v}
-    if changed:
-        ctx.kube.patch_pool_status(
-            str(meta.get("namespace") or ""), str(body["kind"]), meta["name"], changed
-        )
+    namespace, kind, name = str(meta.get("namespace") or ""), str(body["kind"]), meta["name"]
+    current: Mapping[str, Any] = body
+    for _ in range(STATUS_ATTEMPTS):
+        patch = _status_patch(current, status)
+        if not patch:
+            break
+        version = (current.get("metadata") or {}).get("resourceVersion")
+        guard = str(version) if "conditions" in patch and version else None
+        try:
+            ctx.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
+            break
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        reread = ctx.kube.get_pool(namespace, kind, name)
+        if reread is None:
+            return
+        current = reread
+    else:
+        log.info("pool %s/%s: status not written (it kept changing)", namespace, name)
     if capi.ready_of(body) != ("True" if ready else "False", reason):
         log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
         ctx.event(body, "Normal" if ready else "Warning", reason, message)
@@ -366,6 +420,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     body = ctx.kube.get_pool(namespace, kind, name)
     if body is None:
         ctx.backends.drop((namespace, kind, name))
+        ctx.gate.open((namespace, kind, name))  # forgotten: the pool is gone
         ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
         ctx.wake(pool_token(namespace, kind, name))
         return Decision.done()
@@ -459,6 +514,7 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Decision.retry(1.0)  # changed since read: decided again from what it is now
     ctx.backends.drop((namespace, kind, name))
+    ctx.gate.open((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Decision.done()

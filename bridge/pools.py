@@ -497,7 +497,8 @@ def pool_status(
         ``subnets`` (per subnet ``cidr``, ``prefix``, ``gateway`` when known,
         ``ipAddresses``), ``subnet``/``prefix``/``gateway`` of the first subnet (``gateway``
         None when unknown, so a merge patch removes a stale one), ``ipAddresses`` summed,
-        ``observedGeneration`` and the conditions with Ready True ``PoolReady``. Each
+        ``observedGeneration`` and the conditions with Ready True ``PoolReady`` (its
+        message names the subnets, not their usage: it changes only when the pool does). Each
         subnet's prefix and gateway are its entry's overrides, else the pool's, else the
         IPAM's (the same rule as the backend's).
     """
@@ -519,10 +520,10 @@ def pool_status(
     free = sum(info.free for info in infos)
     first = subnets[0]
     if len(infos) == 1:
-        message = f"subnet {first['cidr']}: {free} of {total} addresses free"
+        message = f"subnet {first['cidr']} found; usage in status.ipAddresses"
     else:
-        each = ", ".join(f"{s['cidr']}: {s['ipAddresses']['free']} free" for s in subnets)
-        message = f"{free} of {total} addresses free in {len(infos)} subnets ({each})"
+        each = ", ".join(s["cidr"] for s in subnets)
+        message = f"{len(infos)} subnets found ({each}); usage in status.subnets"
     ready = ready_condition(
         ready=True,
         reason=Reason.POOL_READY,

@@ -105,13 +105,20 @@ def reconcile(ctx: Context, key: Hashable) -> Decision:
 
     `bridge.context.claim_key` to `bridge.claims.reconcile_claim`, ``pool_key`` to
     `bridge.pool_service.reconcile_pool`, ``cluster_key`` to
-    `bridge.endpoints.reconcile_cluster`.
+    `bridge.endpoints.reconcile_cluster`. The backend clients it takes are held until it
+    returns (`bridge.context.BackendCache.holding`): none is closed under it.
 
     Raises
     ------
     ValueError
         For a key of no known kind (a bug).
     """
+    with ctx.backends.holding():
+        return _route(ctx, key)
+
+
+def _route(ctx: Context, key: Hashable) -> Decision:
+    """Run the service of ``key`` (`reconcile`); ValueError for an unknown key."""
     match key:
         case ("claim", str(namespace), str(name)):
             with logcontext.about(

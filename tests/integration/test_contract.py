@@ -477,7 +477,11 @@ def test_exhausted_pool_serves_waiting_claims_when_addresses_free_up(
     sandbox.claim(NAMESPACE, "b", "small")
     waiting = sandbox.wait_claim_reason(NAMESPACE, "b", "PoolExhausted")
     assert "small" in condition(waiting)["message"]
-    assert [e for e in sandbox.events(NAMESPACE) if e.get("reason") == "PoolExhausted"]
+    wait_for(  # Events are posted in the background
+        lambda: [e for e in sandbox.events(NAMESPACE) if e.get("reason") == "PoolExhausted"],
+        timeout=20,
+        message="a PoolExhausted Event",
+    )
 
     # A person frees an address in the IPAM.
     started = time.monotonic()

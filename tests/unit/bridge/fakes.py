@@ -372,11 +372,21 @@ class FakeKube:
         stored["metadata"]["resourceVersion"] = self._rv()
 
     def patch_pool_status(
-        self, namespace: str, kind: str, name: str, status: Mapping[str, Any]
+        self,
+        namespace: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> None:
         stored = self.pools.get((namespace, kind, name))
         if stored is None:
             return
+        if resource_version is not None and resource_version != stored["metadata"].get(
+            "resourceVersion"
+        ):
+            raise ApiException(status=409, reason="Conflict")
         self._record("pool.status", f"{namespace}/{kind}/{name}", copy.deepcopy(dict(status)))
         _merge(stored.setdefault("status", {}), status)
         stored["metadata"]["resourceVersion"] = self._rv()

@@ -57,6 +57,24 @@ def test_our_deletion_leaves_a_tombstone_until_the_watch_says_deleted() -> None:
     assert part.lookup(("ns", "a")) == MISSING
 
 
+def test_our_last_finalizer_removal_never_stores_an_object_already_deleted() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    part.apply(("ns", "c"), obj("c", "10"))
+    gone = obj("c", "11")
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    # The watch's DELETED arrives before the worker writes through what the API returned
+    # for its finalizer removal (the body of an object deleted by that very write).
+    assert part.apply(("ns", "c"), gone, deleted=True) is True
+    part.put(("ns", "c"), gone)
+    assert part.get(("ns", "c")) is None and len(part) == 0
+    # In the other order the write-through drops it, and the DELETED finds nothing.
+    part.apply(("ns", "c"), obj("c", "10"))
+    part.put(("ns", "c"), gone)
+    assert len(part) == 0
+    assert part.apply(("ns", "c"), gone, deleted=True) is False
+
+
 def test_writes_go_through_only_where_the_cache_is_fed() -> None:
     """Without watches feeding it (unit tests' fakes), the cache never answers from writes."""
     part = ObjectCache("ipaddressclaims")

@@ -228,11 +228,72 @@ def test_usage_changes_are_written_without_an_event(world: World) -> None:
     world.reconcile()
     (write,) = world.kube.of("pool.status")
     assert write.detail["ipAddresses"] == {"total": 6, "used": 2, "free": 4}
-    # The message tells the usage; the subnet's own usage changed too.
-    assert set(write.detail) == {"ipAddresses", "subnets", "conditions"}
-    assert world.ready()["message"] == "subnet 10.0.0.0/29: 4 of 6 addresses free"
+    # Usage lives in status fields: the conditions are not written again.
+    assert set(write.detail) == {"ipAddresses", "subnets"}
+    assert world.ready()["message"] == "subnet 10.0.0.0/29 found; usage in status.ipAddresses"
     assert world.ready()["lastTransitionTime"] == transition  # not a transition
     assert world.kube.events == []
+
+
+IN_SYNC = {
+    "type": "InSync",
+    "status": "True",
+    "reason": "InSync",
+    "message": "the IPAM and the cluster agree",
+    "lastTransitionTime": "2020-01-01T00:00:00Z",
+}
+
+
+def audit_writes_during_the_check(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the drift audit write ``InSync`` while the pool's IPAM call runs."""
+    describe = FakeBackend.describe_subnets
+
+    def with_audit(backend: FakeBackend) -> Any:
+        stored = world.stored()
+        conditions = stored.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c["type"] != "InSync"] + [dict(IN_SYNC)]
+        stored["metadata"]["resourceVersion"] = world.kube._rv()
+        return describe(backend)
+
+    monkeypatch.setattr(FakeBackend, "describe_subnets", with_audit)
+
+
+def test_a_ready_write_never_drops_the_audits_condition_written_meanwhile(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool())
+    audit_writes_during_the_check(world, monkeypatch)
+    world.reconcile()
+    types = [c["type"] for c in world.stored()["status"]["conditions"]]
+    assert sorted(types) == ["InSync", "Ready"]
+    assert world.ready()["status"] == "True"
+    # The first write met 409 (the audit wrote since the pool was read); the second merged.
+    assert [w.op for w in world.kube.writes].count("pool.status") == 1
+    assert ("read", "get_pool", f"{NS}/{KIND}/pool") in world.kube.timeline[1:]
+
+
+def test_a_failure_write_never_drops_the_audits_condition_written_meanwhile(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.kube.add_pool(phpipam_pool())
+    world.reconcile()
+    world.ipam.error = be.BackendUnavailableError("IPAM down")
+    audit_writes_during_the_check(world, monkeypatch)
+    world.reconcile()
+    conditions = {c["type"]: c for c in world.stored()["status"]["conditions"]}
+    assert conditions["InSync"] == IN_SYNC
+    assert conditions["Ready"]["status"] == "False"
+
+
+def test_the_ready_message_does_not_change_with_usage(world: World) -> None:
+    world.kube.add_pool(phpipam_pool())
+    world.reconcile()
+    before = dict(world.ready())
+    for i in range(3):
+        world.ipam.entries[f"host-{i}"] = f"10.0.0.{i + 2}"
+        world.reconcile()
+        assert world.ready() == before
+    assert world.stored()["status"]["ipAddresses"]["used"] == 4
 
 
 @pytest.mark.parametrize(
@@ -281,12 +342,14 @@ def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
 def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
+    world.ctx.gate.exhausted((NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
     assert world.reconcile() == Decision.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
+    assert len(world.ctx.gate) == 0  # nothing of the pool stays in memory
 
 
 # -- the deletion guard ---------------------------------------------------------------------

@@ -360,7 +360,7 @@ def test_pool_status_per_subnet_and_summed():
     assert status["ipAddresses"] == {"total": 12, "used": 7, "free": 5}
     (ready,) = status["conditions"]
     assert ready["message"] == (
-        "5 of 12 addresses free in 2 subnets (10.0.0.0/29: 0 free, 10.1.0.0/29: 5 free)"
+        "2 subnets found (10.0.0.0/29, 10.1.0.0/29); usage in status.subnets"
     )
     no_gateway = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)])
     assert "gateway" not in no_gateway["subnets"][0] and no_gateway["gateway"] is None

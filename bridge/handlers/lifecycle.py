@@ -76,9 +76,10 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     # kopf no longer turns log lines into Events; we post our own.
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup. A watch request asks the server to end
-    # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later, so a connection
-    # that died silently (a blackhole) is found out and the watch resumes or relists
-    # (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
+    # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later; kopf also drops a
+    # watch that brought no event, not even a bookmark, for its inactivity timeout (70 s).
+    # A connection that died silently (a blackhole) is found out, and the watch resumes or
+    # relists (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_SERVER_TIMEOUT + 30
     settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT

@@ -28,14 +28,16 @@ What this relies on, and how each risk is closed:
   says whether an event changed anything, so an echo of our own write queues no reconcile.
 - **Watch restarts** (API server restart, 410 Gone, connection loss): kopf lists again but
   never tells of objects deleted meanwhile. `bridge.handlers.cache.Relists` sees that
-  listing, makes every part suspect (absence read from the API, not trusted) and replaces
+  listing, makes every part suspect (lookups read the API meanwhile) and replaces
   each part with a fresh list of its own (`relist`, `ObjectCache.replace`): objects gone
   are dropped and their keys queued, objects changed are queued. Tombstones and pending
   write-throughs are dropped by a relist or after `HOLD_SECONDS`: memory stays bounded.
 - **Stale entries** left by a watch that resumed late: writes stay guarded (resourceVersion
-  on finalizer patches, 409 AlreadyExists on IPAddress create), so a stale entry costs a
-  retry, never a wrong write. An IPAddress of ours cannot vanish while it carries our
-  ``ProtectAddress`` finalizer.
+  on finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
+  create). A Cluster turning unpaused wakes claims that may have waited for hours while
+  the claims' watch, another stream, may lag behind: the claims part is suspect until it
+  is relisted. An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``
+  finalizer.
 
 The stored bodies are shared, read-only dicts (``metadata.managedFields`` dropped): callers
 never modify them in place. Thread-safe: kopf's loop writes, worker threads read.
@@ -162,6 +164,7 @@ class ObjectCache:
         # is newer than the list, which leaves them as they are.
         self._touched: set[Key] | None = None
         self._synced = False
+        self._suspect = False
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -254,11 +257,12 @@ class ObjectCache:
         self._synced = True
 
     def suspect(self) -> None:
-        """Stop trusting absence until the next `replace` (a watch may have missed deletions).
+        """Stop trusting this part until the next `replace` (its watch may lag or have gaps).
 
-        Lookups of keys not cached then answer `MISSING_UNKNOWN`, so callers read the API.
+        Every lookup then answers `MISSING_UNKNOWN`, so callers read the API: an entry may
+        be stale (an object deleted meanwhile), an absence may be wrong.
         """
-        self._synced = False
+        self._suspect = True
 
     def fill(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> int:
         """Apply a listing's objects (as events, in order); mark synced.
@@ -316,14 +320,20 @@ class ObjectCache:
             self._tombstones.clear()
             self._pending.clear()
             self._synced = True
+            self._suspect = False
         return Relisted(gone, changed)
 
     # -- reading ---------------------------------------------------------------------------
 
     @property
     def synced(self) -> bool:
-        """True once a listing was seen (and no watch restart made absence suspect since)."""
+        """True once a listing was seen."""
         return self._synced
+
+    @property
+    def suspected(self) -> bool:
+        """True between `suspect` and the next `replace` (lookups read the API meanwhile)."""
+        return self._suspect
 
     def get(self, key: Key) -> dict[str, Any] | None:
         """Return the cached object (a shared dict: do not modify it), or None."""
@@ -331,7 +341,13 @@ class ObjectCache:
             return self._objects.get(key)
 
     def lookup(self, key: Key) -> dict[str, Any] | str:
-        """Return the cached object, or `MISSING` (absent, trusted) or `MISSING_UNKNOWN`."""
+        """Return the cached object, or `MISSING` (absent, trusted) or `MISSING_UNKNOWN`.
+
+        `MISSING_UNKNOWN` (read the API) before the first listing, and for every key while
+        the part is suspect (`suspect`).
+        """
+        if self._suspect:
+            return MISSING_UNKNOWN
         with self._lock:
             found = self._objects.get(key)
         if found is not None:

@@ -67,6 +67,8 @@ async def cache_event(
         part = ctx.cache.addresses
     elif resource.plural == "clusters":
         part = ctx.cache.clusters
+        if type != "DELETED":
+            _relists(ctx).unpaused(part.get(key), body)
     else:
         part, key = ctx.cache.pools, (str(body.get("kind")), *key)
     part.apply(key, body, deleted=type == "DELETED")
@@ -79,9 +81,9 @@ class Relists:
     from scratch (410 Gone, a failed resume), delivering the listed objects as events of
     type None (``kopf/_cogs/clients/watching.py``, ``continuous_watch``), but it never
     tells of objects that went away meanwhile. A listing of a resource that is not its
-    first makes every part of the cache suspect (absence is read from the API, not
-    trusted: another resource's event, a Cluster's unpause, may wake claims before their
-    own watch catches up), then relists every part (`bridge.cache.relist`) and queues what
+    first makes every part of the cache suspect (lookups read the API: another
+    resource's event, a Cluster's unpause, may wake claims before their own watch catches
+    up), then relists every part (`bridge.cache.relist`) and queues what
     changed (`queue_relisted`).
 
     Parameters
@@ -98,6 +100,7 @@ class Relists:
         self._listing: dict[str, float] = {}  # resource -> when its last listing event came
         self._watched: set[str] = set()  # resources with a watch event since their listing
         self._task: asyncio.Task[None] | None = None
+        self._pending: list[str] = []  # parts to relist, in order
 
     def seen(self, resource: str, type: str | None) -> None:
         """Record one event of ``resource`` (``type`` None: a listing); relist on a new listing."""
@@ -112,14 +115,35 @@ class Relists:
         if last is None or not fresh:
             return  # the first listing (primed at start-up), or the same listing going on
         log.info("%s listed again by its watch: relisting the cache", resource)
-        for part in PARTS:
+        self.request(PARTS)
+
+    def unpaused(self, before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> None:
+        """Relist claims when a Cluster turns unpaused (``before``: as cached, None: new).
+
+        Its claims, parked maybe for hours, are woken by this event; the claims' watch is
+        another stream, which may lag behind this one (it reconnects on its own after an
+        outage): until the claims are relisted, the woken claims read themselves from the
+        API, so none is allocated from a stale entry of a claim deleted meanwhile.
+        """
+        was = before is not None and capi.is_paused(
+            (before.get("metadata") or {}).get("annotations"), before.get("spec")
+        )
+        now = capi.is_paused((after.get("metadata") or {}).get("annotations"), after.get("spec"))
+        if was and not now:
+            self.request(("claims",))
+
+    def request(self, parts: tuple[str, ...]) -> None:
+        """Make ``parts`` suspect at once and relist them (in the background, retried)."""
+        for part in parts:
             getattr(self._ctx.cache, part).suspect()
+            if part not in self._pending:
+                self._pending.append(part)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._relist_all(), name="ipam-bridge relist")
 
     async def _relist_all(self) -> None:
         ctx = self._ctx
-        pending = list(PARTS)
+        pending = self._pending
         while pending:
             part = pending[0]
             try:

@@ -134,3 +134,27 @@ def test_a_listing_long_after_the_last_one_is_a_new_one_and_a_failed_relist_is_r
     assert ctx.kube.lists == 3
     assert ("claim", "ns", "deleted") in ctx.queued
     assert ctx.cache.claims.get(("ns", "deleted")) is None
+
+
+def test_a_cluster_turning_unpaused_relists_the_claims_its_event_wakes() -> None:
+    async def scenario() -> tuple[Ctx, list[bool]]:
+        ctx = Ctx(Kube())
+        ctx.cache.claims.mark_synced()
+        relists = Relists(ctx)  # type: ignore[arg-type]
+        # Deleted while the claims' watch was down; its DELETED has not come yet.
+        ctx.cache.claims.apply(("ns", "deleted"), obj("deleted", "2", spec=OURS))
+        paused = obj("c1", "5", spec={"paused": True})
+        relists.unpaused(None, paused)  # a new Cluster, paused: nothing
+        relists.unpaused(paused, obj("c1", "6", spec={"paused": True}))  # still paused
+        seen = [ctx.cache.claims.suspected]
+        relists.unpaused(paused, obj("c1", "7", spec={"paused": False}))
+        # The woken claims, reconciled before the relist is done, read the API.
+        seen.append(ctx.cache.claims.lookup(("ns", "deleted")) == MISSING_UNKNOWN)
+        await _settle(relists)
+        return ctx, seen
+
+    ctx, seen = asyncio.run(scenario())
+    assert seen == [False, True]
+    assert ctx.kube.lists == 1
+    assert ctx.cache.claims.lookup(("ns", "deleted")) == "missing"
+    assert ("claim", "ns", "deleted") in ctx.queued

@@ -208,6 +208,8 @@ def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
     part.mark_synced()
     part.suspect()
     assert part.lookup(("ns", "nothing")) == MISSING_UNKNOWN
+    assert part.lookup(("ns", "gone")) == MISSING_UNKNOWN  # maybe stale: read the API
+    assert part.suspected
     part.begin_relist()
     # An event during the list request is newer than the list: it stays.
     part.apply(("ns", "touched"), obj("touched", "7"))
@@ -224,6 +226,7 @@ def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
     assert sorted(key for key, _ in result.changed) == [("ns", "changed"), ("ns", "new")]
     assert part.get(("ns", "touched")) == obj("touched", "7")
     assert part.lookup(("ns", "gone")) == MISSING  # absence trusted again
+    assert not part.suspected and part.lookup(("ns", "kept")) == obj("kept", "2")
     assert part.held() == 0
 
 

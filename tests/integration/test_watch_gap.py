@@ -13,6 +13,7 @@ claim holding an address, no hostname registered twice, and the pool deletable.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 
 import pytest
@@ -64,8 +65,9 @@ def _converged(sandbox: Sandbox, phpipam: MockPhpipamServer, live: set[str]) -> 
 
 @pytest.mark.parametrize("expire", [False, True], ids=["resumed", "410-gone"])
 def test_a_watch_gap_converges_without_leaks_or_duplicates(
-    sandbox: Sandbox, phpipam: MockPhpipamServer, expire: bool
+    sandbox: Sandbox, phpipam: MockPhpipamServer, expire: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="bridge.handlers.cache")
     sandbox.phpipam_pool(
         NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=SUBNET, credentials=CREDENTIALS
     )
@@ -124,6 +126,9 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
             f"duplicated {duplicated}, live claims {len(live)}"
         )
     assert sandbox.operator_running
+    if expire:  # every watch answered 410 Gone: kopf listed again, and so did the cache
+        assert "listed again by its watch: relisting the cache" in caplog.text
+        assert "claims relisted" in caplog.text
 
     # Every pool can be deleted at the end.
     for name in sorted(live):

@@ -149,10 +149,21 @@ class ObjectCache:
         A name for messages (``ipaddressclaims``...).
     clock:
         Monotonic seconds (for the time bound of tombstones and pending writes).
+    trust_absence:
+        False: `lookup` never answers `MISSING`, an absent key is read from the API (for
+        resources whose absence is rare and may be an object created between the start-up
+        list and kopf's first listing, such as a pool created with its claims).
     """
 
-    def __init__(self, resource: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        resource: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        trust_absence: bool = True,
+    ) -> None:
         self.resource = resource
+        self._trust_absence = trust_absence
         self._clock = clock
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
@@ -352,7 +363,7 @@ class ObjectCache:
             found = self._objects.get(key)
         if found is not None:
             return found
-        return MISSING if self._synced else MISSING_UNKNOWN
+        return MISSING if self._synced and self._trust_absence else MISSING_UNKNOWN
 
     def values(self) -> Iterator[dict[str, Any]]:
         """Iterate over a snapshot of the cached objects."""
@@ -382,8 +393,8 @@ class Cache:
     def __init__(self) -> None:
         self.claims = ObjectCache("ipaddressclaims")
         self.addresses = ObjectCache("ipaddresses")
-        self.pools = ObjectCache("pools")
-        self.clusters = ObjectCache("clusters")
+        self.pools = ObjectCache("pools", trust_absence=False)
+        self.clusters = ObjectCache("clusters", trust_absence=False)
 
     def stored(self, plural: str, body: Mapping[str, Any]) -> None:
         """Write-through of one of our writes (`bridge.kube.Kube.on_stored`)."""

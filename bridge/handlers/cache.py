@@ -34,7 +34,7 @@ from bridge.context import (
     pool_token,
 )
 
-__all__ = ["Relists", "address_is_ours", "cache_event", "listing_event", "queue_relisted"]
+__all__ = ["Relists", "address_is_ours", "cache_event", "claim_seen", "queue_relisted"]
 
 log = logging.getLogger(__name__)
 
@@ -218,14 +218,11 @@ def queue_relisted(ctx: Context, part: str, result: Relisted) -> int:
     return count
 
 
-async def listing_event(type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """Record a claim's event for `Relists` (claims are cached by their own handler)."""
-    ctx: Context | None = memo.get("bridge")
-    if ctx is not None:
-        _relists(ctx).seen("ipaddressclaims", type)
+def claim_seen(ctx: Context, type: str | None) -> None:
+    """Record a claim's event for `Relists` (called by the claims' own event handler)."""
+    _relists(ctx).seen("ipaddressclaims", type)
 
 
-kopf.on.event(capi.GROUP, "ipaddressclaims", id="cache", when=address_is_ours)(listing_event)
 kopf.on.event(capi.GROUP, "ipaddresses", id="cache", when=address_is_ours)(cache_event)
 for _plural in capi.POOL_KINDS.values():
     kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="cache")(cache_event)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import kopf
@@ -94,7 +94,7 @@ class Relists:
         Monotonic seconds.
     """
 
-    def __init__(self, ctx: Context, clock: Any = time.monotonic) -> None:
+    def __init__(self, ctx: Context, clock: Callable[[], float] = time.monotonic) -> None:
         self._ctx = ctx
         self._clock = clock
         self._listing: dict[str, float] = {}  # resource -> when its last listing event came

@@ -112,6 +112,12 @@ class Settings(BaseSettings):
         8080, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 = off."
     )
     metrics_address: str = Field("0.0.0.0", description="Address the /metrics endpoint listens on.")
+    stall_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Liveness fails when the work queue starts and finishes no reconcile "
+        "for this many seconds while keys are due (hung workers, a blocked loop); 0 = never.",
+    )
     health_port: int = Field(
         8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
     )

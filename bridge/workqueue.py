@@ -126,6 +126,7 @@ class WorkQueue:
         self._changed: asyncio.Event | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._progress_at = 0.0  # loop time a reconcile last started or finished
 
     # -- adding keys (any thread) ------------------------------------------------------------
 
@@ -192,6 +193,21 @@ class WorkQueue:
         with self._lock:
             return len(self._due) + len(self._processing)
 
+    def stalled(self) -> float:
+        """Return the seconds due keys have waited with no reconcile started or finished.
+
+        0.0 while the queue does not run (a standby replica) or no key is due now. A key
+        parked on a wake token is not due. Safe from any thread.
+        """
+        with self._lock:
+            if self._loop is None:
+                return 0.0
+            now = self._now()
+            waiting = [due for due in self._due.values() if due <= now]
+            if not waiting:
+                return 0.0
+            return max(0.0, now - max(self._progress_at, min(waiting)))
+
     def _now(self) -> float:
         loop = self._loop
         return loop.time() if loop is not None else 0.0
@@ -249,12 +265,14 @@ class WorkQueue:
         try:
             while True:
                 self._changed.clear()
+                # A worker first, then a key: a key waiting for a worker stays due (`stalled`).
+                await slots.acquire()
                 key, wait = self._pop_due()
                 if key is None:
+                    slots.release()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), wait)
                     continue
-                await slots.acquire()
                 task = asyncio.create_task(self._process(key, slots))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -318,6 +336,7 @@ class WorkQueue:
                 del self._due[key]
                 self._unpark(key)
                 self._processing.add(key)
+                self._progress_at = now
                 self._started_at[key] = next(self._wakes)
                 return key, None
             return None, None
@@ -340,6 +359,7 @@ class WorkQueue:
         finally:
             slots.release()
         with self._lock:
+            self._progress_at = loop.time()
             self._processing.discard(key)
             started = self._started_at.pop(key, 0)
             again = self._again.pop(key, None)

@@ -1,7 +1,8 @@
 """Feed `bridge.cache` from the watches kopf runs: pools, Clusters and our IPAddresses.
 
 One event handler per resource puts every object kopf sees (its initial listing, additions,
-changes) into the operator's cache and drops deleted ones. Claims are fed by
+changes) into the operator's cache and drops deleted ones; a listing after a watch restart
+relists the cache (`Relists`). Claims are fed by
 `bridge.handlers.claims.claim_event`, which also decides whether the event needs a
 reconcile. The cache's initial list comes from the start-up handler (`bridge.cache.prime`).
 
@@ -13,19 +14,39 @@ cache updated.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import kopf
 
-from bridge import capi
-from bridge.cache import ObjectCache
-from bridge.context import Context
+from bridge import capi, endpoints
+from bridge.cache import PARTS, Cache, ObjectCache, Relisted, relist
+from bridge.context import (
+    Context,
+    claim_key,
+    cluster_key,
+    cluster_token,
+    pool_key,
+    pool_token,
+)
 
-__all__ = ["address_is_ours", "cache_event"]
+__all__ = ["Relists", "address_is_ours", "cache_event", "claim_seen", "queue_relisted"]
+
+log = logging.getLogger(__name__)
+
+#: A listing event this many seconds after the previous one of its resource, or after a
+#: watch event of it, starts a new listing (kopf lists again when a watch restarts).
+LISTING_GAP_SECONDS: Final = 5.0
+#: Seconds between attempts of a relist that failed (the API server still unreachable).
+RETRY_SECONDS: Final = 2.0
 
 
 def address_is_ours(spec: kopf.Spec, **_: Any) -> bool:
-    """Filter: the IPAddress's ``spec.poolRef`` names one of our pool kinds."""
+    """Filter: the ``spec.poolRef`` of an IPAddress or a claim names a pool kind of ours."""
     ref = spec.get("poolRef") or {}
     return capi.PoolRef(
         str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
@@ -40,14 +61,166 @@ async def cache_event(
     if ctx is None:
         return
     key: tuple[str, ...] = ctx.cache.key_of(body)
+    _relists(ctx).seen(resource.plural, type)
     part: ObjectCache
     if resource.plural == "ipaddresses":
         part = ctx.cache.addresses
     elif resource.plural == "clusters":
         part = ctx.cache.clusters
+        if type != "DELETED":
+            _relists(ctx).unpaused(part.get(key), body)
     else:
         part, key = ctx.cache.pools, (str(body.get("kind")), *key)
     part.apply(key, body, deleted=type == "DELETED")
+
+
+class Relists:
+    """Tell kopf's listings after a watch restart from its first, and relist the cache then.
+
+    kopf lists a resource when its watch starts and again whenever the watch must restart
+    from scratch (410 Gone, a failed resume), delivering the listed objects as events of
+    type None (``kopf/_cogs/clients/watching.py``, ``continuous_watch``), but it never
+    tells of objects that went away meanwhile. A listing of a resource that is not its
+    first makes every part of the cache suspect (lookups read the API: another
+    resource's event, a Cluster's unpause, may wake claims before their own watch catches
+    up), then relists every part (`bridge.cache.relist`) and queues what
+    changed (`queue_relisted`).
+
+    Parameters
+    ----------
+    ctx:
+        The operator's context (its cache, its Kube, its queue).
+    clock:
+        Monotonic seconds.
+    """
+
+    def __init__(self, ctx: Context, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ctx = ctx
+        self._clock = clock
+        self._listing: dict[str, float] = {}  # resource -> when its last listing event came
+        self._watched: set[str] = set()  # resources with a watch event since their listing
+        self._task: asyncio.Task[None] | None = None
+        self._pending: list[str] = []  # parts to relist, in order
+
+    def seen(self, resource: str, type: str | None) -> None:
+        """Record one event of ``resource`` (``type`` None: a listing); relist on a new listing."""
+        if type is not None:
+            self._watched.add(resource)
+            return
+        now = self._clock()
+        last = self._listing.get(resource)
+        self._listing[resource] = now
+        fresh = resource in self._watched or (last is not None and now - last > LISTING_GAP_SECONDS)
+        self._watched.discard(resource)
+        if last is None or not fresh:
+            return  # the first listing (primed at start-up), or the same listing going on
+        log.info("%s listed again by its watch: relisting the cache", resource)
+        self.request(PARTS)
+
+    def unpaused(self, before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> None:
+        """Relist claims when a Cluster turns unpaused (``before``: as cached, None: new).
+
+        Its claims, parked maybe for hours, are woken by this event; the claims' watch is
+        another stream, which may lag behind this one (it reconnects on its own after an
+        outage): until the claims are relisted, the woken claims read themselves from the
+        API, so none is allocated from a stale entry of a claim deleted meanwhile.
+        """
+        was = before is not None and capi.is_paused(
+            (before.get("metadata") or {}).get("annotations"), before.get("spec")
+        )
+        now = capi.is_paused((after.get("metadata") or {}).get("annotations"), after.get("spec"))
+        if was and not now:
+            self.request(("claims",))
+
+    def request(self, parts: tuple[str, ...]) -> None:
+        """Make ``parts`` suspect at once and relist them (in the background, retried)."""
+        for part in parts:
+            getattr(self._ctx.cache, part).suspect()
+            if part not in self._pending:
+                self._pending.append(part)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._relist_all(), name="ipam-bridge relist")
+
+    async def _relist_all(self) -> None:
+        ctx = self._ctx
+        pending = self._pending
+        while pending:
+            part = pending[0]
+            try:
+                result = await asyncio.to_thread(
+                    relist,
+                    ctx.cache,
+                    ctx.kube,
+                    part,
+                    version=ctx.address_version,
+                    namespaces=ctx.settings.namespaces,
+                )
+            except Exception as exc:  # the API server still unreachable: try again
+                log.warning("relist of %s failed (%s): trying again", part, type(exc).__name__)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            pending.pop(0)
+            if result is not None:
+                count = queue_relisted(ctx, part, result)
+                log.info(
+                    "%s relisted: %d gone, %d changed, %d queued",
+                    part,
+                    len(result.gone),
+                    len(result.changed),
+                    count,
+                )
+
+
+_RELISTS: weakref.WeakKeyDictionary[Cache, Relists] = weakref.WeakKeyDictionary()
+
+
+def _relists(ctx: Context) -> Relists:
+    found = _RELISTS.get(ctx.cache)
+    if found is None:
+        found = _RELISTS[ctx.cache] = Relists(ctx)
+    return found
+
+
+def _meta(body: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or ""), meta
+
+
+def queue_relisted(ctx: Context, part: str, result: Relisted) -> int:
+    """Queue the keys a relist found gone or changed; return how many were queued or woken.
+
+    Claims: the claim. IPAddresses: the claim of ``spec.claimRef``. Pools: the pool, and
+    its waiting claims are woken. Clusters: the claims waiting on it are woken when it is
+    gone or not paused, and the Cluster is queued when it asks for a control-plane
+    endpoint (as `bridge.handlers.claims.cluster_event`).
+    """
+    count = 0
+    for gone, (key, body) in [(True, item) for item in result.gone] + [
+        (False, item) for item in result.changed
+    ]:
+        namespace, name, meta = _meta(body)
+        if part == "claims":
+            ctx.enqueue(claim_key(namespace, name))
+        elif part == "addresses":
+            ref = (body.get("spec") or {}).get("claimRef") or {}
+            ctx.enqueue(claim_key(namespace, str(ref.get("name") or name)))
+        elif part == "pools":
+            kind = str(key[0])
+            pool_namespace = capi.pool_namespace(kind, namespace)
+            ctx.enqueue(pool_key(pool_namespace, kind, name))
+            ctx.wake(pool_token(pool_namespace, kind, name))
+        else:
+            if gone or not capi.is_paused(meta.get("annotations"), body.get("spec")):
+                ctx.wake(cluster_token(namespace, name))
+            if endpoints.wants_endpoint(meta.get("annotations")):
+                ctx.enqueue(cluster_key(namespace, name))
+        count += 1
+    return count
+
+
+def claim_seen(ctx: Context, type: str | None) -> None:
+    """Record a claim's event for `Relists` (called by the claims' own event handler)."""
+    _relists(ctx).seen("ipaddressclaims", type)
 
 
 kopf.on.event(capi.GROUP, "ipaddresses", id="cache", when=address_is_ours)(cache_event)

@@ -16,6 +16,7 @@ import kopf
 
 from bridge import capi, endpoints
 from bridge.context import Context, claim_key, cluster_key, cluster_token
+from bridge.handlers.cache import claim_seen
 
 __all__ = ["claim_event", "claim_is_ours", "cluster_event"]
 
@@ -43,6 +44,7 @@ async def claim_event(
     """
     ctx: Context = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    claim_seen(ctx, type)  # a listing after a watch restart relists the cache
     changed = ctx.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
     if changed or type in (None, "DELETED"):
         ctx.enqueue(claim_key(namespace, name))

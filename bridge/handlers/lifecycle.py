@@ -60,6 +60,12 @@ KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
 
+#: Seconds a watch request asks the API server to serve it (``timeoutSeconds``).
+WATCH_SERVER_TIMEOUT = 300
+#: Seconds to connect for a watch request.
+WATCH_CONNECT_TIMEOUT = 10.0
+
+
 def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     """Apply our settings to kopf's ``OperatorSettings`` (in place).
 
@@ -81,7 +87,14 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.execution.max_workers = max(2, min(bridge.workers, 4))
     # kopf no longer turns log lines into Events; we post our own.
     settings.posting.level = logging.INFO
-    # Reconnect quickly after an API server hiccup.
+    # Reconnect quickly after an API server hiccup. A watch request asks the server to end
+    # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later; kopf also drops a
+    # watch that brought no event, not even a bookmark, for its inactivity timeout (70 s).
+    # A connection that died silently (a blackhole) is found out, and the watch resumes or
+    # relists (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
+    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT + 30
+    settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # kopf keeps one task per object for this long after its last event (default 5 s); the
@@ -304,11 +317,26 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         IPAddress version), ``pools`` (pools whose usage is known), ``backends`` (backend
         clients cached), ``claimsPending`` (claims waiting for an address),
         ``lastBackendSuccess`` (ISO 8601 UTC time of the last successful backend
-        operation, or None) and ``secondsSinceBackendSuccess`` (float seconds, or None).
+        operation, or None), ``secondsSinceBackendSuccess`` (float seconds, or None) and
+        ``queueStalledSeconds`` (`bridge.workqueue.WorkQueue.stalled`).
+
+    Raises
+    ------
+    RuntimeError
+        When due keys have waited more than ``IPAM_BRIDGE_STALL_SECONDS`` with no reconcile
+        started or finished: kopf then answers the liveness probe with HTTP 500 and the
+        kubelet restarts the pod.
     """
     ctx: Context | None = memo.get("bridge")
     if ctx is None:
         return {"started": False}
+    stalled = ctx.queue.stalled() if ctx.queue is not None else 0.0
+    limit = ctx.settings.stall_seconds
+    if limit and stalled > limit:
+        raise RuntimeError(
+            f"the work queue made no progress for {stalled:.0f}s while keys are due"
+            " (hung workers or a blocked event loop)"
+        )
     last = ctx.metrics.last_success
     return {
         "started": True,
@@ -320,4 +348,5 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         if last is None
         else datetime.datetime.fromtimestamp(last, datetime.UTC).isoformat(),
         "secondsSinceBackendSuccess": None if last is None else round(time.time() - last, 3),
+        "queueStalledSeconds": round(stalled, 3),
     }

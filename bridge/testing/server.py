@@ -116,6 +116,7 @@ class EmulatedKubernetes:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: aiohttp.web.BaseRunner | None = None
+        self._expire_on_up = False
         self._url: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -153,13 +154,31 @@ class EmulatedKubernetes:
 
     async def _start(self) -> None:
         await self.handler.__aenter__()
-        server = aiohttp.web.Server(self.handler, handler_cancellation=True)
-        self._runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
+        runner = await self._listen(self._port)
+        host, port = runner.addresses[0][:2]
         self._url = f"http://{host}:{port}"
+
+    async def _listen(self, port: int) -> aiohttp.web.BaseRunner:
+        server = aiohttp.web.Server(self.handler, handler_cancellation=True)
+        runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, self._host, port)
+        await site.start()
+        self._runner = runner
+        return runner
+
+    async def _go_down(self, expire: bool) -> None:
+        self.store.drop_watches()
+        self._expire_on_up = expire
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _come_up(self) -> None:
+        if self._runner is None:
+            if self._expire_on_up:
+                self.store.expire_history()
+            await self._listen(int(self.url.rpartition(":")[2]))
 
     async def _stop(self) -> None:
         self.store.close()
@@ -177,6 +196,53 @@ class EmulatedKubernetes:
         self._thread.join(timeout=10)
         self._loop = None
         self._thread = None
+
+    # -- outages --------------------------------------------------------------------------------
+
+    def go_down(self, *, expire: bool = False) -> None:
+        """Stop serving, as an API server process that stops: watches end, connections refused.
+
+        Every open watch stream ends, every open connection is closed, and new connections are
+        refused (the listening socket is closed) until `come_up`. The objects stay, and this
+        object's own helpers (`create`, `patch`, `delete`, `get`, `list`, `wait_for`) keep
+        working on the store meanwhile: they are the admin acting through another server.
+
+        Parameters
+        ----------
+        expire:
+            Forget the watch history when coming up (`ObjectStore.expire_history`): watches
+            resumed after `come_up` from a resourceVersion older than the one current then
+            answer 410 Gone, as after a kube-apiserver restart whose new watch cache starts
+            at the current etcd revision.
+
+        Raises
+        ------
+        RuntimeError
+            If the emulator is not running.
+        """
+        self._control(self._go_down(expire))
+
+    def come_up(self) -> None:
+        """Serve again on the same address after `go_down` (no-op when serving).
+
+        Raises
+        ------
+        RuntimeError
+            If the emulator is not running.
+        """
+        self._control(self._come_up())
+
+    @property
+    def serving(self) -> bool:
+        """True while connections are accepted (False between `go_down` and `come_up`)."""
+        return self._runner is not None
+
+    def _control(self, coro: Any) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            coro.close()
+            raise RuntimeError("the emulator is not running")
+        asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=30)
 
     @property
     def url(self) -> str:

@@ -1214,6 +1214,33 @@ class ObjectStore:
         finally:
             self._watchers[defn.key].discard(watcher)
 
+    def drop_watches(self) -> int:
+        """End every open watch stream, as an API server going down does; return how many.
+
+        New watches are still accepted (unlike `close`): clients that reconnect resume from
+        their last resourceVersion (replayed from the history, or 410 Gone after
+        `expire_history`).
+        """
+        dropped = 0
+        for watchers in self._watchers.values():
+            for watcher in list(watchers):
+                watcher.queue.put_nowait(None)
+                dropped += 1
+            watchers.clear()
+        return dropped
+
+    def expire_history(self) -> None:
+        """Forget every resource's watch history, as a restarted API server's empty watch cache.
+
+        A watch resumed from any resourceVersion older than the current one then answers one
+        ``ERROR`` event with code 410 (``Expired``), and the client must list again
+        (kube-apiserver: "too old resource version", ``staging/src/k8s.io/apiserver/pkg/storage/
+        cacher``). Watches from the current resourceVersion or without one are served.
+        """
+        for key, history in self._history.items():
+            history.clear()
+            self._expired_rv[key] = self._rv
+
     def close(self) -> None:
         """End every open watch stream (for a fast server shutdown)."""
         self._closed = True

@@ -6,7 +6,16 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from bridge.cache import MISSING, MISSING_UNKNOWN, Cache, ObjectCache, newer, prime
+from bridge.cache import (
+    HOLD_SECONDS,
+    MISSING,
+    MISSING_UNKNOWN,
+    Cache,
+    ObjectCache,
+    newer,
+    prime,
+    relist,
+)
 from bridge.capi import GROUP
 
 
@@ -14,9 +23,14 @@ def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, An
     return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": rv}, **extra}
 
 
-def test_resource_versions_compare_as_integers_else_the_last_seen_wins() -> None:
-    assert newer("10", "9") and not newer("9", "10") and not newer("7", "7")
+def test_resource_versions_are_opaque_and_the_watch_order_tells_the_latest() -> None:
+    assert newer("9", "10") and newer("10", "9") and not newer("7", "7")
     assert newer("abc", "9") and newer("9", "") and not newer("", "")
+    part = ObjectCache("clusters")
+    part.apply(("ns", "c"), obj("c", "10"))
+    # A numerically smaller version that arrives later (e.g. a restored etcd) is the latest.
+    assert part.apply(("ns", "c"), obj("c", "9")) is True
+    assert part.get(("ns", "c")) == obj("c", "9")
 
 
 def test_absence_is_trusted_only_once_the_listing_was_seen() -> None:
@@ -128,6 +142,9 @@ class ListingKube:
         theirs = obj("b", "2", spec={"poolRef": {"apiGroup": GROUP, "kind": "InClusterIPPool"}})
         return [ours, theirs]
 
+    def list_claims(self, version: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [obj("k", "5", spec={"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool"}})]
+
     def list_pools(self, kind: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         return [obj("p", "3", kind=kind)] if kind == "PHPIPAMIPPool" else []
 
@@ -151,5 +168,107 @@ def test_a_failed_list_leaves_its_part_to_api_reads() -> None:
     prime(cache, ListingKube(None, fail=True), version="v1beta2", namespaces=())  # type: ignore[arg-type]
     assert cache.addresses.lookup(("ns", "a")) == MISSING_UNKNOWN
     assert cache.pools.lookup(("PHPIPAMIPPool", "ns", "p")) == MISSING_UNKNOWN
-    # Clusters not served: none exists, which is trusted (a claim naming one waits for it).
-    assert cache.clusters.lookup(("ns", "c1")) == MISSING
+    # Clusters not served: none exists; pools and Clusters never trust absence (one may be
+    # created between the start-up list and kopf's listing): an absent one is read.
+    assert cache.clusters.synced and cache.clusters.lookup(("ns", "c1")) == MISSING_UNKNOWN
+
+
+def test_our_write_through_holds_older_events_whatever_the_version_strings() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    part.apply(("ns", "c"), obj("c", "x1"))
+    part.put(("ns", "c"), obj("c", "x3"))
+    part.put(("ns", "c"), obj("c", "x2"))  # the later of our two writes
+    assert part.apply(("ns", "c"), obj("c", "x0")) is False  # before our writes
+    assert part.apply(("ns", "c"), obj("c", "x3")) is False  # echo of the first
+    assert part.get(("ns", "c")) == obj("c", "x2")
+    assert part.apply(("ns", "c"), obj("c", "x2")) is False  # echo of the second
+    assert part.held() == 0
+    assert part.apply(("ns", "c"), obj("c", "x9")) is True  # someone else's, after ours
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tombstones_and_unechoed_writes_are_held_for_a_bounded_time() -> None:
+    clock = Clock()
+    part = ObjectCache("ipaddresses", clock=clock)
+    part.mark_synced()
+    part.apply(
+        ("ns", "a"),
+        obj(
+            "a",
+            "1",
+        ),
+    )
+    part.forget(("ns", "a"))  # its DELETED never comes (the watch was down)
+    part.apply(("ns", "b"), obj("b", "1"))
+    part.put(("ns", "b"), obj("b", "2"))  # its echo never comes
+    assert part.held() == 2
+    assert part.apply(("ns", "a"), obj("a", "1")) is False
+    assert part.apply(("ns", "b"), obj("b", "1")) is False
+    clock.now = HOLD_SECONDS + 1
+    part.forget(("ns", "z"))  # any deletion drops the tombstones past their time
+    assert part.apply(("ns", "b"), obj("b", "3")) is True
+    assert part.held() == 0
+
+
+def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
+    part = ObjectCache("ipaddressclaims")
+    for name in ("kept", "changed", "gone", "touched"):
+        part.apply(("ns", name), obj(name, "1"))
+    part.forget(("ns", "deleted-by-us"))
+    part.put(("ns", "kept"), obj("kept", "2"))  # echo pending
+    part.mark_synced()
+    part.suspect()
+    assert part.lookup(("ns", "nothing")) == MISSING_UNKNOWN
+    assert part.lookup(("ns", "gone")) == MISSING_UNKNOWN  # maybe stale: read the API
+    assert part.suspected
+    part.begin_relist()
+    # An event during the list request is newer than the list: it stays.
+    part.apply(("ns", "touched"), obj("touched", "7"))
+    result = part.replace(
+        [
+            (("ns", "kept"), obj("kept", "2")),
+            (("ns", "changed"), obj("changed", "5")),
+            (("ns", "new"), obj("new", "6")),
+            (("ns", "touched"), obj("touched", "3")),
+        ]
+    )
+    assert [key for key, _ in result.gone] == [("ns", "gone")]
+    assert result.gone[0][1] == obj("gone", "1")  # the body as last cached
+    assert sorted(key for key, _ in result.changed) == [("ns", "changed"), ("ns", "new")]
+    assert part.get(("ns", "touched")) == obj("touched", "7")
+    assert part.lookup(("ns", "gone")) == MISSING  # absence trusted again
+    assert not part.suspected and part.lookup(("ns", "kept")) == obj("kept", "2")
+    assert part.held() == 0
+
+
+def test_relist_lists_each_part_afresh_and_keeps_only_ours() -> None:
+    cache = Cache()
+    cache.claims.apply(("ns", "old"), obj("old", "1"))
+    cache.addresses.apply(("ns", "old"), obj("old", "1"))
+    kube = ListingKube([obj("c1", "4")])
+    claims = relist(cache, kube, "claims", version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    addresses = relist(cache, kube, "addresses", version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    assert claims is not None and addresses is not None
+    assert [key for key, _ in claims.gone] == [("ns", "old")]
+    assert [key for key, _ in claims.changed] == [("ns", "k")]
+    assert [key for key, _ in addresses.changed] == [("ns", "a")]  # not "b": another provider's
+    assert relist(cache, ListingKube(None), "clusters", version="v1beta2", namespaces=()) is None  # type: ignore[arg-type]
+    failing = ListingKube(None, fail=True)
+    try:
+        relist(cache, failing, "addresses", version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    except ApiException:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("the failed list was not raised")
+    cache.addresses.apply(("ns", "later"), obj("later", "1"))
+    # The failed relist recorded nothing more: a later relist drops what is gone.
+    again = relist(cache, kube, "addresses", version="v1beta2", namespaces=())  # type: ignore[arg-type]
+    assert again is not None and [key for key, _ in again.gone] == [("ns", "later")]

@@ -202,6 +202,7 @@ def test_probe_reports_in_memory_facts_only() -> None:
         "claimsPending": 0,
         "lastBackendSuccess": None,
         "secondsSinceBackendSuccess": None,
+        "queueStalledSeconds": 0.0,
     }
 
     backend: IPAMBackend = _Backend()  # type: ignore[assignment]
@@ -215,3 +216,24 @@ def test_probe_reports_in_memory_facts_only() -> None:
     assert facts["claimsPending"] == 1
     assert facts["lastBackendSuccess"].endswith("+00:00")
     assert 0 <= facts["secondsSinceBackendSuccess"] < 5
+
+
+class _StalledQueue:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def stalled(self) -> float:
+        return self.seconds
+
+
+def test_probe_fails_when_the_work_queue_makes_no_progress_while_keys_are_due() -> None:
+    ctx = Context(settings=Settings(stall_seconds=60), kube=_Kube(), address_version="v1beta2")  # type: ignore[arg-type]
+    memo = kopf.Memo()
+    memo.bridge = ctx
+    ctx.queue = _StalledQueue(59.0)  # type: ignore[assignment]
+    assert probe(memo=memo)["queueStalledSeconds"] == 59.0
+    ctx.queue = _StalledQueue(61.0)  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="no progress for 61s"):
+        probe(memo=memo)
+    ctx.settings = Settings(stall_seconds=0)  # 0: never
+    assert probe(memo=memo)["queueStalledSeconds"] == 61.0

@@ -295,3 +295,44 @@ async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_re
     assert [r.levelname for r in records] == ["WARNING", "WARNING"]
     assert all(r.exc_info is None for r in records)
     assert "not renewed within 10 s" in records[0].getMessage()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_stalled_counts_while_due_keys_wait_and_not_for_parked_or_idle_queues() -> None:
+    release, hanging = threading.Event(), threading.Event()
+
+    def reconcile(key: Hashable) -> Decision:
+        if key == "parked":
+            return Decision.wait("token")
+        if key == "hung":
+            hanging.set()
+            release.wait(30)
+        return Decision.done()
+
+    queue = WorkQueue(reconcile, workers=1)
+    assert queue.stalled() == 0.0  # not running (a standby replica's queue)
+    task = asyncio.create_task(queue.run())
+    try:
+        queue.add("parked")
+        await _until(lambda: queue.parked("token") == frozenset({"parked"}))
+        assert queue.stalled() == 0.0  # a parked key is not due
+        queue.add("hung")
+        await _until(hanging.is_set)  # being processed, nothing else due
+        assert queue.stalled() == 0.0
+        queue.add("waiting")  # due, but the only worker hangs
+        started = time.monotonic()
+        await _until(lambda: time.monotonic() - started > 0.3)
+        assert queue.stalled() >= 0.25
+        release.set()
+        await _until(lambda: len(queue) == 0)
+        assert queue.stalled() == 0.0
+    finally:
+        release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,143 @@
+"""The cache follows the API server across a watch gap: an outage, then resumed or 410 Gone.
+
+The real operator runs against the emulated API server and the phpIPAM mock. The server
+goes down (every watch dropped, connections refused) while the admin, acting on the
+emulator's store directly, deletes and creates claims; then it comes back, either with its
+watch history (watches resume and replay what happened) or without it (watches resumed
+from an old resourceVersion answer 410 Gone and the operator must list again). The
+Cluster the waiting claims wait on is unpaused at once: its event may well come before the
+claims' watch caught up. Everything must converge: every live claim bound, no deleted
+claim holding an address, no hostname registered twice, and the pool deletable.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import pytest
+from integration_env import CREDENTIALS, NAMESPACE
+
+from bridge.testing.sandbox import Sandbox, wait_for
+from mock_phpipam.server import MockPhpipamServer
+
+CLUSTERS = "cluster.x-k8s.io/v1beta2"
+#: Seconds the API server is down (the figure of the field report's blackhole is 90 s).
+OUTAGE_SECONDS = 60.0
+#: Generous: the machine running the tests is shared and loaded.
+CONVERGE_SECONDS = 240.0
+SUBNET = 7
+
+
+def _registered(phpipam: MockPhpipamServer) -> collections.Counter[str]:
+    """Count the phpIPAM entries of the subnet per claim name (a hostname is ``<claim>.…``)."""
+    return collections.Counter(
+        str(a.hostname).split(".", 1)[0]
+        for a in phpipam.store.subnet_addresses(SUBNET)
+        if not a.is_gateway and not str(a.hostname).startswith("ipam-bridge-reserved")
+    )
+
+
+def _bound(sandbox: Sandbox, names: set[str]) -> bool:
+    claims = {str(c["metadata"]["name"]): c for c in sandbox.claims(NAMESPACE)}
+    return all(
+        name in claims
+        and (claims[name].get("status") or {}).get("addressRef")
+        and sandbox.ready(claims[name])[0] == "True"
+        for name in names
+    )
+
+
+def _converged(sandbox: Sandbox, phpipam: MockPhpipamServer, live: set[str]) -> bool:
+    """Every live claim bound; the IPAM and the IPAddresses hold exactly the live claims."""
+    names = {str(c["metadata"]["name"]) for c in sandbox.claims(NAMESPACE)}
+    addresses = collections.Counter(
+        str(a["spec"]["claimRef"]["name"]) for a in sandbox.addresses(NAMESPACE)
+    )
+    return (
+        names == live
+        and _bound(sandbox, live)
+        and _registered(phpipam) == collections.Counter(live)
+        and addresses == collections.Counter(live)
+    )
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["resumed", "410-gone"])
+def test_a_watch_gap_converges_without_leaks_or_duplicates(
+    sandbox: Sandbox, phpipam: MockPhpipamServer, expire: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge.handlers.cache")
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
+    sandbox.create(
+        {
+            "apiVersion": CLUSTERS,
+            "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": NAMESPACE},
+            "spec": {"paused": True},
+        }
+    )
+    waiting = {f"w{i}" for i in range(20)}
+    bound = {f"b{i}" for i in range(10)}
+    for name in sorted(waiting):
+        sandbox.claim(NAMESPACE, name, "pool", cluster="c1")
+    for name in sorted(bound):
+        sandbox.claim(NAMESPACE, name, "pool")
+    # The bound claims came through the claims' watch after the waiting ones: the operator
+    # has seen (and cached) every waiting claim by then.
+    wait_for(lambda: _bound(sandbox, bound), timeout=CONVERGE_SECONDS, message="10 bound")
+    assert _registered(phpipam) == collections.Counter(bound)
+
+    sandbox.kube.go_down(expire=expire)
+    down = time.monotonic()
+    deleted_waiting = {f"w{i}" for i in range(10)}
+    new_waiting = {f"w{i}" for i in range(20, 30)}
+    deleted_bound = {f"b{i}" for i in range(5)}
+    new_bound = {f"b{i}" for i in range(10, 15)}
+    for name in sorted(deleted_waiting | deleted_bound):
+        sandbox.delete_claim(NAMESPACE, name)  # the waiting ones carry no finalizer: gone
+    for name in sorted(new_waiting):
+        sandbox.claim(NAMESPACE, name, "pool", cluster="c1")
+    for name in sorted(new_bound):
+        sandbox.claim(NAMESPACE, name, "pool")
+    assert not sandbox.kube.serving
+    time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down)))  # the outage itself
+    sandbox.kube.come_up()
+    # At once: the Cluster's event may reach the operator before the claims' watch is back.
+    sandbox.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": False}}, NAMESPACE)
+
+    live = (waiting - deleted_waiting) | new_waiting | (bound - deleted_bound) | new_bound
+    assert len(live) == 30
+    try:
+        wait_for(
+            lambda: _converged(sandbox, phpipam, live),
+            timeout=CONVERGE_SECONDS,
+            message="every live claim bound, nothing else registered",
+        )
+    finally:
+        registered = _registered(phpipam)
+        leaked = sorted(set(registered) - live)
+        duplicated = sorted(name for name, count in registered.items() if count > 1)
+        print(
+            f"watch gap ({'410 Gone' if expire else 'resumed'}): leaked {leaked}, "
+            f"duplicated {duplicated}, live claims {len(live)}"
+        )
+    assert sandbox.operator_running
+    if expire:  # every watch answered 410 Gone: kopf listed again, and so did the cache
+        assert "listed again by its watch: relisting the cache" in caplog.text
+        assert "claims relisted" in caplog.text
+
+    # Every pool can be deleted at the end.
+    for name in sorted(live):
+        sandbox.delete_claim(NAMESPACE, name)
+    sandbox.wait_gone(NAMESPACE, timeout=CONVERGE_SECONDS)
+    sandbox.delete_pool(NAMESPACE, "pool")
+    wait_for(
+        lambda: sandbox.pool(NAMESPACE, "pool") is None,
+        timeout=CONVERGE_SECONDS,
+        message="the pool deleted",
+    )
+    assert _registered(phpipam) == collections.Counter()

@@ -213,7 +213,7 @@ class IPAMBackend(Protocol):
         Parameters
         ----------
         hostname:
-            The claim's key (see `bridge.claims.hostname_for`).
+            The claim's key (see `bridge.reconcilers.claims.hostname_for`).
         description:
             Provenance text stored with the entry (truncated to what the IPAM accepts).
         address:

@@ -2,7 +2,7 @@
 
 Each error says whether retrying the same call soon can help (`retryable`): the retry
 policies in `backends.retry` retry exactly those. `bridge` maps the classes to condition
-reasons in one place (`bridge.errors`).
+reasons in one place (`bridge.reconcilers.errors`).
 """
 
 from __future__ import annotations

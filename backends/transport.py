@@ -379,7 +379,7 @@ class Endpoint:
 class EndpointRegistry:
     """Per-endpoint isolation, shared by every backend of one operator.
 
-    Built once per operator (``bridge.context.Context.endpoints``) and given to each backend
+    Built once per operator (``context.Context.endpoints``) and given to each backend
     at build time, so breaker state and login budget outlive pool, Secret and backend
     changes. Endpoints are keyed by ``scheme://host:port`` (`endpoint_key`).
 

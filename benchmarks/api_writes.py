@@ -1,6 +1,6 @@
 """API writes of the whole operator: per allocation, per release, per waiting claim-minute.
 
-The operator (real kopf, `bridge.testing.sandbox.Sandbox`) talks to the emulated Kubernetes
+The operator (real kopf, `mock_kubernetes.sandbox.Sandbox`) talks to the emulated Kubernetes
 API over HTTP; every request it sends is in the emulator's access log
 (``sandbox.kube.access_log``). The benchmark's own objects are written directly into the
 store (``kube.call``), never over HTTP, so the log holds the operator's requests only. A write
@@ -23,8 +23,8 @@ from typing import Any
 from benchmarks.common import CREDENTIALS, SUBNET_ID, seed_for
 from bridge.capi import Reason
 from bridge.settings import Settings
-from bridge.testing.auth import AccessRecord
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.auth import AccessRecord
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

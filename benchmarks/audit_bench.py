@@ -3,10 +3,10 @@
 A mock phpIPAM holds a /18 with ``addresses`` rows registered as ipam-bridge registers them
 (``<claim>.<namespace>``, ``ipam-bridge <namespace>/<claim>``), plus a few rows of other
 tools; the pool's IPAddresses and claims are built in memory as the API returns them. One
-audit of the pool is what the operator does each round (`bridge.audit`): the entries are
+audit of the pool is what the operator does each round (`bridge.reconcilers.audit`): the entries are
 listed with the real `backends.phpipam.PHPIPAMBackend` over HTTP (one list request per
 subnet), the Kubernetes lists are decoded from JSON (what the kubernetes client does with a
-list answer), and everything is compared (`bridge.audit.compare`).
+list answer), and everything is compared (`bridge.reconcilers.audit.compare`).
 
 CPU seconds are the auditing thread's own (``time.thread_time``): the mock serves from
 another thread of this process and is not counted.
@@ -24,8 +24,8 @@ from typing import Any
 from backends.retry import RetryPolicy
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify
 from bridge import capi
-from bridge.audit import compare
-from bridge.pools import build_backend, location_of, parse_pool
+from bridge.reconcilers.audit import compare
+from bridge.reconcilers.pool_backends import build_backend, location_of, parse_pool
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

@@ -7,7 +7,7 @@ One run, on 127.0.0.1, in this process (issue 15, "measure first"):
    releases/s. This is the ceiling the operator is compared with.
 2. **the operator**: the real kopf operator, in a process of its own
    (`benchmarks.operator_process`, as in a pod) against the emulated API
-   (`bridge.testing.sandbox.Sandbox`) served from this process, with
+   (`mock_kubernetes.sandbox.Sandbox`) served from this process, with
    ``IPAM_BRIDGE_WORKERS`` = that parallelism binds ``claims`` claims created at once, then
    releases them. Every request the operator sends to the emulated API is in the emulator's
    access log: counted per allocation and per release by verb (get, list, watch, create,
@@ -31,8 +31,8 @@ from benchmarks.client_bench import ClientResult, run_client_bench
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify, seed_for
 from benchmarks.operator_process import OperatorProcess
 from bridge.capi import GROUP, ready_of
-from bridge.testing.auth import AccessRecord
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.auth import AccessRecord
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
@@ -154,7 +154,7 @@ def run_hot_path(
     ``latency_ms`` is added by the mock phpIPAM before every answer, in both parts (a real
     phpIPAM answers in tens of milliseconds); ``api_ms`` (reads, writes) is added by the
     emulated API server before each answer of the operator's get/list and
-    create/patch/update/delete requests (`bridge.testing.emulator.KubeEmulator.latency`: a
+    create/patch/update/delete requests (`mock_kubernetes.emulator.KubeEmulator.latency`: a
     real kube-apiserver answers reads in milliseconds, writes after an etcd commit);
     ``settings`` adds ``IPAM_BRIDGE_*`` variables.
 

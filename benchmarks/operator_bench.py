@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify, percentile, seed_for
 from bridge.capi import ready_of
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

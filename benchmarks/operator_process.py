@@ -1,13 +1,13 @@
 """``ipam-bridge run`` in a process of its own, for the benchmarks: its own GIL, its own RSS.
 
 `OperatorProcess` starts ``python -m benchmarks.operator_process`` with the environment of
-the caller (a `bridge.testing.sandbox.Sandbox` entered with ``start_operator=False`` puts the
+the caller (a `mock_kubernetes.sandbox.Sandbox` entered with ``start_operator=False`` puts the
 kubeconfig and the ``IPAM_BRIDGE_*`` settings there), so the emulated API server and the mock
 IPAM stay in the benchmark's process and the operator runs as it does in a pod. ``SIGUSR1``
 starts the wall-clock sampler (`benchmarks.sampler.Sampler`) of the operator's threads,
 ``SIGUSR2`` writes its figures as JSON to ``$BENCH_PROFILE`` and stops it. With
 ``$BENCH_CPROFILE`` set to a file, the whole operator run is under cProfile (CPU, for finding
-hot spots such as kopf's index barrier, see `bridge.cache`).
+hot spots such as kopf's index barrier, see `bridge.runtime.cache`).
 """
 
 from __future__ import annotations

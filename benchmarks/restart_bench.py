@@ -29,7 +29,7 @@ from benchmarks.common import CREDENTIALS, SUBNET_ID, seed_for
 from benchmarks.operator_process import OperatorProcess
 from bridge import capi
 from bridge.capi import GROUP
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

@@ -8,7 +8,7 @@ mock_phpipam run on 127.0.0.1 in the benchmark's process.
 
 Figures only, after the first round (the start: imports and first allocations done) and
 after the last: the size of every in-memory structure of the operator
-(`bridge.context.Context.sizes`, plus the cache's tombstones) with the operator in this
+(`bridge.reconcilers.context.Context.sizes`, plus the cache's tombstones) with the operator in this
 process, and the resident set size (``VmRSS``) of the operator run in a process of its own
 (`benchmarks.operator_process`, as in a pod), plus this process's RSS in the first run
 (emulator and mock included).
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from benchmarks.common import CREDENTIALS, SUBNET_ID, seed_for, table
 from benchmarks.operator_process import OperatorProcess
-from bridge.context import Context
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.reconcilers.context import Context
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
@@ -151,7 +151,7 @@ def _round(
 def run_soak_bench(rounds: int = 24, claims: int = 20, waiting: int = 5) -> SoakResult:
     """Run the churn twice: structures in process, then the operator's RSS in a process.
 
-    First with the operator in this process (`bridge.testing.sandbox.Sandbox`), for the
+    First with the operator in this process (`mock_kubernetes.sandbox.Sandbox`), for the
     size of its structures (and this process's RSS, emulator and mock included); then with
     the operator in a process of its own (`benchmarks.operator_process`), as in a pod, for
     its own RSS. Each after the first round and after the last.

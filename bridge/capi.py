@@ -84,7 +84,7 @@ PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 #: the IPAM, so release finds it even if the pool's hostnameSuffix changed since.
 HOSTNAME_ANNOTATION = "ipam.cluster.x-k8s.io/hostname"
 #: Annotation on the IPAddress recording, as JSON, the IPAM location the address was
-#: registered in (the pool's endpoint, app id, subnet...: `bridge.pools.location_of`), so a
+#: registered in (the pool's endpoint, app id, subnet...: `pool_backends.location_of`), so a
 #: release always goes where the allocation went.
 LOCATION_ANNOTATION = "ipam.cluster.x-k8s.io/ipam-location"
 
@@ -113,7 +113,7 @@ class Reason(enum.StrEnum):
     TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
     BACKEND_UNAVAILABLE = "BackendUnavailable"
     DELETION_BLOCKED = "DeletionBlocked"
-    # Pools: the InSync condition of the drift audit (bridge.audit).
+    # Pools: the InSync condition of the drift audit (bridge.reconcilers.audit).
     NO_DRIFT = "NoDrift"
     DRIFT_FOUND = "DriftFound"
     # Drift audit Events: on claims (restored, missing, conflict) and pools (orphan).
@@ -168,7 +168,7 @@ class Claim:
         True once ``metadata.deletionTimestamp`` is set.
     owners:
         ``(apiVersion group, kind, name)`` of each owner reference (e.g. the Cluster owning a
-        control-plane endpoint claim, `bridge.endpoints.is_endpoint_claim`); never UIDs,
+        control-plane endpoint claim, `control_plane.is_endpoint_claim`); never UIDs,
         which ``clusterctl move`` changes.
     """
 

@@ -1,7 +1,7 @@
 """``ipam-bridge check-pool``: check a pool against its IPAM from a laptop, read-only.
 
 No cluster is needed: the pool and its credentials come from YAML files (or the command
-line), the backend client is the operator's own (`bridge.pools.build_backend`), and only
+line), the backend client is the operator's own (`pool_backends.build_backend`), and only
 read requests are made (login, subnet lookups, usage, the list of each subnet's entries).
 The result is what the pool's status would say, and the first free address an allocation
 would take now.
@@ -24,8 +24,8 @@ from backends.base import Allocation, IPAMBackend, SubnetInfo
 from backends.errors import BackendError
 from backends.infoblox import InfobloxBackend
 from bridge.capi import POOL_KINDS
-from bridge.errors import PoolError, pool_error_from
-from bridge.pools import build_backend, parse_pool, pool_status
+from bridge.reconcilers.errors import PoolError, pool_error_from
+from bridge.reconcilers.pool_backends import build_backend, parse_pool, pool_status
 from bridge.settings import Settings
 
 __all__ = [
@@ -57,7 +57,7 @@ class CheckResult:
         The Ready condition's reason (``PoolReady``, ``AuthenticationFailed``,
         ``SubnetNotFound``, ``TLSVerificationFailed``, ...) and message.
     status:
-        The pool's status as the operator would write it (`bridge.pools.pool_status`), or
+        The pool's status as the operator would write it (`pool_backends.pool_status`), or
         None when the pool would not be Ready.
     first_free:
         The address a first-free allocation would take now, or None (not Ready, or full).

@@ -3,7 +3,7 @@
 ``run`` never fails silently: the ports it must listen on are checked before kopf starts
 (`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
 handler, a 401/403 of kopf's first requests) ends the process with one line on stderr and
-exit code 1; so does a lost leader Lease (``IPAM_BRIDGE_LEADER_ELECTION``, `bridge.leader`).
+exit code 1; so does a lost leader Lease (``IPAM_BRIDGE_LEADER_ELECTION``, `bridge.runtime.leader`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any
 
 import kopf
 
-from bridge import __version__, logcontext
-from bridge.kube import AccessDeniedError
-from bridge.leader import LeadershipLostError, OperatorStop
+from bridge import __version__
 from bridge.metrics import PortUnavailableError, check_port
+from bridge.runtime import logcontext
+from bridge.runtime.gateway import AccessDeniedError
+from bridge.runtime.leader import LeadershipLostError, OperatorStop
 from bridge.settings import Settings
 
 __all__ = [
@@ -44,7 +45,7 @@ LOG_REFKEY = "object"
 def _handler_object_ref() -> Mapping[str, Any] | None:
     """Return the reference of the object reconciled or handled in this context, or None.
 
-    A reconcile of the work queue names its object with `bridge.logcontext.about`. kopf keeps
+    A reconcile of the work queue names its object with `logcontext.about`. kopf keeps
     the cause of the running handler in a context variable
     (``kopf._core.actions.execution.cause_var``, copied into the threads of sync handlers);
     its logger carries ``extra["k8s_ref"]``, the reference kopf's formatters print.
@@ -66,7 +67,7 @@ class ObjectRefFilter(logging.Filter):
     """Give log records emitted inside a kopf handler the handled object's reference.
 
     kopf's own per-object lines carry ``k8s_ref``; lines of our modules and the backend
-    clients (``bridge.claims``, ``backends.phpipam``...) logged while a handler runs get the
+    clients (``claims``, ``backends.phpipam``...) logged while a handler runs get the
     same reference, so every line about a claim or pool names it (``[ns/name]`` prefix in
     text, the ``object`` key in JSON). It also copies the logger name to ``record.logger``,
     which the JSON formatter prints as an extra field (text lines show ``%(name)s``).
@@ -111,7 +112,7 @@ def _configure_logging(settings: Settings) -> None:
     # urllib3 logs request lines (with query strings) at DEBUG, and the kubernetes package
     # logs through "client" when its debug switch is on; keep both quiet. The liveness
     # endpoint would log an access line and an "Activity succeeded" line per probe.
-    # The official leader election logs every try at INFO; `bridge.leader` logs the changes.
+    # The official leader election logs every try at INFO; `bridge.runtime.leader` logs the changes.
     for name in ("urllib3", "client", "aiohttp.access", "kopf.activities.probe", "leaderelection"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -215,10 +216,10 @@ def run_operator(
     StartupError
         When kopf's start-up activity failed (e.g. a ``kopf.PermanentError`` of the start-up
         handler: CAPI's CRDs not served, access denied by the API server).
-    bridge.kube.AccessDeniedError
+    bridge.runtime.gateway.AccessDeniedError
         When the API server refused one of kopf's own requests with 401 or 403 (e.g. its
         first list of claims or pools: missing RBAC); the message is the API server's.
-    bridge.leader.LeadershipLostError
+    bridge.runtime.leader.LeadershipLostError
         When this replica led and could not renew the leader Lease within the deadline (it
         stopped handling at once; kopf stopped gracefully).
     """
@@ -400,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot be bound, kopf's start-up failed, the API server refused kopf's requests
     (401/403) or the leader Lease was lost; 0 after a clean stop (SIGTERM, SIGINT).
     ``audit`` returns 0 in sync, 1 when drift was found, 2 when it could not audit
-    (`bridge.audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
+    (`audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
     not, 2 for a usage error (`bridge.check_pool.run_cli`); argparse's own usage errors exit 2.
     """
     args = _parser().parse_args(argv)
@@ -408,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "audit":
-        from bridge.audit import run_cli
+        from bridge.reconcilers.audit import run_cli
 
         return run_cli(args.namespace, args.output)
     if args.command == "check-pool":

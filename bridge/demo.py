@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 
 __all__ = ["run_demo"]
 
@@ -125,7 +125,11 @@ def _endpoint_step(sandbox: Sandbox, kind: str, say: Callable[[str], None]) -> b
     Returns True when the Cluster got the endpoint, the variable and was unpaused in one
     write, and the address was released once the Cluster was deleted.
     """
-    from bridge.endpoints import POOL_ANNOTATION, UNPAUSE_ANNOTATION, VARIABLES_ANNOTATION
+    from bridge.reconcilers.control_plane import (
+        POOL_ANNOTATION,
+        UNPAUSE_ANNOTATION,
+        VARIABLES_ANNOTATION,
+    )
 
     clusters = "cluster.x-k8s.io/v1beta2"
     sandbox.create(

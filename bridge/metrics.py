@@ -176,7 +176,7 @@ class Metrics:
         2 half-open (one probe call in flight).
     endpoint_concurrency:
         ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many claims each IPAM
-        endpoint may have in flight now (`bridge.admission`: adapts between 1 and
+        endpoint may have in flight now (`bridge.runtime.flowcontrol`: adapts between 1 and
         ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved when the endpoint times out or fails).
     http_requests:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
@@ -184,7 +184,7 @@ class Metrics:
         ``tls_error``, ``error``).
     drift:
         ``ipam_bridge_drift{pool, kind, finding}``: what the last drift audit of each pool
-        left unresolved (`bridge.audit`), by finding: ``missing`` (an IPAddress's entry is
+        left unresolved (`audit`), by finding: ``missing`` (an IPAddress's entry is
         gone and could not be registered again yet), ``conflict`` (its address or hostname
         is held by another entry), ``orphan`` (an entry ipam-bridge made for a claim that no
         longer exists). 0 for every finding when the pool is in sync.
@@ -297,7 +297,7 @@ class Metrics:
         Parameters
         ----------
         backend:
-            ``phpipam`` or ``infoblox`` (see `bridge.pools.BACKEND_NAMES`).
+            ``phpipam`` or ``infoblox`` (see `bridge.reconcilers.pool_backends.BACKEND_NAMES`).
         operation:
             ``describe_subnets``, ``allocate``, ``release``, ``purge_quarantined`` or ``entries``.
 
@@ -337,7 +337,7 @@ class Metrics:
         self.endpoint_state.labels(endpoint).set(int(state))
 
     def endpoint_limit(self, endpoint: str, limit: int) -> None:
-        """Record how many claims ``endpoint`` may have in flight (`bridge.admission` hook)."""
+        """Record how many claims ``endpoint`` may have in flight (`flowcontrol` hook)."""
         self.endpoint_concurrency.labels(endpoint).set(limit)
 
     def request_made(self, record: RequestRecord) -> None:

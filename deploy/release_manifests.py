@@ -21,7 +21,7 @@ default ``$KUSTOMIZE``, ``$KUBECTL``, else ``kustomize`` or ``kubectl`` on ``PAT
 :func:`build_kustomization` is a small built-in renderer of the subset ``deploy/`` uses
 (``resources``, ``namespace``, ``labels``, ``commonLabels``; anything else is refused). The
 release never uses it: it only serves the in-memory Kubernetes API of the tests
-(``bridge/testing/rbac.py`` reads the install's RBAC without kubectl), and a unit test keeps
+(``mock_kubernetes/rbac.py`` reads the install's RBAC without kubectl), and a unit test keeps
 its output equal to kustomize's. Only the standard library and PyYAML are used.
 """
 
@@ -314,7 +314,7 @@ def build_kustomization(directory: Path) -> list[Obj]:
     if unsupported:
         raise KustomizeError(
             f"{kustomization_file}: fields {unsupported} are not supported by the built-in "
-            "renderer (bridge/testing's RBAC); extend deploy/release_manifests.py"
+            "renderer (mock_kubernetes's RBAC); extend deploy/release_manifests.py"
         )
 
     objects: list[Obj] = []

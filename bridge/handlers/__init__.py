@@ -1,7 +1,7 @@
 """kopf handlers of ipam-bridge, loaded by ``ipam-bridge run`` (or ``kopf run -m bridge.handlers``).
 
 Each handler is thin: it takes the operator context from ``memo.bridge``, calls a plain
-function of `bridge.claims` or `bridge.pools`, and turns the result into status, events and
+function of `claims` or `pool_backends`, and turns the result into status, events and
 kopf errors.
 """
 

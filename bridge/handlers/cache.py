@@ -1,10 +1,10 @@
-"""Feed `bridge.cache` from the watches kopf runs: pools, Clusters and our IPAddresses.
+"""Feed `bridge.runtime.cache` from the watches kopf runs: pools, Clusters and our IPAddresses.
 
 One event handler per resource puts every object kopf sees (its initial listing, additions,
 changes) into the operator's cache and drops deleted ones; a listing after a watch restart
 relists the cache (`Relists`). Claims are fed by
 `bridge.handlers.claims.claim_event`, which also decides whether the event needs a
-reconcile. The cache's initial list comes from the start-up handler (`bridge.cache.prime`).
+reconcile. The cache's initial list comes from the start-up handler (`bridge.runtime.cache.prime`).
 
 This module is imported before the other handler modules, so that its handlers run first for
 each event (kopf runs a resource's event handlers in registration order): a reconcile
@@ -23,9 +23,9 @@ from typing import Any, Final
 
 import kopf
 
-from bridge import capi, endpoints
-from bridge.cache import PARTS, Cache, ObjectCache, Relisted, relist
-from bridge.context import (
+from bridge import capi
+from bridge.reconcilers import control_plane as endpoints
+from bridge.reconcilers.context import (
     Context,
     claim_key,
     cluster_key,
@@ -33,6 +33,7 @@ from bridge.context import (
     pool_key,
     pool_token,
 )
+from bridge.runtime.cache import PARTS, Cache, ObjectCache, Relisted, relist
 
 __all__ = ["Relists", "address_is_ours", "cache_event", "claim_seen", "queue_relisted"]
 
@@ -83,7 +84,7 @@ class Relists:
     tells of objects that went away meanwhile. A listing of a resource that is not its
     first makes every part of the cache suspect (lookups read the API: another
     resource's event, a Cluster's unpause, may wake claims before their own watch catches
-    up), then relists every part (`bridge.cache.relist`) and queues what
+    up), then relists every part (`bridge.runtime.cache.relist`) and queues what
     changed (`queue_relisted`).
 
     Parameters

@@ -1,6 +1,6 @@
-"""kopf handlers of IPAddressClaim and Cluster: they only queue keys (see `bridge.workqueue`).
+"""kopf handlers of IPAddressClaim and Cluster: they only queue keys (see `workqueue`).
 
-kopf watches; `bridge.claims.reconcile_claim` decides from the claim's current state. Using
+kopf watches; `claims.reconcile_claim` decides from the claim's current state. Using
 ``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
 last-handled-configuration or progress annotations): a claim that is not ours is never
 written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
@@ -14,9 +14,10 @@ from typing import Any
 
 import kopf
 
-from bridge import capi, endpoints
-from bridge.context import Context, claim_key, cluster_key, cluster_token
+from bridge import capi
 from bridge.handlers.cache import claim_seen
+from bridge.reconcilers import control_plane as endpoints
+from bridge.reconcilers.context import Context, claim_key, cluster_key, cluster_token
 
 __all__ = ["claim_event", "claim_is_ours", "cluster_event"]
 
@@ -35,10 +36,10 @@ async def claim_event(
 ) -> None:
     """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
 
-    The claim goes into the operator's cache (`bridge.cache`) first; an event that tells the
+    The claim goes into the operator's cache (`bridge.runtime.cache`) first; an event that tells the
     cache nothing new (the echo of our own write, already written through) queues nothing.
 
-    A Cluster's control-plane endpoint claim (`bridge.endpoints.ENDPOINT_LABEL`) also queues
+    A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
     deleted, the Cluster gets a new one.
     """
@@ -62,8 +63,8 @@ async def cluster_event(
 
     Claims of a paused or missing Cluster are parked in the work queue under the Cluster's
     wake token; an unpause, a creation or a deletion ends their wait without any polling.
-    A Cluster asking for a control-plane endpoint (`bridge.endpoints.POOL_ANNOTATION`) is
-    queued (`bridge.endpoints.reconcile_cluster`), paused or not.
+    A Cluster asking for a control-plane endpoint (`control_plane.POOL_ANNOTATION`) is
+    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not.
     """
     ctx: Context = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))

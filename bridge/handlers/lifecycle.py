@@ -12,17 +12,20 @@ from typing import Any
 import kopf
 from kubernetes.client import ApiException
 
-from bridge import logcontext
-from bridge.audit import audit_forever
-from bridge.cache import prime
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
-from bridge.claims import reconcile_claim
-from bridge.context import Context, ExhaustionGate
-from bridge.endpoints import reconcile_cluster
-from bridge.fence import Fence
 from bridge.handlers.pools import purge_forever, resync_forever
-from bridge.kube import Kube, NotServedError, access_denied, api_client, kopf_connection_info
-from bridge.leader import (
+from bridge.metrics import PortUnavailableError
+from bridge.reconcilers.audit import audit_forever
+from bridge.reconcilers.claims import reconcile_claim
+from bridge.reconcilers.context import Context, ExhaustionGate
+from bridge.reconcilers.control_plane import reconcile_cluster
+from bridge.reconcilers.pools import reconcile_pool
+from bridge.runtime import logcontext
+from bridge.runtime.cache import prime
+from bridge.runtime.fence import Fence
+from bridge.runtime.gateway import Kube, NotServedError, access_denied, api_client
+from bridge.runtime.kubeconfig import kopf_connection_info
+from bridge.runtime.leader import (
     LEASE_NAME,
     ElectionLock,
     Leadership,
@@ -33,10 +36,8 @@ from bridge.leader import (
     lease_fence,
     lease_namespace,
 )
-from bridge.metrics import PortUnavailableError
-from bridge.pool_service import reconcile_pool
+from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import Decision, WorkQueue
 
 __all__ = [
     "cleanup",
@@ -105,7 +106,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
 
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo | None:
-    """Log kopf in exactly as `bridge.kube` connects (`bridge.kube.kopf_connection_info`).
+    """Log kopf in exactly as the kubernetes client connects (`kubeconfig.kopf_connection_info`).
 
     Service account in a pod, else the kubeconfig (certificates, tokens, exec plugins): the
     kubernetes package resolves it, kopf gets the result.
@@ -116,10 +117,10 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
 def reconcile(ctx: Context, key: Hashable) -> Decision:
     """Route a work-queue key to its service.
 
-    `bridge.context.claim_key` to `bridge.claims.reconcile_claim`, ``pool_key`` to
-    `bridge.pool_service.reconcile_pool`, ``cluster_key`` to
-    `bridge.endpoints.reconcile_cluster`. The backend clients it takes are held until it
-    returns (`bridge.context.BackendCache.holding`): none is closed under it.
+    `context.claim_key` to `bridge.reconcilers.claims.reconcile_claim`, ``pool_key`` to
+    `bridge.reconcilers.pools.reconcile_pool`, ``cluster_key`` to
+    `control_plane.reconcile_cluster`. The backend clients it takes are held until it
+    returns (`bridge.reconcilers.context.BackendCache.holding`): none is closed under it.
 
     Raises
     ------
@@ -174,15 +175,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
     is 0; the `Context` (with its own metrics registry and the work queue) goes to
     ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as tasks on
-    kopf's loop until the clean-up. The operator's cache (`bridge.cache`) gets its initial
-    list here (`bridge.cache.prime`), before kopf starts watching.
+    kopf's loop until the clean-up. The operator's cache (`bridge.runtime.cache`) gets its initial
+    list here (`bridge.runtime.cache.prime`), before kopf starts watching.
 
     With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
-    Lease (`bridge.leader.Leadership`, in ``memo.leadership``); until then kopf's event
+    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then kopf's event
     handlers only queue keys in memory. Losing the Lease cancels them and stops the operator
-    through ``memo.operator_stop`` (`bridge.leader.OperatorStop`, given by ``ipam-bridge
+    through ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`, given by ``ipam-bridge
     run``): the process exits 1. Every Kubernetes write and IPAM write checks the replica's
-    `bridge.fence.Fence` first, in its own thread.
+    `bridge.runtime.fence.Fence` first, in its own thread.
 
     Raises
     ------
@@ -231,7 +232,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
         endpoints=bridge.endpoint_registry(fence=fence.check),
     )
-    # The cache's initial list, before kopf's watches start (bridge.cache: no API read on a
+    # The cache's initial list, before kopf's watches start (bridge.runtime.cache: no API read on a
     # claim's hot path).
     await asyncio.to_thread(prime, ctx.cache, kube, version=version, namespaces=bridge.namespaces)
     if bridge.metrics_port:
@@ -318,7 +319,7 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         clients cached), ``claimsPending`` (claims waiting for an address),
         ``lastBackendSuccess`` (ISO 8601 UTC time of the last successful backend
         operation, or None), ``secondsSinceBackendSuccess`` (float seconds, or None) and
-        ``queueStalledSeconds`` (`bridge.workqueue.WorkQueue.stalled`).
+        ``queueStalledSeconds`` (`bridge.runtime.workqueue.WorkQueue.stalled`).
 
     Raises
     ------

@@ -1,8 +1,8 @@
 """kopf handlers of our pools, and the periodic refresh: they only queue keys.
 
-`bridge.pool_service.reconcile_pool` checks a pool against its IPAM, writes its status and
+`bridge.reconcilers.pools.reconcile_pool` checks a pool against its IPAM, writes its status and
 guards its deletion. A pool event queues the pool only when its state calls for it
-(`bridge.pool_service.needs_check`: found at start-up, new or moved without status, spec
+(`bridge.reconcilers.pools.needs_check`: found at start-up, new or moved without status, spec
 changed, being deleted), so the pool's own status writes do not loop. Every
 ``IPAM_BRIDGE_POOL_REFRESH_SECONDS`` all pools are queued (usage, readiness). A Ready pool
 wakes the claims waiting for it.
@@ -10,7 +10,7 @@ wakes the claims waiting for it.
 Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: kopf
 watches them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces, and
 their work-queue keys carry the namespace ``""``. `purge_forever` deletes the IPAM entries
-whose reuse grace period ended (`bridge.pool_service.purge_quarantined`).
+whose reuse grace period ended (`bridge.reconcilers.pools.purge_quarantined`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import kopf
 
 from backends.errors import BackendError
 from bridge import capi
-from bridge.context import Context, claim_key, cluster_key, pool_key, pool_token
-from bridge.endpoints import wants_endpoint
-from bridge.errors import PoolError
-from bridge.pool_service import needs_check, purge_quarantined
-from bridge.pools import parse_pool
+from bridge.reconcilers.context import Context, claim_key, cluster_key, pool_key, pool_token
+from bridge.reconcilers.control_plane import wants_endpoint
+from bridge.reconcilers.errors import PoolError
+from bridge.reconcilers.pool_backends import parse_pool
+from bridge.reconcilers.pools import needs_check, purge_quarantined
 
 __all__ = ["pool_event", "purge_forever", "resync_forever"]
 

@@ -74,7 +74,8 @@ def cluster_api() -> Iterator[Any]:
         pytest.skip("KUBECONFIG is not set: no real cluster to run the cluster e2e tests on")
     from kubernetes.client import ApisApi
 
-    from bridge.kube import api_client, load_configuration
+    from bridge.runtime.gateway import api_client
+    from bridge.runtime.kubeconfig import load_configuration
 
     api = api_client(load_configuration(path))
     try:
@@ -95,7 +96,7 @@ def cluster_api() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def cluster(cluster_api: Any) -> ClusterKube:
-    """Helpers on the cluster (same names as `bridge.testing.Sandbox`), CAPI version found."""
+    """Helpers on the cluster (same names as `mock_kubernetes.Sandbox`), CAPI version found."""
     return ClusterKube.discover(cluster_api)
 
 

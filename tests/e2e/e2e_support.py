@@ -28,8 +28,8 @@ from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from bridge import capi
 from bridge.capi import GROUP, SUPPORTED_VERSIONS
-from bridge.testing.objects import ObjectHelpers
-from bridge.testing.sandbox import FAST_SETTINGS, wait_for
+from mock_kubernetes.objects import ObjectHelpers
+from mock_kubernetes.sandbox import FAST_SETTINGS, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__ = [
@@ -186,7 +186,7 @@ def delete_crds(api: Any, names: list[str]) -> None:
 
 
 class ClusterKube(ObjectHelpers):
-    """Objects of a real cluster with the same helpers as `bridge.testing.Sandbox`.
+    """Objects of a real cluster with the same helpers as `mock_kubernetes.Sandbox`.
 
     Parameters
     ----------
@@ -215,7 +215,7 @@ class ClusterKube(ObjectHelpers):
     @classmethod
     def discover(cls, api: Any, *, timeout: float = 30.0) -> ClusterKube:
         """Build one on the version the operator will pick (discovery may lag a new CRD)."""
-        from bridge.kube import Kube, NotServedError
+        from bridge.runtime.gateway import Kube, NotServedError
 
         kube = Kube(api)
 
@@ -616,7 +616,7 @@ def _delete_pool(kube: ObjectHelpers, namespace: str, name: str) -> None:
     delete = getattr(kube, "delete_pool", None)
     if delete is not None:
         delete(namespace, name)
-    else:  # bridge.testing.Sandbox
+    else:  # mock_kubernetes.Sandbox
         cast(Any, kube).kube.delete(
             f"{GROUP}/{POOL_VERSION}", PLURALS["PHPIPAMIPPool"], name, namespace
         )

@@ -16,7 +16,7 @@ from e2e_support import CREDENTIALS, ClusterKube, IpamTarget, OperatorThread
 from kubernetes.client.exceptions import ApiException
 
 from bridge import capi
-from bridge.pool_service import CREDENTIALS_FINALIZER
+from bridge.reconcilers.pools import CREDENTIALS_FINALIZER
 
 
 def _pool(cluster: ClusterKube, namespace: str, target: IpamTarget, name: str = "pool") -> None:

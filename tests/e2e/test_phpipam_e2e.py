@@ -21,7 +21,7 @@ from e2e_support import E2E_ENV, IpamTarget, allocation_scenario, unique_name
 
 from backends.errors import AuthenticationFailedError, SubnetExhaustedError, SubnetNotFoundError
 from backends.phpipam import PHPIPAMBackend
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 
 DESCRIPTION = "ipam-bridge e2e test entry (safe to delete)"
 

@@ -1,7 +1,7 @@
 """Fixtures of the integration tests: the real operator, the emulated API, the IPAM mocks.
 
 Every test gets a fresh emulated Kubernetes API with the operator running in-process
-(`bridge.testing.Sandbox`) and fresh mock IPAM servers on 127.0.0.1.
+(`mock_kubernetes.Sandbox`) and fresh mock IPAM servers on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, INFOBLOX_SEED, NAMESPACE, PHPIPAM_SEED
 
-from bridge.testing.sandbox import Sandbox
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import InfobloxStore
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

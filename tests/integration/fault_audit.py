@@ -16,7 +16,7 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 from bridge.capi import GROUP
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

@@ -21,7 +21,7 @@ import pytest
 from fault_audit import deleting, print_figures, wait_converged
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

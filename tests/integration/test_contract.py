@@ -1,6 +1,6 @@
 """Contract completeness: pause, pool deletion, clusterctl move, exhaustion, IPv6, security.
 
-Each test runs the real operator (`bridge.testing.Sandbox`) against the emulated Kubernetes
+Each test runs the real operator (`mock_kubernetes.Sandbox`) against the emulated Kubernetes
 API and a mock phpIPAM on 127.0.0.1, and checks one user-visible promise of DESIGN.md
 sections 2, 3, 5 and 6 (the pain points of ``capi-ipam-contract.md`` section 7).
 """
@@ -32,8 +32,8 @@ from bridge.capi import (
     POOL_FINALIZER,
 )
 from bridge.settings import Settings
-from bridge.testing.sandbox import REPO_ROOT, Sandbox, wait_for
-from bridge.testing.store import ApiError
+from mock_kubernetes.sandbox import REPO_ROOT, Sandbox, wait_for
+from mock_kubernetes.store import ApiError
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

@@ -19,16 +19,16 @@ from integration_env import CREDENTIALS, NAMESPACE
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_NAME_LABEL, GROUP
-from bridge.endpoints import (
+from bridge.reconcilers.control_plane import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
     POOL_ANNOTATION,
     UNPAUSE_ANNOTATION,
     VARIABLES_ANNOTATION,
 )
-from bridge.kube import Kube
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.runtime.gateway import Kube
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from integration_env import CREDENTIALS, NAMESPACE
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import cli
-from bridge.audit import IN_SYNC
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.reconcilers.audit import IN_SYNC
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 AUDIT = {"IPAM_BRIDGE_AUDIT_SECONDS": "0.5"}
@@ -207,7 +207,7 @@ def test_an_ipam_error_during_the_audit_is_no_finding(
     sandbox.wait_claims_bound(NAMESPACE, 1)
     wait_for(lambda: (c := in_sync(sandbox, "pool")) and c["status"] == "True", timeout=10)
     address = addresses_of(sandbox)["m1"]
-    caplog.set_level(logging.WARNING, logger="bridge.audit")
+    caplog.set_level(logging.WARNING, logger="bridge.reconcilers.audit")
     phpipam.faults.update(error_rate=1.0, error_statuses=(503,))
     phpipam.store.remove_address(address, subnet_id=7)
 

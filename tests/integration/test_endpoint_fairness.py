@@ -3,7 +3,7 @@
 Two pools on two mock phpIPAMs, 4 workers (2 claims in flight per endpoint). Endpoint A is
 slowed down and gets 30 claims; a few claims of pool B on endpoint B, created after them, are
 all bound while A still has unbound claims: A's waiting claims are parked
-(`bridge.admission`), not holding workers, and none of them failed with "endpoint busy".
+(`bridge.runtime.flowcontrol`), not holding workers, and none of them failed with "endpoint busy".
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from fault_audit import is_bound, ready_condition
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-from bridge.testing.objects import wait_for
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.objects import wait_for
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

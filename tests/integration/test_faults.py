@@ -50,7 +50,7 @@ from fault_audit import (
 )
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import ManualClock, Store
 

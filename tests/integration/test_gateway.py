@@ -16,8 +16,8 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
-from bridge.testing.sandbox import Sandbox, wait_for
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []

@@ -19,9 +19,9 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 from bridge.capi import GROUP
-from bridge.pool_service import CREDENTIALS_FINALIZER
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.reconcilers.pools import CREDENTIALS_FINALIZER
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []

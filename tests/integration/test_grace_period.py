@@ -18,8 +18,8 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 from backends.base import QUARANTINE_PREFIX, quarantined_until
-from bridge.testing.sandbox import Sandbox, wait_for
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []

@@ -21,12 +21,12 @@ from bridge.capi import (
     GROUP,
     HOSTNAME_ANNOTATION,
 )
-from bridge.claims import reconcile_claim
-from bridge.context import Context
-from bridge.testing.sandbox import Sandbox, wait_for
-from bridge.workqueue import Decision
+from bridge.reconcilers.claims import reconcile_claim
+from bridge.reconcilers.context import Context
+from bridge.runtime.workqueue import Decision
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import NON_DNS_VIEW, InfobloxStore, SearchFilter
+from mock_kubernetes.sandbox import Sandbox, wait_for
 
 __all__: list[str] = []
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.audit import IN_SYNC
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.reconcilers.audit import IN_SYNC
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 
 __all__: list[str] = []
 

@@ -30,8 +30,8 @@ from fault_audit import (
 )
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-from bridge.testing.objects import wait_for
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.objects import wait_for
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

@@ -36,8 +36,8 @@ import yaml
 from integration_env import CREDENTIALS, NAMESPACE
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.testing.auth import Identity, User
-from bridge.testing.sandbox import FAST_SETTINGS, Sandbox, wait_for
+from mock_kubernetes.auth import Identity, User
+from mock_kubernetes.sandbox import FAST_SETTINGS, Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 LEASES = "coordination.k8s.io/v1"

@@ -18,9 +18,9 @@ from integration_env import CREDENTIALS, NAMESPACE
 import bridge.handlers.lifecycle as lifecycle
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX, KOPF_FINALIZER
-from bridge.kube import Kube
-from bridge.pool_service import CREDENTIALS_FINALIZER
-from bridge.testing.sandbox import Sandbox, wait_for
+from bridge.reconcilers.pools import CREDENTIALS_FINALIZER
+from bridge.runtime.gateway import Kube
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 CLAIMS = f"{GROUP}/v1beta2"

@@ -20,7 +20,7 @@ from integration_env import CREDENTIALS, NAMESPACE
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.capi import CLAIM_FINALIZER
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -461,7 +461,7 @@ def test_json_logs_and_probe_of_the_cli(
     claim_lines = about("IPAddressClaim", "m1")
     assert all(r["object"]["namespace"] == NAMESPACE for r in claim_lines)
     # the lines logged while the claim is reconciled carry the claim, with the address
-    ours = [r["message"] for r in claim_lines if r.get("logger") == "bridge.claims"]
+    ours = [r["message"] for r in claim_lines if r.get("logger") == "bridge.reconcilers.claims"]
     assert any(f"{address} registered as m1.{NAMESPACE}" in m for m in ours), ours
     assert any(f"released {address}" in m and f"{NAMESPACE}/pool" in m for m in ours), ours
     assert any(r.get("logger", "").startswith("backends.") for r in claim_lines)

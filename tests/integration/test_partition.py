@@ -32,7 +32,7 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 from test_leader_election import Replica, holder, lease, wait_leader
 
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 RENEW_DEADLINE = 10.0

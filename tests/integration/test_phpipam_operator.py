@@ -18,10 +18,10 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
 import bridge.handlers.lifecycle as lifecycle
-from bridge.context import Context
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX
-from bridge.testing.sandbox import Sandbox, wait_for
-from bridge.workqueue import Decision
+from bridge.reconcilers.context import Context
+from bridge.runtime.workqueue import Decision
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []
@@ -750,7 +750,7 @@ def test_app_code_token_needs_no_login(sandbox: Sandbox, phpipam: MockPhpipamSer
 
 
 #: Loggers of the test harness (emulated API, mock IPAM, web server), not the operator.
-HARNESS_LOGGERS = ("aiohttp", "mock_phpipam", "mock_infoblox", "bridge.testing", "kmock")
+HARNESS_LOGGERS = ("aiohttp", "mock_phpipam", "mock_infoblox", "mock_kubernetes", "kmock")
 
 
 def test_no_secret_in_events_status_or_logs(

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import Sandbox, wait_for
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []

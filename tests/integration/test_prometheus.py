@@ -25,7 +25,7 @@ import yaml
 from integration_env import CREDENTIALS, NAMESPACE
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 ROOT = Path(__file__).resolve().parents[2]

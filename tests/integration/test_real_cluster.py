@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import Sandbox, wait_for
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 CAPI_CRDS = Path(__file__).resolve().parents[1] / "data" / "capi-crds"
@@ -110,7 +110,7 @@ def test_operator_runs_with_deploy_rbac_and_uses_every_verb_it_grants(
             NAMESPACE, "ib", endpoint=infoblox.url, subnet="10.20.0.0/24", credentials=CREDENTIALS
         )
         # A Cluster asking for its control-plane endpoint: the operator creates its claim and
-        # patches the Cluster (bridge/endpoints.py).
+        # patches the Cluster (bridge/reconcilers/control_plane.py).
         sandbox.create(
             {
                 "apiVersion": CLUSTERS,

@@ -16,7 +16,7 @@ import kubernetes.client
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 
 GROUP = "ipam.cluster.x-k8s.io"

@@ -17,7 +17,7 @@ from collections import Counter
 from integration_env import CREDENTIALS, NAMESPACE
 
 from bridge.capi import GROUP
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 
 CLAIMS = 3

@@ -13,8 +13,8 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 from bridge.capi import REQUESTED_ADDRESS_ANNOTATION
-from bridge.testing.sandbox import Sandbox
 from mock_infoblox.server import MockInfobloxServer
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 
 __all__: list[str] = []

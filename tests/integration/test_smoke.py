@@ -1,6 +1,6 @@
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 
 
@@ -26,7 +26,7 @@ def test_operator_stops_with_a_clear_message_without_capi_crds(tmp_path) -> None
     import subprocess
     import sys
 
-    from bridge.testing.server import EmulatedKubernetes
+    from mock_kubernetes.server import EmulatedKubernetes
 
     with EmulatedKubernetes() as kube:
         env = {

@@ -4,7 +4,7 @@
   ``ClusterKopfPeering`` for us, v0.1 started, served nothing and said nothing: the
   operator runs without kopf peering, with no option to set.
 - The operator runs as ``deploy/``'s ServiceAccount with a bearer token in its kubeconfig:
-  kopf logs in with that token (`bridge.kube.kopf_connection_info`); v0.1's kopf connected
+  kopf logs in with that token (`kubeconfig.kopf_connection_info`); v0.1's kopf connected
   anonymously and was refused for ever.
 - A start-up that cannot succeed (CAPI's CRDs missing, the token refused, RBAC refusing
   kopf's first list) ends the process with exit code 1 and a last line that says why, in
@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.auth import Identity, service_account_user
-from bridge.testing.rbac import RBACAuthorizer
-from bridge.testing.sandbox import FAST_SETTINGS, Sandbox, crd_documents
-from bridge.testing.server import EmulatedKubernetes
+from mock_kubernetes.auth import Identity, service_account_user
+from mock_kubernetes.rbac import RBACAuthorizer
+from mock_kubernetes.sandbox import FAST_SETTINGS, Sandbox, crd_documents
+from mock_kubernetes.server import EmulatedKubernetes
 from mock_phpipam.server import MockPhpipamServer
 
 

@@ -33,7 +33,7 @@ from fault_audit import (
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
 from bridge.capi import GROUP
-from bridge.testing.sandbox import Sandbox
+from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 

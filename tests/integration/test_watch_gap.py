@@ -19,7 +19,7 @@ import time
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.testing.sandbox import Sandbox, wait_for
+from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
 CLUSTERS = "cluster.x-k8s.io/v1beta2"

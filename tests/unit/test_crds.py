@@ -10,7 +10,7 @@ What an API server would check, without one:
   server would: defaults applied first (like the API server does on decode), then the OpenAPI schema
   with ``jsonschema`` (unknown fields rejected, as with ``kubectl``'s default strict field
   validation), then the ``x-kubernetes-validations`` CEL rules, evaluated by
-  ``bridge.testing.cel`` (cel-python), the implementation the in-memory API enforces them with;
+  ``mock_kubernetes.cel`` (cel-python), the implementation the in-memory API enforces them with;
 - updates: transition rules (those that use ``oldSelf``) are evaluated as the API server does,
   only on an update and only where the old object has a value at the rule's place (for an object
   property, whether it exists; items of lists other than ``list-type: map`` are not correlated,
@@ -36,7 +36,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from bridge.testing import cel
+from mock_kubernetes import cel
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"

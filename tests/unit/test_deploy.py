@@ -208,7 +208,7 @@ def metadata(release_out: Path) -> Any:
 
 
 def test_builtin_renderer_matches_kustomize(install: list[dict[str, Any]]) -> None:
-    # The built-in renderer only serves the in-memory API's RBAC (bridge/testing/rbac.py):
+    # The built-in renderer only serves the in-memory API's RBAC (mock_kubernetes/rbac.py):
     # it must give kustomize's objects, in kustomize's order.
     assert rm.build_kustomization(DEPLOY) == install
 
@@ -414,7 +414,7 @@ def test_rbac_keeps_secrets_and_events_minimal(install: list[dict[str, Any]]) ->
     # One Secret by name, and a patch for the credentials-in-use finalizer: no list or watch
     # (which would expose every Secret of the cluster), no create, update or delete.
     assert granted[("", "secrets")] == {"get", "patch"}
-    # kopf 1.45 and bridge/kube.py post core/v1 Events only.
+    # kopf 1.45 and bridge/runtime/gateway.py post core/v1 Events only.
     assert granted[("", "events")] == {"create"}
     assert not [key for key in granted if key[0] == "events.k8s.io"]
 

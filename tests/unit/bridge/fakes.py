@@ -1,6 +1,6 @@
 """Fakes of the Kubernetes gateway, an IPAM backend and the work queue for service tests.
 
-`FakeKube` implements the `bridge.kube.Kube` methods the services call, over in-memory
+`FakeKube` implements the `bridge.runtime.gateway.Kube` methods the services call, over in-memory
 objects, with the API server's behaviour that matters to them: finalizer patches guarded by
 ``resourceVersion`` (409 on a stale one), an object being deleted goes when its last finalizer
 does, status merge patches return what was stored (optionally pruning ``status.v1beta2`` as a
@@ -9,7 +9,7 @@ in `FakeKube.writes` (and every read in `FakeKube.reads`); `FakeKube.timeline` i
 writes with the calls of any `FakeBackend` given the same list.
 
 `FakeBackend` implements `backends.base.IPAMBackend` over a small subnet; `install_backend`
-makes `bridge.pool_service.backend_for` build it, one client per pool location.
+makes `bridge.reconcilers.pools.backend_for` build it, one client per pool location.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from kubernetes.client import ApiException
 
 from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
 from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
-from bridge import pool_service
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
-from bridge.kube import Outcome
-from bridge.kube import Write as KubeWrite
-from bridge.pools import Pool, location_of
+from bridge.reconcilers import pools as pool_service
+from bridge.reconcilers.pool_backends import Pool, location_of
+from bridge.runtime.gateway import Outcome
+from bridge.runtime.gateway import Write as KubeWrite
 
 DELETED_AT = "2026-01-01T00:00:00Z"
 
@@ -54,7 +54,7 @@ def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
 
 
 class FakeKube:
-    """In-memory objects behind the `bridge.kube.Kube` methods the services use.
+    """In-memory objects behind the `bridge.runtime.gateway.Kube` methods the services use.
 
     Objects are stored as given (use the ``add_*`` helpers); reads return deep copies, so
     a service can never change the store except through a write method.
@@ -251,7 +251,7 @@ class FakeKube:
         op: str,
         target: str,
     ) -> KubeWrite:
-        """Add or remove a finalizer as `bridge.kube.Kube.set_finalizer` does, over ``store``."""
+        """Add or remove a finalizer as `gateway.Kube.set_finalizer` does, over ``store``."""
         meta = obj.get("metadata") or {}
         current = list(meta.get("finalizers") or [])
         wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
@@ -457,7 +457,7 @@ class FakeBackend:
     ipam:
         The shared IPAM state.
     location:
-        `bridge.pools.location_of` of the pool the client was built for (recorded with each
+        `pool_backends.location_of` of the pool the client was built for (recorded with each
         call).
     """
 
@@ -587,7 +587,7 @@ class FakeBackend:
 
 
 def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[FakeBackend]:
-    """Make `bridge.pool_service.backend_for` build `FakeBackend` clients of ``ipam``.
+    """Make `bridge.reconcilers.pools.backend_for` build `FakeBackend` clients of ``ipam``.
 
     Returns the list of clients built, in order (each knows the location it was built for).
     """
@@ -605,7 +605,7 @@ def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[Fak
 
 
 class FakeQueue:
-    """Records `add` and `wake` (the `bridge.workqueue.WorkQueue` methods the services call)."""
+    """Records `add` and `wake` (the `workqueue.WorkQueue` methods the services call)."""
 
     def __init__(self) -> None:
         self.added: list[tuple[Any, float]] = []

@@ -1,6 +1,6 @@
-"""bridge.admission: claims in flight per IPAM endpoint, AIMD limit, hand-over of places.
+"""bridge.runtime.flowcontrol: claims in flight per IPAM endpoint, AIMD limit, hand-over of places.
 
-Also how `bridge.claims` uses it: a claim over its endpoint's limit parks on the endpoint's
+Also how `claims` uses it: a claim over its endpoint's limit parks on the endpoint's
 token without a write or an IPAM call, and the end of an admitted claim queues the next.
 """
 
@@ -15,12 +15,12 @@ from fakes import pool_condition as pool_ready
 
 from backends import errors as be
 from backends.transport import EndpointRegistry
-from bridge.admission import EndpointAdmission, endpoint_token
-from bridge.claims import reconcile_claim
-from bridge.context import Context, claim_key
-from bridge.kube import Kube
+from bridge.reconcilers.claims import reconcile_claim
+from bridge.reconcilers.context import Context, claim_key
+from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
+from bridge.runtime.gateway import Kube
+from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import Decision, WorkQueue
 
 EP = "https://a.example.com:443"
 OTHER = "https://b.example.com:443"
@@ -146,7 +146,7 @@ def test_growth_hands_the_new_room_to_waiting_claims() -> None:
     assert adm.limit(EP) == 2 and woken.keys == ["d", "e"]
 
 
-# -- in bridge.claims ------------------------------------------------------------------------
+# -- in claims ------------------------------------------------------------------------
 
 
 class Ctx:

@@ -1,4 +1,4 @@
-"""bridge.audit: the drift comparison (pure) and the leader's decisions, with fakes."""
+"""bridge.reconcilers.audit: the drift comparison (pure) and the leader's decisions, with fakes."""
 
 from __future__ import annotations
 
@@ -16,14 +16,23 @@ from kubernetes.client import ApiException
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
-from bridge import audit, capi, pool_service
-from bridge.audit import IN_SYNC, Auditor, Finding, FindingKind, compare, in_sync_condition
+from bridge import capi
 from bridge.capi import Reason
-from bridge.context import Context, ExhaustionGate
-from bridge.kube import Kube
-from bridge.pools import Pool, location_of, parse_pool
+from bridge.reconcilers import audit
+from bridge.reconcilers import pools as pool_service
+from bridge.reconcilers.audit import (
+    IN_SYNC,
+    Auditor,
+    Finding,
+    FindingKind,
+    compare,
+    in_sync_condition,
+)
+from bridge.reconcilers.context import Context, ExhaustionGate
+from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
+from bridge.runtime.gateway import Kube
+from bridge.runtime.workqueue import WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import WorkQueue
 
 NS = "ns"
 KIND = "PHPIPAMIPPool"

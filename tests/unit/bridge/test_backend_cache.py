@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from backends.base import IPAMBackend
-from bridge.context import BackendCache
+from bridge.reconcilers.context import BackendCache
 
 KEY = ("ns", "PHPIPAMIPPool", "pool", "")
 WAIT = 10.0  # generous: the machine is loaded

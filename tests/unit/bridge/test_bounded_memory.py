@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import cast
 
-from bridge.context import Context, Notices
-from bridge.kube import Kube
+from bridge.reconcilers.context import Context, Notices
+from bridge.runtime.gateway import Kube
 from bridge.settings import Settings
 
 WAIT = 10.0

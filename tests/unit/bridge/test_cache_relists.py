@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.cache import MISSING_UNKNOWN, Cache
 from bridge.capi import GROUP
 from bridge.handlers.cache import Relists
+from bridge.runtime.cache import MISSING_UNKNOWN, Cache
 
 OURS = {"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool", "name": "p"}}
 

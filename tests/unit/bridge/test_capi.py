@@ -300,7 +300,7 @@ def test_reasons_are_one_str_enum_written_as_plain_strings():
         "TLSVerificationFailed",
         "BackendUnavailable",
         "DeletionBlocked",
-        # The drift audit (bridge.audit): the pool's InSync condition and its Events.
+        # The drift audit (bridge.reconcilers.audit): the pool's InSync condition and its Events.
         "NoDrift",
         "DriftFound",
         "AddressRestored",

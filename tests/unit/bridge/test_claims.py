@@ -1,7 +1,7 @@
-"""bridge.claims: what `reconcile_claim` decides and writes, with a fake API and a fake IPAM.
+"""claims: what `reconcile_claim` decides and writes, with a fake API and a fake IPAM.
 
-Also the pure helpers the decision relies on: `bridge.errors` (delays, claim errors, the one
-exhausted message), `bridge.pools` (the recorded IPAM location) and `bridge.capi` (claim
+Also the pure helpers the decision relies on: `errors` (delays, claim errors, the one
+exhausted message), `pool_backends` (the recorded IPAM location) and `bridge.capi` (claim
 status on v1beta1 schemas without ``status.v1beta2``).
 """
 
@@ -26,10 +26,11 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
-from bridge import capi, pool_service
+from bridge import capi
 from bridge.capi import Reason
-from bridge.claims import reconcile_claim
-from bridge.context import (
+from bridge.reconcilers import pools as pool_service
+from bridge.reconcilers.claims import reconcile_claim
+from bridge.reconcilers.context import (
     Context,
     ExhaustionGate,
     claim_key,
@@ -37,11 +38,11 @@ from bridge.context import (
     pool_key,
     pool_token,
 )
-from bridge.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
-from bridge.kube import Kube
-from bridge.pools import LOCATION_FIELDS, location_of, parse_pool, with_location
+from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
+from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
+from bridge.runtime.gateway import Kube
+from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import Decision, WorkQueue
 
 NS = "ns"
 POOL = "pool"

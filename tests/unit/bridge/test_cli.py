@@ -430,5 +430,5 @@ def test_levels_and_quiet_libraries(level: str) -> None:
 def test_configuring_twice_keeps_one_handler(capsys: pytest.CaptureFixture[str]) -> None:
     configure(log_format="json")
     configure(log_format="json")
-    logging.getLogger("bridge.claims").warning("once")
+    logging.getLogger("bridge.reconcilers.claims").warning("once")
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

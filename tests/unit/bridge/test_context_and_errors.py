@@ -1,8 +1,8 @@
 import pytest
 
 from backends import errors as be
-from bridge.context import BackendCache, ExhaustionGate
-from bridge.errors import claim_error_from, pool_error_from
+from bridge.reconcilers.context import BackendCache, ExhaustionGate
+from bridge.reconcilers.errors import claim_error_from, pool_error_from
 
 
 class FakeBackend:

@@ -1,8 +1,8 @@
-"""bridge.endpoints: a Cluster's control-plane endpoint from the IPAM, decided with fakes.
+"""control_plane: a Cluster's control-plane endpoint from the IPAM, decided with fakes.
 
 The annotations (`parse_request`), the claim's name and body, the one Cluster patch
 (`plan_patch`), `reconcile_cluster` over a `FakeKube` (what it writes, and that it writes
-nothing twice), and the pause exception of `bridge.claims` for endpoint claims.
+nothing twice), and the pause exception of `bridge.reconcilers.claims` for endpoint claims.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, PoolRef
-from bridge.claims import reconcile_claim
-from bridge.context import Context, cluster_key
-from bridge.endpoints import (
+from bridge.handlers.pools import _queue_clusters
+from bridge.reconcilers.claims import reconcile_claim
+from bridge.reconcilers.context import Context, cluster_key
+from bridge.reconcilers.control_plane import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
     POOL_ANNOTATION,
@@ -44,10 +45,9 @@ from bridge.endpoints import (
     plan_patch,
     reconcile_cluster,
 )
-from bridge.handlers.pools import _queue_clusters
-from bridge.kube import Kube
+from bridge.runtime.gateway import Kube
+from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import Decision, WorkQueue
 
 NS = "ns"
 REPO = Path(__file__).resolve().parents[3]

@@ -7,10 +7,10 @@ from typing import cast
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
 from backends.transport import EndpointState, RequestRecord
-from bridge.context import Context
-from bridge.kube import Kube
 from bridge.metrics import Metrics
-from bridge.pools import build_backend, parse_pool
+from bridge.reconcilers.context import Context
+from bridge.reconcilers.pool_backends import build_backend, parse_pool
+from bridge.runtime.gateway import Kube
 from bridge.settings import Settings
 
 

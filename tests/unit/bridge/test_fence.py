@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.fence import Fence, LeadershipLostError
+from bridge.runtime.fence import Fence, LeadershipLostError
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""`bridge.cache`: the informer-style cache claims are decided from (issue 15)."""
+"""`bridge.runtime.cache`: the informer-style cache claims are decided from (issue 15)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from bridge.cache import (
+from bridge.capi import GROUP
+from bridge.runtime.cache import (
     HOLD_SECONDS,
     MISSING,
     MISSING_UNKNOWN,
@@ -16,7 +17,6 @@ from bridge.cache import (
     prime,
     relist,
 )
-from bridge.capi import GROUP
 
 
 def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""kopf authenticates exactly like the kubernetes client (`bridge.kube.kopf_connection_info`).
+"""kopf authenticates exactly like the kubernetes client (`kubeconfig.kopf_connection_info`).
 
 For each kind of kubeconfig the kubernetes client supports (client certificate files and
 inline data, token, tokenFile, exec plugins giving a token or a certificate, an OIDC auth
@@ -36,15 +36,9 @@ from kopf._cogs.structs.credentials import Vault
 from kopf._core.engines import activities
 from kubernetes.client import ApiException
 
-from bridge import kube
-from bridge.kube import (
-    AccessDeniedError,
-    access_denied,
-    api_status_message,
-    authorization_header,
-    kopf_connection_info,
-    load_configuration,
-)
+from bridge.runtime import kubeconfig as kube
+from bridge.runtime.gateway import AccessDeniedError, access_denied, api_status_message
+from bridge.runtime.kubeconfig import authorization_header, kopf_connection_info, load_configuration
 
 VERSION = {
     "major": "1",
@@ -194,7 +188,7 @@ def write_kubeconfig(path: Path, server: str, user: dict[str, Any], cluster: dic
 
 
 def client_version(kubeconfig: str | None) -> dict[str, Any]:
-    """``GET /version`` with the kubernetes client, configured as `bridge.kube` does."""
+    """``GET /version`` with the kubernetes client, configured as `bridge.runtime.gateway` does."""
     with kubernetes.client.ApiClient(load_configuration(kubeconfig)) as client:
         return dict(kubernetes.client.VersionApi(client).get_code().to_dict())
 

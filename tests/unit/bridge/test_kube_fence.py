@@ -9,10 +9,10 @@ import kubernetes.client
 import pytest
 import urllib3
 
-from bridge.fence import LeadershipLostError
-from bridge.kube import OperatorApiClient, api_client
-from bridge.testing import EmulatedKubernetes
-from bridge.testing.auth import Identity, User
+from bridge.runtime.fence import LeadershipLostError
+from bridge.runtime.gateway import OperatorApiClient, api_client
+from mock_kubernetes import EmulatedKubernetes
+from mock_kubernetes.auth import Identity, User
 
 WRITES = {"create", "update", "patch", "delete"}
 

@@ -1,4 +1,4 @@
-"""`bridge.kube.Kube`: write-through to the cache, and deleting an IPAddress without a read."""
+"""`gateway.Kube`: write-through to the cache, and deleting an IPAddress without a read."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from bridge.capi import ADDRESS_FINALIZER
-from bridge.kube import Kube, Outcome, Write
+from bridge.runtime.gateway import Kube, Outcome, Write
 
 
 class FakeCustom:

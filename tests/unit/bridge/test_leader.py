@@ -1,4 +1,4 @@
-"""Leader election (`bridge.leader`): settings, identity, the lock wrapper, start/stop of the work.
+"""Leader election (`leader`): settings, identity, the lock wrapper, start/stop of the work.
 
 The lock runs against the in-memory API server (real HTTP, the official client's
 ``LeaseLock`` and ``LeaderElection``); the start/stop of the handlers' tasks uses a fake
@@ -23,9 +23,10 @@ import yaml
 from kubernetes.client import ApiException, CoordinationV1Api
 from kubernetes.leaderelection import electionconfig, leaderelection
 
-from bridge import kube as kube_module
-from bridge import leader
-from bridge.leader import (
+from bridge.metrics import Metrics
+from bridge.runtime import kubeconfig as kube_module
+from bridge.runtime import leader
+from bridge.runtime.leader import (
     ElectionLock,
     ElectionStoppedError,
     Leadership,
@@ -36,9 +37,8 @@ from bridge.leader import (
     holder_identity,
     lease_namespace,
 )
-from bridge.metrics import Metrics
 from bridge.settings import Settings
-from bridge.testing import EmulatedKubernetes
+from mock_kubernetes import EmulatedKubernetes
 
 LEASES = "coordination.k8s.io/v1"
 MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|\+00:00)")

@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.base import IPAMBackend
-from bridge.context import Context
 from bridge.handlers.lifecycle import probe
 from bridge.metrics import Metrics
+from bridge.reconcilers.context import Context
 from bridge.settings import Settings
 
 

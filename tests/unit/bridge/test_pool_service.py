@@ -1,4 +1,4 @@
-"""bridge.pool_service: pool checks, the deletion guard and the Secrets' finalizer, with fakes."""
+"""pools: pool checks, the deletion guard and the Secrets' finalizer, with fakes."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from fakes import (
 from backends import errors as be
 from bridge import capi
 from bridge.capi import Reason
-from bridge.context import Context, ExhaustionGate, pool_token
-from bridge.errors import PoolError
-from bridge.kube import Kube
-from bridge.pool_service import (
+from bridge.reconcilers.context import Context, ExhaustionGate, pool_token
+from bridge.reconcilers.errors import PoolError
+from bridge.reconcilers.pool_backends import parse_pool, with_location
+from bridge.reconcilers.pools import (
     CREDENTIALS_FINALIZER,
     backend_for,
     needs_check,
@@ -34,9 +34,9 @@ from bridge.pool_service import (
     reconcile_pool,
     users_of,
 )
-from bridge.pools import parse_pool, with_location
+from bridge.runtime.gateway import Kube
+from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
-from bridge.workqueue import Decision, WorkQueue
 
 NS = "ns"
 KIND = "PHPIPAMIPPool"

@@ -7,8 +7,8 @@ from backends.base import SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
-from bridge.errors import PoolError
-from bridge.pools import (
+from bridge.reconcilers.errors import PoolError
+from bridge.reconcilers.pool_backends import (
     build_backend,
     fingerprint,
     location_of,

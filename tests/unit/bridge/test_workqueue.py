@@ -11,8 +11,8 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
-from bridge.fence import LeadershipLostError
-from bridge.workqueue import Decision, WorkQueue
+from bridge.runtime.fence import LeadershipLostError
+from bridge.runtime.workqueue import Decision, WorkQueue
 
 pytestmark = pytest.mark.asyncio
 
@@ -232,7 +232,7 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     queue = WorkQueue(rec, workers=2, error_delay=0.005, max_error_delay=1000.0)
     queue.add("bad")
     queue.add("good")
-    with caplog.at_level(logging.DEBUG, logger="bridge.workqueue"):
+    with caplog.at_level(logging.DEBUG, logger="bridge.runtime.workqueue"):
         await run_for(queue, 0.5)
     # 0.005 + 0.01 + ... : at most 8 passes fit in 0.5 s; a fixed 5 ms delay would allow ~100.
     assert 3 <= rec.count("bad") <= 8
@@ -288,10 +288,10 @@ async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_re
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.005)
     queue.add("k")
-    with caplog.at_level("WARNING", logger="bridge.workqueue"):
+    with caplog.at_level("WARNING", logger="bridge.runtime.workqueue"):
         await run_for(queue, 1.5)
     assert rec.count("k") == 2  # at once, then once a second later: no backoff storm
-    records = [r for r in caplog.records if r.name == "bridge.workqueue"]
+    records = [r for r in caplog.records if r.name == "bridge.runtime.workqueue"]
     assert [r.levelname for r in records] == ["WARNING", "WARNING"]
     assert all(r.exc_info is None for r in records)
     assert "not renewed within 10 s" in records[0].getMessage()

@@ -1,0 +1,937 @@
+"""What an IPAddressClaim needs, decided from what it is now: the core of the operator.
+
+`reconcile_claim` is called by the work queue for every sight of a claim (a watch event, the
+start-up listing, the periodic resync, a wake-up) and makes the same decision from the
+claim's current state each time (DESIGN.md section 5):
+
+- not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
+- being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
+  entry in the IPAM where the IPAddress says it was registered, delete the IPAddress (its
+  ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
+- bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
+  no Cluster read when it already does);
+- else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``
+  (a claim found gone by that write stops there, before any IPAM call; from its look at the
+  pool to that write it counts in the pool's deletion guard, `bridge.runtime.holds`);
+  allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
+  address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
+  create the IPAddress (one that exists is adopted when it is this claim's, of this pool, at
+  the address the IPAM gave); write ``status.addressRef`` and Ready.
+
+Every write's outcome (`gateway.Write`: written, unchanged, gone, conflict) decides what
+follows; a release that stopped before its last step is finished from what the IPAM and the
+IPAddress show, never guessed.
+
+A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
+up without a namespace (`bridge.capi.pool_namespace`), the hostname stays
+``<claim>.<claim namespace>``. A pool with ``addressReuseGracePeriodSeconds`` releases into
+quarantine: the IPAM entry stays, marked until the grace period ends.
+
+Waiting is quiet: a claim that waits writes its status only when the condition it shows
+changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
+instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
+
+A claim's IPAM work is admitted per endpoint (`flowcontrol`): when its pool's endpoint
+already has its limit of claims in flight, the claim parks under
+`flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
+queued again when a place is kept for it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from backends.base import Allocation
+from backends.errors import AddressUnavailableError, BackendError
+from backends.transport import endpoint_key
+from bridge import capi
+from bridge.capi import Claim, Reason
+from bridge.models import IPAddress
+from bridge.reconcilers.context import Context, claim_key, cluster_token, pool_key, pool_token
+from bridge.reconcilers.control_plane import allocates_while_paused
+from bridge.reconcilers.errors import (
+    ClaimError,
+    PoolError,
+    claim_error_from,
+    exhausted_message,
+    retry_delay,
+)
+from bridge.reconcilers.pool_backends import (
+    BACKEND_NAMES,
+    Pool,
+    location_of,
+    parse_pool,
+    with_location,
+)
+from bridge.reconcilers.pools import backend_for
+from bridge.runtime.cache import MISSING, ObjectCache
+from bridge.runtime.flowcontrol import endpoint_token
+from bridge.runtime.gateway import Outcome, Write
+from bridge.runtime.workqueue import Decision
+
+__all__ = ["description_for", "reconcile_claim"]
+
+log = logging.getLogger(__name__)
+
+
+class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
+    """The claim waits; ``decision`` says for what (and the status to show, if any)."""
+
+    def __init__(self, decision: Decision, error: ClaimError | None = None) -> None:
+        super().__init__(error.message if error else "waiting")
+        self.decision = decision
+        self.error = error
+
+
+def description_for(claim: Claim) -> str:
+    """Return the provenance text stored with the IPAM entry.
+
+    ``ipam-bridge <namespace>/<claim>`` plus `` cluster <name>`` when known.
+    """
+    text = f"ipam-bridge {claim.key}"
+    if claim.cluster_name:
+        text += f" cluster {claim.cluster_name}"
+    return text
+
+
+# -- the decision --------------------------------------------------------------------------
+
+
+def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
+    """Decide and do what one claim needs now (called by the work queue).
+
+    Parameters
+    ----------
+    ctx:
+        The operator context.
+    namespace, name:
+        The claim.
+
+    Returns
+    -------
+    Decision
+        Done, a retry after a delay (`errors.retry_delay`), or a wait parked under the
+        claim's Cluster or pool.
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found" and conflicts (the queue logs and retries).
+
+    Notes
+    -----
+    Whatever the pass decides (or raises), the claim's place in an endpoint's line is settled
+    afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it waits for that
+    endpoint, else given to the next waiting claim.
+    """
+    decision: Decision | None = None
+    try:
+        decision = _decide(ctx, namespace, name)
+        return decision
+    finally:
+        waits_on = decision.wake_on if decision is not None else ()
+        ctx.admission.settle(claim_key(namespace, name), waits_on)
+
+
+def _decide(ctx: Context, namespace: str, name: str) -> Decision:
+    """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
+    body = _claim_of(ctx, namespace, name)
+    if body is None:
+        ctx.metrics.pending(f"{namespace}/{name}", None)
+        return Decision.done()
+    try:
+        claim = Claim.from_body(body)
+    except ValueError:
+        return Decision.done()  # no poolRef kind/name: not a claim we can serve
+    if not claim.pool_ref.is_ours:
+        return Decision.done()
+    try:
+        if claim.deleting:
+            return _release(ctx, body, claim)
+        return _ensure(ctx, body, claim)
+    except _Wait as wait:
+        if wait.error is not None:
+            reason, message = wait.error.reason, wait.error.message
+            _show(ctx, body, claim, ready=False, reason=reason, message=message)
+            ctx.metrics.pending(claim.key, reason)
+        return wait.decision
+    except ClaimError as error:
+        _show(ctx, body, claim, ready=False, reason=error.reason, message=error.message)
+        ctx.metrics.pending(claim.key, error.reason)
+        return Decision.retry(error.delay)
+    except ApiException as exc:
+        if exc.status == 409:  # the claim changed under us: its watch event queues it again
+            return Decision.retry(1.0)
+        raise
+
+
+def _paused(ctx: Context, claim: Claim) -> None:
+    """Raise `_Wait` while the claim or its Cluster is paused, or its Cluster is missing.
+
+    The Cluster comes from ``spec.clusterName`` or the cluster-name label. A claim being
+    deleted whose Cluster is gone proceeds, so a cluster teardown cannot deadlock
+    (in-cluster provider issue #289). A paused claim is woken by its own update (the
+    annotation removed), a claim of a paused or missing Cluster by that Cluster's watch.
+    Exception: the live control-plane endpoint claim of a paused Cluster that has no
+    endpoint yet is allocated (`control_plane.allocates_while_paused`); none is ever
+    released while paused.
+    """
+    if capi.PAUSED_ANNOTATION in claim.annotations:
+        raise _Wait(Decision.done())
+    if not claim.cluster_name:
+        return
+    token = cluster_token(claim.namespace, claim.cluster_name)
+    cluster_name = claim.cluster_name
+    cluster = _cached(
+        ctx.cache.clusters,
+        (claim.namespace, cluster_name),
+        lambda: ctx.kube.get_cluster(claim.namespace, cluster_name),
+    )
+    if cluster is None:
+        if claim.deleting:
+            return
+        raise _Wait(
+            Decision.wait(token),
+            ClaimError(
+                Reason.ALLOCATION_FAILED,
+                f"Cluster {claim.namespace}/{claim.cluster_name} not found; waiting for it",
+                delay=0,
+            ),
+        )
+    if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
+        if allocates_while_paused(claim, cluster):
+            return  # a Cluster's endpoint claim: that Cluster waits for it (DESIGN 2, 11)
+        raise _Wait(Decision.wait(token))
+
+
+def _belongs_to(address: IPAddress, claim: Claim) -> bool:
+    spec = address.spec
+    return (
+        spec.claim_ref.name == claim.name
+        and spec.pool_ref.name == claim.pool_ref.name
+        and spec.pool_ref.kind == claim.pool_ref.kind
+    )
+
+
+def _parse_address(body: Mapping[str, Any] | None) -> IPAddress | None:
+    """Return an IPAddress body as read, parsed; None when absent or not an IPAddress's shape."""
+    if body is None:
+        return None
+    try:
+        return IPAddress.model_validate(body)
+    except ValidationError:
+        return None
+
+
+def _cached(
+    part: ObjectCache,
+    key: tuple[str, ...],
+    read: Callable[[], Mapping[str, Any] | None],
+    version: str | None = None,
+) -> Mapping[str, Any] | None:
+    """Return an object from the operator's cache (`bridge.runtime.cache`), or read it.
+
+    The API is read only when the cache cannot tell: before its initial listing was seen,
+    or when the object was watched in another served ``version`` than the one asked for.
+
+    The result may be the cache's shared dict: never modify it.
+    """
+    found = part.lookup(key)
+    if found == MISSING:
+        return None
+    if isinstance(found, str):
+        return read()
+    served = str(found.get("apiVersion") or "").rsplit("/", 1)[-1]
+    if version is not None and served and served != version:
+        return read()
+    return found
+
+
+def _claim_of(ctx: Context, namespace: str, name: str) -> Mapping[str, Any] | None:
+    """Return the claim as last seen (cache, else one GET), or None when it is gone."""
+    version = ctx.address_version
+    return _cached(
+        ctx.cache.claims,
+        (namespace, name),
+        lambda: ctx.kube.get_claim(version, namespace, name),
+        version,
+    )
+
+
+def _seen(address: IPAddress) -> dict[str, Any]:
+    """Return the metadata of an IPAddress as last seen (`gateway.Kube.delete_ip_address`)."""
+    meta = address.metadata
+    return {
+        "metadata": {
+            "finalizers": list(meta.finalizers),
+            "resourceVersion": meta.resource_version,
+        }
+    }
+
+
+def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
+    """Return the claim's IPAddress when it exists and belongs to it, else None."""
+    version, name = ctx.address_version, claim.address_ref or claim.name
+    address = _parse_address(
+        _cached(
+            ctx.cache.addresses,
+            (claim.namespace, name),
+            lambda: ctx.kube.get_ip_address(version, claim.namespace, name),
+            version,
+        )
+    )
+    if address is not None and _belongs_to(address, claim):
+        return address
+    return None
+
+
+def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
+    """Return the claim's pool (parsed and as read), or ``(None, None)`` when it is gone.
+
+    Raises
+    ------
+    ClaimError
+        ``PoolNotReady`` when the pool's spec is invalid.
+    """
+    ref = claim.pool_ref
+    found = _cached(
+        ctx.cache.pools,
+        (ref.kind, _pool_ns(claim), ref.name),
+        lambda: ctx.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
+    )
+    if found is None:
+        return None, None
+    body = {**found, "kind": found.get("kind") or ref.kind}  # the cache's dict stays as it is
+    try:
+        return parse_pool(body), body
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
+
+
+def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
+    return ClaimError(
+        Reason.POOL_NOT_READY,
+        exc.message,
+        delay=retry_delay(ctx.settings, exc.reason if exc.needs_person else ""),
+    )
+
+
+@contextmanager
+def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
+    """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
+
+    ``pool`` is where the work goes (for a release, the recorded location). The endpoint is
+    ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
+    transport's registry keys it). The block's outcome adapts the endpoint's limit
+    (`bridge.runtime.flowcontrol.EndpointAdmission.finish`); its exception propagates unchanged.
+
+    Raises
+    ------
+    _Wait
+        Before the block runs, when the endpoint is full: the claim parks under
+        `bridge.runtime.flowcontrol.endpoint_token` without a status write.
+    """
+    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    key = claim_key(claim.namespace, claim.name)
+    if not ctx.admission.try_admit(endpoint, key):
+        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+    with ctx.admission.held(endpoint, key):
+        yield
+
+
+def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
+    return claim_error_from(
+        exc,
+        pool.display,
+        retry_seconds=ctx.settings.requeue_seconds,
+        config_error_seconds=ctx.settings.requeue_config_error_seconds,
+        exhausted_seconds=ctx.settings.requeue_exhausted_seconds,
+    )
+
+
+def _pool_ns(claim: Claim) -> str:
+    """Return the namespace of the claim's pool: its own, or ``""`` for a Global pool."""
+    return capi.pool_namespace(claim.pool_ref.kind, claim.namespace)
+
+
+def _pool_display(claim: Claim) -> str:
+    if claim.pool_ref.is_global:
+        return f"{claim.pool_ref.kind} {claim.pool_ref.name}"
+    return f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
+
+
+def _requested_address(ctx: Context, claim: Claim) -> str | None:
+    """Return the normalised address the claim's requested-address annotation asks for.
+
+    Raises
+    ------
+    ClaimError
+        ``AllocationFailed`` when the annotation is not an IP address (a person must fix
+        it; the annotation's change queues the claim again).
+    """
+    raw = claim.annotations.get(capi.REQUESTED_ADDRESS_ANNOTATION)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return str(ipaddress.ip_address(raw.strip()))
+    except ValueError:
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"annotation {capi.REQUESTED_ADDRESS_ANNOTATION} {raw!r} is not an IP address",
+            delay=ctx.settings.requeue_config_error_seconds,
+        ) from None
+
+
+def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
+    """Return the error of an unavailable requested address: names the address and its holder.
+
+    Nothing was registered; the claim waits (a person frees the address or changes the
+    annotation, whose change is an event of the claim) and looks again only after
+    ``requeue_config_error_seconds``.
+    """
+    message = f"{pool.display}: requested address {exc.address} is not available: {exc.message}"
+    if exc.holder and exc.holder not in exc.message:
+        message += f" (held by {exc.holder})"
+    return ClaimError(
+        Reason.ALLOCATION_FAILED, message, delay=ctx.settings.requeue_config_error_seconds
+    )
+
+
+# -- allocation ----------------------------------------------------------------------------
+
+
+def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+    """Bind a live claim: answer from its IPAddress, or allocate one.
+
+    From its look at its pool to its finalizer write the claim counts in ``ctx.holds``, so
+    a pool's deletion guard never lets go of a pool this claim is about to register in.
+    """
+    address = _address_of(ctx, claim)
+    if address is not None:
+        return _bound(ctx, body, claim, address)
+
+    _paused(ctx, claim)
+    ref = claim.pool_ref
+    with ctx.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
+        pool = _ready_pool(ctx, claim)
+        held = _hold(ctx, body, claim, pool)
+    if isinstance(held, Decision):
+        return held
+    return _allocate(ctx, held, claim, pool)
+
+
+def _ready_pool(ctx: Context, claim: Claim) -> Pool:
+    """Return the claim's pool when it is Ready for its current spec and not being deleted.
+
+    Raises
+    ------
+    _Wait
+        Parked under the pool's token while it is missing, being deleted or not Ready.
+    ClaimError
+        ``PoolNotReady`` when the pool's spec is invalid.
+    """
+    # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
+    waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
+    pool, pool_body = _pool_of(ctx, claim)
+    if pool is None or pool_body is None:
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
+        )
+    if pool.deleting:
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
+        )
+    ready, _ = capi.ready_of(pool_body)
+    pool_status = pool_body.get("status") or {}
+    if ready != "True" or pool_status.get("observedGeneration") != pool.generation:
+        # Only a pool whose current spec was checked Ready is asked for an address: claims of
+        # a broken pool (credentials, subnet, IPAM down) wait for it instead of each asking
+        # the IPAM (and each failing a login), and get no finalizer, so they never hold the
+        # pool's deletion. A pool not checked yet (just created or changed) is waited for
+        # without a status write: its check wakes the claim within moments.
+        if ready != "False" or pool_status.get("observedGeneration") != pool.generation:
+            raise _Wait(waiting)
+        message = next(
+            (
+                str(c.get("message") or "")
+                for c in pool_status.get("conditions") or []
+                if c.get("type") == "Ready"
+            ),
+            "",
+        )
+        raise _Wait(
+            waiting,
+            ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
+        )
+    return pool
+
+
+def _hold(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool
+) -> Mapping[str, Any] | Decision:
+    """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
+
+    Returns
+    -------
+    Mapping or Decision
+        The claim as stored after the write (or as read when it carried the finalizer);
+        `Decision.done` when the claim is gone (nothing may be allocated for it), a retry
+        in one second when it changed since it was read (its watch event queues it too).
+
+    Raises
+    ------
+    _Wait
+        When the pool's endpoint is full: parked before any write.
+    """
+    if capi.CLAIM_FINALIZER in claim.finalizers:
+        return body
+    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+        # Its endpoint is busy: wait for a place before writing anything.
+        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
+    return _written(ctx, claim, written, body)
+
+
+def _written(
+    ctx: Context, claim: Claim, written: Write, body: Mapping[str, Any]
+) -> Mapping[str, Any] | Decision:
+    """Return the claim after a write of its finalizer, or the decision that ends the pass.
+
+    `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
+    `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
+    """
+    if written.outcome is Outcome.GONE:
+        ctx.metrics.pending(claim.key, None)
+        return Decision.done()
+    if written.outcome is Outcome.CONFLICT:
+        return Decision.retry(1.0)
+    return written.obj if written.obj is not None else body
+
+
+def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+    """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
+    requested = _requested_address(ctx, claim)
+    if requested is None and ctx.gate.closed(pool.key):
+        raise _wait_for_address(ctx, pool)
+    hostname = capi.hostname_for(claim, pool.hostname_suffix)
+    labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
+    try:
+        with _admitted(ctx, claim, pool):
+            backend = backend_for(ctx, pool, reuse=True)
+            allocation = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "allocate",
+                lambda: backend.allocate(hostname, description_for(claim), address=requested),
+            )
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
+    except AddressUnavailableError as exc:
+        ctx.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
+        raise _unavailable(ctx, exc, pool) from exc
+    except BackendError as exc:
+        error = _backend_error(ctx, exc, pool)
+        ctx.metrics.allocations.labels(*labels, error.reason).inc()
+        if error.reason == Reason.POOL_EXHAUSTED and requested is None:
+            ctx.gate.exhausted(pool.key)
+            raise _wait_for_address(ctx, pool) from exc
+        raise error from exc
+    ctx.gate.open(pool.key)
+    # One address was free; there may be more: the next waiting claim of the pool tries.
+    ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    created = _register(ctx, claim, pool, allocation, hostname)
+    if created is None:
+        return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
+    ctx.metrics.allocations.labels(*labels, "success").inc()
+    log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
+    return _bound(ctx, body, claim, created, check_pause=False)
+
+
+def _register(
+    ctx: Context, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
+) -> IPAddress | None:
+    """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
+
+    An IPAddress of that name that exists (409) is read: it is adopted when it names this
+    claim and pool and holds the address the IPAM gave ``hostname`` (a pass that created it
+    before a restart or a cache lag).
+
+    Returns
+    -------
+    IPAddress or None
+        The claim's IPAddress; None when the existing one was deleted right after the 409.
+
+    Raises
+    ------
+    ClaimError
+        ``AllocationFailed`` when the existing IPAddress is not this claim's: one name is
+        never handed to two addresses; a person must look.
+    """
+    new = capi.build_ip_address(
+        claim,
+        version=ctx.address_version,
+        pool_uid=pool.uid,
+        address=allocation.address,
+        # The subnet's own: the backend folds the entry's and the pool's overrides in.
+        prefix=allocation.prefix,
+        gateway=allocation.gateway,
+        hostname=hostname,
+        location=location_of(pool),
+    )
+    written = ctx.kube.create_ip_address(ctx.address_version, new)
+    found = _parse_address(written.obj)
+    if written.outcome is Outcome.CONFLICT and written.obj is None:
+        return None
+    if written.outcome is Outcome.CONFLICT and not (
+        found is not None
+        and _belongs_to(found, claim)
+        and _same_address(str(found.spec.address or ""), allocation.address)
+    ):
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
+            f"to this claim and pool; {allocation.address} stays registered as {hostname}",
+            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+        )
+    if found is None:
+        raise ClaimError(
+            Reason.ALLOCATION_FAILED,
+            f"IPAddress {claim.namespace}/{claim.name} as stored is not an IPAddress",
+            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+        )
+    return found
+
+
+def _same_address(one: str, other: str) -> bool:
+    """Return True when two textual IP addresses are the same address."""
+    try:
+        return ipaddress.ip_address(one) == ipaddress.ip_address(other)
+    except ValueError:
+        return one == other
+
+
+def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
+    """Park a claim of an exhausted pool until an address is freed; show ``PoolExhausted``.
+
+    The claim is woken by a release in the pool, or by the pool's own probe of its IPAM
+    (`bridge.reconcilers.pools.reconcile_pool` looks again every ``requeue_exhausted_seconds``
+    while claims wait, and wakes one when an address is free): waiting claims poll neither
+    the API nor the IPAM.
+    """
+    ctx.enqueue(
+        pool_key(pool.namespace, pool.kind, pool.name),
+        after=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
+    )
+    return _Wait(
+        Decision.wait(pool_token(pool.namespace, pool.kind, pool.name)),
+        ClaimError(Reason.POOL_EXHAUSTED, exhausted_message(pool.display), delay=0),
+    )
+
+
+def _bound(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    address: IPAddress,
+    *,
+    check_pause: bool = True,
+) -> Decision:
+    """Show a claim as bound to ``address``; no write (and no Cluster read) when it already is.
+
+    A claim recreated without status (``clusterctl move``) is rebuilt from its IPAddress, once
+    its Cluster is not paused. The ``ReleaseAddress`` finalizer is put back if missing.
+    """
+    ctx.metrics.pending(claim.key, None)
+    name = address.metadata.name
+    message = f"address {address.spec.address}/{address.spec.prefix} from {_pool_display(claim)}"
+    status = _status(ctx, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
+    if not _changes(body, status) and not missing_finalizer:
+        return Decision.done()
+    if check_pause:
+        _paused(ctx, claim)
+    if missing_finalizer:
+        held = _written(
+            ctx, claim, ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+        )
+        if isinstance(held, Decision):
+            return held
+        body = held
+    _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    return Decision.done()
+
+
+# -- release -------------------------------------------------------------------------------
+
+
+def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+    """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
+
+    Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
+    IPAM cannot be reached (its endpoint and credentials went with it): the address is left in
+    the IPAM, a Warning says so, and the claim is let go. The same happens when a bound claim's
+    IPAddress was removed with its ``ProtectAddress`` finalizer stripped (``clusterctl move``
+    deletes the source objects so): the entry now belongs to the moved claim.
+    """
+    if capi.CLAIM_FINALIZER not in claim.finalizers:
+        return Decision.done()  # nothing of ours holds the claim
+    _paused(ctx, claim)
+    address = _address_of(ctx, claim)
+    labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
+
+    if address is None and claim.address_ref:
+        finished = _released_before(ctx, body, claim, labels)
+        if finished is not None:
+            return finished
+        message = (
+            f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
+            "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
+            f"{claim.key} is left as it is"
+        )
+        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+
+    pool, _ = _pool_of(ctx, claim)
+    registered = address.spec.address if address is not None else None
+    if pool is None:
+        if address is not None:
+            _delete_address(ctx, claim, address)
+        message = (
+            f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
+            "not be released in the IPAM"
+        )
+        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+
+    annotations = address.metadata.annotations if address is not None else {}
+    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
+        claim, pool.hostname_suffix
+    )
+    # Release where the allocation went: the location recorded on the IPAddress.
+    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    # With a grace period the entry stays in the IPAM, quarantined until then (DESIGN 6).
+    until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
+    try:
+        with _admitted(ctx, claim, where):
+            backend = backend_for(ctx, where, reuse=True)
+            released = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "release",
+                lambda: (
+                    backend.release(hostname)
+                    if until is None
+                    else backend.release(hostname, quarantine_until=until)
+                ),
+            )
+    except PoolError as exc:
+        ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
+        raise _not_ready(ctx, claim, exc) from exc
+    except BackendError as exc:
+        error = _backend_error(ctx, exc, pool)
+        ctx.metrics.releases.labels(*labels, error.reason).inc()
+        raise error from exc
+    if address is not None:
+        _delete_address(ctx, claim, address)
+    what = registered or hostname
+    if not released:
+        message = f"{hostname} was not registered in {pool.display}; nothing to release"
+    elif until is not None:
+        message = (
+            f"released {what} in {pool.display}; quarantined for "
+            f"{pool.grace_period_seconds} s before it may be handed out again"
+        )
+    else:
+        message = f"released {what} in {pool.display}"
+    decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+    if until is None:
+        # An address was freed: the longest waiting claim of this pool may now get it.
+        ctx.gate.open(pool.key)
+        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    return decision
+
+
+def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
+    """Delete the claim's IPAddress (gone already is success).
+
+    Raises
+    ------
+    _Wait
+        A retry in one second when a 409 Conflict persists (the next pass decides again
+        from the IPAM and the IPAddress).
+    """
+    deleted = ctx.kube.delete_ip_address(
+        ctx.address_version, claim.namespace, address.metadata.name, _seen(address)
+    )
+    if deleted.outcome is Outcome.CONFLICT:
+        raise _Wait(Decision.retry(1.0))
+
+
+def _released_before(
+    ctx: Context, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
+) -> Decision | None:
+    """Finish a release whose IPAM entry and IPAddress are both gone already.
+
+    A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
+    by an earlier pass that stopped before its finalizer went (a 409, a crash), or moved
+    (``clusterctl move`` strips the IPAddress's finalizers: the entry stays, now another
+    claim's). The IPAM tells them apart: no entry under the claim's hostname means released
+    (quarantined entries are not found, `backends.base.IPAMBackend.find`).
+
+    Returns
+    -------
+    Decision or None
+        The decision of letting the claim go as ``Released``; None when its pool is gone
+        (nothing can be asked) or the IPAM still has the entry.
+
+    Raises
+    ------
+    ClaimError
+        When the IPAM cannot be asked (retried).
+    _Wait
+        When the pool's endpoint is full.
+    """
+    pool, _ = _pool_of(ctx, claim)
+    if pool is None:
+        return None
+    hostname = capi.hostname_for(claim, pool.hostname_suffix)
+    try:
+        with _admitted(ctx, claim, pool):
+            backend = backend_for(ctx, pool, reuse=True)
+            found = ctx.metrics.call(
+                BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
+            )
+    except PoolError as exc:
+        raise _not_ready(ctx, claim, exc) from exc
+    except BackendError as exc:
+        raise _backend_error(ctx, exc, pool) from exc
+    if found is not None:
+        return None
+    message = f"released {hostname} in {pool.display}"
+    return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+
+
+def _let_go(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    reason: Reason,
+    message: str,
+    labels: tuple[str, str],
+    result: str,
+) -> Decision:
+    """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
+
+    A 409 on the finalizer write counts nothing and retries in one second: the next pass
+    decides again from the IPAM and the IPAddress (`_released_before`).
+    """
+    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+        Outcome.CONFLICT
+    ):
+        return Decision.retry(1.0)
+    ctx.metrics.releases.labels(*labels, result).inc()
+    ctx.metrics.pending(claim.key, None)
+    if reason == Reason.RELEASE_SKIPPED:
+        log.warning("claim %s: %s", claim.key, message)
+        ctx.event(body, "Warning", reason, message)
+    else:  # a release that went as it should posts no Event: the claim is going away
+        log.info("claim %s: %s", claim.key, message)
+    # A pool being deleted waits for its claims: look at it again now. A live pool is not
+    # checked per release (its periodic refresh keeps its usage current).
+    ref = claim.pool_ref
+    pool = ctx.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
+    if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
+        ctx.enqueue(pool_key(_pool_ns(claim), ref.kind, ref.name))
+    return Decision.done()
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def _status(
+    ctx: Context,
+    body: Mapping[str, Any],
+    *,
+    ready: bool,
+    reason: Reason,
+    message: str,
+    ref: str | None = None,
+) -> dict[str, Any]:
+    return capi.claim_status(
+        body,
+        ready=ready,
+        reason=reason,
+        message=message,
+        address_ref=ref,
+        v1beta2_kept=ctx.v1beta2_kept is not False,
+    )
+
+
+def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the keys of ``status`` whose value differs from the claim's current status."""
+    current = body.get("status") or {}
+    return {key: value for key, value in status.items() if current.get(key) != value}
+
+
+def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Return True when ``after`` differs from ``before`` in what a claim's decision reads.
+
+    Compared: ``metadata`` deletionTimestamp, generation (the spec), annotations and labels
+    (not finalizers: a pass may have written its own). Both are claim bodies as read or
+    returned by a write.
+    """
+    fields = ("deletionTimestamp", "generation", "annotations", "labels")
+    old, new = before.get("metadata") or {}, after.get("metadata") or {}
+    return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
+
+
+def _show(
+    ctx: Context,
+    body: Mapping[str, Any],
+    claim: Claim,
+    *,
+    ready: bool,
+    reason: Reason,
+    message: str,
+    ref: str | None = None,
+) -> None:
+    """Write the claim's Ready condition (and addressRef) where it changed; Event on change.
+
+    An unchanged status is never written again. On a v1beta1 claim the first write shows
+    whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
+    returns what it stored, and what it pruned is never written again.
+    """
+    status = _status(ctx, body, ready=ready, reason=reason, message=message, ref=ref)
+    changed = _changes(body, status)
+    if not changed:
+        return
+    written = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    if written.outcome is Outcome.GONE:
+        return  # nobody is left to read its status or an Event about it
+    stored = written.obj
+    if stored is not None and _changed_since(body, stored):
+        # The write is not guarded by resourceVersion: what it returns may show a change
+        # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
+        # an echo of the written-through claim and queues nothing: queue it here.
+        ctx.enqueue(claim_key(claim.namespace, claim.name))
+    if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
+        kept = "v1beta2" in (stored.get("status") or {})
+        if ctx.v1beta2_kept != kept:
+            ctx.v1beta2_kept = kept
+            log.info(
+                "the served v1beta1 IPAddressClaim schema %s status.v1beta2",
+                "keeps" if kept else "prunes",
+            )
+    before = capi.ready_of(body)
+    # An Event tells a person what changed: a wait or a failure, and the end of one. The
+    # plain success path (no condition before) posts none: its Ready condition says it all,
+    # and an allocation stays at three API writes (finalizer, IPAddress, status).
+    if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
+        ctx.event(body, "Normal" if ready else "Warning", reason, message)

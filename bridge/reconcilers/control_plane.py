@@ -1,0 +1,637 @@
+"""Control-plane endpoints of workload clusters from the IPAM (DESIGN.md section 11).
+
+A CAPI ``Cluster`` (``cluster.x-k8s.io`` v1beta2 or v1beta1) opts in with annotations:
+
+- `POOL_ANNOTATION` ``<Kind>/<name>``: one of our pool kinds (a namespaced pool of the
+  Cluster's namespace, or a Global pool); a kind that is not ours is left to other providers;
+- `VARIABLES_ANNOTATION` ``<name>[,<name>...]``: ClusterClass topology variables
+  (``spec.topology.variables``) that receive the address as a string;
+- `UNPAUSE_ANNOTATION` ``"true"``: the Cluster was created with ``spec.paused: true`` to wait
+  for its endpoint; it is unpaused in the write that gives it the endpoint;
+- `HOST_ANNOTATION` ``dns``: with an Infoblox pool that sets ``dnsZone``, the endpoint's
+  ``host`` is the FQDN of the host record (``<claim hostname>.<zone>``) instead of the address.
+
+`reconcile_cluster` decides from the Cluster as it is now (level-triggered; a resync, a
+restart or a repeated event leads to the same result and no extra write):
+
+1. it ensures the IPAddressClaim `endpoint_claim_name` in the Cluster's namespace (poolRef
+   from the annotation, ``spec.clusterName``, the cluster-name label, `ENDPOINT_LABEL`, an
+   owner reference to the Cluster: it moves with the Cluster and goes with it), which
+   `bridge.reconcilers.claims` serves like any claim, allocating it even while the Cluster is paused
+   (`allocates_while_paused`). A Cluster whose endpoint is already set gets no claim (an
+   address it could not use): a Warning says so, unless it is paused (a ``clusterctl move``
+   creates the Cluster before its claim);
+2. once that claim is bound (``status.addressRef`` and its IPAddress), it patches the Cluster
+   once: ``spec.controlPlaneEndpoint`` (host; port kept, else `DEFAULT_PORT`), the listed
+   topology variables, and ``spec.paused: false`` when asked. The patch carries the
+   resourceVersion read, so it never overwrites what changed meanwhile, and an endpoint
+   already set to another host is never touched (Warning Event instead).
+
+Bad input (a malformed annotation, a claim of that name that is not this Cluster's, a pool
+the claim waits for, a write the API server refuses) is a Warning Event on the Cluster, told
+once per problem (`context.Notices`), and nothing else. Removing the annotation leaves
+the claim and the endpoint as they are.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from bridge import capi
+from bridge.capi import CLUSTER_GROUP, CLUSTER_NAME_LABEL, GROUP, POOL_KINDS, Claim, PoolRef
+from bridge.reconcilers.context import Context
+from bridge.runtime.gateway import api_status_message
+from bridge.runtime.workqueue import Decision
+
+__all__ = [
+    "CLAIM_SUFFIX",
+    "DEFAULT_PORT",
+    "ENDPOINT_LABEL",
+    "HOST_ANNOTATION",
+    "POOL_ANNOTATION",
+    "UNPAUSE_ANNOTATION",
+    "VARIABLES_ANNOTATION",
+    "AnnotationError",
+    "EndpointReason",
+    "EndpointRequest",
+    "Plan",
+    "allocates_while_paused",
+    "build_claim",
+    "endpoint_claim_name",
+    "endpoint_host",
+    "is_endpoint_claim",
+    "parse_request",
+    "plan_patch",
+    "reconcile_cluster",
+    "wants_endpoint",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``<Kind>/<name>`` of the pool the Cluster's control-plane endpoint comes from.
+POOL_ANNOTATION = "ipam.cluster.x-k8s.io/control-plane-endpoint-pool"
+#: Comma-separated ClusterClass variables that receive the address (a string).
+VARIABLES_ANNOTATION = "ipam.cluster.x-k8s.io/control-plane-endpoint-variables"
+#: ``"true"``: set ``spec.paused: false`` in the write that sets the endpoint.
+UNPAUSE_ANNOTATION = "ipam.cluster.x-k8s.io/control-plane-endpoint-unpause"
+#: ``dns``: the endpoint's host is the DNS name of the address (Infoblox with ``dnsZone``);
+#: ``address`` (the default): the address itself.
+HOST_ANNOTATION = "ipam.cluster.x-k8s.io/control-plane-endpoint-host"
+#: Label on the claims this module creates (value ``"true"``).
+ENDPOINT_LABEL = "ipam.cluster.x-k8s.io/control-plane-endpoint"
+#: Name of a Cluster's endpoint claim: ``<cluster>`` + this (`endpoint_claim_name`).
+CLAIM_SUFFIX = "-control-plane-endpoint"
+#: ``spec.controlPlaneEndpoint.port`` written when the Cluster sets none (kube-apiserver's).
+DEFAULT_PORT = 6443
+#: Longest claim name: a DNS label, because the claim's name is the first label of its
+#: hostname in the IPAM (``<claim>.<namespace>``, a DNS host record with Infoblox).
+MAX_CLAIM_NAME = 63
+
+_KIND = re.compile(r"^[A-Za-z]([-A-Za-z0-9]*[A-Za-z0-9])?$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_VARIABLE = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]*$")
+
+
+class EndpointReason(enum.StrEnum):
+    """Reasons of the Events ipam-bridge posts on Clusters."""
+
+    #: Normal: the endpoint claim was created.
+    CLAIMED = "ControlPlaneEndpointClaimed"
+    #: Normal: the Cluster got its endpoint (and variables, unpause) in one write.
+    SET = "ControlPlaneEndpointSet"
+    #: Warning: an annotation cannot be read; nothing is done.
+    INVALID = "InvalidControlPlaneEndpointAnnotation"
+    #: Warning: the endpoint is already set to another host; it is left as it is.
+    CONFLICT = "ControlPlaneEndpointConflict"
+    #: Warning: the endpoint claim waits (pool missing or not ready, exhausted...).
+    PENDING = "ControlPlaneEndpointPending"
+    #: Warning: a claim of the endpoint claim's name is not this Cluster's, or names
+    #: another pool than the annotation.
+    CLAIM_MISMATCH = "ControlPlaneEndpointClaimMismatch"
+    #: Warning: the API server refused the claim or the Cluster patch (webhook, schema,
+    #: RBAC): a person must look.
+    REFUSED = "ControlPlaneEndpointRefused"
+
+
+class AnnotationError(ValueError):
+    """An endpoint annotation of a Cluster cannot be read; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class EndpointRequest:
+    """What a Cluster's annotations ask for.
+
+    Attributes
+    ----------
+    pool:
+        The pool reference the endpoint claim gets (``apiGroup`` is ours).
+    variables:
+        Topology variable names that receive the address, in the order given.
+    unpause:
+        Set ``spec.paused: false`` in the write that sets the endpoint.
+    host_dns:
+        The endpoint's host is the address's FQDN (`HOST_ANNOTATION` ``dns``).
+    """
+
+    pool: PoolRef
+    variables: tuple[str, ...] = ()
+    unpause: bool = False
+    host_dns: bool = False
+
+
+def wants_endpoint(annotations: Mapping[str, str] | None) -> bool:
+    """Return True when a Cluster carries `POOL_ANNOTATION` (cheap filter of its events)."""
+    return POOL_ANNOTATION in (annotations or {})
+
+
+def parse_request(annotations: Mapping[str, str] | None) -> EndpointRequest | None:
+    """Read a Cluster's endpoint annotations.
+
+    Returns
+    -------
+    EndpointRequest or None
+        None when `POOL_ANNOTATION` is absent, or names a kind that is not one of ours
+        (`bridge.capi.POOL_KINDS`: another provider may serve it).
+
+    Raises
+    ------
+    AnnotationError
+        When a value is malformed: the pool is not ``<Kind>/<name>`` (a DNS subdomain name),
+        a variable name is empty or not a name, `UNPAUSE_ANNOTATION` is not ``true`` or
+        ``false``, `HOST_ANNOTATION` is not ``dns`` or ``address``.
+    """
+    annotations = annotations or {}
+    value = annotations.get(POOL_ANNOTATION)
+    if value is None:
+        return None
+    kind, slash, name = value.strip().partition("/")
+    if not slash or not _KIND.match(kind) or not _NAME.match(name) or len(name) > 253:
+        raise AnnotationError(
+            f"{POOL_ANNOTATION}: {value!r} is not <Kind>/<name> "
+            f"(e.g. PHPIPAMIPPool/vip-pool; kinds: {', '.join(POOL_KINDS)})"
+        )
+    if kind not in POOL_KINDS:
+        return None
+    variables: list[str] = []
+    raw = annotations.get(VARIABLES_ANNOTATION)
+    if raw is not None:
+        for item in raw.split(","):
+            item = item.strip()
+            if not item or not _VARIABLE.match(item) or len(item) > 256:
+                raise AnnotationError(
+                    f"{VARIABLES_ANNOTATION}: {raw!r} is not a comma-separated list of "
+                    "variable names"
+                )
+            if item not in variables:
+                variables.append(item)
+    unpause = annotations.get(UNPAUSE_ANNOTATION, "false").strip().lower()
+    if unpause not in ("true", "false"):
+        raise AnnotationError(
+            f'{UNPAUSE_ANNOTATION}: {annotations[UNPAUSE_ANNOTATION]!r} is not "true" or "false"'
+        )
+    host = annotations.get(HOST_ANNOTATION, "address").strip().lower()
+    if host not in ("dns", "address"):
+        raise AnnotationError(
+            f'{HOST_ANNOTATION}: {annotations[HOST_ANNOTATION]!r} is not "dns" or "address"'
+        )
+    return EndpointRequest(
+        pool=PoolRef(GROUP, kind, name),
+        variables=tuple(variables),
+        unpause=unpause == "true",
+        host_dns=host == "dns",
+    )
+
+
+def endpoint_claim_name(cluster: str) -> str:
+    """Return the name of a Cluster's endpoint claim: ``<cluster>-control-plane-endpoint``.
+
+    A name longer than `MAX_CLAIM_NAME` (63, a DNS label: the claim's name starts its
+    hostname in the IPAM) is shortened deterministically: the first 31 characters of the
+    Cluster's name, 8 hex digits of its SHA-256, then `CLAIM_SUFFIX`. The same Cluster name
+    always gives the same claim name (restarts, ``clusterctl move``).
+    """
+    name = f"{cluster}{CLAIM_SUFFIX}"
+    if len(name) <= MAX_CLAIM_NAME:
+        return name
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
+    keep = MAX_CLAIM_NAME - len(CLAIM_SUFFIX) - len(digest) - 1
+    return f"{cluster[:keep].rstrip('-.')}-{digest}{CLAIM_SUFFIX}"
+
+
+def build_claim(cluster: Mapping[str, Any], pool: PoolRef, version: str) -> dict[str, Any]:
+    """Return the endpoint IPAddressClaim of ``cluster`` (as read from the API).
+
+    Parameters
+    ----------
+    cluster:
+        The Cluster (``apiVersion``, ``metadata.name``, ``namespace``, ``uid``).
+    pool:
+        Its ``spec.poolRef``.
+    version:
+        The served claim version (``v1beta2`` or ``v1beta1``; CAPI < 1.8 prunes
+        ``spec.clusterName``, the cluster-name label carries it then).
+
+    The owner reference to the Cluster has neither ``controller`` nor ``blockOwnerDeletion``:
+    the latter would need ``update`` on ``clusters/finalizers`` (OwnerReferencesPermission
+    Enforcement) and only matters for foreground deletion; the garbage collector deletes the
+    claim after its Cluster either way, and ``clusterctl move`` follows the reference.
+    """
+    meta = cluster.get("metadata") or {}
+    name = str(meta["name"])
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": "IPAddressClaim",
+        "metadata": {
+            "name": endpoint_claim_name(name),
+            "namespace": meta["namespace"],
+            "labels": {CLUSTER_NAME_LABEL: name, ENDPOINT_LABEL: "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": str(cluster.get("apiVersion") or f"{CLUSTER_GROUP}/v1beta2"),
+                    "kind": "Cluster",
+                    "name": name,
+                    "uid": meta["uid"],
+                }
+            ],
+        },
+        "spec": {"clusterName": name, "poolRef": pool.as_dict()},
+    }
+
+
+def is_endpoint_claim(claim: Claim) -> bool:
+    """Return True for a Cluster's endpoint claim (made by `build_claim`).
+
+    Recognised by `ENDPOINT_LABEL`, its name (`endpoint_claim_name` of its Cluster) and an
+    owner reference to that Cluster (group ``cluster.x-k8s.io``, by name: ``clusterctl
+    move`` changes UIDs).
+    """
+    cluster = claim.cluster_name
+    return (
+        claim.labels.get(ENDPOINT_LABEL) == "true"
+        and cluster is not None
+        and claim.name == endpoint_claim_name(cluster)
+        and (CLUSTER_GROUP, "Cluster", cluster) in claim.owners
+    )
+
+
+def endpoint_host(cluster: Mapping[str, Any]) -> str:
+    """Return the Cluster's ``spec.controlPlaneEndpoint.host`` ("" when not set)."""
+    endpoint = (cluster.get("spec") or {}).get("controlPlaneEndpoint") or {}
+    return str(endpoint.get("host") or "")
+
+
+def allocates_while_paused(claim: Claim, cluster: Mapping[str, Any]) -> bool:
+    """Return True when ``claim`` is allocated although its Cluster is paused (DESIGN 2).
+
+    Only a live endpoint claim of a Cluster that has no endpoint yet: that Cluster waits
+    for it. A moved Cluster (``clusterctl move`` pauses it; its endpoint is set) follows
+    the contract like every claim, so the target never allocates while the move copies the
+    claim's IPAddress; and no claim is ever released while paused.
+    """
+    name = (cluster.get("metadata") or {}).get("name")
+    return (
+        not claim.deleting
+        and is_endpoint_claim(claim)
+        and claim.cluster_name == name
+        and not endpoint_host(cluster)
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The one Cluster write an endpoint needs.
+
+    Attributes
+    ----------
+    patch:
+        The merge patch (with the resourceVersion read), or None when nothing changes.
+    conflict:
+        Why nothing may be written (the endpoint is set to another host), else None.
+    changes:
+        What the patch does, for the Event (``endpoint 10.0.0.5:6443``, ``variable x``...).
+    """
+
+    patch: dict[str, Any] | None
+    conflict: str | None = None
+    changes: tuple[str, ...] = ()
+
+
+def plan_patch(
+    cluster: Mapping[str, Any],
+    *,
+    host: str,
+    address: str,
+    variables: tuple[str, ...] = (),
+    unpause: bool = False,
+) -> Plan:
+    """Return the patch that gives ``cluster`` its endpoint ``host``; pure.
+
+    - ``spec.controlPlaneEndpoint``: ``host``, and ``port`` kept when set, else
+      `DEFAULT_PORT` (v1.10's v1beta1 schema requires both);
+    - each of ``variables`` in ``spec.topology.variables`` (a list of ``{name, value}`` in
+      v1beta1 and v1beta2) set to ``address``: added, or its value replaced; other variables
+      and fields of the item kept. Only when the Cluster has a ``spec.topology``;
+    - ``spec.paused: false`` when ``unpause``, the Cluster is paused (``spec.paused``) and
+      this patch sets the endpoint: a Cluster paused later (``clusterctl move``, a person)
+      stays paused.
+
+    An endpoint set to another host is a conflict: no patch at all.
+    """
+    meta = cluster.get("metadata") or {}
+    spec = cluster.get("spec") or {}
+    current = spec.get("controlPlaneEndpoint") or {}
+    current_host = str(current.get("host") or "")
+    if current_host and current_host != host:
+        return Plan(
+            None,
+            conflict=f"spec.controlPlaneEndpoint.host is {current_host}, not {host}; "
+            "it is left as it is",
+        )
+    port = int(current.get("port") or 0) or DEFAULT_PORT
+    changes: list[str] = []
+    wanted: dict[str, Any] = {}
+    if current_host != host or not current.get("port"):
+        wanted["controlPlaneEndpoint"] = {"host": host, "port": port}
+        changes.append(f"endpoint {host}:{port}")
+    topology = spec.get("topology")
+    if variables and isinstance(topology, Mapping):
+        items = [dict(item) for item in topology.get("variables") or []]
+        changed = []
+        for name in variables:
+            item = next((i for i in items if i.get("name") == name), None)
+            if item is None:
+                items.append({"name": name, "value": address})
+            elif item.get("value") != address:
+                item["value"] = address
+            else:
+                continue
+            changed.append(name)
+        if changed:
+            wanted["topology"] = {"variables": items}
+            changes.append(f"variable{'s' if len(changed) > 1 else ''} {', '.join(changed)}")
+    if unpause and "controlPlaneEndpoint" in wanted and spec.get("paused") is True:
+        wanted["paused"] = False
+        changes.append("unpaused")
+    if not wanted:
+        return Plan(None)
+    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": wanted}
+    return Plan(patch, changes=tuple(changes))
+
+
+# -- the decision --------------------------------------------------------------------------
+
+
+def _warn(ctx: Context, cluster: Mapping[str, Any], reason: EndpointReason, message: str) -> None:
+    """Log and post a Warning Event on the Cluster, once while the message stays the same."""
+    meta = cluster.get("metadata") or {}
+    subject = ("cluster-endpoint", meta.get("namespace"), meta.get("name"))
+    if ctx.notices.first(subject, f"{reason}: {message}"):
+        log.warning("Cluster %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
+        ctx.event(cluster, "Warning", reason, message)
+
+
+def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: str) -> Decision:
+    """Tell a write the API server refused for good (400, 403, 422); re-raise any other error.
+
+    Such a refusal is fixed by a person, not by retrying: CAPI's Cluster webhook refusing a
+    variable the ClusterClass does not define, a schema rule, RBAC, a terminating namespace.
+    The next event of the Cluster decides again.
+    """
+    if exc.status not in (400, 403, 422):
+        raise exc
+    _warn(
+        ctx,
+        cluster,
+        EndpointReason.REFUSED,
+        f"the API server refused {what}: {api_status_message(exc)}",
+    )
+    return Decision.done()
+
+
+def _settled(ctx: Context, namespace: str, name: str) -> None:
+    ctx.notices.forget(("cluster-endpoint", namespace, name))
+
+
+def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
+    """Decide and do what a Cluster's control-plane endpoint needs now (the work queue's).
+
+    Parameters
+    ----------
+    ctx:
+        The operator context (``ctx.cluster_version``: the served Cluster version; None
+        turns endpoints off).
+    namespace, name:
+        The Cluster.
+
+    Returns
+    -------
+    Decision
+        Done (the claim's events queue the Cluster again: `bridge.handlers.claims`), or a
+        retry after a second when the Cluster changed between read and write (409).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found", conflicts (409: a retry) and refusals of the
+        claim create or the Cluster patch (400, 403, 422: a Warning Event, `_refused`); the
+        queue logs them and retries.
+    """
+    version = ctx.cluster_version
+    if version is None:
+        return Decision.done()
+    cluster = ctx.kube.read_cluster(version, namespace, name)
+    if cluster is None:
+        _settled(ctx, namespace, name)
+        return Decision.done()
+    meta = cluster.get("metadata") or {}
+    try:
+        request = parse_request(meta.get("annotations"))
+    except AnnotationError as exc:
+        _warn(ctx, cluster, EndpointReason.INVALID, str(exc))
+        return Decision.done()
+    if request is None:
+        _settled(ctx, namespace, name)
+        return Decision.done()
+
+    claim_name = endpoint_claim_name(name)
+    body = ctx.kube.get_claim(ctx.address_version, namespace, claim_name)
+    if body is None:
+        if meta.get("deletionTimestamp"):
+            return Decision.done()
+        if host := endpoint_host(cluster):
+            # Never claim an address that could not be used. A paused Cluster with an
+            # endpoint is most likely being moved (clusterctl creates it before its claim):
+            # it waits quietly for the claim to arrive.
+            if not capi.is_paused(meta.get("annotations"), cluster.get("spec")):
+                _warn(
+                    ctx,
+                    cluster,
+                    EndpointReason.CONFLICT,
+                    f"spec.controlPlaneEndpoint.host is already {host}; no address is "
+                    f"claimed from {request.pool.kind} {request.pool.name}",
+                )
+            return Decision.done()
+        try:
+            created = ctx.kube.create_claim(
+                ctx.address_version, build_claim(cluster, request.pool, ctx.address_version)
+            )
+        except ApiException as exc:
+            return _refused(ctx, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
+        if not created.written:  # made meanwhile (its event queues the Cluster again)
+            return Decision.retry(1.0)
+        message = (
+            f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
+            f"from {request.pool.kind} {request.pool.name}"
+        )
+        log.info("Cluster %s/%s: %s", namespace, name, message)
+        ctx.event(cluster, "Normal", EndpointReason.CLAIMED, message)
+        return Decision.done()
+    try:
+        claim = Claim.from_body(body)
+    except ValueError:
+        claim = None
+    if claim is None or not is_endpoint_claim(claim) or claim.cluster_name != name:
+        _warn(
+            ctx,
+            cluster,
+            EndpointReason.CLAIM_MISMATCH,
+            f"IPAddressClaim {namespace}/{claim_name} exists and is not this Cluster's "
+            "control-plane endpoint claim; nothing is done",
+        )
+        return Decision.done()
+    if claim.pool_ref != request.pool:
+        _warn(
+            ctx,
+            cluster,
+            EndpointReason.CLAIM_MISMATCH,
+            f"IPAddressClaim {namespace}/{claim_name} claims from {claim.pool_ref.kind} "
+            f"{claim.pool_ref.name}, the annotation names {request.pool.kind} "
+            f"{request.pool.name}; a claim's pool cannot change: delete the claim to claim "
+            "from the new pool",
+        )
+        return Decision.done()
+    if claim.deleting:
+        return Decision.done()  # its deletion event queues the Cluster: a new claim then
+
+    address = _bound_address(ctx, claim)
+    if address is None:
+        ready, reason = capi.ready_of(body)
+        if ready == "False":
+            text = next(
+                (
+                    str(c.get("message") or "")
+                    for c in _conditions(body)
+                    if c.get("type") == "Ready"
+                ),
+                "",
+            )
+            _warn(
+                ctx,
+                cluster,
+                EndpointReason.PENDING,
+                f"IPAddressClaim {namespace}/{claim_name} waits: {reason}: {text}",
+            )
+        return Decision.done()
+
+    ip, hostname = address
+    host = ip
+    if request.host_dns:
+        fqdn = _fqdn(ctx, claim, hostname)
+        if fqdn is None:
+            _warn(
+                ctx,
+                cluster,
+                EndpointReason.INVALID,
+                f'{HOST_ANNOTATION}: "dns" needs an InfobloxIPPool of host records with a '
+                f"dnsZone; {claim.pool_ref.kind} {claim.pool_ref.name} has none; the "
+                "endpoint is not written",
+            )
+            return Decision.done()
+        host = fqdn
+    plan = plan_patch(
+        cluster,
+        host=host,
+        address=ip,
+        variables=request.variables,
+        unpause=request.unpause,
+    )
+    if plan.conflict is not None:
+        _warn(ctx, cluster, EndpointReason.CONFLICT, plan.conflict)
+        return Decision.done()
+    if plan.patch is None:
+        _settled(ctx, namespace, name)
+        return Decision.done()
+    try:
+        stored = ctx.kube.patch_cluster(version, namespace, name, plan.patch)
+    except ApiException as exc:
+        if exc.status == 409:  # changed since read: decide again on what it is now
+            return Decision.retry(1.0)
+        return _refused(ctx, cluster, exc, "the Cluster patch")
+    if stored is None:
+        return Decision.done()
+    _settled(ctx, namespace, name)
+    message = (
+        f"{', '.join(plan.changes)}: address {ip} from {claim.pool_ref.kind} "
+        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim_name})"
+    )
+    log.info("Cluster %s/%s: %s", namespace, name, message)
+    ctx.event(stored, "Normal", EndpointReason.SET, message)
+    return Decision.done()
+
+
+def _conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = body.get("status") or {}
+    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+    if version == "v1beta1":
+        return list((status.get("v1beta2") or {}).get("conditions") or []) or list(
+            status.get("conditions") or []
+        )
+    return list(status.get("conditions") or [])
+
+
+def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
+    """Return ``(address, hostname)`` of a bound claim's IPAddress, else None.
+
+    Bound: ``status.addressRef`` names an IPAddress whose ``spec.claimRef`` is the claim.
+    The hostname is the one recorded on the IPAddress (`bridge.capi.HOSTNAME_ANNOTATION`),
+    else the claim's default (`bridge.capi.hostname_for`).
+    """
+    if not claim.address_ref:
+        return None
+    body = ctx.kube.get_ip_address(ctx.address_version, claim.namespace, claim.address_ref)
+    if body is None:
+        return None
+    spec = body.get("spec") or {}
+    if (spec.get("claimRef") or {}).get("name") != claim.name or not spec.get("address"):
+        return None
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(claim, None)
+    return str(spec["address"]), str(hostname)
+
+
+def _fqdn(ctx: Context, claim: Claim, hostname: str) -> str | None:
+    """Return ``<hostname>.<zone>`` for an Infoblox pool of host records with ``dnsZone``.
+
+    The host record the Infoblox backend creates in DNS has that name (DESIGN.md section 3);
+    None for any other pool (phpIPAM, fixed addresses, no zone, pool gone).
+    """
+    if not claim.pool_ref.kind.endswith("InfobloxIPPool"):
+        return None
+    pool = ctx.kube.get_pool(
+        capi.pool_namespace(claim.pool_ref.kind, claim.namespace),
+        claim.pool_ref.kind,
+        claim.pool_ref.name,
+    )
+    spec = (pool or {}).get("spec") or {}
+    zone = str(spec.get("dnsZone") or "").strip(".")
+    if not zone or spec.get("recordType", "host") != "host":
+        return None
+    return f"{hostname.rstrip('.')}.{zone}"

@@ -1,0 +1,5 @@
+"""The controller machinery, knowing nothing of IPAM or CAPI.
+
+Work queue, informer cache, Lease election and fencing, flow control per IPAM server, the
+Kubernetes gateway and log context; see docs/architecture.md.
+"""

@@ -1,0 +1,542 @@
+"""An informer-style cache of the objects a claim's decision reads: no API read on the hot path.
+
+kopf already watches claims, pools, Clusters and (for this cache) our IPAddresses; every
+object it sees comes here (`bridge.handlers.cache`, `bridge.handlers.claims`: event
+handlers, which kopf calls for the objects of its initial listing too). A claim's reconcile
+then reads its claim, its IPAddress, its pool and its Cluster from memory
+(`bridge.reconcilers.claims`), as controller-runtime's cached client does.
+
+What this relies on, and how each risk is closed:
+
+- **Initial listing.** kopf does not tell when its initial listing of a resource is over
+  (only its indexes see that, and they do not scale: kopf wakes every waiting object's
+  worker at each indexed object, quadratic in the objects; 1,500 claims took 50 s to
+  start). So the start-up handler lists pools, Clusters and our IPAddresses once itself
+  (`prime`, as an informer's initial list) before kopf's watches start; each part is
+  `ObjectCache.synced` once listed. Absence is only trusted once synced: before that, or
+  when the list failed, a lookup that finds nothing answers `MISSING_UNKNOWN` and the caller
+  reads the API (`ObjectCache.lookup`). Claims are queued by their own event, which puts
+  them here first: a claim absent from the cache was deleted.
+- **Our own writes.** The result of each of our writes (the object the API server returns)
+  is put into the cache at once (`ObjectCache.put`), and a deletion leaves a tombstone
+  (`ObjectCache.forget`): the next reconcile of the key sees what we wrote even before the
+  watch event comes back.
+- **Order.** resourceVersions are opaque: only compared for equality. The watch tells the
+  order: the event that arrives last is the latest, except for the watch echoes of our own
+  writes, already written through: those, and events older than them, change nothing
+  (`ObjectCache.put` keeps the written versions until their echo). `ObjectCache.apply`
+  says whether an event changed anything, so an echo of our own write queues no reconcile.
+- **Watch restarts** (API server restart, 410 Gone, connection loss): kopf lists again but
+  never tells of objects deleted meanwhile. `bridge.handlers.cache.Relists` sees that
+  listing, makes every part suspect (lookups read the API meanwhile) and replaces
+  each part with a fresh list of its own (`relist`, `ObjectCache.replace`): objects gone
+  are dropped and their keys queued, objects changed are queued. Tombstones and pending
+  write-throughs are dropped by a relist or after `HOLD_SECONDS`: memory stays bounded.
+- **Stale entries** left by a watch that resumed late: writes stay guarded (resourceVersion
+  on finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
+  create). A Cluster turning unpaused wakes claims that may have waited for hours while
+  the claims' watch, another stream, may lag behind: the claims part is suspect until it
+  is relisted. An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``
+  finalizer.
+
+The stored bodies are shared, read-only dicts (``metadata.managedFields`` dropped): callers
+never modify them in place. Thread-safe: kopf's loop writes, worker threads read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kubernetes.client import ApiException
+
+from bridge import capi
+from bridge.runtime.gateway import Kube
+
+__all__ = [
+    "HOLD_SECONDS",
+    "MISSING",
+    "MISSING_UNKNOWN",
+    "PARTS",
+    "Cache",
+    "ObjectCache",
+    "Relisted",
+    "newer",
+    "prime",
+    "relist",
+]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, ...]
+
+#: `ObjectCache.lookup`: the object is absent, and the initial listing was seen.
+MISSING: Final = "missing"
+#: `ObjectCache.lookup`: not in the cache, but the listing was not seen yet: read the API.
+MISSING_UNKNOWN: Final = "unknown"
+
+
+def _version(body: Mapping[str, Any] | None) -> str:
+    return str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(body: Mapping[str, Any] | None) -> str:
+    return str(((body or {}).get("metadata") or {}).get("uid") or "")
+
+
+def newer(candidate: str, current: str) -> bool:
+    """Return True when resourceVersion ``candidate`` is another version than ``current``.
+
+    resourceVersions are opaque strings: a client may only compare them for equality
+    (Kubernetes API concepts, "Resource versions":
+    https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions). Which
+    of two versions is the later one is told by the order of the watch, never by the
+    strings themselves.
+    """
+    return candidate != current
+
+
+def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a plain dict of ``body`` without ``metadata.managedFields`` (never read)."""
+    copy = dict(body)
+    meta = copy.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        copy["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return copy
+
+
+#: Seconds a tombstone (our deletion) or a written-through version waiting for its watch
+#: echo is kept at most; a relist (`ObjectCache.replace`) drops them all at once.
+HOLD_SECONDS: Final = 300.0
+
+
+@dataclass(frozen=True)
+class Relisted:
+    """What a fresh list changed in one `ObjectCache` (`ObjectCache.replace`).
+
+    Attributes
+    ----------
+    gone:
+        ``(key, body as last cached)`` of the objects cached but not listed: deleted while
+        the watch did not tell.
+    changed:
+        ``(key, body as listed)`` of the objects listed and not cached, or cached in
+        another resourceVersion.
+    """
+
+    gone: list[tuple[Key, dict[str, Any]]]
+    changed: list[tuple[Key, dict[str, Any]]]
+
+
+class ObjectCache:
+    """The objects of one resource, by key, as last seen in a watch, a list or our write.
+
+    Order: the watch delivers one resource's events in the API server's order, so the
+    event that arrives last is the latest, except for our own writes, which are put here
+    before their watch echo comes back. Each written-through resourceVersion is kept as
+    pending until its echo arrives; while one is pending, watch events are older than what
+    we wrote and change nothing. A deletion of ours leaves a tombstone (the object's uid):
+    events of that object, except its DELETED, change nothing until then. Both are dropped
+    by a relist (`replace`, a snapshot newer than any of them) or after `HOLD_SECONDS`.
+
+    Parameters
+    ----------
+    resource:
+        A name for messages (``ipaddressclaims``...).
+    clock:
+        Monotonic seconds (for the time bound of tombstones and pending writes).
+    trust_absence:
+        False: `lookup` never answers `MISSING`, an absent key is read from the API (for
+        resources whose absence is rare and may be an object created between the start-up
+        list and kopf's first listing, such as a pool created with its claims).
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        trust_absence: bool = True,
+    ) -> None:
+        self.resource = resource
+        self._trust_absence = trust_absence
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._objects: dict[Key, dict[str, Any]] = {}
+        # Deleted by us: (uid, when), until the watch's DELETED arrives.
+        self._tombstones: dict[Key, tuple[str, float]] = {}
+        # Written through by us: (versions in write order, when last written), until echoed.
+        self._pending: dict[Key, tuple[list[str], float]] = {}
+        # Keys an event touched while a relist is in flight (`begin_relist`): the event
+        # is newer than the list, which leaves them as they are.
+        self._touched: set[Key] | None = None
+        self._synced = False
+        self._suspect = False
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def apply(self, key: Key, body: Mapping[str, Any], *, deleted: bool = False) -> bool:
+        """Apply one watch event (listing, ADDED, MODIFIED or, with ``deleted``, DELETED).
+
+        Returns
+        -------
+        bool
+            True when the cache changed (a new object or another version, or a deletion of
+            a known object); False for an echo of our own write, an event older than it,
+            an event of an object we deleted, or a version already cached.
+        """
+        with self._lock:
+            if self._touched is not None:
+                self._touched.add(key)
+            if deleted:
+                self._tombstones.pop(key, None)
+                self._pending.pop(key, None)
+                return self._objects.pop(key, None) is not None
+            if self._held(key, body):
+                return False
+            current = self._objects.get(key)
+            if current is not None and not newer(_version(body), _version(current)):
+                return False
+            self._objects[key] = _trim(body)
+            return True
+
+    def _held(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """Tell whether a tombstone or a pending write of ours makes this event old (locked)."""
+        now = self._clock()
+        tomb = self._tombstones.get(key)
+        if tomb is not None:
+            if tomb[0] == _uid(body) and now - tomb[1] < HOLD_SECONDS:
+                return True
+            del self._tombstones[key]
+        pending = self._pending.get(key)
+        if pending is None:
+            return False
+        versions, when = pending
+        version = _version(body)
+        if version in versions:
+            del versions[: versions.index(version) + 1]
+            if not versions:
+                del self._pending[key]
+            return True  # an echo of ours: what it says is cached already (or later)
+        if now - when < HOLD_SECONDS:
+            return True  # before our write in the watch's order
+        del self._pending[key]
+        return False
+
+    def put(self, key: Key, body: Mapping[str, Any] | None) -> None:
+        """Write-through: record what the API server returned for our own write (None: nothing).
+
+        Only where the cache is fed (synced, or the object already known from a watch):
+        where nothing feeds it, as in unit tests, it holds nothing of its own making.
+
+        A body with ``deletionTimestamp`` and no finalizers is an object the API server has
+        just deleted (it goes when its last finalizer does,
+        https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/): it is
+        dropped, never stored. The watch's DELETED may already have arrived; storing it
+        would keep a deleted object in memory for good.
+        """
+        if body is None:
+            return
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # Our last finalizer removal: the object is gone (its DELETED may already have
+            # come and gone); keeping it would leak it.
+            with self._lock:
+                self._objects.pop(key, None)
+                self._pending.pop(key, None)
+            return
+        version = _version(body)
+        with self._lock:
+            if not self._synced and key not in self._objects:
+                return
+            self._tombstones.pop(key, None)
+            if self._touched is not None:
+                self._touched.add(key)
+            current = self._objects.get(key)
+            if current is not None and _version(current) == version:
+                return
+            self._objects[key] = _trim(body)
+            if version:
+                versions = self._pending.get(key, ([], 0.0))[0]
+                self._pending[key] = ([*versions, version], self._clock())
+
+    def forget(self, key: Key) -> None:
+        """Write-through of our deletion: drop the object, ignore its events until DELETED."""
+        now = self._clock()
+        with self._lock:
+            for old in [
+                k for k, (_, when) in self._tombstones.items() if now - when >= HOLD_SECONDS
+            ]:
+                del self._tombstones[old]
+            self._pending.pop(key, None)
+            current = self._objects.pop(key, None)
+            if current is not None:
+                self._tombstones[key] = (_uid(current), now)
+
+    def mark_synced(self) -> None:
+        """Record that the initial listing was seen (absence can be trusted from now)."""
+        self._synced = True
+
+    def suspect(self) -> None:
+        """Stop trusting this part until the next `replace` (its watch may lag or have gaps).
+
+        Every lookup then answers `MISSING_UNKNOWN`, so callers read the API: an entry may
+        be stale (an object deleted meanwhile), an absence may be wrong.
+        """
+        self._suspect = True
+
+    def fill(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> int:
+        """Apply a listing's objects (as events, in order); mark synced.
+
+        Returns
+        -------
+        int
+            How many objects the listing held.
+        """
+        count = 0
+        for key, body in items:
+            self.apply(key, body)
+            count += 1
+        self.mark_synced()
+        return count
+
+    def begin_relist(self) -> None:
+        """Start recording the keys events touch: call right before the list request.
+
+        `replace` leaves those keys as the events left them (they are newer than the list).
+        """
+        with self._lock:
+            self._touched = set()
+
+    def end_relist(self) -> None:
+        """Stop recording touched keys without a `replace` (the list failed)."""
+        with self._lock:
+            self._touched = None
+
+    def replace(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> Relisted:
+        """Make the cache what a fresh list says (after `begin_relist`); mark synced.
+
+        The list replaces every entry except those an event touched since `begin_relist`;
+        tombstones and pending write-throughs are dropped (the list is newer than them).
+
+        Returns
+        -------
+        Relisted
+            The objects gone (cached, not listed) and changed (new or another version).
+        """
+        listed = {key: _trim(body) for key, body in items}
+        gone: list[tuple[Key, dict[str, Any]]] = []
+        changed: list[tuple[Key, dict[str, Any]]] = []
+        with self._lock:
+            touched, self._touched = self._touched or set(), None
+            for key in [k for k in self._objects if k not in listed and k not in touched]:
+                gone.append((key, self._objects.pop(key)))
+            for key, body in listed.items():
+                if key in touched:
+                    continue
+                current = self._objects.get(key)
+                if current is None or newer(_version(body), _version(current)):
+                    self._objects[key] = body
+                    changed.append((key, body))
+            self._tombstones.clear()
+            self._pending.clear()
+            self._synced = True
+            self._suspect = False
+        return Relisted(gone, changed)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once a listing was seen."""
+        return self._synced
+
+    @property
+    def suspected(self) -> bool:
+        """True between `suspect` and the next `replace` (lookups read the API meanwhile)."""
+        return self._suspect
+
+    def get(self, key: Key) -> dict[str, Any] | None:
+        """Return the cached object (a shared dict: do not modify it), or None."""
+        with self._lock:
+            return self._objects.get(key)
+
+    def lookup(self, key: Key) -> dict[str, Any] | str:
+        """Return the cached object, or `MISSING` (absent, trusted) or `MISSING_UNKNOWN`.
+
+        `MISSING_UNKNOWN` (read the API) before the first listing, and for every key while
+        the part is suspect (`suspect`).
+        """
+        if self._suspect:
+            return MISSING_UNKNOWN
+        with self._lock:
+            found = self._objects.get(key)
+        if found is not None:
+            return found
+        return MISSING if self._synced and self._trust_absence else MISSING_UNKNOWN
+
+    def values(self) -> Iterator[dict[str, Any]]:
+        """Iterate over a snapshot of the cached objects."""
+        with self._lock:
+            snapshot = list(self._objects.values())
+        return iter(snapshot)
+
+    def __len__(self) -> int:
+        """Return how many objects are cached."""
+        with self._lock:
+            return len(self._objects)
+
+    def held(self) -> int:
+        """Return how many tombstones and pending write-throughs are kept (bounded memory)."""
+        with self._lock:
+            return len(self._tombstones) + len(self._pending)
+
+
+class Cache:
+    """The operator's caches of claims, IPAddresses, pools and Clusters.
+
+    Keys: ``(namespace, name)``; pools ``(kind, namespace, name)`` (``namespace`` empty for
+    Global pools). Lives on the `bridge.reconcilers.context.Context` (``ctx.cache``); fed by
+    `bridge.handlers.cache`.
+    """
+
+    def __init__(self) -> None:
+        self.claims = ObjectCache("ipaddressclaims")
+        self.addresses = ObjectCache("ipaddresses")
+        self.pools = ObjectCache("pools", trust_absence=False)
+        self.clusters = ObjectCache("clusters", trust_absence=False)
+
+    def stored(self, plural: str, body: Mapping[str, Any]) -> None:
+        """Write-through of one of our writes (`bridge.runtime.gateway.Kube.on_stored`)."""
+        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
+        if part is not None:
+            part.put(self.key_of(body), body)
+
+    def deleted(self, plural: str, namespace: str, name: str) -> None:
+        """Write-through of one of our deletions (`bridge.runtime.gateway.Kube.on_deleted`)."""
+        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
+        if part is not None:
+            part.forget((namespace, name))
+
+    @staticmethod
+    def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
+        """Return ``(namespace, name)`` of an object (namespace empty when cluster-scoped)."""
+        meta = body.get("metadata") or {}
+        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _ours(body: Mapping[str, Any]) -> bool:
+    ref = (body.get("spec") or {}).get("poolRef") or {}
+    return capi.PoolRef(
+        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
+    ).is_ours
+
+
+def prime(cache: Cache, kube: Kube, *, version: str, namespaces: tuple[str, ...]) -> None:
+    """List pools, Clusters and our IPAddresses once into ``cache`` (the informer's list).
+
+    Called by the start-up handler before kopf's watches start; the watches keep the cache
+    current from then on. Claims need no list (see the module docstring): they are marked
+    synced. A list that fails (no permission, Clusters not served) leaves its part
+    unsynced: lookups there read the API instead (logged, never raised).
+
+    Parameters
+    ----------
+    version:
+        The served IPAddress version (the one the operator reads and writes).
+    namespaces:
+        The watched namespaces (empty: all); Global pools are listed cluster-wide.
+    """
+    cache.claims.mark_synced()
+    try:
+        addresses: list[dict[str, Any]] = []
+        for namespace in namespaces or (None,):
+            addresses += kube.list_ip_addresses(version, namespace)
+        for item in addresses:
+            item.setdefault("apiVersion", f"{capi.GROUP}/{version}")
+        count = cache.addresses.fill(
+            (Cache.key_of(item), item) for item in addresses if _ours(item)
+        )
+        pools = cache.pools.fill(
+            ((kind, *Cache.key_of(item)), item)
+            for kind in capi.POOL_KINDS
+            for item in kube.list_pools(kind, namespaces)
+        )
+        log.info("cache primed: %d IPAddresses of ours, %d pools", count, pools)
+    except ApiException as exc:
+        log.warning("cache not primed (%s %s): reading the API instead", exc.status, exc.reason)
+    try:
+        clusters = kube.list_clusters(namespaces)
+    except ApiException as exc:
+        log.warning("Clusters not listed (%s %s): reading them instead", exc.status, exc.reason)
+        return
+    cache.clusters.fill((Cache.key_of(item), item) for item in clusters or [])
+
+
+#: The parts of `Cache` a relist can refresh, by the attribute's name.
+PARTS: Final = ("claims", "addresses", "pools", "clusters")
+
+
+def _listing(
+    kube: Kube, part: str, *, version: str, namespaces: tuple[str, ...]
+) -> list[tuple[Key, dict[str, Any]]] | None:
+    """List one part's objects afresh as ``(key, body)``; None when Clusters are not served."""
+    if part == "pools":
+        return [
+            ((kind, *Cache.key_of(item)), item)
+            for kind in capi.POOL_KINDS
+            for item in kube.list_pools(kind, namespaces)
+        ]
+    if part == "clusters":
+        clusters = kube.list_clusters(namespaces)
+        return None if clusters is None else [(Cache.key_of(c), c) for c in clusters]
+    if part == "claims":
+        items = kube.list_claims(version, namespaces)
+    else:
+        items = [a for ns in namespaces or (None,) for a in kube.list_ip_addresses(version, ns)]
+    for item in items:
+        item.setdefault("apiVersion", f"{capi.GROUP}/{version}")
+    return [(Cache.key_of(item), item) for item in items if _ours(item)]
+
+
+def relist(
+    cache: Cache, kube: Kube, part: str, *, version: str, namespaces: tuple[str, ...]
+) -> Relisted | None:
+    """Refresh one part of ``cache`` from a fresh list (what an informer does on a relist).
+
+    Parameters
+    ----------
+    part:
+        One of `PARTS`.
+    version:
+        The served IPAddressClaim/IPAddress version.
+    namespaces:
+        The watched namespaces (empty: all); Global pools are listed cluster-wide.
+
+    Returns
+    -------
+    Relisted or None
+        What the list changed; None when Clusters are not served (nothing to list).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        When the list fails (the part stays as it was, absence not trusted after `suspect`).
+    urllib3.exceptions.HTTPError
+        When the API server cannot be reached.
+    """
+    target: ObjectCache = getattr(cache, part)
+    target.begin_relist()
+    try:
+        items = _listing(kube, part, version=version, namespaces=namespaces)
+    except BaseException:
+        target.end_relist()
+        raise
+    if items is None:
+        target.end_relist()
+        return None
+    return target.replace(items)

@@ -1,0 +1,109 @@
+"""The fence: may this replica write now? Checked in the calling thread before every write.
+
+With leader election on, a replica may write (Kubernetes POST/PUT/PATCH/DELETE through the
+operator's ``ApiClient``, IPAM requests other than reads) only while its own Lease is valid
+by its own monotonic clock: the start of its last successful renew plus the renew deadline
+is still ahead. A replica cut off from the API server thus stops writing at that instant,
+whether or not its event loop runs, before a standby can take the Lease (the lease duration
+after the last renew it saw; client-go's ``leaderelection`` package uses the same three
+timings, https://pkg.go.dev/k8s.io/client-go/tools/leaderelection).
+
+With leader election off, `Fence.open` always lets writes through.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Fence", "LeadershipLostError"]
+
+
+class LeadershipLostError(RuntimeError):
+    """The Lease of this replica is not valid (not renewed within the deadline, or lost).
+
+    Raised by `Fence.check` before a write; the work queue retries the key later without a
+    traceback (the process exits meanwhile), and ``ipam-bridge run`` exits 1 with it.
+    """
+
+
+class Fence:
+    """Whether this replica's Lease is valid now, by its own clock; thread-safe.
+
+    Parameters
+    ----------
+    renewed:
+        Returns ``time.monotonic()`` at the start of the last successful write of the Lease
+        by this replica, or None when it never held it (`leader.ElectionLock.renewed`).
+        None as the whole argument: no leader election (`open`).
+    renew_deadline_seconds:
+        How long after the last renew the Lease counts as held (seconds).
+    clock:
+        Monotonic time in seconds (tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        renewed: Callable[[], float | None] | None,
+        renew_deadline_seconds: float = 10.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._renewed = renewed
+        self.renew_deadline_seconds = renew_deadline_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._revoked: str | None = None
+
+    @classmethod
+    def open(cls) -> Fence:
+        """Return the fence of a replica without leader election: `check` always passes."""
+        return cls(None)
+
+    @property
+    def revoked(self) -> str | None:
+        """Why the fence was closed for good (`revoke`), else None."""
+        with self._lock:
+            return self._revoked
+
+    def revoke(self, reason: str) -> None:
+        """Close the fence for good with ``reason`` (the first reason is kept)."""
+        with self._lock:
+            if self._revoked is None:
+                self._revoked = reason
+
+    def left(self) -> float | None:
+        """Return the seconds the Lease stays valid (<= 0: not valid); None: no election.
+
+        Returns 0.0 once revoked or when the Lease was never held.
+        """
+        if self._renewed is None:
+            return None
+        with self._lock:
+            if self._revoked is not None:
+                return 0.0
+        renewed = self._renewed()
+        if renewed is None:
+            return 0.0
+        return renewed + self.renew_deadline_seconds - self._clock()
+
+    def check(self) -> None:
+        """Return when this replica may write; else raise.
+
+        Raises
+        ------
+        LeadershipLostError
+            With leader election on: the fence was revoked, the Lease was never held, or
+            its last successful renew is ``renew_deadline_seconds`` old or older.
+        """
+        left = self.left()
+        if left is None or left > 0:
+            return
+        reason = self.revoked
+        if reason is None:
+            reason = (
+                f"the leader Lease is not renewed within {self.renew_deadline_seconds:g} s: "
+                "this replica does not write"
+            )
+        raise LeadershipLostError(reason)

@@ -1,0 +1,201 @@
+"""Where the operator's Kubernetes client configuration comes from.
+
+A kubeconfig (``$KUBECONFIG`` or the ``--kubeconfig`` path), else the pod's service account,
+else ``~/.kube/config``, for both the ``kubernetes`` client and kopf's own API client
+(https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+import kubernetes
+
+__all__ = [
+    "SERVICE_ACCOUNT_TOKEN",
+    "authorization_header",
+    "in_cluster",
+    "kopf_connection_info",
+    "load_configuration",
+    "service_account_file",
+]
+
+log = logging.getLogger(__name__)
+
+#: The service account token a pod gets; ``ca.crt`` and ``namespace`` lie beside it
+#: (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def in_cluster() -> bool:
+    """Return True when running in a pod with a service account and no explicit kubeconfig."""
+    return "KUBECONFIG" not in os.environ and bool(os.path.exists(SERVICE_ACCOUNT_TOKEN))
+
+
+def load_configuration(kubeconfig: str | None = None) -> kubernetes.client.Configuration:
+    """Return the client configuration of the current cluster.
+
+    Parameters
+    ----------
+    kubeconfig:
+        A kubeconfig file; None reads ``$KUBECONFIG`` *now* (the kubernetes package reads it
+        only at import time), else the in-cluster service account, else ``~/.kube/config``.
+    """
+    configuration = kubernetes.client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        kubernetes.config.load_kube_config(
+            config_file=path.split(os.pathsep)[0], client_configuration=configuration
+        )
+    elif in_cluster():
+        # load_incluster_config() with the files named here (its own constants are the
+        # same paths): the token is read again every minute through the configuration's
+        # refresh hook, so a rotated (projected) token is picked up.
+        kubernetes.config.incluster_config.InClusterConfigLoader(
+            token_filename=SERVICE_ACCOUNT_TOKEN,
+            cert_filename=service_account_file("ca.crt"),
+        ).load_and_set(configuration)
+    else:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    _trim_tokens(configuration)
+    return configuration
+
+
+def _strip_api_keys(configuration: kubernetes.client.Configuration) -> None:
+    for key in ("BearerToken", "authorization"):
+        value = configuration.api_key.get(key)
+        if isinstance(value, str):
+            configuration.api_key[key] = value.strip()
+
+
+def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
+    """Strip the whitespace around the token the client sends, now and on every refresh.
+
+    The kubernetes package reads ``tokenFile`` and the service account token without
+    stripping them (``kube_config.py`` ``_load_user_token``, ``incluster_config.py``
+    ``_read_token_file``): a file ending in a newline makes every request fail with
+    ``Invalid header value``. client-go (kubectl) trims them, and so does this. The
+    configuration's ``refresh_api_key_hook`` writes the untrimmed value back before each
+    request, so it is wrapped.
+    """
+    refresh = configuration.refresh_api_key_hook
+    if refresh is not None:
+
+        def refresh_and_trim(target: kubernetes.client.Configuration) -> None:
+            refresh(target)
+            _strip_api_keys(target)
+
+        configuration.refresh_api_key_hook = refresh_and_trim
+    _strip_api_keys(configuration)
+
+
+def service_account_file(name: str) -> str:
+    """Return the path of ``name`` (``ca.crt``, ``namespace``) beside the service account token."""
+    return os.path.join(os.path.dirname(SERVICE_ACCOUNT_TOKEN), name)
+
+
+def authorization_header(configuration: kubernetes.client.Configuration) -> str | None:
+    """Return the ``Authorization`` header the kubernetes client sends with ``configuration``.
+
+    The kubernetes client (``ApiClient.update_params_for_auth``) adds the header entries of
+    ``Configuration.auth_settings()``. In kubernetes 37 that is ``BearerToken``: the value of
+    ``api_key["BearerToken"]`` (alias ``api_key["authorization"]``) with its prefix, through
+    ``get_api_key_with_prefix``, which first runs ``refresh_api_key_hook`` (a token file or
+    an exec plugin read again when expired). The kubeconfig loader stores every kind of
+    credential it turns into a header there, scheme included: ``Bearer <token>`` for
+    ``token``, ``tokenFile``, exec plugins and auth providers, ``Basic <base64>`` for
+    ``username``/``password``; the in-cluster loader stores ``bearer <token>``.
+
+    Parameters
+    ----------
+    configuration:
+        A loaded client configuration (see `load_configuration`).
+
+    Returns
+    -------
+    str or None
+        The header's value, or None when the client sends none (client certificates only,
+        or no credentials).
+    """
+    settings = cast(Mapping[str, Mapping[str, Any]], configuration.auth_settings())
+    for setting in settings.values():
+        key = str(setting.get("key", "")).lower()
+        if setting.get("in") == "header" and key == "authorization" and setting.get("value"):
+            return str(setting["value"])
+    return None
+
+
+def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """Return kopf's connection: the same server, CA, certificate and token as the client's.
+
+    Derived from `load_configuration` (the configuration `api_client` uses), so kopf and the
+    kubernetes client authenticate the same way from every kind of kubeconfig the client
+    supports (client certificate files or inline ``*-data``, ``token``, ``tokenFile``,
+    exec plugins returning a token or a certificate, auth providers, basic auth) and in a
+    pod (service account token and CA; the namespace as kopf's
+    ``login_with_service_account`` reads it). The ``Authorization`` header kopf sends
+    (``kopf.ConnectionInfo.as_http_headers``: ``f"{scheme} {token}"``) is byte for byte the
+    one the client sends (`authorization_header`).
+
+    Parameters
+    ----------
+    kubeconfig:
+        A kubeconfig file; None as in `load_configuration` (``$KUBECONFIG``, else the
+        in-cluster service account, else ``~/.kube/config``).
+
+    Returns
+    -------
+    kopf.ConnectionInfo
+        ``server`` (the client's host), ``ca_path``, ``insecure`` (kubeconfig
+        ``insecure-skip-tls-verify``), ``scheme`` and ``token``, ``certificate_path`` and
+        ``private_key_path`` (files; inline data is written to temporary files by the
+        kubernetes package, removed at exit), ``proxy_url`` (kubeconfig ``proxy-url``),
+        ``default_namespace`` (in a pod).
+
+    Raises
+    ------
+    kubernetes.config.ConfigException
+        When there is no usable configuration (as `load_configuration`).
+
+    Notes
+    -----
+    kopf calls the login handler again when the API server answers 401, so an expired
+    exec-plugin or service-account token is replaced by a fresh one then. kopf has no
+    ``tls-server-name``: with it set, kopf verifies the certificate against the server's
+    host name (a warning is logged).
+    """
+    configuration = load_configuration(kubeconfig)
+    scheme = token = None
+    header = authorization_header(configuration)
+    if header:
+        scheme, _, rest = header.strip().partition(" ")
+        token = rest.strip() or None
+    namespace = None
+    if kubeconfig is None and "KUBECONFIG" not in os.environ and in_cluster():
+        try:
+            with open(service_account_file("namespace"), encoding="utf-8") as f:
+                namespace = f.read().strip() or None
+        except OSError:
+            namespace = None
+    if getattr(configuration, "tls_server_name", None):
+        log.warning(
+            "the kubeconfig sets tls-server-name %s, which kopf cannot use: kopf verifies "
+            "the API server's certificate against %s",
+            configuration.tls_server_name,
+            configuration.host,
+        )
+    return kopf.ConnectionInfo(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert or None,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token,
+        certificate_path=configuration.cert_file or None,
+        private_key_path=configuration.key_file or None,
+        proxy_url=configuration.proxy or None,
+        default_namespace=namespace,
+    )

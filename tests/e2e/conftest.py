@@ -9,8 +9,8 @@ applies the CRDs (``crds/``, and ``crds/capi/`` when CAPI's are absent). Each te
 fresh namespace (deleted afterwards) and can run the real operator in a thread of this
 process (`operator`), against mock_phpipam on 127.0.0.1 (the operator, not a pod, makes the
 IPAM calls, so 127.0.0.1 is reachable). With ``PHPIPAM_URL`` (see
-`e2e_support.phpipam_target_from_env`), `real_phpipam` is that server; without it the tests
-that need it are skipped, with the reason.
+`e2e_support.phpipam_target_from_env`), `real_phpipam` is that server (the tests that need a
+real one skip without it) and `phpipam` is it too; without it `phpipam` is mock_phpipam.
 
 Optional: ``IPAM_BRIDGE_E2E_TIMEOUT`` (seconds per step, default 90),
 ``IPAM_BRIDGE_E2E_KEEP_CRDS=1`` (do not delete the CRDs this session created).
@@ -163,7 +163,9 @@ def mock_phpipam() -> Iterator[IpamTarget]:
     from mock_phpipam.store import Store
 
     with MockPhpipamServer(Store(copy.deepcopy(PHPIPAM_SEED))) as server:
-        yield mock_target(server, app_id="capi", subnet_id=7, credentials=CREDENTIALS)
+        yield mock_target(
+            server, app_id="capi", subnet_id=7, credentials=CREDENTIALS, small_subnet_id=9
+        )
 
 
 @pytest.fixture(scope="session")
@@ -175,4 +177,12 @@ def real_phpipam() -> IpamTarget:
         pytest.fail(str(exc))
     if target is None:
         pytest.skip("PHPIPAM_URL is not set: no real phpIPAM to run the phpIPAM e2e tests on")
+    return target
+
+
+@pytest.fixture
+def phpipam(request: pytest.FixtureRequest) -> IpamTarget:
+    """The phpIPAM of ``PHPIPAM_URL`` when it is set, else a fresh `mock_phpipam`."""
+    fixture = "real_phpipam" if E2E_ENV.get("PHPIPAM_URL") else "mock_phpipam"
+    target: IpamTarget = request.getfixturevalue(fixture)
     return target

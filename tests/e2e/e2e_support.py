@@ -523,6 +523,8 @@ class IpamTarget:
         The pool's ``spec.tls`` (empty: default verification).
     ca_pem:
         A CA bundle to put in a Secret for ``tls.caSecretRef`` (None: none).
+    small_subnet_id:
+        A subnet of at most a few free addresses on the same server, to exhaust (None: none).
     config:
         The client configuration of the same subnet (`backend` builds clients from it).
     mock:
@@ -537,6 +539,7 @@ class IpamTarget:
     config: PHPIPAMConfig
     tls: dict[str, Any] = field(default_factory=dict)
     ca_pem: str | None = None
+    small_subnet_id: int | None = None
     mock: MockPhpipamServer | None = None
 
     def backend(self, subnet_id: int | None = None) -> PHPIPAMBackend:
@@ -616,11 +619,19 @@ def phpipam_target_from_env(env: Mapping[str, str] = E2E_ENV) -> IpamTarget | No
         config=config,
         tls={"insecureSkipVerify": True} if insecure and not ca_path else {},
         ca_pem=Path(ca_path).read_text(encoding="utf-8") if ca_path else None,
+        small_subnet_id=int(env["PHPIPAM_SMALL_SUBNET_ID"])
+        if env.get("PHPIPAM_SMALL_SUBNET_ID")
+        else None,
     )
 
 
 def mock_target(
-    server: MockPhpipamServer, *, app_id: str, subnet_id: int, credentials: Mapping[str, str]
+    server: MockPhpipamServer,
+    *,
+    app_id: str,
+    subnet_id: int,
+    credentials: Mapping[str, str],
+    small_subnet_id: int | None = None,
 ) -> IpamTarget:
     """Return the target of a running mock phpIPAM (plain HTTP on 127.0.0.1)."""
     config = PHPIPAMConfig(
@@ -640,6 +651,7 @@ def mock_target(
         subnet_id=subnet_id,
         credentials=dict(credentials),
         config=config,
+        small_subnet_id=small_subnet_id,
         mock=server,
     )
 

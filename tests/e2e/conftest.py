@@ -101,7 +101,7 @@ def cluster_api(api_server: ApiServer) -> Iterator[Any]:
         api.close()  # type: ignore[no-untyped-call]
         status = getattr(exc, "status", None)
         pytest.fail(
-            f"KUBECONFIG={path} is set but its cluster does not answer API discovery: "
+            f"the API server of the kubeconfig {path} does not answer API discovery: "
             f"{type(exc).__name__}{f' {status}' if status else ''}"
         )
     created = apply_crds(api) if api_server.emulator is None else []

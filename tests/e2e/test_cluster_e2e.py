@@ -188,7 +188,7 @@ def test_api_server_rejects_invalid_pools(cluster: ClusterKube, case_id: str) ->
         assert found, causes
 
 
-# ----------------------------------------------------------------- the operator, issue 2
+# ------------------------------------------------------------------------- the operator
 
 
 def test_claims_get_addresses_and_give_them_back(

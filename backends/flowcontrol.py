@@ -450,7 +450,8 @@ class FlowControl:
     ``scheme://host:port`` (`endpoint_key`); every method taking an ``endpoint`` accepts any
     URL of it. Claims and pools are opaque hashable keys.
 
-    The policy, per endpoint (`EndpointFlow` holds its state):
+    The policy, per endpoint (`EndpointFlow` holds its state), in the order a claim's IPAM
+    work meets it:
 
     1. **Exhaustion.** A pool found exhausted (`exhausted`) is not asked for a first-free
        address for ``exhausted_seconds`` (`is_exhausted`; its claims wait for an address);
@@ -470,12 +471,12 @@ class FlowControl:
        through ``wake`` one by one when a place is kept for them (a reservation: nobody
        jumps ahead of a woken claim; one that no longer needs the endpoint gives its place
        to the next, `settle`). The limit adapts by AIMD, as TCP's congestion window does
-       (RFC 5681): it starts at ``max_concurrent``; a claim's work that ends in
-       `backends.errors.BackendUnavailableError` (timeout, connection error, 429/5xx,
-       breaker open, endpoint busy) halves it, at most once per window (only work admitted
-       after the last decrease decreases it again); ``limit`` successes raise it by one,
-       never above ``max_concurrent`` nor below 1; other errors (refused login, exhausted
-       pool) leave it.
+       (https://www.rfc-editor.org/rfc/rfc5681): it starts at ``max_concurrent``; a claim's
+       work that ends in `backends.errors.BackendUnavailableError` (timeout, connection
+       error, 429/5xx, breaker open, endpoint busy) halves it, at most once per window
+       (only work admitted after the last decrease decreases it again); ``limit`` successes
+       raise it by one, never above ``max_concurrent`` nor below 1; other errors (refused
+       login, exhausted pool) leave it.
     4. **Operations.** One backend operation (its retries and re-logins included) holds one
        of ``max_concurrent`` slots of the endpoint (`EndpointFlow.slot`); one that gets no
        slot within ``slot_wait_seconds`` fails with "endpoint <url> busy", so a hung
@@ -484,19 +485,20 @@ class FlowControl:
        since is never held back by others' refusals. A refused one is not tried again for
        ``login_retry_seconds``. Unproven credentials are tried only while the endpoint's
        refusals in the last ``login_window_seconds`` plus the unproven logins in flight stay
-       below ``login_limit`` (phpIPAM blocks an address after more than 10 failed logins in
-       5 minutes: https://github.com/phpipam/phpipam/blob/master/functions/classes/class.User.php);
-       an IPAM that says it blocks the address holds back every login until then
+       below ``login_limit``, so that the IPAM does not block the operator's address (phpIPAM
+       blocks an address after repeated failed logins, ``User::block_*`` in
+       https://github.com/phpipam/phpipam/blob/master/functions/classes/class.User.php); an
+       IPAM that says it blocks the address holds back every login until then
        (`EndpointFlow.check_login`).
     6. **Writes.** Every request that is not a read (GET, HEAD, OPTIONS) passes ``fence``
        first, in the calling thread; it raises to keep the request from being sent.
 
-    Libraries: a circuit breaker library was weighed and not used. pybreaker
-    (https://github.com/danielfm/pybreaker) holds its lock for the whole guarded call
-    (concurrent requests to one endpoint would run one at a time), counts failures from
-    exceptions (here a 502 answer is a failure and a TLS error is not), lets every call
-    through when half-open, and reads the wall clock (``datetime.now``), which tests cannot
-    replace; aiobreaker and purgatory are for asyncio, and the backends run in threads.
+    Why no library does a part: pybreaker (https://github.com/danielfm/pybreaker) holds its
+    lock for the whole guarded call (concurrent requests to one endpoint would run one at a
+    time), counts failures from exceptions (here a 502 answer is a failure and a TLS error
+    is not), has no single probe while half-open, and reads the wall clock
+    (``datetime.now``), which tests cannot replace; aiobreaker and purgatory are for
+    asyncio, and the backends run in threads.
     limits (https://limits.readthedocs.io/) would count the refusals of the login budget
     only (a deque here), with its own clock, and none of the per-credential rules;
     aiolimiter is an asyncio leaky bucket (a rate, where this limits concurrency). No
@@ -622,10 +624,11 @@ class FlowControl:
         """
         with self._lock:
             flows = list(self._endpoints.values())
+            lines = sum(1 for f in flows if f.line is not None)
             keys = len(self._lines_of)
         return {
             "endpoints": len(flows),
-            "lines": sum(1 for f in flows if f.line is not None),
+            "lines": lines,
             "keys": keys,
             "exhausted": sum(f.exhausted_pools() for f in flows),
         }

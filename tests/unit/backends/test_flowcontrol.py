@@ -7,13 +7,16 @@ exhaustion hold in tests/unit/bridge/test_context_and_errors.py.
 
 from __future__ import annotations
 
+import ast
 import threading
 from collections.abc import Hashable, Iterator
+from pathlib import Path
 
 import pytest
 import requests
 import responses
 
+import backends
 from backends.errors import BackendUnavailableError, EndpointUnavailableError
 from backends.flowcontrol import EndpointState, FlowControl, endpoint_key, endpoint_token
 from backends.retry import RetryPolicy
@@ -161,3 +164,18 @@ def test_endpoint_key_and_token() -> None:
     assert endpoint_key(endpoint_key(URL)) == endpoint_key(URL) == EP
     assert endpoint_key("https://[2001:db8::1]/wapi") == "https://[2001:db8::1]:443"
     assert endpoint_token(EP) == ("endpoint", EP)
+
+
+def test_backends_import_nothing_of_the_operator_or_kubernetes() -> None:
+    root = Path(backends.__file__).parent
+    forbidden = ("bridge", "kopf", "kubernetes", "mock_kubernetes")
+    for module in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"

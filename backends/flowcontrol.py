@@ -267,6 +267,7 @@ class EndpointFlow:
         self._raise_unreachable(next_try, failures)
 
     def _raise_unreachable(self, next_try: float, failures: int) -> None:
+        """Raise the open breaker's error; ``next_try`` is in seconds from now."""
         raise EndpointUnavailableError(
             f"endpoint {self.key} unreachable, next try at "
             f"{_at(self._control.wall_clock() + next_try)} ({failures} consecutive failures)"

@@ -41,6 +41,7 @@ promtool:
 
 kubectl: $(KUBECTL_BIN)
 
+# The install ($(STAMP)) has the demo extra: the in-memory Kubernetes API and the IPAM mocks.
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 

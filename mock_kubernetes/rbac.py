@@ -1,7 +1,8 @@
 """RBAC for the in-memory Kubernetes API: Roles, ClusterRoles and bindings read from YAML.
 
 :class:`RBACAuthorizer` decides requests as the API server's RBAC authorizer does
-(``plugin/pkg/auth/authorizer/rbac/rbac.go``, ``pkg/apis/rbac/v1/evaluation_helpers.go``):
+(https://github.com/kubernetes/kubernetes/blob/master/plugin/pkg/auth/authorizer/rbac/rbac.go,
+https://github.com/kubernetes/kubernetes/blob/master/pkg/apis/rbac/v1/evaluation_helpers.go):
 ClusterRoleBindings grant everywhere, RoleBindings in their namespace (a Role of that
 namespace or a ClusterRole), subjects are users, groups or ServiceAccounts, rules match verb,
 API group, ``resource[/subresource]`` (``*`` and ``*/<subresource>`` included) and

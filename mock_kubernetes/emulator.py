@@ -337,17 +337,24 @@ class KubeEmulator:
         )
         await response.prepare(request)
         try:
-            async for event in events:
-                await response.write(json.dumps(event).encode() + b"\n")
+            try:
+                async for event in events:
+                    await response.write(json.dumps(event).encode() + b"\n")
+            except ConnectionError:
+                return response  # the client went away
+            except Exception as e:  # a bug of the emulator: one ERROR event, then the end
+                _log.exception("the emulator failed during the watch %s", request.path)
+                error = ApiError(500, "InternalError", f"the emulator failed: {e!r}")
+                await response.write(
+                    json.dumps({"type": "ERROR", "object": error.to_status()}).encode() + b"\n"
+                )
+            await response.write_eof()
         except ConnectionError:
-            return response  # the client went away
-        except Exception as e:  # a bug of the emulator: one ERROR event, then the end
-            _log.exception("the emulator failed during the watch %s", request.path)
-            error = ApiError(500, "InternalError", f"the emulator failed: {e!r}")
-            await response.write(
-                json.dumps({"type": "ERROR", "object": error.to_status()}).encode() + b"\n"
-            )
-        await response.write_eof()
+            pass  # the client went away while the stream ended
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()  # the store forgets the watcher at once
         return response
 
     # -- discovery ------------------------------------------------------------------------------

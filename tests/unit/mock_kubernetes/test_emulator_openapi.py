@@ -1,4 +1,4 @@
-"""OpenAPI schema validation and defaulting (real-cluster.md items 12 and 12a).
+"""OpenAPI schema validation and defaulting of custom resources, as kube-apiserver does them.
 
 The emulator answers a custom resource that breaks its ``openAPIV3Schema`` as kube-apiserver
 does: ``422 Invalid``, ``<Kind>.<group> "<name>" is invalid: <field>: <error>``, one
@@ -75,7 +75,7 @@ def refused(kube: EmulatedKubernetes, body: dict[str, Any]) -> ApiError:
 def test_a_missing_required_field_is_answered_as_kube_apiserver_does(
     kube: EmulatedKubernetes,
 ) -> None:
-    # real-cluster.md 12a: kube-apiserver v1.36's answer, dry run or not, word for word.
+    # kube-apiserver v1.36 answers this create (dry run or not) in these words exactly.
     for params in ({}, {"dryRun": "All"}):
         response = requests.post(
             kube.url + COLLECTION, params=params, json=pool(credentialsRef=None), timeout=5

@@ -16,8 +16,9 @@ import kopf
 
 from bridge import capi
 from bridge.handlers.cache import claim_seen
+from bridge.objects.keys import claim_key, cluster_key, cluster_token
+from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
-from bridge.reconcilers.context import Context, claim_key, cluster_key, cluster_token
 
 __all__ = ["claim_event", "claim_is_ours", "cluster_event"]
 
@@ -43,16 +44,16 @@ async def claim_event(
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
     deleted, the Cluster gets a new one.
     """
-    ctx: Context = memo.bridge
+    op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    claim_seen(ctx, type)  # a listing after a watch restart relists the cache
-    changed = ctx.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
+    claim_seen(op, type)  # a listing after a watch restart relists the cache
+    changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
     if changed or type in (None, "DELETED"):
-        ctx.enqueue(claim_key(namespace, name))
+        op.queue.add(claim_key(namespace, name))
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:
-        ctx.enqueue(cluster_key(namespace, str(cluster)))
+        op.queue.add(cluster_key(namespace, str(cluster)))
 
 
 @kopf.on.event(capi.CLUSTER_GROUP, "clusters")
@@ -66,9 +67,9 @@ async def cluster_event(
     A Cluster asking for a control-plane endpoint (`control_plane.POOL_ANNOTATION`) is
     queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not.
     """
-    ctx: Context = memo.bridge
+    op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     if type == "DELETED" or not capi.is_paused(meta.get("annotations"), body.get("spec")):
-        ctx.wake(cluster_token(namespace, name))
+        op.queue.wake(cluster_token(namespace, name))
     if endpoints.wants_endpoint(meta.get("annotations")):
-        ctx.enqueue(cluster_key(namespace, name))
+        op.queue.add(cluster_key(namespace, name))

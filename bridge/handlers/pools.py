@@ -23,7 +23,8 @@ import kopf
 
 from backends.errors import BackendError
 from bridge import capi
-from bridge.reconcilers.context import Context, claim_key, cluster_key, pool_key, pool_token
+from bridge.objects.keys import claim_key, cluster_key, pool_key, pool_token
+from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool
@@ -44,26 +45,26 @@ async def pool_event(
     they wait) and when it is deleted. The event comes after the pool is in the operator's
     cache (`bridge.handlers.cache`), so a woken claim reads what the event shows.
     """
-    ctx: Context = memo.bridge
+    op: Operator = memo.bridge
     name, kind = str(meta.get("name")), str(body["kind"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     if type == "DELETED" or needs_check(body, listing=type is None):
-        ctx.enqueue(pool_key(namespace, kind, name))
+        op.queue.add(pool_key(namespace, kind, name))
     ready = capi.ready_of(body)[0]
     checked = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
     if type == "DELETED" or ready == "True" or (ready == "False" and checked):
-        ctx.wake(pool_token(namespace, kind, name))
+        op.queue.wake(pool_token(namespace, kind, name))
 
 
 for _plural in capi.POOL_KINDS.values():
     kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="pool")(pool_event)
 
 
-def _pools(ctx: Context) -> list[tuple[str, str, dict[str, Any]]]:
+def _pools(op: Operator) -> list[tuple[str, str, dict[str, Any]]]:
     """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
     found = []
     for kind in capi.POOL_KINDS:
-        for body in ctx.kube.list_pools(kind, ctx.settings.namespaces):
+        for body in op.kube.list_pools(kind, op.settings.namespaces):
             namespace = capi.pool_namespace(
                 kind, str((body.get("metadata") or {}).get("namespace") or "")
             )
@@ -71,42 +72,42 @@ def _pools(ctx: Context) -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-def _queue_pools(ctx: Context) -> int:
+def _queue_pools(op: Operator) -> int:
     count = 0
-    for namespace, kind, body in _pools(ctx):
-        ctx.enqueue(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
+    for namespace, kind, body in _pools(op):
+        op.queue.add(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
         count += 1
     return count
 
 
-def _queue_claims(ctx: Context) -> int:
+def _queue_claims(op: Operator) -> int:
     count = 0
-    for body in ctx.kube.list_claims(ctx.address_version, ctx.settings.namespaces):
+    for body in op.kube.list_claims(op.versions.address, op.settings.namespaces):
         ref = (body.get("spec") or {}).get("poolRef") or {}
         if not capi.PoolRef(
             str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
         ).is_ours:
             continue
         meta = body.get("metadata") or {}
-        ctx.enqueue(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        op.queue.add(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
         count += 1
     return count
 
 
-def _queue_clusters(ctx: Context) -> int:
+def _queue_clusters(op: Operator) -> int:
     """Queue every Cluster that asks for a control-plane endpoint (none when not served)."""
-    if ctx.cluster_version is None:
+    if op.versions.cluster is None:
         return 0
     count = 0
-    for body in ctx.kube.list_clusters(ctx.settings.namespaces) or []:
+    for body in op.kube.list_clusters(op.settings.namespaces) or []:
         meta = body.get("metadata") or {}
         if wants_endpoint(meta.get("annotations")):
-            ctx.enqueue(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
+            op.queue.add(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
             count += 1
     return count
 
 
-async def resync_forever(ctx: Context) -> None:
+async def resync_forever(op: Operator) -> None:
     """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
 
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
@@ -116,8 +117,8 @@ async def resync_forever(ctx: Context) -> None:
     tick.
     """
     loop = asyncio.get_running_loop()
-    next_pools = loop.time() + ctx.settings.pool_refresh_seconds
-    resync = ctx.settings.resync_seconds
+    next_pools = loop.time() + op.settings.pool_refresh_seconds
+    resync = op.settings.resync_seconds
     next_claims = loop.time() + resync if resync else None
     while True:
         due = min(t for t in (next_pools, next_claims) if t is not None)
@@ -125,12 +126,12 @@ async def resync_forever(ctx: Context) -> None:
         now = loop.time()
         try:
             if now >= next_pools:
-                next_pools = now + ctx.settings.pool_refresh_seconds
-                await asyncio.to_thread(_queue_pools, ctx)
+                next_pools = now + op.settings.pool_refresh_seconds
+                await asyncio.to_thread(_queue_pools, op)
             if next_claims is not None and now >= next_claims:
                 next_claims = now + resync
-                count = await asyncio.to_thread(_queue_claims, ctx)
-                clusters = await asyncio.to_thread(_queue_clusters, ctx)
+                count = await asyncio.to_thread(_queue_claims, op)
+                clusters = await asyncio.to_thread(_queue_clusters, op)
                 log.debug("resync: %d claims and %d Clusters queued", count, clusters)
         except Exception:
             log.exception("periodic resync failed; trying again at the next tick")
@@ -140,7 +141,7 @@ async def resync_forever(ctx: Context) -> None:
 ALL_POOLS_EVERY = 10
 
 
-def _purge(ctx: Context, *, every_pool: bool) -> int:
+def _purge(op: Operator, *, every_pool: bool) -> int:
     """Purge ended quarantines of the pools with a grace period (``every_pool``: of all).
 
     A pool whose grace period was set back to 0 may still hold quarantined entries: the
@@ -149,7 +150,7 @@ def _purge(ctx: Context, *, every_pool: bool) -> int:
     pass.
     """
     deleted = 0
-    for namespace, kind, body in _pools(ctx):
+    for namespace, kind, body in _pools(op):
         name = str((body.get("metadata") or {}).get("name"))
         if not every_pool:
             try:
@@ -158,13 +159,13 @@ def _purge(ctx: Context, *, every_pool: bool) -> int:
             except PoolError:
                 continue
         try:
-            deleted += len(purge_quarantined(ctx, namespace, kind, name))
+            deleted += len(purge_quarantined(op.pools, namespace, kind, name))
         except (PoolError, BackendError) as exc:
             log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
     return deleted
 
 
-async def purge_forever(ctx: Context) -> None:
+async def purge_forever(op: Operator) -> None:
     """Delete the IPAM entries whose quarantine ended, at start and then periodically.
 
     Runs on the leader only (started with the work queue, `bridge.handlers.lifecycle`), until
@@ -177,7 +178,7 @@ async def purge_forever(ctx: Context) -> None:
     while True:
         passes += 1
         try:
-            await asyncio.to_thread(_purge, ctx, every_pool=passes % ALL_POOLS_EVERY == 0)
+            await asyncio.to_thread(_purge, op, every_pool=passes % ALL_POOLS_EVERY == 0)
         except Exception:
             log.exception("quarantine purge failed; trying again at the next tick")
-        await asyncio.sleep(ctx.settings.quarantine_purge_seconds)
+        await asyncio.sleep(op.settings.quarantine_purge_seconds)

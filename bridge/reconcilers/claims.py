@@ -44,6 +44,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -54,8 +55,12 @@ from backends.errors import AddressUnavailableError, BackendError
 from backends.transport import endpoint_key
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.metrics import Metrics
 from bridge.models import IPAddress
-from bridge.reconcilers.context import Context, claim_key, cluster_token, pool_key, pool_token
+from bridge.objects.cache import Cache
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.reconcilers.context import ExhaustionGate, Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
 from bridge.reconcilers.errors import (
     ClaimError,
@@ -71,15 +76,62 @@ from bridge.reconcilers.pool_backends import (
     parse_pool,
     with_location,
 )
-from bridge.reconcilers.pools import backend_for
+from bridge.reconcilers.pools import PoolClients
 from bridge.runtime.cache import MISSING, ObjectCache
-from bridge.runtime.flowcontrol import endpoint_token
+from bridge.runtime.events import EventSink
+from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
 from bridge.runtime.gateway import Outcome, Write
+from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Decision
+from bridge.settings import Settings
 
-__all__ = ["description_for", "reconcile_claim"]
+__all__ = ["ClaimDeps", "description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClaimDeps:
+    """What the claim reconciler uses (`reconcile_claim`).
+
+    Attributes
+    ----------
+    settings:
+        The operator settings (retry delays).
+    kube:
+        The Kubernetes objects (claims, IPAddresses; pools and Clusters the cache lacks).
+    versions:
+        The served CAPI versions (and whether v1beta1 claims keep ``status.v1beta2``).
+    cache:
+        The informer cache a claim is decided from.
+    queue:
+        Where keys go: a pool to look at again, a claim whose status write showed a change.
+    events:
+        Where Events about claims are told.
+    metrics:
+        The Prometheus metrics.
+    clients:
+        The pools' backend clients.
+    gate:
+        The exhaustion gate: claims of a pool found exhausted wait without an IPAM call.
+    admission:
+        Claims in flight per IPAM server (`bridge.runtime.flowcontrol.EndpointAdmission`).
+    holds:
+        Claims between their look at their pool and their finalizer write (counted by a
+        pool's deletion guard, `bridge.runtime.holds.PendingHolds`).
+    """
+
+    settings: Settings
+    kube: ObjectClient
+    versions: ServedVersions
+    cache: Cache
+    queue: Queue
+    events: EventSink
+    metrics: Metrics
+    clients: PoolClients
+    gate: ExhaustionGate
+    admission: EndpointAdmission
+    holds: PendingHolds
 
 
 class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
@@ -105,12 +157,12 @@ def description_for(claim: Claim) -> str:
 # -- the decision --------------------------------------------------------------------------
 
 
-def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
+def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Decision:
     """Decide and do what one claim needs now (called by the work queue).
 
     Parameters
     ----------
-    ctx:
+    deps:
         The operator context.
     namespace, name:
         The claim.
@@ -134,18 +186,18 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
     """
     decision: Decision | None = None
     try:
-        decision = _decide(ctx, namespace, name)
+        decision = _decide(deps, namespace, name)
         return decision
     finally:
         waits_on = decision.wake_on if decision is not None else ()
-        ctx.admission.settle(claim_key(namespace, name), waits_on)
+        deps.admission.settle(claim_key(namespace, name), waits_on)
 
 
-def _decide(ctx: Context, namespace: str, name: str) -> Decision:
+def _decide(deps: ClaimDeps, namespace: str, name: str) -> Decision:
     """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
-    body = _claim_of(ctx, namespace, name)
+    body = _claim_of(deps, namespace, name)
     if body is None:
-        ctx.metrics.pending(f"{namespace}/{name}", None)
+        deps.metrics.pending(f"{namespace}/{name}", None)
         return Decision.done()
     try:
         claim = Claim.from_body(body)
@@ -155,17 +207,17 @@ def _decide(ctx: Context, namespace: str, name: str) -> Decision:
         return Decision.done()
     try:
         if claim.deleting:
-            return _release(ctx, body, claim)
-        return _ensure(ctx, body, claim)
+            return _release(deps, body, claim)
+        return _ensure(deps, body, claim)
     except _Wait as wait:
         if wait.error is not None:
             reason, message = wait.error.reason, wait.error.message
-            _show(ctx, body, claim, ready=False, reason=reason, message=message)
-            ctx.metrics.pending(claim.key, reason)
+            _show(deps, body, claim, ready=False, reason=reason, message=message)
+            deps.metrics.pending(claim.key, reason)
         return wait.decision
     except ClaimError as error:
-        _show(ctx, body, claim, ready=False, reason=error.reason, message=error.message)
-        ctx.metrics.pending(claim.key, error.reason)
+        _show(deps, body, claim, ready=False, reason=error.reason, message=error.message)
+        deps.metrics.pending(claim.key, error.reason)
         return Decision.retry(error.delay)
     except ApiException as exc:
         if exc.status == 409:  # the claim changed under us: its watch event queues it again
@@ -173,7 +225,7 @@ def _decide(ctx: Context, namespace: str, name: str) -> Decision:
         raise
 
 
-def _paused(ctx: Context, claim: Claim) -> None:
+def _paused(deps: ClaimDeps, claim: Claim) -> None:
     """Raise `_Wait` while the claim or its Cluster is paused, or its Cluster is missing.
 
     The Cluster comes from ``spec.clusterName`` or the cluster-name label. A claim being
@@ -191,9 +243,9 @@ def _paused(ctx: Context, claim: Claim) -> None:
     token = cluster_token(claim.namespace, claim.cluster_name)
     cluster_name = claim.cluster_name
     cluster = _cached(
-        ctx.cache.clusters,
+        deps.cache.clusters,
         (claim.namespace, cluster_name),
-        lambda: ctx.kube.get_cluster(claim.namespace, cluster_name),
+        lambda: deps.kube.get_cluster(claim.namespace, cluster_name),
     )
     if cluster is None:
         if claim.deleting:
@@ -255,13 +307,13 @@ def _cached(
     return found
 
 
-def _claim_of(ctx: Context, namespace: str, name: str) -> Mapping[str, Any] | None:
+def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> Mapping[str, Any] | None:
     """Return the claim as last seen (cache, else one GET), or None when it is gone."""
-    version = ctx.address_version
+    version = deps.versions.address
     return _cached(
-        ctx.cache.claims,
+        deps.cache.claims,
         (namespace, name),
-        lambda: ctx.kube.get_claim(version, namespace, name),
+        lambda: deps.kube.get_claim(version, namespace, name),
         version,
     )
 
@@ -277,14 +329,14 @@ def _seen(address: IPAddress) -> dict[str, Any]:
     }
 
 
-def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
+def _address_of(deps: ClaimDeps, claim: Claim) -> IPAddress | None:
     """Return the claim's IPAddress when it exists and belongs to it, else None."""
-    version, name = ctx.address_version, claim.address_ref or claim.name
+    version, name = deps.versions.address, claim.address_ref or claim.name
     address = _parse_address(
         _cached(
-            ctx.cache.addresses,
+            deps.cache.addresses,
             (claim.namespace, name),
-            lambda: ctx.kube.get_ip_address(version, claim.namespace, name),
+            lambda: deps.kube.get_ip_address(version, claim.namespace, name),
             version,
         )
     )
@@ -293,7 +345,7 @@ def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
     return None
 
 
-def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
+def _pool_of(deps: ClaimDeps, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
     """Return the claim's pool (parsed and as read), or ``(None, None)`` when it is gone.
 
     Raises
@@ -303,9 +355,9 @@ def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | 
     """
     ref = claim.pool_ref
     found = _cached(
-        ctx.cache.pools,
+        deps.cache.pools,
         (ref.kind, _pool_ns(claim), ref.name),
-        lambda: ctx.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
+        lambda: deps.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
     )
     if found is None:
         return None, None
@@ -313,19 +365,19 @@ def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | 
     try:
         return parse_pool(body), body
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
 
 
-def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
+def _not_ready(deps: ClaimDeps, claim: Claim, exc: PoolError) -> ClaimError:
     return ClaimError(
         Reason.POOL_NOT_READY,
         exc.message,
-        delay=retry_delay(ctx.settings, exc.reason if exc.needs_person else ""),
+        delay=retry_delay(deps.settings, exc.reason if exc.needs_person else ""),
     )
 
 
 @contextmanager
-def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
+def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
 
     ``pool`` is where the work goes (for a release, the recorded location). The endpoint is
@@ -341,19 +393,19 @@ def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
     """
     endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
     key = claim_key(claim.namespace, claim.name)
-    if not ctx.admission.try_admit(endpoint, key):
+    if not deps.admission.try_admit(endpoint, key):
         raise _Wait(Decision.wait(endpoint_token(endpoint)))
-    with ctx.admission.held(endpoint, key):
+    with deps.admission.held(endpoint, key):
         yield
 
 
-def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
+def _backend_error(deps: ClaimDeps, exc: BackendError, pool: Pool) -> ClaimError:
     return claim_error_from(
         exc,
         pool.display,
-        retry_seconds=ctx.settings.requeue_seconds,
-        config_error_seconds=ctx.settings.requeue_config_error_seconds,
-        exhausted_seconds=ctx.settings.requeue_exhausted_seconds,
+        retry_seconds=deps.settings.requeue_seconds,
+        config_error_seconds=deps.settings.requeue_config_error_seconds,
+        exhausted_seconds=deps.settings.requeue_exhausted_seconds,
     )
 
 
@@ -368,7 +420,7 @@ def _pool_display(claim: Claim) -> str:
     return f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
 
 
-def _requested_address(ctx: Context, claim: Claim) -> str | None:
+def _requested_address(deps: ClaimDeps, claim: Claim) -> str | None:
     """Return the normalised address the claim's requested-address annotation asks for.
 
     Raises
@@ -386,11 +438,11 @@ def _requested_address(ctx: Context, claim: Claim) -> str | None:
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"annotation {capi.REQUESTED_ADDRESS_ANNOTATION} {raw!r} is not an IP address",
-            delay=ctx.settings.requeue_config_error_seconds,
+            delay=deps.settings.requeue_config_error_seconds,
         ) from None
 
 
-def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
+def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
     """Return the error of an unavailable requested address: names the address and its holder.
 
     Nothing was registered; the claim waits (a person frees the address or changes the
@@ -401,34 +453,34 @@ def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> Clai
     if exc.holder and exc.holder not in exc.message:
         message += f" (held by {exc.holder})"
     return ClaimError(
-        Reason.ALLOCATION_FAILED, message, delay=ctx.settings.requeue_config_error_seconds
+        Reason.ALLOCATION_FAILED, message, delay=deps.settings.requeue_config_error_seconds
     )
 
 
 # -- allocation ----------------------------------------------------------------------------
 
 
-def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _ensure(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
-    From its look at its pool to its finalizer write the claim counts in ``ctx.holds``, so
+    From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
     a pool's deletion guard never lets go of a pool this claim is about to register in.
     """
-    address = _address_of(ctx, claim)
+    address = _address_of(deps, claim)
     if address is not None:
-        return _bound(ctx, body, claim, address)
+        return _bound(deps, body, claim, address)
 
-    _paused(ctx, claim)
+    _paused(deps, claim)
     ref = claim.pool_ref
-    with ctx.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
-        pool = _ready_pool(ctx, claim)
-        held = _hold(ctx, body, claim, pool)
+    with deps.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
+        pool = _ready_pool(deps, claim)
+        held = _hold(deps, body, claim, pool)
     if isinstance(held, Decision):
         return held
-    return _allocate(ctx, held, claim, pool)
+    return _allocate(deps, held, claim, pool)
 
 
-def _ready_pool(ctx: Context, claim: Claim) -> Pool:
+def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
     """Return the claim's pool when it is Ready for its current spec and not being deleted.
 
     Raises
@@ -440,7 +492,7 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
     """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
     waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
-    pool, pool_body = _pool_of(ctx, claim)
+    pool, pool_body = _pool_of(deps, claim)
     if pool is None or pool_body is None:
         raise _Wait(
             waiting,
@@ -477,7 +529,7 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
 
 
 def _hold(
-    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool
+    deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool
 ) -> Mapping[str, Any] | Decision:
     """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
 
@@ -496,15 +548,15 @@ def _hold(
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return body
     endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
-    if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+    if deps.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its endpoint is busy: wait for a place before writing anything.
         raise _Wait(Decision.wait(endpoint_token(endpoint)))
-    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
-    return _written(ctx, claim, written, body)
+    written = deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
+    return _written(deps, claim, written, body)
 
 
 def _written(
-    ctx: Context, claim: Claim, written: Write, body: Mapping[str, Any]
+    deps: ClaimDeps, claim: Claim, written: Write, body: Mapping[str, Any]
 ) -> Mapping[str, Any] | Decision:
     """Return the claim after a write of its finalizer, or the decision that ends the pass.
 
@@ -512,53 +564,53 @@ def _written(
     `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
     """
     if written.outcome is Outcome.GONE:
-        ctx.metrics.pending(claim.key, None)
+        deps.metrics.pending(claim.key, None)
         return Decision.done()
     if written.outcome is Outcome.CONFLICT:
         return Decision.retry(1.0)
     return written.obj if written.obj is not None else body
 
 
-def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
-    requested = _requested_address(ctx, claim)
-    if requested is None and ctx.gate.closed(pool.key):
-        raise _wait_for_address(ctx, pool)
+    requested = _requested_address(deps, claim)
+    if requested is None and deps.gate.closed(pool.key):
+        raise _wait_for_address(deps, pool)
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
-        with _admitted(ctx, claim, pool):
-            backend = backend_for(ctx, pool, reuse=True)
-            allocation = ctx.metrics.call(
+        with _admitted(deps, claim, pool):
+            backend = deps.clients.backend_for(pool, reuse=True)
+            allocation = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "allocate",
                 lambda: backend.allocate(hostname, description_for(claim), address=requested),
             )
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
     except AddressUnavailableError as exc:
-        ctx.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
-        raise _unavailable(ctx, exc, pool) from exc
+        deps.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
+        raise _unavailable(deps, exc, pool) from exc
     except BackendError as exc:
-        error = _backend_error(ctx, exc, pool)
-        ctx.metrics.allocations.labels(*labels, error.reason).inc()
+        error = _backend_error(deps, exc, pool)
+        deps.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED and requested is None:
-            ctx.gate.exhausted(pool.key)
-            raise _wait_for_address(ctx, pool) from exc
+            deps.gate.exhausted(pool.key)
+            raise _wait_for_address(deps, pool) from exc
         raise error from exc
-    ctx.gate.open(pool.key)
+    deps.gate.open(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
-    ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-    created = _register(ctx, claim, pool, allocation, hostname)
+    deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    created = _register(deps, claim, pool, allocation, hostname)
     if created is None:
         return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
-    ctx.metrics.allocations.labels(*labels, "success").inc()
+    deps.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _bound(ctx, body, claim, created, check_pause=False)
+    return _bound(deps, body, claim, created, check_pause=False)
 
 
 def _register(
-    ctx: Context, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
+    deps: ClaimDeps, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
 ) -> IPAddress | None:
     """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
 
@@ -579,7 +631,7 @@ def _register(
     """
     new = capi.build_ip_address(
         claim,
-        version=ctx.address_version,
+        version=deps.versions.address,
         pool_uid=pool.uid,
         address=allocation.address,
         # The subnet's own: the backend folds the entry's and the pool's overrides in.
@@ -588,7 +640,7 @@ def _register(
         hostname=hostname,
         location=location_of(pool),
     )
-    written = ctx.kube.create_ip_address(ctx.address_version, new)
+    written = deps.kube.create_ip_address(deps.versions.address, new)
     found = _parse_address(written.obj)
     if written.outcome is Outcome.CONFLICT and written.obj is None:
         return None
@@ -601,13 +653,13 @@ def _register(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
-            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+            delay=retry_delay(deps.settings, Reason.POOL_NOT_READY),
         )
     if found is None:
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} as stored is not an IPAddress",
-            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+            delay=retry_delay(deps.settings, Reason.POOL_NOT_READY),
         )
     return found
 
@@ -620,7 +672,7 @@ def _same_address(one: str, other: str) -> bool:
         return one == other
 
 
-def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
+def _wait_for_address(deps: ClaimDeps, pool: Pool) -> _Wait:
     """Park a claim of an exhausted pool until an address is freed; show ``PoolExhausted``.
 
     The claim is woken by a release in the pool, or by the pool's own probe of its IPAM
@@ -628,9 +680,9 @@ def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
     while claims wait, and wakes one when an address is free): waiting claims poll neither
     the API nor the IPAM.
     """
-    ctx.enqueue(
+    deps.queue.add(
         pool_key(pool.namespace, pool.kind, pool.name),
-        after=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
+        after=retry_delay(deps.settings, Reason.POOL_EXHAUSTED),
     )
     return _Wait(
         Decision.wait(pool_token(pool.namespace, pool.kind, pool.name)),
@@ -639,7 +691,7 @@ def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
 
 
 def _bound(
-    ctx: Context,
+    deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,
     address: IPAddress,
@@ -651,30 +703,30 @@ def _bound(
     A claim recreated without status (``clusterctl move``) is rebuilt from its IPAddress, once
     its Cluster is not paused. The ``ReleaseAddress`` finalizer is put back if missing.
     """
-    ctx.metrics.pending(claim.key, None)
+    deps.metrics.pending(claim.key, None)
     name = address.metadata.name
     message = f"address {address.spec.address}/{address.spec.prefix} from {_pool_display(claim)}"
-    status = _status(ctx, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    status = _status(deps, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
     if not _changes(body, status) and not missing_finalizer:
         return Decision.done()
     if check_pause:
-        _paused(ctx, claim)
+        _paused(deps, claim)
     if missing_finalizer:
         held = _written(
-            ctx, claim, ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+            deps, claim, deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
         )
         if isinstance(held, Decision):
             return held
         body = held
-    _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    _show(deps, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     return Decision.done()
 
 
 # -- release -------------------------------------------------------------------------------
 
 
-def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
@@ -685,12 +737,12 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     """
     if capi.CLAIM_FINALIZER not in claim.finalizers:
         return Decision.done()  # nothing of ours holds the claim
-    _paused(ctx, claim)
-    address = _address_of(ctx, claim)
+    _paused(deps, claim)
+    address = _address_of(deps, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
-        finished = _released_before(ctx, body, claim, labels)
+        finished = _released_before(deps, body, claim, labels)
         if finished is not None:
             return finished
         message = (
@@ -698,31 +750,65 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _let_go(deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
-    pool, _ = _pool_of(ctx, claim)
+    pool, _ = _pool_of(deps, claim)
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            _delete_address(ctx, claim, address)
+            _delete_address(deps, claim, address)
         message = (
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
         )
-        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _let_go(deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
+    hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
+    if address is not None:
+        _delete_address(deps, claim, address)
+    message = _released_message(pool, registered or hostname, hostname, released, until)
+    decision = _let_go(deps, body, claim, Reason.RELEASED, message, labels, "success")
+    if until is None:
+        # An address was freed: the longest waiting claim of this pool may now get it.
+        deps.gate.open(pool.key)
+        deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    return decision
+
+
+def _release_in_ipam(
+    deps: ClaimDeps,
+    claim: Claim,
+    pool: Pool,
+    address: IPAddress | None,
+    labels: tuple[str, str],
+) -> tuple[str, float | None, bool]:
+    """Release the claim's entry where its allocation went (the IPAddress's location).
+
+    With a grace period the entry stays in the IPAM, quarantined until then.
+
+    Returns
+    -------
+    tuple
+        The hostname released, the POSIX time its quarantine ends (None: released at
+        once), and whether the IPAM had it.
+
+    Raises
+    ------
+    ClaimError
+        When the pool's client cannot be built or the IPAM call fails (counted).
+    _Wait
+        When the pool's IPAM server is full.
+    """
     annotations = address.metadata.annotations if address is not None else {}
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
         claim, pool.hostname_suffix
     )
-    # Release where the allocation went: the location recorded on the IPAddress.
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
-    # With a grace period the entry stays in the IPAM, quarantined until then (DESIGN 6).
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
     try:
-        with _admitted(ctx, claim, where):
-            backend = backend_for(ctx, where, reuse=True)
-            released = ctx.metrics.call(
+        with _admitted(deps, claim, where):
+            backend = deps.clients.backend_for(where, reuse=True)
+            released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
                 lambda: (
@@ -732,33 +818,30 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
                 ),
             )
     except PoolError as exc:
-        ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
-        raise _not_ready(ctx, claim, exc) from exc
+        deps.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
+        raise _not_ready(deps, claim, exc) from exc
     except BackendError as exc:
-        error = _backend_error(ctx, exc, pool)
-        ctx.metrics.releases.labels(*labels, error.reason).inc()
+        error = _backend_error(deps, exc, pool)
+        deps.metrics.releases.labels(*labels, error.reason).inc()
         raise error from exc
-    if address is not None:
-        _delete_address(ctx, claim, address)
-    what = registered or hostname
+    return hostname, until, bool(released)
+
+
+def _released_message(
+    pool: Pool, what: str, hostname: str, released: bool, until: float | None
+) -> str:
+    """Return what a release did, for the log."""
     if not released:
-        message = f"{hostname} was not registered in {pool.display}; nothing to release"
-    elif until is not None:
-        message = (
+        return f"{hostname} was not registered in {pool.display}; nothing to release"
+    if until is not None:
+        return (
             f"released {what} in {pool.display}; quarantined for "
             f"{pool.grace_period_seconds} s before it may be handed out again"
         )
-    else:
-        message = f"released {what} in {pool.display}"
-    decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
-    if until is None:
-        # An address was freed: the longest waiting claim of this pool may now get it.
-        ctx.gate.open(pool.key)
-        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-    return decision
+    return f"released {what} in {pool.display}"
 
 
-def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
+def _delete_address(deps: ClaimDeps, claim: Claim, address: IPAddress) -> None:
     """Delete the claim's IPAddress (gone already is success).
 
     Raises
@@ -767,15 +850,15 @@ def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
         A retry in one second when a 409 Conflict persists (the next pass decides again
         from the IPAM and the IPAddress).
     """
-    deleted = ctx.kube.delete_ip_address(
-        ctx.address_version, claim.namespace, address.metadata.name, _seen(address)
+    deleted = deps.kube.delete_ip_address(
+        deps.versions.address, claim.namespace, address.metadata.name, _seen(address)
     )
     if deleted.outcome is Outcome.CONFLICT:
         raise _Wait(Decision.retry(1.0))
 
 
 def _released_before(
-    ctx: Context, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
+    deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
 ) -> Decision | None:
     """Finish a release whose IPAM entry and IPAddress are both gone already.
 
@@ -798,28 +881,28 @@ def _released_before(
     _Wait
         When the pool's endpoint is full.
     """
-    pool, _ = _pool_of(ctx, claim)
+    pool, _ = _pool_of(deps, claim)
     if pool is None:
         return None
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     try:
-        with _admitted(ctx, claim, pool):
-            backend = backend_for(ctx, pool, reuse=True)
-            found = ctx.metrics.call(
+        with _admitted(deps, claim, pool):
+            backend = deps.clients.backend_for(pool, reuse=True)
+            found = deps.metrics.call(
                 BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
             )
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
     except BackendError as exc:
-        raise _backend_error(ctx, exc, pool) from exc
+        raise _backend_error(deps, exc, pool) from exc
     if found is not None:
         return None
     message = f"released {hostname} in {pool.display}"
-    return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+    return _let_go(deps, body, claim, Reason.RELEASED, message, labels, "success")
 
 
 def _let_go(
-    ctx: Context,
+    deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,
     reason: Reason,
@@ -832,23 +915,23 @@ def _let_go(
     A 409 on the finalizer write counts nothing and retries in one second: the next pass
     decides again from the IPAM and the IPAddress (`_released_before`).
     """
-    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+    if deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
         Outcome.CONFLICT
     ):
         return Decision.retry(1.0)
-    ctx.metrics.releases.labels(*labels, result).inc()
-    ctx.metrics.pending(claim.key, None)
+    deps.metrics.releases.labels(*labels, result).inc()
+    deps.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
         log.warning("claim %s: %s", claim.key, message)
-        ctx.event(body, "Warning", reason, message)
+        deps.events.post(body, "Warning", reason, message)
     else:  # a release that went as it should posts no Event: the claim is going away
         log.info("claim %s: %s", claim.key, message)
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
     # checked per release (its periodic refresh keeps its usage current).
     ref = claim.pool_ref
-    pool = ctx.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
+    pool = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
     if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
-        ctx.enqueue(pool_key(_pool_ns(claim), ref.kind, ref.name))
+        deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
     return Decision.done()
 
 
@@ -856,7 +939,7 @@ def _let_go(
 
 
 def _status(
-    ctx: Context,
+    deps: ClaimDeps,
     body: Mapping[str, Any],
     *,
     ready: bool,
@@ -870,7 +953,7 @@ def _status(
         reason=reason,
         message=message,
         address_ref=ref,
-        v1beta2_kept=ctx.v1beta2_kept is not False,
+        v1beta2_kept=deps.versions.v1beta2_kept is not False,
     )
 
 
@@ -893,7 +976,7 @@ def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
 
 
 def _show(
-    ctx: Context,
+    deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,
     *,
@@ -908,11 +991,13 @@ def _show(
     whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
     returns what it stored, and what it pruned is never written again.
     """
-    status = _status(ctx, body, ready=ready, reason=reason, message=message, ref=ref)
+    status = _status(deps, body, ready=ready, reason=reason, message=message, ref=ref)
     changed = _changes(body, status)
     if not changed:
         return
-    written = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    written = deps.kube.patch_claim_status(
+        deps.versions.address, claim.namespace, claim.name, changed
+    )
     if written.outcome is Outcome.GONE:
         return  # nobody is left to read its status or an Event about it
     stored = written.obj
@@ -920,11 +1005,11 @@ def _show(
         # The write is not guarded by resourceVersion: what it returns may show a change
         # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
         # an echo of the written-through claim and queues nothing: queue it here.
-        ctx.enqueue(claim_key(claim.namespace, claim.name))
+        deps.queue.add(claim_key(claim.namespace, claim.name))
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in (stored.get("status") or {})
-        if ctx.v1beta2_kept != kept:
-            ctx.v1beta2_kept = kept
+        if deps.versions.v1beta2_kept != kept:
+            deps.versions.v1beta2_kept = kept
             log.info(
                 "the served v1beta1 IPAddressClaim schema %s status.v1beta2",
                 "keeps" if kept else "prunes",
@@ -934,4 +1019,4 @@ def _show(
     # plain success path (no condition before) posts none: its Ready condition says it all,
     # and an allocation stays at three API writes (finalizer, IPAddress, status).
     if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
-        ctx.event(body, "Normal" if ready else "Warning", reason, message)
+        deps.events.post(body, "Normal" if ready else "Warning", reason, message)

@@ -1,73 +1,110 @@
-"""The operator's run-time context: one object, built at start-up, kept in kopf's memo.
+"""What the reconcilers share: served versions, the work queue, backend clients, notices.
 
-It holds the settings, the Kubernetes gateway, the served CAPI version, one backend client
-per pool (reused while the pool's spec and Secret stay the same, so a phpIPAM token is
-reused), the exhaustion gate and the work queue. Nothing here is module-global.
-
-Keys of the work queue and its wake tokens are plain tuples, made by the functions below:
-``("claim", namespace, name)``, ``("pool", namespace, kind, name)``, ``("cluster", namespace,
-name)`` (a Cluster's control-plane endpoint, `bridge.reconcilers.control_plane`); wake tokens
-``("cluster", namespace, name)`` (the claims of a paused or missing Cluster) and
-``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool) and
-``("endpoint", "scheme://host:port")`` (the claims waiting for a place at an IPAM endpoint,
-`flowcontrol.endpoint_token`; they are queued one by one by the admission, not woken by
-the token).
+Each reconciler takes a dataclass of what it uses (`bridge.reconcilers.claims.ClaimDeps`,
+`bridge.reconcilers.pools.PoolDeps`, `bridge.reconcilers.control_plane.ClusterDeps`); the
+pieces they share are defined here: `ServedVersions` (the CAPI versions detected at
+start-up), `Queue` (where keys go), `BackendCache` (one IPAM client per pool),
+`ExhaustionGate`, `Notices` and `NamespaceLocks`. Nothing here is module-global.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from kubernetes.client import ApiException
+from typing import Any, Protocol
 
 from backends.base import IPAMBackend
-from backends.transport import EndpointRegistry
-from bridge.metrics import Metrics
-from bridge.runtime.cache import Cache
-from bridge.runtime.flowcontrol import EndpointAdmission
-from bridge.runtime.gateway import Kube
-from bridge.runtime.holds import PendingHolds
-from bridge.runtime.workqueue import WorkQueue
-from bridge.settings import Settings
 
 __all__ = [
     "BackendCache",
-    "Context",
     "ExhaustionGate",
+    "NamespaceLocks",
     "Notices",
-    "claim_key",
-    "cluster_key",
-    "cluster_token",
-    "pool_key",
-    "pool_token",
+    "Queue",
+    "ServedVersions",
 ]
 
 log = logging.getLogger(__name__)
 
-PoolKey = tuple[str, str, str]
+#: A pool's identity: ``(namespace, kind, name)`` (namespace empty for a Global pool).
+PoolId = tuple[str, str, str]
+#: A backend client's key: ``(namespace, kind, name, location)``.
 CacheKey = tuple[str, str, str, str]
 
 
-def claim_key(namespace: str, name: str) -> tuple[str, str, str]:
-    """Return the work-queue key of a claim."""
-    return ("claim", namespace, name)
+@dataclass
+class ServedVersions:
+    """The CAPI versions the API server serves, detected at start-up.
+
+    Attributes
+    ----------
+    address:
+        The IPAddressClaim/IPAddress version read and written (``v1beta2``/``v1beta1``).
+    cluster:
+        The served CAPI ``Cluster`` version (``v1beta2`` on CAPI >= 1.11, else ``v1beta1``);
+        None when Clusters are not served (no control-plane endpoints).
+    v1beta2_kept:
+        Whether the served v1beta1 IPAddressClaim schema keeps ``status.v1beta2`` (CAPI
+        >= 1.9). None until the first status write of a v1beta1 claim shows it: the API
+        server prunes unknown fields and returns what it stored.
+    """
+
+    address: str
+    cluster: str | None = None
+    v1beta2_kept: bool | None = None
 
 
-def pool_key(namespace: str, kind: str, name: str) -> tuple[str, str, str, str]:
-    """Return the work-queue key of a pool."""
-    return ("pool", namespace, kind, name)
+class Queue(Protocol):
+    """Where reconcilers put keys (`bridge.runtime.workqueue.WorkQueue`, or a test's fake)."""
+
+    def add(self, key: Hashable, after: float = 0.0) -> None:
+        """Queue ``key`` to be reconciled after ``after`` seconds."""
+
+    def wake(self, token: Hashable, count: int | None = None) -> int:
+        """Queue the keys parked under ``token`` (at most ``count``); return how many."""
+
+    def parked(self, token: Hashable) -> frozenset[Hashable]:
+        """Return the keys parked under ``token``."""
 
 
-def cluster_key(namespace: str, name: str) -> tuple[str, str, str]:
-    """Return the work-queue key of a Cluster's control-plane endpoint (`control_plane`)."""
-    return ("cluster", namespace, name)
+class NamespaceLocks:
+    """One lock per namespace, for the decisions about that namespace's Secrets.
+
+    Two pools that read one Secret, deleted at once (a namespace deletion), must not each
+    see the other and both keep the Secret's finalizer. A namespace's lock lives while a
+    thread holds or waits for it (a count under a guard), so namespaces come and go
+    without their locks staying behind. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def holding(self, namespace: str) -> Iterator[None]:
+        """Hold the lock of ``namespace`` for the block."""
+        with self._guard:
+            lock, users = self._locks.get(namespace, (threading.Lock(), 0))
+            self._locks[namespace] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[namespace]
+                if users > 1:
+                    self._locks[namespace] = (lock, users - 1)
+                else:
+                    del self._locks[namespace]
+
+    def __len__(self) -> int:
+        """Return how many namespaces have a lock now."""
+        with self._guard:
+            return len(self._locks)
 
 
 class Notices:
@@ -106,16 +143,6 @@ class Notices:
         """Drop what was told about ``subject`` (its problem is over, or it is gone)."""
         with self._lock:
             self._told.pop(subject, None)
-
-
-def cluster_token(namespace: str, name: str) -> tuple[str, str, str]:
-    """Return the wake token of the claims waiting for a Cluster (unpaused or created)."""
-    return ("cluster", namespace, name)
-
-
-def pool_token(namespace: str, kind: str, name: str) -> tuple[str, str, str, str]:
-    """Return the wake token of the claims waiting for a pool (Ready, or an address freed)."""
-    return ("pool-ready", namespace, kind, name)
 
 
 @dataclass
@@ -292,7 +319,7 @@ class BackendCache:
                 "building": len(self._building),
             }
 
-    def drop(self, key: PoolKey) -> None:
+    def drop(self, key: PoolId) -> None:
         """Close and forget every backend of a pool ``(namespace, kind, name)`` (it is gone).
 
         A backend still held is closed when its last holder lets go (`holding`).
@@ -330,20 +357,20 @@ class ExhaustionGate:
         self.hold_seconds = hold_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._since: dict[PoolKey, float] = {}
+        self._since: dict[PoolId, float] = {}
 
-    def closed(self, key: PoolKey) -> bool:
+    def closed(self, key: PoolId) -> bool:
         """Return True when the pool was found exhausted within the hold time."""
         with self._lock:
             since = self._since.get(key)
             return since is not None and self._clock() - since < self.hold_seconds
 
-    def exhausted(self, key: PoolKey) -> None:
+    def exhausted(self, key: PoolId) -> None:
         """Record that the pool was just found exhausted."""
         with self._lock:
             self._since[key] = self._clock()
 
-    def open(self, key: PoolKey) -> None:
+    def open(self, key: PoolId) -> None:
         """Record that the pool may have a free address (a release happened, or it is gone)."""
         with self._lock:
             self._since.pop(key, None)
@@ -352,199 +379,3 @@ class ExhaustionGate:
         """Return how many pools are remembered as exhausted."""
         with self._lock:
             return len(self._since)
-
-
-@dataclass
-class Context:
-    """Everything handlers need, built once by the start-up handler.
-
-    Attributes
-    ----------
-    settings:
-        The operator settings.
-    kube:
-        The Kubernetes gateway.
-    address_version:
-        The IPAddress version to write (the served CAPI version: ``v1beta2`` or ``v1beta1``).
-    backends:
-        Backend clients by pool.
-    gate:
-        The exhaustion gate.
-    metrics:
-        The Prometheus metrics.
-    endpoints:
-        Per-IPAM-endpoint isolation shared by every backend client (circuit breaker,
-        concurrency limit, login budget; `Settings.endpoint_registry`); its state and
-        request hooks feed `metrics`.
-    queue:
-        The work queue (None until start-up wires it; services then only decide).
-    v1beta2_kept:
-        Whether the served v1beta1 IPAddressClaim schema keeps ``status.v1beta2`` (CAPI
-        >= 1.9). None until the first status write of a v1beta1 claim shows it: the API
-        server prunes unknown fields and returns what it stored.
-    cluster_version:
-        The served CAPI ``Cluster`` version (``v1beta2`` on CAPI >= 1.11, else ``v1beta1``),
-        detected at start-up; None when Clusters are not served (no control-plane endpoints).
-    notices:
-        Warnings already told (`Notices`), by subject.
-    cache:
-        The objects claims are decided from (claims, pools, Clusters, our IPAddresses), fed
-        by the watches (`bridge.runtime.cache`, `bridge.handlers.cache`).
-    admission:
-        Claims in flight per IPAM endpoint (`bridge.runtime.flowcontrol.EndpointAdmission`), at most
-        ``endpoints.max_concurrent`` each; a claim refused waits parked, and is queued again
-        (`enqueue`) when a place is kept for it. Made from ``endpoints`` (not an argument).
-    holds:
-        Claims between their look at their pool and their finalizer write
-        (`bridge.runtime.holds.PendingHolds`), counted by a pool's deletion guard.
-    """
-
-    settings: Settings
-    kube: Kube
-    address_version: str
-    backends: BackendCache = field(default_factory=BackendCache)
-    gate: ExhaustionGate = field(default_factory=lambda: ExhaustionGate(5.0))
-    metrics: Metrics = field(default_factory=Metrics)
-    endpoints: EndpointRegistry = field(default_factory=EndpointRegistry)
-    queue: WorkQueue | None = None
-    v1beta2_kept: bool | None = None
-    cluster_version: str | None = None
-    notices: Notices = field(default_factory=Notices)
-    cache: Cache = field(default_factory=Cache)
-    holds: PendingHolds = field(default_factory=PendingHolds)
-    admission: EndpointAdmission = field(init=False, repr=False)
-    _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
-    _namespace_locks: dict[str, tuple[threading.Lock, int]] = field(
-        default_factory=dict, repr=False
-    )
-    _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def __post_init__(self) -> None:
-        self.endpoints.on_state = self.metrics.endpoint_changed
-        self.endpoints.on_request = self.metrics.request_made
-        self.admission = EndpointAdmission(
-            self.endpoints.max_concurrent, self._requeue, on_limit=self.metrics.endpoint_limit
-        )
-        if isinstance(self.kube, Kube):  # test doubles have no write-through
-            self.kube.on_stored = self.cache.stored
-            self.kube.on_deleted = self.cache.deleted
-
-    @contextlib.contextmanager
-    def namespace_lock(self, namespace: str) -> Iterator[None]:
-        """Hold, for the block, the lock that serialises decisions about a namespace's Secrets.
-
-        Two pools that read one Secret, deleted at once (a namespace deletion), must not
-        each see the other and both keep the Secret's finalizer. A namespace's lock lives
-        while a thread holds or waits for it (a count under ``_locks_guard``), so namespaces
-        come and go without their locks staying behind.
-        """
-        with self._locks_guard:
-            lock, users = self._namespace_locks.get(namespace, (threading.Lock(), 0))
-            self._namespace_locks[namespace] = (lock, users + 1)
-        try:
-            with lock:
-                yield
-        finally:
-            with self._locks_guard:
-                lock, users = self._namespace_locks[namespace]
-                if users > 1:
-                    self._namespace_locks[namespace] = (lock, users - 1)
-                else:
-                    del self._namespace_locks[namespace]
-
-    def sizes(self) -> dict[str, int]:
-        """Return the sizes of the in-memory structures that grow with objects, by name.
-
-        For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
-        (objects), the work queue's (`bridge.runtime.workqueue.WorkQueue.sizes`), the backend
-        cache's (`BackendCache.sizes`), namespace locks, the admission's per-endpoint
-        state, the transport registry's endpoints, notices, the exhaustion gate and the
-        claims counted as pending by the metrics.
-        """
-        sizes = {
-            f"cache.{name}": len(part)
-            for name, part in (
-                ("claims", self.cache.claims),
-                ("addresses", self.cache.addresses),
-                ("pools", self.cache.pools),
-                ("clusters", self.cache.clusters),
-            )
-        }
-        if self.queue is not None:
-            sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
-        sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
-        sizes |= {f"admission.{k}": v for k, v in self.admission.sizes().items()}
-        with self._locks_guard:
-            sizes["namespace_locks"] = len(self._namespace_locks)
-        sizes["transport.endpoints"] = len(self.endpoints.states())
-        sizes["notices"] = len(self.notices)
-        sizes["gate"] = len(self.gate)
-        sizes["metrics.pending"] = len(self.metrics.pending_claims())
-        return sizes
-
-    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
-        """Queue ``key`` (see `claim_key`, `pool_key`) if the queue runs; else do nothing."""
-        if self.queue is not None:
-            self.queue.add(key, after)
-
-    def _requeue(self, key: Hashable) -> None:
-        """Queue a claim key woken by the admission (`enqueue` for any hashable key)."""
-        if self.queue is not None:
-            self.queue.add(key)
-
-    def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        """Post an Event about ``obj``; a refused one is logged, never raised.
-
-        Events are told, not relied on: the API refuses them in a terminating namespace
-        (403), and that must never stop a release. With the real gateway (`Kube`) they are
-        posted by a few background threads, so the worker that decided goes on at once
-        instead of waiting for the API server (an Event is a fourth write per allocation
-        and per release, off the claim's critical path); `close` posts those still queued.
-        Test doubles get them at once.
-        """
-        if not isinstance(self.kube, Kube):
-            self._post(obj, kind, reason, message)
-            return
-        with self._locks_guard:
-            if self._events is None:
-                self._events = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=4, thread_name_prefix="ipam-bridge-events"
-                )
-            events = self._events
-        try:
-            events.submit(self._post, obj, kind, reason, message)
-        except RuntimeError:  # shut down: closing
-            self._post(obj, kind, reason, message)
-
-    def _post(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        try:
-            self.kube.post_event(obj, type=kind, reason=reason, message=message)
-        except ApiException as exc:
-            log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
-        except Exception:
-            if isinstance(self.kube, Kube):  # a background thread: nobody else would see it
-                log.exception("event %s not posted", reason)
-            else:
-                raise
-
-    def wake(self, token: tuple[str, ...], count: int | None = None) -> None:
-        """Wake the keys parked under ``token`` (see `cluster_token`, `pool_token`).
-
-        ``count`` wakes at most that many, longest waiting first (None: all).
-        """
-        if self.queue is not None:
-            self.queue.wake(token, count)
-
-    def waiting(self, token: tuple[str, ...]) -> bool:
-        """Return True when any key is parked under ``token``."""
-        return self.queue is not None and bool(self.queue.parked(token))
-
-    def close(self) -> None:
-        """Post the queued Events; close backends, metrics endpoint, Kubernetes connections."""
-        with self._locks_guard:
-            events, self._events = self._events, None
-        if events is not None:
-            events.shutdown(wait=True)
-        self.backends.close()
-        self.metrics.close()
-        self.kube.close()

@@ -47,7 +47,9 @@ from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.capi import CLUSTER_GROUP, CLUSTER_NAME_LABEL, GROUP, POOL_KINDS, Claim, PoolRef
-from bridge.reconcilers.context import Context
+from bridge.objects.client import ObjectClient
+from bridge.reconcilers.context import Notices, ServedVersions
+from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import api_status_message
 from bridge.runtime.workqueue import Decision
 
@@ -60,6 +62,7 @@ __all__ = [
     "UNPAUSE_ANNOTATION",
     "VARIABLES_ANNOTATION",
     "AnnotationError",
+    "ClusterDeps",
     "EndpointReason",
     "EndpointRequest",
     "Plan",
@@ -389,16 +392,42 @@ def plan_patch(
 # -- the decision --------------------------------------------------------------------------
 
 
-def _warn(ctx: Context, cluster: Mapping[str, Any], reason: EndpointReason, message: str) -> None:
+@dataclass
+class ClusterDeps:
+    """What the control-plane endpoint reconciler uses (`reconcile_cluster`).
+
+    Attributes
+    ----------
+    kube:
+        The Kubernetes objects (Clusters, their endpoint claims and IPAddresses, pools).
+    versions:
+        The served CAPI versions (claims, Clusters).
+    events:
+        Where Events about Clusters are told.
+    notices:
+        Warnings already told, so that a steady problem is told once.
+    """
+
+    kube: ObjectClient
+    versions: ServedVersions
+    events: EventSink
+    notices: Notices
+
+
+def _warn(
+    deps: ClusterDeps, cluster: Mapping[str, Any], reason: EndpointReason, message: str
+) -> None:
     """Log and post a Warning Event on the Cluster, once while the message stays the same."""
     meta = cluster.get("metadata") or {}
     subject = ("cluster-endpoint", meta.get("namespace"), meta.get("name"))
-    if ctx.notices.first(subject, f"{reason}: {message}"):
+    if deps.notices.first(subject, f"{reason}: {message}"):
         log.warning("Cluster %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
-        ctx.event(cluster, "Warning", reason, message)
+        deps.events.post(cluster, "Warning", reason, message)
 
 
-def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: str) -> Decision:
+def _refused(
+    deps: ClusterDeps, cluster: Mapping[str, Any], exc: ApiException, what: str
+) -> Decision:
     """Tell a write the API server refused for good (400, 403, 422); re-raise any other error.
 
     Such a refusal is fixed by a person, not by retrying: CAPI's Cluster webhook refusing a
@@ -408,7 +437,7 @@ def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: 
     if exc.status not in (400, 403, 422):
         raise exc
     _warn(
-        ctx,
+        deps,
         cluster,
         EndpointReason.REFUSED,
         f"the API server refused {what}: {api_status_message(exc)}",
@@ -416,18 +445,18 @@ def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: 
     return Decision.done()
 
 
-def _settled(ctx: Context, namespace: str, name: str) -> None:
-    ctx.notices.forget(("cluster-endpoint", namespace, name))
+def _settled(deps: ClusterDeps, namespace: str, name: str) -> None:
+    deps.notices.forget(("cluster-endpoint", namespace, name))
 
 
-def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
+def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Decision:
     """Decide and do what a Cluster's control-plane endpoint needs now (the work queue's).
 
     Parameters
     ----------
-    ctx:
-        The operator context (``ctx.cluster_version``: the served Cluster version; None
-        turns endpoints off).
+    deps:
+        What it uses (``deps.versions.cluster``: the served Cluster version; None turns
+        endpoints off).
     namespace, name:
         The Cluster.
 
@@ -444,72 +473,101 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
         claim create or the Cluster patch (400, 403, 422: a Warning Event, `_refused`); the
         queue logs them and retries.
     """
-    version = ctx.cluster_version
+    version = deps.versions.cluster
     if version is None:
         return Decision.done()
-    cluster = ctx.kube.read_cluster(version, namespace, name)
+    cluster = deps.kube.read_cluster(version, namespace, name)
     if cluster is None:
-        _settled(ctx, namespace, name)
+        _settled(deps, namespace, name)
         return Decision.done()
-    meta = cluster.get("metadata") or {}
     try:
-        request = parse_request(meta.get("annotations"))
+        request = parse_request((cluster.get("metadata") or {}).get("annotations"))
     except AnnotationError as exc:
-        _warn(ctx, cluster, EndpointReason.INVALID, str(exc))
+        _warn(deps, cluster, EndpointReason.INVALID, str(exc))
         return Decision.done()
     if request is None:
-        _settled(ctx, namespace, name)
+        _settled(deps, namespace, name)
         return Decision.done()
-
-    claim_name = endpoint_claim_name(name)
-    body = ctx.kube.get_claim(ctx.address_version, namespace, claim_name)
+    body = deps.kube.get_claim(deps.versions.address, namespace, endpoint_claim_name(name))
     if body is None:
-        if meta.get("deletionTimestamp"):
-            return Decision.done()
-        if host := endpoint_host(cluster):
-            # Never claim an address that could not be used. A paused Cluster with an
-            # endpoint is most likely being moved (clusterctl creates it before its claim):
-            # it waits quietly for the claim to arrive.
-            if not capi.is_paused(meta.get("annotations"), cluster.get("spec")):
-                _warn(
-                    ctx,
-                    cluster,
-                    EndpointReason.CONFLICT,
-                    f"spec.controlPlaneEndpoint.host is already {host}; no address is "
-                    f"claimed from {request.pool.kind} {request.pool.name}",
-                )
-            return Decision.done()
-        try:
-            created = ctx.kube.create_claim(
-                ctx.address_version, build_claim(cluster, request.pool, ctx.address_version)
-            )
-        except ApiException as exc:
-            return _refused(ctx, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
-        if not created.written:  # made meanwhile (its event queues the Cluster again)
-            return Decision.retry(1.0)
-        message = (
-            f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
-            f"from {request.pool.kind} {request.pool.name}"
-        )
-        log.info("Cluster %s/%s: %s", namespace, name, message)
-        ctx.event(cluster, "Normal", EndpointReason.CLAIMED, message)
+        return _create_claim(deps, cluster, request)
+    claim = _endpoint_claim(deps, cluster, request, body)
+    if claim is None or claim.deleting:
+        return Decision.done()  # a deletion's event queues the Cluster: a new claim then
+    address = _bound_address(deps, claim)
+    if address is None:
+        _tell_pending(deps, cluster, body)
         return Decision.done()
+    return _write_endpoint(deps, cluster, request, claim, address)
+
+
+def _create_claim(
+    deps: ClusterDeps, cluster: Mapping[str, Any], request: EndpointRequest
+) -> Decision:
+    """Create the Cluster's endpoint claim, unless its endpoint is set or it is deleted."""
+    meta = cluster.get("metadata") or {}
+    namespace, claim_name = str(meta.get("namespace")), endpoint_claim_name(str(meta["name"]))
+    if meta.get("deletionTimestamp"):
+        return Decision.done()
+    if host := endpoint_host(cluster):
+        # Never claim an address that could not be used. A paused Cluster with an endpoint
+        # is most likely being moved (clusterctl creates it before its claim): it waits
+        # quietly for the claim to arrive.
+        if not capi.is_paused(meta.get("annotations"), cluster.get("spec")):
+            _warn(
+                deps,
+                cluster,
+                EndpointReason.CONFLICT,
+                f"spec.controlPlaneEndpoint.host is already {host}; no address is "
+                f"claimed from {request.pool.kind} {request.pool.name}",
+            )
+        return Decision.done()
+    version = deps.versions.address
     try:
-        claim = Claim.from_body(body)
+        created = deps.kube.create_claim(version, build_claim(cluster, request.pool, version))
+    except ApiException as exc:
+        return _refused(deps, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
+    if not created.written:  # made meanwhile (its event queues the Cluster again)
+        return Decision.retry(1.0)
+    message = (
+        f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
+        f"from {request.pool.kind} {request.pool.name}"
+    )
+    log.info("Cluster %s/%s: %s", namespace, meta["name"], message)
+    deps.events.post(cluster, "Normal", EndpointReason.CLAIMED, message)
+    return Decision.done()
+
+
+def _endpoint_claim(
+    deps: ClusterDeps,
+    cluster: Mapping[str, Any],
+    request: EndpointRequest,
+    body: Mapping[str, Any],
+) -> Claim | None:
+    """Return the claim of the endpoint's name when it is this Cluster's, from its pool.
+
+    Else None, with a Warning saying why (not an endpoint claim, another Cluster's, or
+    from another pool than the annotation names).
+    """
+    meta = cluster.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    claim_name = endpoint_claim_name(name)
+    try:
+        claim: Claim | None = Claim.from_body(body)
     except ValueError:
         claim = None
     if claim is None or not is_endpoint_claim(claim) or claim.cluster_name != name:
         _warn(
-            ctx,
+            deps,
             cluster,
             EndpointReason.CLAIM_MISMATCH,
             f"IPAddressClaim {namespace}/{claim_name} exists and is not this Cluster's "
             "control-plane endpoint claim; nothing is done",
         )
-        return Decision.done()
+        return None
     if claim.pool_ref != request.pool:
         _warn(
-            ctx,
+            deps,
             cluster,
             EndpointReason.CLAIM_MISMATCH,
             f"IPAddressClaim {namespace}/{claim_name} claims from {claim.pool_ref.kind} "
@@ -517,37 +575,45 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
             f"{request.pool.name}; a claim's pool cannot change: delete the claim to claim "
             "from the new pool",
         )
-        return Decision.done()
-    if claim.deleting:
-        return Decision.done()  # its deletion event queues the Cluster: a new claim then
+        return None
+    return claim
 
-    address = _bound_address(ctx, claim)
-    if address is None:
-        ready, reason = capi.ready_of(body)
-        if ready == "False":
-            text = next(
-                (
-                    str(c.get("message") or "")
-                    for c in _conditions(body)
-                    if c.get("type") == "Ready"
-                ),
-                "",
-            )
-            _warn(
-                ctx,
-                cluster,
-                EndpointReason.PENDING,
-                f"IPAddressClaim {namespace}/{claim_name} waits: {reason}: {text}",
-            )
-        return Decision.done()
 
+def _tell_pending(deps: ClusterDeps, cluster: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """Warn on the Cluster while its endpoint claim shows Ready False (why it waits)."""
+    ready, reason = capi.ready_of(body)
+    if ready != "False":
+        return
+    text = next(
+        (str(c.get("message") or "") for c in _conditions(body) if c.get("type") == "Ready"),
+        "",
+    )
+    meta = body.get("metadata") or {}
+    _warn(
+        deps,
+        cluster,
+        EndpointReason.PENDING,
+        f"IPAddressClaim {meta.get('namespace')}/{meta.get('name')} waits: {reason}: {text}",
+    )
+
+
+def _write_endpoint(
+    deps: ClusterDeps,
+    cluster: Mapping[str, Any],
+    request: EndpointRequest,
+    claim: Claim,
+    address: tuple[str, str],
+) -> Decision:
+    """Patch the Cluster with the endpoint (and variables, unpause) of its bound claim."""
+    meta = cluster.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     ip, hostname = address
     host = ip
     if request.host_dns:
-        fqdn = _fqdn(ctx, claim, hostname)
+        fqdn = _fqdn(deps, claim, hostname)
         if fqdn is None:
             _warn(
-                ctx,
+                deps,
                 cluster,
                 EndpointReason.INVALID,
                 f'{HOST_ANNOTATION}: "dns" needs an InfobloxIPPool of host records with a '
@@ -557,33 +623,29 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
             return Decision.done()
         host = fqdn
     plan = plan_patch(
-        cluster,
-        host=host,
-        address=ip,
-        variables=request.variables,
-        unpause=request.unpause,
+        cluster, host=host, address=ip, variables=request.variables, unpause=request.unpause
     )
     if plan.conflict is not None:
-        _warn(ctx, cluster, EndpointReason.CONFLICT, plan.conflict)
+        _warn(deps, cluster, EndpointReason.CONFLICT, plan.conflict)
         return Decision.done()
     if plan.patch is None:
-        _settled(ctx, namespace, name)
+        _settled(deps, namespace, name)
         return Decision.done()
     try:
-        stored = ctx.kube.patch_cluster(version, namespace, name, plan.patch)
+        stored = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
         if exc.status == 409:  # changed since read: decide again on what it is now
             return Decision.retry(1.0)
-        return _refused(ctx, cluster, exc, "the Cluster patch")
+        return _refused(deps, cluster, exc, "the Cluster patch")
     if stored is None:
         return Decision.done()
-    _settled(ctx, namespace, name)
+    _settled(deps, namespace, name)
     message = (
         f"{', '.join(plan.changes)}: address {ip} from {claim.pool_ref.kind} "
-        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim_name})"
+        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim.name})"
     )
     log.info("Cluster %s/%s: %s", namespace, name, message)
-    ctx.event(stored, "Normal", EndpointReason.SET, message)
+    deps.events.post(stored, "Normal", EndpointReason.SET, message)
     return Decision.done()
 
 
@@ -597,7 +659,7 @@ def _conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(status.get("conditions") or [])
 
 
-def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
+def _bound_address(deps: ClusterDeps, claim: Claim) -> tuple[str, str] | None:
     """Return ``(address, hostname)`` of a bound claim's IPAddress, else None.
 
     Bound: ``status.addressRef`` names an IPAddress whose ``spec.claimRef`` is the claim.
@@ -606,7 +668,7 @@ def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
     """
     if not claim.address_ref:
         return None
-    body = ctx.kube.get_ip_address(ctx.address_version, claim.namespace, claim.address_ref)
+    body = deps.kube.get_ip_address(deps.versions.address, claim.namespace, claim.address_ref)
     if body is None:
         return None
     spec = body.get("spec") or {}
@@ -617,7 +679,7 @@ def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
     return str(spec["address"]), str(hostname)
 
 
-def _fqdn(ctx: Context, claim: Claim, hostname: str) -> str | None:
+def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
     """Return ``<hostname>.<zone>`` for an Infoblox pool of host records with ``dnsZone``.
 
     The host record the Infoblox backend creates in DNS has that name (DESIGN.md section 3);
@@ -625,7 +687,7 @@ def _fqdn(ctx: Context, claim: Claim, hostname: str) -> str | None:
     """
     if not claim.pool_ref.kind.endswith("InfobloxIPPool"):
         return None
-    pool = ctx.kube.get_pool(
+    pool = deps.kube.get_pool(
         capi.pool_namespace(claim.pool_ref.kind, claim.namespace),
         claim.pool_ref.kind,
         claim.pool_ref.name,

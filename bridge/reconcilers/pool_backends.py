@@ -428,7 +428,7 @@ def build_backend(
     retry:
         The retry policy; its ``total_seconds`` bounds every backend operation.
     endpoints:
-        The operator's `EndpointRegistry` (``Context.endpoints``): breaker, concurrency
+        The operator's `EndpointRegistry` (``Operator.endpoints``): breaker, concurrency
         limit and login budget per IPAM endpoint, shared by every pool's client. None gives
         the client a registry of its own.
 

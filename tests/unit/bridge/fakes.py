@@ -9,7 +9,7 @@ in `FakeKube.writes` (and every read in `FakeKube.reads`); `FakeKube.timeline` i
 writes with the calls of any `FakeBackend` given the same list.
 
 `FakeBackend` implements `backends.base.IPAMBackend` over a small subnet; `install_backend`
-makes `bridge.reconcilers.pools.backend_for` build it, one client per pool location.
+makes `bridge.reconcilers.pools.PoolClients.backend_for` build it, one client per pool location.
 """
 
 from __future__ import annotations
@@ -587,7 +587,7 @@ class FakeBackend:
 
 
 def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[FakeBackend]:
-    """Make `bridge.reconcilers.pools.backend_for` build `FakeBackend` clients of ``ipam``.
+    """Make `bridge.reconcilers.pools.PoolClients.backend_for` build `FakeBackend` clients.
 
     Returns the list of clients built, in order (each knows the location it was built for).
     """
@@ -621,6 +621,12 @@ class FakeQueue:
 
     def parked(self, token: Any) -> frozenset[Any]:
         return frozenset(self.parked_keys.get(token, ()))
+
+    def sizes(self) -> dict[str, int]:
+        return {}
+
+    def stalled(self) -> float:
+        return 0.0
 
 
 # -- object builders --------------------------------------------------------------------------

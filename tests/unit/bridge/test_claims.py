@@ -28,20 +28,15 @@ from kubernetes.client import ApiException
 from backends import errors as be
 from bridge import capi
 from bridge.capi import Reason
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.operator import Operator
 from bridge.reconcilers import pools as pool_service
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import (
-    Context,
-    ExhaustionGate,
-    claim_key,
-    cluster_token,
-    pool_key,
-    pool_token,
-)
+from bridge.reconcilers.context import ExhaustionGate, ServedVersions
 from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Decision
 from bridge.settings import Settings
 
 NS = "ns"
@@ -60,17 +55,17 @@ class World:
         self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
         self.now = 1000.0
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version=version,
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions(version),
             gate=ExhaustionGate(5.0, clock=lambda: self.now),
-            queue=cast(WorkQueue, self.queue),
+            queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
 
     def reconcile(self, name: str = "c1") -> Decision:
-        return reconcile_claim(self.ctx, NS, name)
+        return reconcile_claim(self.ctx.claims, NS, name)
 
     def stored(self, name: str = "c1") -> dict[str, Any]:
         return self.kube.claims[(NS, name)]
@@ -644,7 +639,7 @@ def test_a_v1beta1_claim_is_written_once_whatever_the_schema_keeps(
     world.kube.add_claim(claim(version="v1beta1"))  # its pool is missing
     decision = world.reconcile()
     assert decision.wake_on == (POOL_TOKEN,)
-    assert world.ctx.v1beta2_kept is (not prunes)
+    assert world.ctx.versions.v1beta2_kept is (not prunes)
     (write,) = world.kube.of("claim.status")
     assert "v1beta2" in write.detail  # the first write tells what the schema keeps
     assert ("v1beta2" in world.stored()["status"]) is not prunes
@@ -918,7 +913,7 @@ def test_a_global_pool_serves_claims_of_two_namespaces(world: World) -> None:
     world.kube.add_pool(body)
     for namespace in ("team-a", "team-b"):
         world.kube.add_claim(claim("m1", namespace, kind=GLOBAL, pool="shared"))
-        assert reconcile_claim(world.ctx, namespace, "m1") == Decision.done()
+        assert reconcile_claim(world.ctx.claims, namespace, "m1") == Decision.done()
     assert world.ipam.entries == {"m1.team-a": "10.0.0.2", "m1.team-b": "10.0.0.3"}
     address = world.kube.addresses[("team-b", "m1")]
     owner = address["metadata"]["ownerReferences"][1]
@@ -1021,7 +1016,7 @@ def test_a_pool_deleted_between_a_claims_look_and_its_finalizer_write_is_kept(
     def pool_deleted_meanwhile(body: Any, finalizer: str, present: bool) -> Any:
         # The pool's deletion arrives and its guard runs while the claim is about to write.
         world.kube.pools[(NS, KIND, POOL)]["metadata"]["deletionTimestamp"] = DELETED_AT
-        guard.append(pool_service.reconcile_pool(world.ctx, NS, KIND, POOL))
+        guard.append(pool_service.reconcile_pool(world.ctx.pools, NS, KIND, POOL))
         return original(body, finalizer, present)
 
     monkeypatch.setattr(world.kube, "set_claim_finalizer", pool_deleted_meanwhile)
@@ -1039,7 +1034,7 @@ def test_a_pool_deleted_before_the_cache_shows_it_waits_for_the_cache(world: Wor
     # What claims decide from: the pool as it was before its deletion (its event not seen yet).
     world.ctx.cache.pools.fill([((KIND, NS, POOL), copy.deepcopy(stored))])
     stored["metadata"]["deletionTimestamp"] = DELETED_AT
-    guard = pool_service.reconcile_pool(world.ctx, NS, KIND, POOL)  # e.g. queued by a release
+    guard = pool_service.reconcile_pool(world.ctx.pools, NS, KIND, POOL)  # e.g. queued by a release
     world.reconcile()  # the claim still sees the pool live, and registers in it
     assert guard != Decision.done()
     if world.ipam.entries:  # never an entry in a pool that let go

@@ -27,8 +27,11 @@ from kubernetes.client import ApiException
 from bridge import capi
 from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, PoolRef
 from bridge.handlers.pools import _queue_clusters
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import cluster_key
+from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context, cluster_key
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.control_plane import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
@@ -45,8 +48,7 @@ from bridge.reconcilers.control_plane import (
     plan_patch,
     reconcile_cluster,
 )
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Decision
 from bridge.settings import Settings
 
 NS = "ns"
@@ -258,12 +260,11 @@ class World:
                 return original(backend, hostname, description)
 
             monkeypatch.setattr(FakeBackend, "allocate", allocate)
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
-            cluster_version="v1beta2",
-            queue=cast(WorkQueue, FakeQueue()),
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2", "v1beta2"),
+            queue=FakeQueue(),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=pool_condition()))
@@ -278,10 +279,10 @@ class World:
         return self.kube.clusters[(NS, "wl1")]
 
     def reconcile(self) -> Decision:
-        return reconcile_cluster(self.ctx, NS, "wl1")
+        return reconcile_cluster(self.ctx.clusters, NS, "wl1")
 
     def bind(self) -> None:
-        assert reconcile_claim(self.ctx, NS, "wl1-control-plane-endpoint") == Decision.done()
+        assert reconcile_claim(self.ctx.claims, NS, "wl1-control-plane-endpoint") == Decision.done()
 
 
 @pytest.fixture
@@ -327,7 +328,7 @@ def test_an_ordinary_claim_of_a_paused_cluster_still_waits(world: World) -> None
     body["metadata"]["labels"].pop(ENDPOINT_LABEL)
     body["metadata"]["uid"] = "u"
     world.kube.add_claim(body)
-    decision = reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")
+    decision = reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")
     assert decision.wake_on and not world.ipam.entries
 
 
@@ -336,7 +337,7 @@ def test_endpoint_claim_is_not_released_while_paused(world: World) -> None:
     world.reconcile()
     world.bind()
     world.kube.claims[(NS, "wl1-control-plane-endpoint")]["metadata"]["deletionTimestamp"] = "x"
-    decision = reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")
+    decision = reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")
     assert decision.wake_on
     assert world.ipam.entries  # still registered
     assert (
@@ -378,7 +379,7 @@ def test_malformed_annotation_is_a_warning_and_nothing_else(world: World) -> Non
 def test_a_waiting_claim_is_told_on_the_cluster(world: World) -> None:
     world.add_cluster(annotations={POOL_ANNOTATION: "PHPIPAMIPPool/missing"})
     world.reconcile()
-    reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")  # PoolNotReady
+    reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")  # PoolNotReady
     world.reconcile()
     world.reconcile()
     pending = [e for e in world.kube.events if e[1] == EndpointReason.PENDING]
@@ -476,12 +477,13 @@ class _ResyncKube:
 class _ResyncContext:
     def __init__(self, kube: _ResyncKube, cluster_version: str | None) -> None:
         self.kube = kube
-        self.cluster_version = cluster_version
+        self.versions = ServedVersions("v1beta2", cluster_version)
         self.settings = SimpleNamespace(namespaces=("team-a",))
-        self.queued: list[tuple[str, ...]] = []
+        self.queue = FakeQueue()
 
-    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
-        self.queued.append(key)
+    @property
+    def queued(self) -> list[Any]:
+        return [key for key, _ in self.queue.added]
 
 
 def _cluster_body(name: str, annotations: dict[str, str]) -> dict[str, Any]:

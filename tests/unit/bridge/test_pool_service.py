@@ -23,19 +23,20 @@ from fakes import (
 from backends import errors as be
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers.context import Context, ExhaustionGate, pool_token
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import pool_token
+from bridge.operator import Operator
+from bridge.reconcilers.context import ExhaustionGate, ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool, with_location
 from bridge.reconcilers.pools import (
     CREDENTIALS_FINALIZER,
-    backend_for,
     needs_check,
     purge_quarantined,
     reconcile_pool,
     users_of,
 )
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Decision
 from bridge.settings import Settings
 
 NS = "ns"
@@ -50,17 +51,17 @@ class World:
         self.ipam = FakeIPAM(timeline=self.kube.timeline)
         self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2"),
             gate=ExhaustionGate(5.0, clock=lambda: 0.0),
-            queue=cast(WorkQueue, self.queue),
+            queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
 
     def reconcile(self, name: str = "pool", kind: str = KIND, namespace: str = NS) -> Decision:
-        return reconcile_pool(self.ctx, namespace, kind, name)
+        return reconcile_pool(self.ctx.pools, namespace, kind, name)
 
     def stored(self, name: str = "pool", kind: str = KIND) -> dict[str, Any]:
         return self.kube.pools[(NS, kind, name)]
@@ -129,50 +130,50 @@ def test_our_own_status_write_needs_no_check(world: World) -> None:
 
 def test_backend_for_reuses_the_client_until_spec_or_secret_change(world: World) -> None:
     pool = parse_pool(phpipam_pool())
-    first = backend_for(world.ctx, pool)
-    assert backend_for(world.ctx, pool) is first
+    first = world.ctx.clients.backend_for(pool)
+    assert world.ctx.clients.backend_for(pool) is first
     assert len(world.built) == 1
     assert world.kube.read("read_secret") == ["ns/creds", "ns/creds"]  # read every time
     world.kube.secrets[(NS, "creds")]["data"]["password"] = "rotated"
-    second = backend_for(world.ctx, pool)
+    second = world.ctx.clients.backend_for(pool)
     assert second is not first and world.built == [first, second]
     assert world.built[0].closed and not world.built[1].closed
 
 
 def test_backend_for_names_the_missing_secret_or_ca_key(world: World) -> None:
     with pytest.raises(PoolError) as missing:
-        backend_for(world.ctx, parse_pool(phpipam_pool(secret="nope")))
+        world.ctx.clients.backend_for(parse_pool(phpipam_pool(secret="nope")))
     assert missing.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert missing.value.needs_person
     assert "Secret ns/nope not found" in missing.value.message
     world.kube.add_secret(NS, "ca", {"other.pem": "x"})
     with_ca = parse_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca", "key": "bundle.pem"}}))
     with pytest.raises(PoolError) as no_key:
-        backend_for(world.ctx, with_ca)
+        world.ctx.clients.backend_for(with_ca)
     assert no_key.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert "ns/ca" in no_key.value.message and "'bundle.pem'" in no_key.value.message
     assert world.built == []
     world.kube.secrets[(NS, "ca")]["data"]["bundle.pem"] = "PEM"
-    assert backend_for(world.ctx, with_ca) is world.built[0]
+    assert world.ctx.clients.backend_for(with_ca) is world.built[0]
 
 
 def test_backend_for_a_secret_being_deleted_still_works(world: World) -> None:
     world.kube.add_secret(
         NS, "creds", {"token": "t"}, finalizers=(CREDENTIALS_FINALIZER,), deleting=True
     )
-    assert backend_for(world.ctx, parse_pool(phpipam_pool())) is world.built[0]
+    assert world.ctx.clients.backend_for(parse_pool(phpipam_pool())) is world.built[0]
 
 
 def test_a_recorded_location_gets_its_own_client(world: World) -> None:
     pool = parse_pool(phpipam_pool())
-    current = cast(FakeBackend, backend_for(world.ctx, pool))
+    current = cast(FakeBackend, world.ctx.clients.backend_for(pool))
     old = with_location(pool, json.dumps({"endpoint": "https://old.example.com", "appId": "a"}))
-    elsewhere = cast(FakeBackend, backend_for(world.ctx, old))
+    elsewhere = cast(FakeBackend, world.ctx.clients.backend_for(old))
     assert elsewhere.location != current.location
     # The docstring: "the cache key includes its spec, so another location gets its own
     # client". The current client must stay open (another worker may be using it).
     assert not current.closed
-    assert backend_for(world.ctx, pool) is current
+    assert world.ctx.clients.backend_for(pool) is current
 
 
 # -- live pools -----------------------------------------------------------------------------
@@ -375,14 +376,14 @@ def test_users_of_counts_claims_carrying_release_address_and_ipaddresses(world: 
                 hostname=f"{name}.ns",
             )
         )
-    assert users_of(world.ctx, NS, KIND, "pool") == [
+    assert users_of(world.ctx.pools, NS, KIND, "pool") == [
         "IPAddress bound",
         "IPAddress orphan",
         "IPAddressClaim bound",
         "IPAddressClaim holding",
     ]
-    assert users_of(world.ctx, NS, "InfobloxIPPool", "pool") == ["IPAddressClaim other-kind"]
-    assert users_of(world.ctx, NS, KIND, "nothing") == []
+    assert users_of(world.ctx.pools, NS, "InfobloxIPPool", "pool") == ["IPAddressClaim other-kind"]
+    assert users_of(world.ctx.pools, NS, KIND, "nothing") == []
 
 
 def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> None:
@@ -576,7 +577,7 @@ def test_a_global_pool_is_held_by_claims_of_every_namespace(world: World) -> Non
     world.kube.add_claim(ours(name="a", namespace="team-a", kind=GLOBAL, pool="shared"))
     world.kube.add_claim(ours(name="b", namespace="team-b", kind=GLOBAL, pool="shared"))
     world.kube.add_claim(ours(name="c", namespace="team-b", pool="shared"))  # namespaced kind
-    assert users_of(world.ctx, "", GLOBAL, "shared") == [
+    assert users_of(world.ctx.pools, "", GLOBAL, "shared") == [
         "IPAddressClaim team-a/a",
         "IPAddressClaim team-b/b",
     ]
@@ -636,10 +637,10 @@ def test_the_status_shows_each_subnet(world: World) -> None:
 def test_purge_deletes_ended_quarantines_and_wakes_a_waiting_claim(world: World) -> None:
     world.kube.add_pool(phpipam_pool(addressReuseGracePeriodSeconds=60))
     world.ipam.quarantined = {"10.0.0.2": ("quarantined.a.ns", 0.0), "10.0.0.3": ("q", 9e12)}
-    assert purge_quarantined(world.ctx, NS, KIND, "pool") == ["10.0.0.2"]
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "pool") == ["10.0.0.2"]
     assert list(world.ipam.quarantined) == ["10.0.0.3"]
     assert (TOKEN, 1) in world.queue.woken
     world.reset()
-    assert purge_quarantined(world.ctx, NS, KIND, "pool") == []
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "pool") == []
     assert world.queue.woken == []
-    assert purge_quarantined(world.ctx, NS, KIND, "gone") == []
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "gone") == []

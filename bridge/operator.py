@@ -35,7 +35,7 @@ from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
 from bridge.runtime.flowcontrol import EndpointAdmission
 from bridge.runtime.holds import PendingHolds
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 __all__ = ["NoQueue", "Operator", "OperatorQueue"]
@@ -167,7 +167,7 @@ class Operator:
             kube=self.kube, versions=self.versions, events=events, notices=self.notices
         )
 
-    def reconcile(self, key: Hashable) -> Decision:
+    def reconcile(self, key: Hashable) -> Result:
         """Run the reconciler of a work-queue key; the backend clients it takes are held.
 
         `ClaimKey` to `bridge.reconcilers.claims.reconcile_claim`, `PoolKey` to
@@ -183,7 +183,7 @@ class Operator:
         with self.backends.holding():
             return self._route(key)
 
-    def _route(self, key: Hashable) -> Decision:
+    def _route(self, key: Hashable) -> Result:
         """Run the reconciler of ``key`` under its log context (`reconcile`)."""
         match key:
             case ClaimKey(namespace, name):

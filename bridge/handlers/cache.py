@@ -1,15 +1,13 @@
-"""Feed `bridge.runtime.cache` from the watches kopf runs: pools, Clusters and our IPAddresses.
+"""Feed the operator's cache (`bridge.objects.cache`) from the watches kopf runs.
 
-One event handler per resource puts every object kopf sees (its initial listing, additions,
-changes) into the operator's cache and drops deleted ones; a listing after a watch restart
-relists the cache (`Relists`). Claims are fed by
-`bridge.handlers.claims.claim_event`, which also decides whether the event needs a
-reconcile. The cache's initial list comes from the start-up handler (`bridge.runtime.cache.prime`).
-
-This module is imported before the other handler modules, so that its handlers run first for
-each event (kopf runs a resource's event handlers in registration order): a reconcile
-queued by another handler of the same event (a pool turning Ready wakes its claims) sees the
-cache updated.
+`cache_event` puts every object kopf sees (its initial listing, additions, changes) into
+the cache and drops deleted ones: it is the handler of our IPAddresses, and the first step
+of the handlers of pools (`bridge.handlers.pools.pool_event`) and Clusters
+(`bridge.handlers.claims.cluster_event`), so a reconcile they queue reads the cache as the
+event shows it. Claims are fed by `bridge.handlers.claims.claim_event`, which also decides
+whether the event needs a reconcile. A listing after a watch restart relists the cache
+(`Relists`). The cache's initial list comes from the start-up handler
+(`bridge.objects.cache.prime`).
 """
 
 from __future__ import annotations
@@ -52,7 +50,12 @@ def address_is_ours(spec: kopf.Spec, **_: Any) -> bool:
 async def cache_event(
     type: str | None, body: kopf.Body, resource: kopf.Resource, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Put an IPAddress, pool or Cluster as seen into the cache; drop it when deleted."""
+    """Put an IPAddress, pool or Cluster as seen into the cache; drop it when deleted.
+
+    The handler of IPAddresses; the handlers of pools and Clusters
+    (`bridge.handlers.pools.pool_event`, `bridge.handlers.claims.cluster_event`) call it
+    first, so what they queue or wake reads the cache as the event shows it.
+    """
     op: Operator | None = memo.get("bridge")
     if op is None:
         return
@@ -220,6 +223,3 @@ def claim_seen(op: Operator, type: str | None) -> None:
 
 
 kopf.on.event(capi.GROUP, "ipaddresses", id="cache", when=address_is_ours)(cache_event)
-for _plural in capi.POOL_KINDS.values():
-    kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="cache")(cache_event)
-kopf.on.event(capi.CLUSTER_GROUP, "clusters", id="cache")(cache_event)

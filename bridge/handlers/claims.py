@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from bridge import capi
-from bridge.handlers.cache import claim_seen
+from bridge.handlers.cache import cache_event, claim_seen
 from bridge.objects.keys import claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
@@ -58,15 +58,22 @@ async def claim_event(
 
 @kopf.on.event(capi.CLUSTER_GROUP, "clusters")
 async def cluster_event(
-    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Wake the claims waiting for this Cluster when it is not paused (or is gone).
 
     Claims of a paused or missing Cluster are parked in the work queue under the Cluster's
     wake token; an unpause, a creation or a deletion ends their wait without any polling.
     A Cluster asking for a control-plane endpoint (`control_plane.POOL_ANNOTATION`) is
-    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not.
+    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not. The
+    Cluster goes into the operator's cache first (`bridge.handlers.cache.cache_event`).
     """
+    await cache_event(type, body, resource, memo)
     op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     if type == "DELETED" or not capi.is_paused(meta.get("annotations"), body.get("spec")):

@@ -34,7 +34,7 @@ from bridge.runtime.leader import (
     lease_fence,
     lease_namespace,
 )
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result, WorkQueue
 from bridge.settings import Settings
 
 __all__ = [
@@ -231,7 +231,7 @@ def _build(
     """Return the operator and its work queue, each knowing the other."""
     op: Operator | None = None
 
-    def reconcile(key: Hashable) -> Decision:
+    def reconcile(key: Hashable) -> Result:
         assert op is not None  # built below, before the queue runs
         return op.reconcile(key)
 

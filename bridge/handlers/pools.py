@@ -23,6 +23,7 @@ import kopf
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.handlers.cache import cache_event
 from bridge.objects.keys import claim_key, cluster_key, pool_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
@@ -36,15 +37,21 @@ log = logging.getLogger(__name__)
 
 
 async def pool_event(
-    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Queue the pool when it needs a reconcile; wake its waiting claims when it was checked.
 
     The claims waiting for a pool are woken by its events once its current spec was checked
     (Ready True, or False for ``observedGeneration`` = ``generation``: they then show why
-    they wait) and when it is deleted. The event comes after the pool is in the operator's
-    cache (`bridge.handlers.cache`), so a woken claim reads what the event shows.
+    they wait) and when it is deleted. The pool goes into the operator's cache first
+    (`bridge.handlers.cache.cache_event`), so a woken claim reads what the event shows.
     """
+    await cache_event(type, body, resource, memo)
     op: Operator = memo.bridge
     name, kind = str(meta.get("name")), str(body["kind"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))

@@ -82,7 +82,7 @@ from bridge.runtime.events import EventSink
 from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 __all__ = ["ClaimDeps", "description_for", "reconcile_claim"]
@@ -137,7 +137,7 @@ class ClaimDeps:
 class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
     """The claim waits; ``decision`` says for what (and the status to show, if any)."""
 
-    def __init__(self, decision: Decision, error: ClaimError | None = None) -> None:
+    def __init__(self, decision: Result, error: ClaimError | None = None) -> None:
         super().__init__(error.message if error else "waiting")
         self.decision = decision
         self.error = error
@@ -157,7 +157,7 @@ def description_for(claim: Claim) -> str:
 # -- the decision --------------------------------------------------------------------------
 
 
-def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Decision:
+def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what one claim needs now (called by the work queue).
 
     Parameters
@@ -169,7 +169,7 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Decision:
 
     Returns
     -------
-    Decision
+    Result
         Done, a retry after a delay (`errors.retry_delay`), or a wait parked under the
         claim's Cluster or pool.
 
@@ -184,44 +184,44 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Decision:
     afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it waits for that
     endpoint, else given to the next waiting claim.
     """
-    decision: Decision | None = None
+    decision: Result | None = None
     try:
-        decision = _decide(deps, namespace, name)
+        decision = _reconcile(deps, namespace, name)
         return decision
     finally:
         waits_on = decision.wake_on if decision is not None else ()
         deps.admission.settle(claim_key(namespace, name), waits_on)
 
 
-def _decide(deps: ClaimDeps, namespace: str, name: str) -> Decision:
+def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
     body = _claim_of(deps, namespace, name)
     if body is None:
         deps.metrics.pending(f"{namespace}/{name}", None)
-        return Decision.done()
+        return Result.done()
     try:
         claim = Claim.from_body(body)
     except ValueError:
-        return Decision.done()  # no poolRef kind/name: not a claim we can serve
+        return Result.done()  # no poolRef kind/name: not a claim we can serve
     if not claim.pool_ref.is_ours:
-        return Decision.done()
+        return Result.done()
     try:
         if claim.deleting:
             return _release(deps, body, claim)
-        return _ensure(deps, body, claim)
+        return _reconcile_live(deps, body, claim)
     except _Wait as wait:
         if wait.error is not None:
             reason, message = wait.error.reason, wait.error.message
-            _show(deps, body, claim, ready=False, reason=reason, message=message)
+            _update_status(deps, body, claim, ready=False, reason=reason, message=message)
             deps.metrics.pending(claim.key, reason)
         return wait.decision
     except ClaimError as error:
-        _show(deps, body, claim, ready=False, reason=error.reason, message=error.message)
+        _update_status(deps, body, claim, ready=False, reason=error.reason, message=error.message)
         deps.metrics.pending(claim.key, error.reason)
-        return Decision.retry(error.delay)
+        return Result.requeue_after(error.delay)
     except ApiException as exc:
         if exc.status == 409:  # the claim changed under us: its watch event queues it again
-            return Decision.retry(1.0)
+            return Result.requeue_after(1.0)
         raise
 
 
@@ -237,7 +237,7 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
     released while paused.
     """
     if capi.PAUSED_ANNOTATION in claim.annotations:
-        raise _Wait(Decision.done())
+        raise _Wait(Result.done())
     if not claim.cluster_name:
         return
     token = cluster_token(claim.namespace, claim.cluster_name)
@@ -251,7 +251,7 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
         if claim.deleting:
             return
         raise _Wait(
-            Decision.wait(token),
+            Result.wait(token),
             ClaimError(
                 Reason.ALLOCATION_FAILED,
                 f"Cluster {claim.namespace}/{claim.cluster_name} not found; waiting for it",
@@ -261,7 +261,7 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
     if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
         if allocates_while_paused(claim, cluster):
             return  # a Cluster's endpoint claim: that Cluster waits for it (DESIGN 2, 11)
-        raise _Wait(Decision.wait(token))
+        raise _Wait(Result.wait(token))
 
 
 def _belongs_to(address: IPAddress, claim: Claim) -> bool:
@@ -318,7 +318,7 @@ def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> Mapping[str, Any] |
     )
 
 
-def _seen(address: IPAddress) -> dict[str, Any]:
+def _last_seen(address: IPAddress) -> dict[str, Any]:
     """Return the metadata of an IPAddress as last seen (`gateway.Kube.delete_ip_address`)."""
     meta = address.metadata
     return {
@@ -394,7 +394,7 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
     key = claim_key(claim.namespace, claim.name)
     if not deps.admission.try_admit(endpoint, key):
-        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+        raise _Wait(Result.wait(endpoint_token(endpoint)))
     with deps.admission.held(endpoint, key):
         yield
 
@@ -460,7 +460,7 @@ def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> C
 # -- allocation ----------------------------------------------------------------------------
 
 
-def _ensure(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _reconcile_live(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
     From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
@@ -468,14 +468,14 @@ def _ensure(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision:
     """
     address = _address_of(deps, claim)
     if address is not None:
-        return _bound(deps, body, claim, address)
+        return _update_bound(deps, body, claim, address)
 
     _paused(deps, claim)
     ref = claim.pool_ref
     with deps.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
         pool = _ready_pool(deps, claim)
-        held = _hold(deps, body, claim, pool)
-    if isinstance(held, Decision):
+        held = _add_finalizer(deps, body, claim, pool)
+    if isinstance(held, Result):
         return held
     return _allocate(deps, held, claim, pool)
 
@@ -491,7 +491,7 @@ def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
         ``PoolNotReady`` when the pool's spec is invalid.
     """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
-    waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
+    waiting = Result.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
     pool, pool_body = _pool_of(deps, claim)
     if pool is None or pool_body is None:
         raise _Wait(
@@ -528,16 +528,16 @@ def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
     return pool
 
 
-def _hold(
+def _add_finalizer(
     deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool
-) -> Mapping[str, Any] | Decision:
+) -> Mapping[str, Any] | Result:
     """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
 
     Returns
     -------
-    Mapping or Decision
+    Mapping or Result
         The claim as stored after the write (or as read when it carried the finalizer);
-        `Decision.done` when the claim is gone (nothing may be allocated for it), a retry
+        `Result.done` when the claim is gone (nothing may be allocated for it), a retry
         in one second when it changed since it was read (its watch event queues it too).
 
     Raises
@@ -550,14 +550,14 @@ def _hold(
     endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
     if deps.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its endpoint is busy: wait for a place before writing anything.
-        raise _Wait(Decision.wait(endpoint_token(endpoint)))
+        raise _Wait(Result.wait(endpoint_token(endpoint)))
     written = deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
-    return _written(deps, claim, written, body)
+    return _after_finalizer_write(deps, claim, written, body)
 
 
-def _written(
+def _after_finalizer_write(
     deps: ClaimDeps, claim: Claim, written: Write, body: Mapping[str, Any]
-) -> Mapping[str, Any] | Decision:
+) -> Mapping[str, Any] | Result:
     """Return the claim after a write of its finalizer, or the decision that ends the pass.
 
     `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
@@ -565,13 +565,13 @@ def _written(
     """
     if written.outcome is Outcome.GONE:
         deps.metrics.pending(claim.key, None)
-        return Decision.done()
+        return Result.done()
     if written.outcome is Outcome.CONFLICT:
-        return Decision.retry(1.0)
+        return Result.requeue_after(1.0)
     return written.obj if written.obj is not None else body
 
 
-def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Result:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(deps, claim)
     if requested is None and deps.gate.closed(pool.key):
@@ -603,10 +603,10 @@ def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool
     deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     created = _register(deps, claim, pool, allocation, hostname)
     if created is None:
-        return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
+        return Result.requeue_after(1.0)  # deleted right after a 409: the next pass creates it
     deps.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _bound(deps, body, claim, created, check_pause=False)
+    return _update_bound(deps, body, claim, created, check_pause=False)
 
 
 def _register(
@@ -685,19 +685,19 @@ def _wait_for_address(deps: ClaimDeps, pool: Pool) -> _Wait:
         after=retry_delay(deps.settings, Reason.POOL_EXHAUSTED),
     )
     return _Wait(
-        Decision.wait(pool_token(pool.namespace, pool.kind, pool.name)),
+        Result.wait(pool_token(pool.namespace, pool.kind, pool.name)),
         ClaimError(Reason.POOL_EXHAUSTED, exhausted_message(pool.display), delay=0),
     )
 
 
-def _bound(
+def _update_bound(
     deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,
     address: IPAddress,
     *,
     check_pause: bool = True,
-) -> Decision:
+) -> Result:
     """Show a claim as bound to ``address``; no write (and no Cluster read) when it already is.
 
     A claim recreated without status (``clusterctl move``) is rebuilt from its IPAddress, once
@@ -709,24 +709,26 @@ def _bound(
     status = _status(deps, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
     if not _changes(body, status) and not missing_finalizer:
-        return Decision.done()
+        return Result.done()
     if check_pause:
         _paused(deps, claim)
     if missing_finalizer:
-        held = _written(
+        held = _after_finalizer_write(
             deps, claim, deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
         )
-        if isinstance(held, Decision):
+        if isinstance(held, Result):
             return held
         body = held
-    _show(deps, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
-    return Decision.done()
+    _update_status(
+        deps, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name
+    )
+    return Result.done()
 
 
 # -- release -------------------------------------------------------------------------------
 
 
-def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
@@ -736,7 +738,7 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision
     deletes the source objects so): the entry now belongs to the moved claim.
     """
     if capi.CLAIM_FINALIZER not in claim.finalizers:
-        return Decision.done()  # nothing of ours holds the claim
+        return Result.done()  # nothing of ours holds the claim
     _paused(deps, claim)
     address = _address_of(deps, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
@@ -750,7 +752,9 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        return _let_go(deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _finish_release(
+            deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped"
+        )
 
     pool, _ = _pool_of(deps, claim)
     registered = address.spec.address if address is not None else None
@@ -761,13 +765,15 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Decision
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
         )
-        return _let_go(deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _finish_release(
+            deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped"
+        )
 
     hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
     if address is not None:
         _delete_address(deps, claim, address)
     message = _released_message(pool, registered or hostname, hostname, released, until)
-    decision = _let_go(deps, body, claim, Reason.RELEASED, message, labels, "success")
+    decision = _finish_release(deps, body, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
         deps.gate.open(pool.key)
@@ -851,15 +857,15 @@ def _delete_address(deps: ClaimDeps, claim: Claim, address: IPAddress) -> None:
         from the IPAM and the IPAddress).
     """
     deleted = deps.kube.delete_ip_address(
-        deps.versions.address, claim.namespace, address.metadata.name, _seen(address)
+        deps.versions.address, claim.namespace, address.metadata.name, _last_seen(address)
     )
     if deleted.outcome is Outcome.CONFLICT:
-        raise _Wait(Decision.retry(1.0))
+        raise _Wait(Result.requeue_after(1.0))
 
 
 def _released_before(
     deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
-) -> Decision | None:
+) -> Result | None:
     """Finish a release whose IPAM entry and IPAddress are both gone already.
 
     A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
@@ -870,7 +876,7 @@ def _released_before(
 
     Returns
     -------
-    Decision or None
+    Result or None
         The decision of letting the claim go as ``Released``; None when its pool is gone
         (nothing can be asked) or the IPAM still has the entry.
 
@@ -898,10 +904,10 @@ def _released_before(
     if found is not None:
         return None
     message = f"released {hostname} in {pool.display}"
-    return _let_go(deps, body, claim, Reason.RELEASED, message, labels, "success")
+    return _finish_release(deps, body, claim, Reason.RELEASED, message, labels, "success")
 
 
-def _let_go(
+def _finish_release(
     deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,
@@ -909,7 +915,7 @@ def _let_go(
     message: str,
     labels: tuple[str, str],
     result: str,
-) -> Decision:
+) -> Result:
     """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
 
     A 409 on the finalizer write counts nothing and retries in one second: the next pass
@@ -918,7 +924,7 @@ def _let_go(
     if deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
         Outcome.CONFLICT
     ):
-        return Decision.retry(1.0)
+        return Result.requeue_after(1.0)
     deps.metrics.releases.labels(*labels, result).inc()
     deps.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
@@ -932,7 +938,7 @@ def _let_go(
     pool = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
     if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
         deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
-    return Decision.done()
+    return Result.done()
 
 
 # -- status --------------------------------------------------------------------------------
@@ -975,7 +981,7 @@ def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
     return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
 
 
-def _show(
+def _update_status(
     deps: ClaimDeps,
     body: Mapping[str, Any],
     claim: Claim,

@@ -51,7 +51,7 @@ from bridge.objects.client import ObjectClient
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import api_status_message
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 
 __all__ = [
     "CLAIM_SUFFIX",
@@ -425,9 +425,7 @@ def _warn(
         deps.events.post(cluster, "Warning", reason, message)
 
 
-def _refused(
-    deps: ClusterDeps, cluster: Mapping[str, Any], exc: ApiException, what: str
-) -> Decision:
+def _refused(deps: ClusterDeps, cluster: Mapping[str, Any], exc: ApiException, what: str) -> Result:
     """Tell a write the API server refused for good (400, 403, 422); re-raise any other error.
 
     Such a refusal is fixed by a person, not by retrying: CAPI's Cluster webhook refusing a
@@ -442,14 +440,14 @@ def _refused(
         EndpointReason.REFUSED,
         f"the API server refused {what}: {api_status_message(exc)}",
     )
-    return Decision.done()
+    return Result.done()
 
 
-def _settled(deps: ClusterDeps, namespace: str, name: str) -> None:
+def _forget_notice(deps: ClusterDeps, namespace: str, name: str) -> None:
     deps.notices.forget(("cluster-endpoint", namespace, name))
 
 
-def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Decision:
+def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
     """Decide and do what a Cluster's control-plane endpoint needs now (the work queue's).
 
     Parameters
@@ -462,7 +460,7 @@ def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Decision:
 
     Returns
     -------
-    Decision
+    Result
         Done (the claim's events queue the Cluster again: `bridge.handlers.claims`), or a
         retry after a second when the Cluster changed between read and write (409).
 
@@ -475,40 +473,40 @@ def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Decision:
     """
     version = deps.versions.cluster
     if version is None:
-        return Decision.done()
+        return Result.done()
     cluster = deps.kube.read_cluster(version, namespace, name)
     if cluster is None:
-        _settled(deps, namespace, name)
-        return Decision.done()
+        _forget_notice(deps, namespace, name)
+        return Result.done()
     try:
         request = parse_request((cluster.get("metadata") or {}).get("annotations"))
     except AnnotationError as exc:
         _warn(deps, cluster, EndpointReason.INVALID, str(exc))
-        return Decision.done()
+        return Result.done()
     if request is None:
-        _settled(deps, namespace, name)
-        return Decision.done()
+        _forget_notice(deps, namespace, name)
+        return Result.done()
     body = deps.kube.get_claim(deps.versions.address, namespace, endpoint_claim_name(name))
     if body is None:
         return _create_claim(deps, cluster, request)
     claim = _endpoint_claim(deps, cluster, request, body)
     if claim is None or claim.deleting:
-        return Decision.done()  # a deletion's event queues the Cluster: a new claim then
+        return Result.done()  # a deletion's event queues the Cluster: a new claim then
     address = _bound_address(deps, claim)
     if address is None:
         _tell_pending(deps, cluster, body)
-        return Decision.done()
+        return Result.done()
     return _write_endpoint(deps, cluster, request, claim, address)
 
 
 def _create_claim(
     deps: ClusterDeps, cluster: Mapping[str, Any], request: EndpointRequest
-) -> Decision:
+) -> Result:
     """Create the Cluster's endpoint claim, unless its endpoint is set or it is deleted."""
     meta = cluster.get("metadata") or {}
     namespace, claim_name = str(meta.get("namespace")), endpoint_claim_name(str(meta["name"]))
     if meta.get("deletionTimestamp"):
-        return Decision.done()
+        return Result.done()
     if host := endpoint_host(cluster):
         # Never claim an address that could not be used. A paused Cluster with an endpoint
         # is most likely being moved (clusterctl creates it before its claim): it waits
@@ -521,21 +519,21 @@ def _create_claim(
                 f"spec.controlPlaneEndpoint.host is already {host}; no address is "
                 f"claimed from {request.pool.kind} {request.pool.name}",
             )
-        return Decision.done()
+        return Result.done()
     version = deps.versions.address
     try:
         created = deps.kube.create_claim(version, build_claim(cluster, request.pool, version))
     except ApiException as exc:
         return _refused(deps, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
     if not created.written:  # made meanwhile (its event queues the Cluster again)
-        return Decision.retry(1.0)
+        return Result.requeue_after(1.0)
     message = (
         f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
         f"from {request.pool.kind} {request.pool.name}"
     )
     log.info("Cluster %s/%s: %s", namespace, meta["name"], message)
     deps.events.post(cluster, "Normal", EndpointReason.CLAIMED, message)
-    return Decision.done()
+    return Result.done()
 
 
 def _endpoint_claim(
@@ -603,7 +601,7 @@ def _write_endpoint(
     request: EndpointRequest,
     claim: Claim,
     address: tuple[str, str],
-) -> Decision:
+) -> Result:
     """Patch the Cluster with the endpoint (and variables, unpause) of its bound claim."""
     meta = cluster.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
@@ -620,33 +618,33 @@ def _write_endpoint(
                 f"dnsZone; {claim.pool_ref.kind} {claim.pool_ref.name} has none; the "
                 "endpoint is not written",
             )
-            return Decision.done()
+            return Result.done()
         host = fqdn
     plan = plan_patch(
         cluster, host=host, address=ip, variables=request.variables, unpause=request.unpause
     )
     if plan.conflict is not None:
         _warn(deps, cluster, EndpointReason.CONFLICT, plan.conflict)
-        return Decision.done()
+        return Result.done()
     if plan.patch is None:
-        _settled(deps, namespace, name)
-        return Decision.done()
+        _forget_notice(deps, namespace, name)
+        return Result.done()
     try:
         stored = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
         if exc.status == 409:  # changed since read: decide again on what it is now
-            return Decision.retry(1.0)
+            return Result.requeue_after(1.0)
         return _refused(deps, cluster, exc, "the Cluster patch")
     if stored is None:
-        return Decision.done()
-    _settled(deps, namespace, name)
+        return Result.done()
+    _forget_notice(deps, namespace, name)
     message = (
         f"{', '.join(plan.changes)}: address {ip} from {claim.pool_ref.kind} "
         f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim.name})"
     )
     log.info("Cluster %s/%s: %s", namespace, name, message)
     deps.events.post(stored, "Normal", EndpointReason.SET, message)
-    return Decision.done()
+    return Result.done()
 
 
 def _conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:

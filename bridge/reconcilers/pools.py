@@ -62,7 +62,7 @@ from bridge.reconcilers.pool_backends import (
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Outcome
 from bridge.runtime.holds import PendingHolds
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 __all__ = [
@@ -373,7 +373,7 @@ def _read_by_pools(deps: PoolDeps, namespace: str, *, besides: tuple[str, str, s
     return read
 
 
-def _free_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
+def _release_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
     """Remove `CREDENTIALS_FINALIZER` from the Secrets ``refs`` that no pool but ``besides`` reads.
 
     Takes the lock of each Secret's namespace (`PoolDeps.locks`).
@@ -385,7 +385,7 @@ def _free_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, 
                 deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
 
 
-def _keep_secrets(deps: PoolDeps, body: Mapping[str, Any], pool: Pool) -> None:
+def _protect_secrets(deps: PoolDeps, body: Mapping[str, Any], pool: Pool) -> None:
     """Protect the Secrets the pool reads; let go of those it read before and no longer does.
 
     The pool's `SECRETS_ANNOTATION` names every Secret it put `CREDENTIALS_FINALIZER` on; it
@@ -401,7 +401,7 @@ def _keep_secrets(deps: PoolDeps, body: Mapping[str, Any], pool: Pool) -> None:
         deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
     stale = recorded - wanted
     if stale:
-        _free_secrets(deps, stale, besides=pool.key)
+        _release_secrets(deps, stale, besides=pool.key)
         deps.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
 
 
@@ -429,7 +429,7 @@ def _status_patch(current: Mapping[str, Any], status: Mapping[str, Any]) -> dict
     return patch
 
 
-def _write(
+def _update_status(
     deps: PoolDeps,
     body: Mapping[str, Any],
     status: Mapping[str, Any],
@@ -478,7 +478,7 @@ def _write(
         deps.events.post(body, "Normal" if ready else "Warning", reason, message)
 
 
-def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Decision:
+def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Result:
     """Decide and do what one pool needs now (called by the work queue).
 
     A live pool: ``ProtectPool`` and the Secrets' `CREDENTIALS_FINALIZER` are ensured, the
@@ -492,7 +492,7 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Deci
 
     Returns
     -------
-    Decision
+    Result
         Retry after `errors.retry_delay` of the failure's reason while not Ready or
         blocked; done otherwise (the periodic refresh queues every pool again).
 
@@ -509,7 +509,7 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Deci
         deps.gate.open((namespace, kind, name))  # forgotten: the pool is gone
         deps.metrics.forget_pool(f"{namespace}/{name}", kind)
         deps.queue.wake(pool_token(namespace, kind, name))
-        return Decision.done()
+        return Result.done()
     body.setdefault("kind", kind)
     meta = body.get("metadata") or {}
     pool: Pool | None = None
@@ -525,23 +525,25 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Deci
     if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
         outcome = deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
         if outcome is Outcome.CONFLICT:
-            return Decision.retry(1.0)  # changed since read: its watch event queues it too
+            return Result.requeue_after(1.0)  # changed since read: its watch event queues it too
         if outcome is Outcome.GONE:
-            return Decision.done()
+            return Result.done()
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
-        _keep_secrets(deps, body, pool)
+        _protect_secrets(deps, body, pool)
         status = check_pool(deps, pool, body)
     except PoolError as failure:
         if capi.ready_of(body) != ("False", failure.reason):
             # A new failure: claims that waited for the pool's check learn what it found.
             deps.queue.wake(pool_token(namespace, kind, name))
-        _write_failure(deps, body, failure)
-        return Decision.retry(retry_delay(deps.settings, failure.reason))
+        _update_failed_status(deps, body, failure)
+        return Result.requeue_after(retry_delay(deps.settings, failure.reason))
     condition = status["conditions"][0]
     was_ready = capi.ready_of(body)[0] == "True"
-    _write(deps, body, status, ready=True, reason=condition["reason"], message=condition["message"])
+    _update_status(
+        deps, body, status, ready=True, reason=condition["reason"], message=condition["message"]
+    )
     token = pool_token(namespace, kind, name)
     if not was_ready:
         deps.queue.wake(token)  # the claims that waited for the pool to turn Ready
@@ -552,16 +554,16 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Deci
     if deps.queue.parked(token):
         # Claims wait for an address: look again soon (one IPAM request per pool, not one
         # per claim), until they are served.
-        return Decision.retry(retry_delay(deps.settings, Reason.POOL_EXHAUSTED))
-    return Decision.done()
+        return Result.requeue_after(retry_delay(deps.settings, Reason.POOL_EXHAUSTED))
+    return Result.done()
 
 
-def _write_failure(deps: PoolDeps, body: Mapping[str, Any], error: PoolError) -> None:
-    """Write Ready False with the error's reason and message (see `_write`)."""
+def _update_failed_status(deps: PoolDeps, body: Mapping[str, Any], error: PoolError) -> None:
+    """Write Ready False with the error's reason and message (see `_update_status`)."""
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     previous = (body.get("status") or {}).get("conditions") or []
     status = pool_failed_status(generation, error, previous)
-    _write(deps, body, status, ready=False, reason=error.reason, message=error.message)
+    _update_status(deps, body, status, ready=False, reason=error.reason, message=error.message)
 
 
 #: How soon a pool being deleted looks again while the cache does not show its deletion yet,
@@ -569,7 +571,7 @@ def _write_failure(deps: PoolDeps, body: Mapping[str, Any], error: PoolError) ->
 CACHE_LAG_SECONDS = 0.5
 
 
-def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | None) -> Decision:
+def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | None) -> Result:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
     kind, name = str(body["kind"]), str(meta["name"])
@@ -579,7 +581,7 @@ def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | No
     if cached is not None and not (cached.get("metadata") or {}).get("deletionTimestamp"):
         # Claims decide from the cache: until it shows the deletion, a claim may still see
         # the pool live and register in it. Its watch event queues the pool again.
-        return Decision.retry(CACHE_LAG_SECONDS)
+        return Result.requeue_after(CACHE_LAG_SECONDS)
     pending = deps.holds.of((namespace, kind, name))
     users = users_of(deps, namespace, kind, name) + [f"IPAddressClaim {key}" for key in pending]
     if users:
@@ -590,22 +592,22 @@ def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | No
             f"it: {shown}; it goes once their claims are released",
             needs_person=False,
         )
-        _write_failure(deps, body, error)
+        _update_failed_status(deps, body, error)
         if pending:  # claims in flight settle within moments: look again soon
-            return Decision.retry(CACHE_LAG_SECONDS)
+            return Result.requeue_after(CACHE_LAG_SECONDS)
         # Each release queues the pool again; this retry is only the safety net.
-        return Decision.retry(deps.settings.requeue_config_error_seconds)
+        return Result.requeue_after(deps.settings.requeue_config_error_seconds)
     held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())
     # Under the namespace locks (`PoolDeps.locks`): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
-    _free_secrets(deps, held, besides=(namespace, kind, name))
+    _release_secrets(deps, held, besides=(namespace, kind, name))
     if deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
-        return Decision.retry(1.0)  # changed since read: decided again from what it is now
+        return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
     deps.clients.backends.drop((namespace, kind, name))
     deps.gate.open((namespace, kind, name))
     deps.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
-    return Decision.done()
+    return Result.done()
 
 
 def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:

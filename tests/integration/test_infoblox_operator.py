@@ -22,7 +22,7 @@ from bridge.capi import (
     HOSTNAME_ANNOTATION,
 )
 from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import NON_DNS_VIEW, InfobloxStore, SearchFilter
 from mock_kubernetes.sandbox import Sandbox, wait_for
@@ -650,7 +650,7 @@ def test_restart_costs_no_backend_call_for_bound_claims(
     seen: list[str] = []
     original = reconcile_claim
 
-    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision
@@ -705,7 +705,7 @@ def test_restart_writes_nothing_to_bound_claims(
     seen: list[str] = []
     original = reconcile_claim
 
-    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision

@@ -20,7 +20,7 @@ from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 import bridge.operator as operator_module
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX
 from bridge.reconcilers.claims import ClaimDeps
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
@@ -650,7 +650,7 @@ def test_restart_costs_no_backend_write(
     seen: list[str] = []
     original = operator_module.reconcile_claim
 
-    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision

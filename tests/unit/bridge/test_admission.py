@@ -21,7 +21,7 @@ from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
 from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 EP = "https://a.example.com:443"
@@ -182,7 +182,7 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     assert ctx.admission.try_admit(endpoint, claim_key("ns", "c1"))
     world.kube.writes.clear()
     decision = reconcile_claim(ctx.claims, "ns", "c2")
-    assert decision == Decision.wait(endpoint_token(endpoint))  # parked, no timer
+    assert decision == Result.wait(endpoint_token(endpoint))  # parked, no timer
     assert world.ipam.calls == []  # the IPAM was not asked
     assert world.kube.writes == []  # parked before its finalizer: no write at all
     world.kube.writes.clear()
@@ -191,7 +191,7 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     # c1 ends: c2 (and only c2) is queued, and its pass is admitted and binds it.
     ctx.admission.finish(endpoint, claim_key("ns", "c1"))
     assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
-    assert reconcile_claim(ctx.claims, "ns", "c2") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     assert ("ns", "c2") in world.kube.addresses
     assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
     assert ctx.admission.in_flight(endpoint) == 0
@@ -208,7 +208,7 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
 
     def during() -> None:  # c2 comes while c1 is in its IPAM call
         seen.append(ctx.admission.in_flight(endpoint))
-        assert reconcile_claim(ctx.claims, "ns", "c2") == Decision.wait(endpoint_token(endpoint))
+        assert reconcile_claim(ctx.claims, "ns", "c2") == Result.wait(endpoint_token(endpoint))
 
     real_call = ctx.metrics.call
 
@@ -218,10 +218,10 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
         return real_call(backend, operation, fn)
 
     monkeypatch.setattr(ctx.metrics, "call", call)
-    assert reconcile_claim(ctx.claims, "ns", "c1") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c1") == Result.done()
     assert seen == [1]
     assert world.queue.added[-1] == (claim_key("ns", "c2"), 0.0)  # woken once c1 ended
-    assert reconcile_claim(ctx.claims, "ns", "c2") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     # A failing call (the endpoint unreachable) frees its place too, and halves nothing
     # below 1.
     world.kube.add_claim(claim("c3"))

@@ -48,7 +48,7 @@ from bridge.reconcilers.control_plane import (
     plan_patch,
     reconcile_cluster,
 )
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 NS = "ns"
@@ -278,11 +278,11 @@ class World:
     def cluster(self) -> dict[str, Any]:
         return self.kube.clusters[(NS, "wl1")]
 
-    def reconcile(self) -> Decision:
+    def reconcile(self) -> Result:
         return reconcile_cluster(self.ctx.clusters, NS, "wl1")
 
     def bind(self) -> None:
-        assert reconcile_claim(self.ctx.claims, NS, "wl1-control-plane-endpoint") == Decision.done()
+        assert reconcile_claim(self.ctx.claims, NS, "wl1-control-plane-endpoint") == Result.done()
 
 
 @pytest.fixture
@@ -300,15 +300,15 @@ def test_paused_cluster_gets_claim_address_and_one_patch(world: World) -> None:
         },
         topology={"classRef": {"name": "c"}, "version": "v1.33.0"},
     )
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     (create,) = world.kube.of("claim.create")
     assert create.target == f"{NS}/wl1-control-plane-endpoint"
-    assert world.reconcile() == Decision.done()  # the claim exists, unbound: nothing more
+    assert world.reconcile() == Result.done()  # the claim exists, unbound: nothing more
     assert world.kube.ops() == ["claim.create", "event"]
 
     world.bind()  # allocated although the Cluster is paused
     assert world.ipam.entries == {"wl1-control-plane-endpoint.ns": "10.0.0.2"}
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     (patch,) = world.kube.of("cluster.patch")
     assert patch.detail["spec"] == {
         "controlPlaneEndpoint": {"host": "10.0.0.2", "port": 6443},
@@ -318,7 +318,7 @@ def test_paused_cluster_gets_claim_address_and_one_patch(world: World) -> None:
     assert world.kube.events[-1][:2] == ("Normal", EndpointReason.SET)
     assert "10.0.0.2 from PHPIPAMIPPool pool" in world.kube.events[-1][2]
     writes = len(world.kube.writes)
-    assert world.reconcile() == Decision.done()  # a resync: the same state, no write
+    assert world.reconcile() == Result.done()  # a resync: the same state, no write
     assert len(world.kube.writes) == writes
 
 
@@ -427,7 +427,7 @@ def test_a_stale_cluster_is_retried_not_overwritten(world: World) -> None:
         return body
 
     world.kube.read_cluster = stale  # type: ignore[method-assign]
-    assert world.reconcile() == Decision.retry(1.0)
+    assert world.reconcile() == Result.requeue_after(1.0)
     assert not world.kube.of("cluster.patch")
 
 
@@ -442,8 +442,8 @@ def test_a_refused_patch_is_told_not_retried(world: World) -> None:
         raise ApiException(status=422, reason="Invalid")
 
     world.kube.patch_cluster = refuse  # type: ignore[method-assign,assignment]
-    assert world.reconcile() == Decision.done()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
+    assert world.reconcile() == Result.done()
     refused = [e for e in world.kube.events if e[1] == EndpointReason.REFUSED]
     assert len(refused) == 1 and "the Cluster patch" in refused[0][2]
 

@@ -36,7 +36,7 @@ from bridge.reconcilers.pools import (
     reconcile_pool,
     users_of,
 )
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 NS = "ns"
@@ -60,7 +60,7 @@ class World:
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
 
-    def reconcile(self, name: str = "pool", kind: str = KIND, namespace: str = NS) -> Decision:
+    def reconcile(self, name: str = "pool", kind: str = KIND, namespace: str = NS) -> Result:
         return reconcile_pool(self.ctx.pools, namespace, kind, name)
 
     def stored(self, name: str = "pool", kind: str = KIND) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     world.kube.add_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca"}}))
     world.ipam.entries["someone"] = "10.0.0.2"
     world.ctx.gate.exhausted((NS, KIND, "pool"))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.ops() == [
         "pool.finalizer",
         "pool.annotate",  # the Secrets it protects, remembered before they are protected
@@ -213,7 +213,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert not world.ctx.gate.closed((NS, KIND, "pool"))
     # The periodic refresh of a pool that did not change writes nothing.
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # Still Ready, with free addresses: one claim waiting for an address (if any) tries.
@@ -311,7 +311,7 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
 ) -> None:
     world.kube.add_pool(phpipam_pool(secret=secret))
     world.ipam.error = error
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     assert world.kube.ops()[0] == "pool.finalizer"
     assert world.kube.ops()[-2:] == ["pool.status", "event"]
     condition = world.ready()
@@ -321,13 +321,13 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
     # Claims that waited for the pool's first check learn what it found (PoolNotReady).
     assert world.queue.woken == [TOKEN]
     world.reset()
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     assert world.kube.writes == []
     assert world.queue.woken == []  # the same failure again: nobody to tell
     # Fixed: Ready, one Event, the waiting claims are woken.
     world.kube.add_secret(NS, secret, {"username": "u", "password": "p"})
     world.ipam.error = None
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ready()["status"] == "True"
     assert [e[:2] for e in world.kube.events] == [("Normal", Reason.POOL_READY)]
     assert world.queue.woken == [TOKEN]
@@ -335,7 +335,7 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
 
 def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
     world.kube.add_pool(phpipam_pool(endpoint="ftp://nowhere"))
-    assert world.reconcile() == Decision.retry(60)
+    assert world.reconcile() == Result.requeue_after(60)
     assert world.ready()["reason"] == Reason.INVALID_SPEC
     assert world.ipam.calls == [] and world.kube.of("secret.finalizer") == []
 
@@ -346,7 +346,7 @@ def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World)
     world.ctx.gate.exhausted((NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
@@ -394,7 +394,7 @@ def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> 
     world.delete()
     world.reset()
     decision = world.reconcile()
-    assert decision == Decision.retry(world.ctx.settings.requeue_config_error_seconds)
+    assert decision == Result.requeue_after(world.ctx.settings.requeue_config_error_seconds)
     assert world.kube.ops() == ["pool.status", "event"]
     condition = world.ready()
     assert (condition["status"], condition["reason"]) == ("False", Reason.DELETION_BLOCKED)
@@ -412,7 +412,7 @@ def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> 
     # The claim is released: the pool goes, its Secret is let go, its client closed.
     del world.kube.claims[(NS, "holding")]
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.ops() == ["secret.finalizer", "pool.finalizer"]
     assert world.kube.of("pool.finalizer")[0].detail == (capi.POOL_FINALIZER, False)
     assert (NS, KIND, "pool") not in world.kube.pools
@@ -452,7 +452,7 @@ def test_a_deleted_pools_secrets_are_let_go_only_when_no_other_pool_reads_them(
         assert kube.secret_finalizers(NS, name) == [CREDENTIALS_FINALIZER], name
     world.delete("a")
     world.reset()
-    assert world.reconcile("a") == Decision.done()
+    assert world.reconcile("a") == Result.done()
     assert [w.target for w in kube.of("secret.finalizer")] == ["ns/ca-a"]
     assert kube.secret_finalizers(NS, "shared") == [CREDENTIALS_FINALIZER]
     assert kube.secret_finalizers(NS, "ca-a") == []
@@ -518,7 +518,7 @@ def test_a_pool_being_deleted_with_an_invalid_spec_still_goes(world: World) -> N
     world.kube.add_pool(
         phpipam_pool(endpoint="ftp://x", deleting=True, finalizers=(capi.POOL_FINALIZER,))
     )
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, KIND, "pool") not in world.kube.pools
 
 
@@ -531,7 +531,7 @@ def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_ar
     world.ipam.entries.update({"a.ns": "10.0.0.2"})  # .1 is the gateway: full
     world.queue.parked_keys[TOKEN] = {("claim", NS, "waiting")}
     world.reset()
-    probe = Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    probe = Result.requeue_after(world.ctx.settings.requeue_exhausted_seconds)
     assert world.reconcile() == probe  # full, claims wait: look again soon
     assert world.queue.woken == []
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
@@ -540,7 +540,7 @@ def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_ar
     assert world.reconcile() == probe
     assert world.queue.woken == [(TOKEN, 1)]  # one waiting claim tries; its success wakes the next
     world.queue.parked_keys.clear()
-    assert world.reconcile() == Decision.done()  # nobody waits: the periodic refresh is enough
+    assert world.reconcile() == Result.done()  # nobody waits: the periodic refresh is enough
 
 
 # -- Global pools, quarantine purge (issue 12) ----------------------------------------------
@@ -559,7 +559,7 @@ def global_pool(name: str = "shared", **kwargs: Any) -> dict[str, Any]:
 def test_a_global_pool_protects_the_secret_of_the_namespace_it_names(world: World) -> None:
     world.kube.add_secret("ipam", "creds", {"username": "u", "password": "p"})
     world.kube.add_pool(global_pool())
-    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    assert world.reconcile("shared", GLOBAL, "") == Result.done()
     stored = world.kube.pools[("", GLOBAL, "shared")]
     assert CREDENTIALS_FINALIZER in world.kube.secret_finalizers("ipam", "creds")
     assert world.kube.secret_finalizers(NS, "creds") == []
@@ -586,7 +586,7 @@ def test_a_global_pool_is_held_by_claims_of_every_namespace(world: World) -> Non
     assert capi.ready_of(world.kube.pools[("", GLOBAL, "shared")])[1] == "DeletionBlocked"
     for key in [("team-a", "a"), ("team-b", "b")]:
         del world.kube.claims[key]
-    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    assert world.reconcile("shared", GLOBAL, "") == Result.done()
     assert ("", GLOBAL, "shared") not in world.kube.pools
     assert world.kube.secret_finalizers("ipam", "creds") == []
 

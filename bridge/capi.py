@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -170,6 +170,11 @@ class Claim:
         ``(apiVersion group, kind, name)`` of each owner reference (e.g. the Cluster owning a
         control-plane endpoint claim, `control_plane.is_endpoint_claim`); never UIDs,
         which ``clusterctl move`` changes.
+    generation, resource_version:
+        ``metadata.generation`` (None when absent) and ``metadata.resourceVersion``.
+    status:
+        ``status`` as read: its conditions are written back merged (`claim_status`), so
+        another writer's conditions are kept exactly as they are.
     """
 
     api_version: str
@@ -184,6 +189,9 @@ class Claim:
     deleting: bool
     finalizers: tuple[str, ...] = ()
     owners: tuple[tuple[str, str, str], ...] = ()
+    generation: int | None = None
+    resource_version: str = ""
+    status: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Claim:
@@ -199,7 +207,12 @@ class Claim:
             model = IPAddressClaim.model_validate(body)
         except ValidationError as exc:
             raise ValueError(problem_of(exc)) from exc
-        return cls.from_model(model)
+        generation = (body.get("metadata") or {}).get("generation")
+        return replace(
+            cls.from_model(model),
+            generation=generation if isinstance(generation, int) else None,
+            status=body.get("status") or {},
+        )
 
     @classmethod
     def from_model(cls, claim: IPAddressClaim) -> Claim:
@@ -226,6 +239,7 @@ class Claim:
                 (ref.api_version.rpartition("/")[0], ref.kind, ref.name)
                 for ref in meta.owner_references
             ),
+            resource_version=meta.resource_version,
         )
 
     @property
@@ -237,6 +251,37 @@ class Claim:
     def key(self) -> str:
         """``<namespace>/<name>``, for logs and provenance."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def ready(self) -> tuple[str | None, str | None]:
+        """``(status, reason)`` of the claim's Ready condition, or ``(None, None)``.
+
+        From ``status.conditions``, or for a v1beta1 claim ``status.v1beta2.conditions``
+        when present (CAPI >= 1.9), else its CAPI conditions in ``status.conditions``.
+        """
+        conditions = self.status.get("conditions") or []
+        if self.version == "v1beta1":
+            conditions = (self.status.get("v1beta2") or {}).get("conditions") or conditions
+        return _ready_in(conditions)
+
+    def as_object(self) -> dict[str, Any]:
+        """Return the claim as an API object names it: apiVersion, kind and metadata.
+
+        ``metadata`` holds ``name``, ``namespace``, ``uid``, ``finalizers`` and
+        ``resourceVersion``: what a finalizer write guarded by the resourceVersion and an
+        Event about the claim need.
+        """
+        return {
+            "apiVersion": self.api_version,
+            "kind": "IPAddressClaim",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "finalizers": list(self.finalizers),
+                "resourceVersion": self.resource_version,
+            },
+        }
 
 
 def hostname_for(claim: Claim, suffix: str | None) -> str:
@@ -373,7 +418,7 @@ def _merge(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> l
 
 
 def claim_status(
-    body: Mapping[str, Any],
+    claim: Claim,
     *,
     ready: bool,
     reason: str,
@@ -390,9 +435,9 @@ def claim_status(
     have no ``status.v1beta2``, and the API server prunes what is written there (structural
     schema pruning), so it is left out for them. Other conditions already present are kept.
     """
-    status = body.get("status") or {}
-    generation = (body.get("metadata") or {}).get("generation")
-    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+    status = claim.status
+    generation = claim.generation
+    version = claim.version
     patch: dict[str, Any] = {}
     if address_ref:
         patch["addressRef"] = {"name": address_ref}
@@ -438,6 +483,10 @@ def ready_of(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     conditions = status.get("conditions") or []
     if version == "v1beta1" and body.get("kind") == "IPAddressClaim":
         conditions = (status.get("v1beta2") or {}).get("conditions") or conditions
+    return _ready_in(conditions)
+
+
+def _ready_in(conditions: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
     for condition in conditions:
         if condition.get("type") == "Ready":
             return condition.get("status"), condition.get("reason")

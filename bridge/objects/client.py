@@ -13,7 +13,14 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
+from bridge.capi import (
+    ADDRESS_FINALIZER,
+    CLUSTER_GROUP,
+    GLOBAL_POOL_KINDS,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+)
 from bridge.runtime.gateway import Kube, Outcome, Resource, Write
 
 __all__ = [
@@ -58,10 +65,6 @@ def pool_resource(kind: str) -> Resource:
 def cluster_resource(version: str) -> Resource:
     """Return the CAPI ``Cluster`` resource in ``version`` (``v1beta2``/``v1beta1``)."""
     return Resource(CLUSTER_GROUP, version, "clusters", "Cluster")
-
-
-def _version_of(obj: Mapping[str, Any]) -> str:
-    return str(obj.get("apiVersion") or "").rsplit("/", 1)[-1]
 
 
 class ObjectClient(Kube):
@@ -115,9 +118,15 @@ class ObjectClient(Kube):
         """
         return self.patch_status(claim_resource(version), namespace, name, {"status": dict(status)})
 
-    def set_claim_finalizer(self, claim: Mapping[str, Any], finalizer: str, present: bool) -> Write:
-        """Add or remove ``finalizer`` on a claim (`Kube.set_finalizer`)."""
-        return self.set_finalizer(claim_resource(_version_of(claim)), claim, finalizer, present)
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a claim as read (`Kube.set_finalizer`).
+
+        Guarded by the claim's resourceVersion: a claim changed since it was read answers
+        `Outcome.CONFLICT`.
+        """
+        return self.set_finalizer(
+            claim_resource(claim.version), claim.as_object(), finalizer, present
+        )
 
     # -- IPAddresses --------------------------------------------------------------
 

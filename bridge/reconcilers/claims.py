@@ -195,28 +195,28 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
 
 def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
-    body = _claim_of(deps, namespace, name)
-    if body is None:
+    found = _claim_of(deps, namespace, name)
+    if found is None:
         deps.metrics.pending(f"{namespace}/{name}", None)
         return Result.done()
     try:
-        claim = Claim.from_body(body)
+        claim = Claim.from_body(found)
     except ValueError:
         return Result.done()  # no poolRef kind/name: not a claim we can serve
     if not claim.pool_ref.is_ours:
         return Result.done()
     try:
         if claim.deleting:
-            return _release(deps, body, claim)
-        return _reconcile_live(deps, body, claim)
+            return _release(deps, claim)
+        return _reconcile_live(deps, claim)
     except _Wait as wait:
         if wait.error is not None:
             reason, message = wait.error.reason, wait.error.message
-            _update_status(deps, body, claim, ready=False, reason=reason, message=message)
+            _update_status(deps, claim, ready=False, reason=reason, message=message)
             deps.metrics.pending(claim.key, reason)
         return wait.decision
     except ClaimError as error:
-        _update_status(deps, body, claim, ready=False, reason=error.reason, message=error.message)
+        _update_status(deps, claim, ready=False, reason=error.reason, message=error.message)
         deps.metrics.pending(claim.key, error.reason)
         return Result.requeue_after(error.delay)
     except ApiException as exc:
@@ -345,8 +345,8 @@ def _address_of(deps: ClaimDeps, claim: Claim) -> IPAddress | None:
     return None
 
 
-def _pool_of(deps: ClaimDeps, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
-    """Return the claim's pool (parsed and as read), or ``(None, None)`` when it is gone.
+def _pool_of(deps: ClaimDeps, claim: Claim) -> Pool | None:
+    """Return the claim's pool, or None when it is gone.
 
     Raises
     ------
@@ -360,10 +360,10 @@ def _pool_of(deps: ClaimDeps, claim: Claim) -> tuple[Pool | None, dict[str, Any]
         lambda: deps.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
     )
     if found is None:
-        return None, None
+        return None
     body = {**found, "kind": found.get("kind") or ref.kind}  # the cache's dict stays as it is
     try:
-        return parse_pool(body), body
+        return parse_pool(body)
     except PoolError as exc:
         raise _not_ready(deps, claim, exc) from exc
 
@@ -391,7 +391,7 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
         Before the block runs, when the endpoint is full: the claim parks under
         `bridge.runtime.flowcontrol.endpoint_token` without a status write.
     """
-    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    endpoint = endpoint_key(pool.endpoint)
     key = claim_key(claim.namespace, claim.name)
     if not deps.admission.try_admit(endpoint, key):
         raise _Wait(Result.wait(endpoint_token(endpoint)))
@@ -460,7 +460,7 @@ def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> C
 # -- allocation ----------------------------------------------------------------------------
 
 
-def _reconcile_live(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
+def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
     From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
@@ -468,16 +468,16 @@ def _reconcile_live(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> R
     """
     address = _address_of(deps, claim)
     if address is not None:
-        return _update_bound(deps, body, claim, address)
+        return _update_bound(deps, claim, address)
 
     _paused(deps, claim)
     ref = claim.pool_ref
     with deps.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
         pool = _ready_pool(deps, claim)
-        held = _add_finalizer(deps, body, claim, pool)
+        held = _add_finalizer(deps, claim, pool)
     if isinstance(held, Result):
         return held
-    return _allocate(deps, held, claim, pool)
+    return _allocate(deps, held, pool)
 
 
 def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
@@ -492,8 +492,8 @@ def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
     """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
     waiting = Result.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
-    pool, pool_body = _pool_of(deps, claim)
-    if pool is None or pool_body is None:
+    pool = _pool_of(deps, claim)
+    if pool is None:
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
@@ -503,24 +503,16 @@ def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
         )
-    ready, _ = capi.ready_of(pool_body)
-    pool_status = pool_body.get("status") or {}
-    if ready != "True" or pool_status.get("observedGeneration") != pool.generation:
+    ready, _, message = pool.ready
+    checked = pool.observed_generation == pool.generation
+    if ready != "True" or not checked:
         # Only a pool whose current spec was checked Ready is asked for an address: claims of
         # a broken pool (credentials, subnet, IPAM down) wait for it instead of each asking
         # the IPAM (and each failing a login), and get no finalizer, so they never hold the
         # pool's deletion. A pool not checked yet (just created or changed) is waited for
         # without a status write: its check wakes the claim within moments.
-        if ready != "False" or pool_status.get("observedGeneration") != pool.generation:
+        if ready != "False" or not checked:
             raise _Wait(waiting)
-        message = next(
-            (
-                str(c.get("message") or "")
-                for c in pool_status.get("conditions") or []
-                if c.get("type") == "Ready"
-            ),
-            "",
-        )
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
@@ -528,14 +520,12 @@ def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
     return pool
 
 
-def _add_finalizer(
-    deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool
-) -> Mapping[str, Any] | Result:
+def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
 
     Returns
     -------
-    Mapping or Result
+    Claim or Result
         The claim as stored after the write (or as read when it carried the finalizer);
         `Result.done` when the claim is gone (nothing may be allocated for it), a retry
         in one second when it changed since it was read (its watch event queues it too).
@@ -546,32 +536,40 @@ def _add_finalizer(
         When the pool's endpoint is full: parked before any write.
     """
     if capi.CLAIM_FINALIZER in claim.finalizers:
-        return body
-    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+        return claim
+    endpoint = endpoint_key(pool.endpoint)
     if deps.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its endpoint is busy: wait for a place before writing anything.
         raise _Wait(Result.wait(endpoint_token(endpoint)))
-    written = deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
-    return _after_finalizer_write(deps, claim, written, body)
+    written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
+    return _after_finalizer_write(deps, claim, written)
 
 
-def _after_finalizer_write(
-    deps: ClaimDeps, claim: Claim, written: Write, body: Mapping[str, Any]
-) -> Mapping[str, Any] | Result:
-    """Return the claim after a write of its finalizer, or the decision that ends the pass.
+def _after_finalizer_write(deps: ClaimDeps, claim: Claim, written: Write) -> Claim | Result:
+    """Return the claim after a write of its finalizer, or the result that ends the pass.
 
     `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
-    `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
+    `Outcome.CONFLICT`: requeued after one second. Else the claim as stored, or ``claim``.
     """
     if written.outcome is Outcome.GONE:
         deps.metrics.pending(claim.key, None)
         return Result.done()
     if written.outcome is Outcome.CONFLICT:
         return Result.requeue_after(1.0)
-    return written.obj if written.obj is not None else body
+    return _parsed(written.obj, claim)
 
 
-def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Result:
+def _parsed(stored: Mapping[str, Any] | None, claim: Claim) -> Claim:
+    """Return the claim as a write returned it (``stored``), or ``claim`` when there is none."""
+    if stored is None:
+        return claim
+    try:
+        return Claim.from_body(stored)
+    except ValueError:
+        return claim
+
+
+def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(deps, claim)
     if requested is None and deps.gate.closed(pool.key):
@@ -606,7 +604,7 @@ def _allocate(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, pool: Pool
         return Result.requeue_after(1.0)  # deleted right after a 409: the next pass creates it
     deps.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _update_bound(deps, body, claim, created, check_pause=False)
+    return _update_bound(deps, claim, created, check_pause=False)
 
 
 def _register(
@@ -692,7 +690,6 @@ def _wait_for_address(deps: ClaimDeps, pool: Pool) -> _Wait:
 
 def _update_bound(
     deps: ClaimDeps,
-    body: Mapping[str, Any],
     claim: Claim,
     address: IPAddress,
     *,
@@ -706,29 +703,27 @@ def _update_bound(
     deps.metrics.pending(claim.key, None)
     name = address.metadata.name
     message = f"address {address.spec.address}/{address.spec.prefix} from {_pool_display(claim)}"
-    status = _status(deps, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    status = _status(deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
-    if not _changes(body, status) and not missing_finalizer:
+    if not _changes(claim, status) and not missing_finalizer:
         return Result.done()
     if check_pause:
         _paused(deps, claim)
     if missing_finalizer:
         held = _after_finalizer_write(
-            deps, claim, deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+            deps, claim, deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
         )
         if isinstance(held, Result):
             return held
-        body = held
-    _update_status(
-        deps, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name
-    )
+        claim = held
+    _update_status(deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     return Result.done()
 
 
 # -- release -------------------------------------------------------------------------------
 
 
-def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
+def _release(deps: ClaimDeps, claim: Claim) -> Result:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
@@ -744,7 +739,7 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
-        finished = _released_before(deps, body, claim, labels)
+        finished = _released_before(deps, claim, labels)
         if finished is not None:
             return finished
         message = (
@@ -752,11 +747,9 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        return _finish_release(
-            deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped"
-        )
+        return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
-    pool, _ = _pool_of(deps, claim)
+    pool = _pool_of(deps, claim)
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
@@ -765,15 +758,13 @@ def _release(deps: ClaimDeps, body: Mapping[str, Any], claim: Claim) -> Result:
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
         )
-        return _finish_release(
-            deps, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped"
-        )
+        return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
     hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
     if address is not None:
         _delete_address(deps, claim, address)
     message = _released_message(pool, registered or hostname, hostname, released, until)
-    decision = _finish_release(deps, body, claim, Reason.RELEASED, message, labels, "success")
+    decision = _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
         deps.gate.open(pool.key)
@@ -863,9 +854,7 @@ def _delete_address(deps: ClaimDeps, claim: Claim, address: IPAddress) -> None:
         raise _Wait(Result.requeue_after(1.0))
 
 
-def _released_before(
-    deps: ClaimDeps, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
-) -> Result | None:
+def _released_before(deps: ClaimDeps, claim: Claim, labels: tuple[str, str]) -> Result | None:
     """Finish a release whose IPAM entry and IPAddress are both gone already.
 
     A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
@@ -887,7 +876,7 @@ def _released_before(
     _Wait
         When the pool's endpoint is full.
     """
-    pool, _ = _pool_of(deps, claim)
+    pool = _pool_of(deps, claim)
     if pool is None:
         return None
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
@@ -904,12 +893,11 @@ def _released_before(
     if found is not None:
         return None
     message = f"released {hostname} in {pool.display}"
-    return _finish_release(deps, body, claim, Reason.RELEASED, message, labels, "success")
+    return _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
 
 
 def _finish_release(
     deps: ClaimDeps,
-    body: Mapping[str, Any],
     claim: Claim,
     reason: Reason,
     message: str,
@@ -921,7 +909,7 @@ def _finish_release(
     A 409 on the finalizer write counts nothing and retries in one second: the next pass
     decides again from the IPAM and the IPAddress (`_released_before`).
     """
-    if deps.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+    if deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, False).outcome is (
         Outcome.CONFLICT
     ):
         return Result.requeue_after(1.0)
@@ -929,7 +917,7 @@ def _finish_release(
     deps.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
         log.warning("claim %s: %s", claim.key, message)
-        deps.events.post(body, "Warning", reason, message)
+        deps.events.post(claim.as_object(), "Warning", reason, message)
     else:  # a release that went as it should posts no Event: the claim is going away
         log.info("claim %s: %s", claim.key, message)
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
@@ -946,7 +934,7 @@ def _finish_release(
 
 def _status(
     deps: ClaimDeps,
-    body: Mapping[str, Any],
+    claim: Claim,
     *,
     ready: bool,
     reason: Reason,
@@ -954,7 +942,7 @@ def _status(
     ref: str | None = None,
 ) -> dict[str, Any]:
     return capi.claim_status(
-        body,
+        claim,
         ready=ready,
         reason=reason,
         message=message,
@@ -963,27 +951,28 @@ def _status(
     )
 
 
-def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+def _changes(claim: Claim, status: Mapping[str, Any]) -> dict[str, Any]:
     """Return the keys of ``status`` whose value differs from the claim's current status."""
-    current = body.get("status") or {}
+    current = claim.status
     return {key: value for key, value in status.items() if current.get(key) != value}
 
 
-def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+def _changed_since(before: Claim, after: Claim) -> bool:
     """Return True when ``after`` differs from ``before`` in what a claim's decision reads.
 
-    Compared: ``metadata`` deletionTimestamp, generation (the spec), annotations and labels
-    (not finalizers: a pass may have written its own). Both are claim bodies as read or
-    returned by a write.
+    Compared: the deletion, the generation (the spec), annotations and labels (not
+    finalizers: a pass may have written its own).
     """
-    fields = ("deletionTimestamp", "generation", "annotations", "labels")
-    old, new = before.get("metadata") or {}, after.get("metadata") or {}
-    return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
+    return (
+        before.deleting != after.deleting
+        or before.generation != after.generation
+        or before.annotations != after.annotations
+        or before.labels != after.labels
+    )
 
 
 def _update_status(
     deps: ClaimDeps,
-    body: Mapping[str, Any],
     claim: Claim,
     *,
     ready: bool,
@@ -997,8 +986,8 @@ def _update_status(
     whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
     returns what it stored, and what it pruned is never written again.
     """
-    status = _status(deps, body, ready=ready, reason=reason, message=message, ref=ref)
-    changed = _changes(body, status)
+    status = _status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
+    changed = _changes(claim, status)
     if not changed:
         return
     written = deps.kube.patch_claim_status(
@@ -1006,23 +995,23 @@ def _update_status(
     )
     if written.outcome is Outcome.GONE:
         return  # nobody is left to read its status or an Event about it
-    stored = written.obj
-    if stored is not None and _changed_since(body, stored):
+    stored = _parsed(written.obj, claim) if written.obj is not None else None
+    if stored is not None and _changed_since(claim, stored):
         # The write is not guarded by resourceVersion: what it returns may show a change
-        # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
-        # an echo of the written-through claim and queues nothing: queue it here.
+        # made since ``claim`` was read (a deletion, a new annotation). Its watch event is
+        # now an echo of the written-through claim and queues nothing: queue it here.
         deps.queue.add(claim_key(claim.namespace, claim.name))
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
-        kept = "v1beta2" in (stored.get("status") or {})
+        kept = "v1beta2" in stored.status
         if deps.versions.v1beta2_kept != kept:
             deps.versions.v1beta2_kept = kept
             log.info(
                 "the served v1beta1 IPAddressClaim schema %s status.v1beta2",
                 "keeps" if kept else "prunes",
             )
-    before = capi.ready_of(body)
+    before = claim.ready
     # An Event tells a person what changed: a wait or a failure, and the end of one. The
     # plain success path (no condition before) posts none: its Ready condition says it all,
     # and an allocation stays at three API writes (finalizer, IPAddress, status).
     if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
-        deps.events.post(body, "Normal" if ready else "Warning", reason, message)
+        deps.events.post(claim.as_object(), "Normal" if ready else "Warning", reason, message)

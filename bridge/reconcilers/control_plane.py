@@ -494,7 +494,7 @@ def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
         return Result.done()  # a deletion's event queues the Cluster: a new claim then
     address = _bound_address(deps, claim)
     if address is None:
-        _tell_pending(deps, cluster, body)
+        _tell_pending(deps, cluster, claim)
         return Result.done()
     return _write_endpoint(deps, cluster, request, claim, address)
 
@@ -577,21 +577,20 @@ def _endpoint_claim(
     return claim
 
 
-def _tell_pending(deps: ClusterDeps, cluster: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+def _tell_pending(deps: ClusterDeps, cluster: Mapping[str, Any], claim: Claim) -> None:
     """Warn on the Cluster while its endpoint claim shows Ready False (why it waits)."""
-    ready, reason = capi.ready_of(body)
+    ready, reason = claim.ready
     if ready != "False":
         return
     text = next(
-        (str(c.get("message") or "") for c in _conditions(body) if c.get("type") == "Ready"),
+        (str(c.get("message") or "") for c in _conditions(claim) if c.get("type") == "Ready"),
         "",
     )
-    meta = body.get("metadata") or {}
     _warn(
         deps,
         cluster,
         EndpointReason.PENDING,
-        f"IPAddressClaim {meta.get('namespace')}/{meta.get('name')} waits: {reason}: {text}",
+        f"IPAddressClaim {claim.key} waits: {reason}: {text}",
     )
 
 
@@ -647,10 +646,10 @@ def _write_endpoint(
     return Result.done()
 
 
-def _conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = body.get("status") or {}
-    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
-    if version == "v1beta1":
+def _conditions(claim: Claim) -> list[Mapping[str, Any]]:
+    """Return the claim's conditions in the served shape (v1beta2 ones first on v1beta1)."""
+    status = claim.status
+    if claim.version == "v1beta1":
         return list((status.get("v1beta2") or {}).get("conditions") or []) or list(
             status.get("conditions") or []
         )

@@ -25,7 +25,14 @@ from kubernetes.client import ApiException
 
 from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
 from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
-from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
+from bridge.capi import (
+    ADDRESS_FINALIZER,
+    CLAIM_FINALIZER,
+    GLOBAL_POOL_KINDS,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+)
 from bridge.reconcilers import pools as pool_service
 from bridge.reconcilers.pool_backends import Pool, location_of
 from bridge.runtime.gateway import Outcome
@@ -269,13 +276,12 @@ class FakeKube:
             del store[key]
         return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
-    def set_claim_finalizer(
-        self, claim: Mapping[str, Any], finalizer: str, present: bool
-    ) -> KubeWrite:
-        meta = claim.get("metadata") or {}
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> KubeWrite:
+        obj = claim.as_object()
+        meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
         return self._set_finalizers(
-            self.claims, key, claim, finalizer, present, "claim.finalizer", "/".join(key)
+            self.claims, key, obj, finalizer, present, "claim.finalizer", "/".join(key)
         )
 
     def create_claim(self, version: str, body: Mapping[str, Any]) -> KubeWrite:

@@ -205,14 +205,18 @@ def test_with_location_keeps_the_pool_unless_a_different_location_was_recorded()
 def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:
     body = claim(version="v1beta1")
     failed = capi.claim_status(
-        body, ready=False, reason=Reason.POOL_NOT_READY, message="m", v1beta2_kept=False
+        capi.Claim.from_body(body),
+        ready=False,
+        reason=Reason.POOL_NOT_READY,
+        message="m",
+        v1beta2_kept=False,
     )
     assert set(failed) == {"conditions"}
     (condition,) = failed["conditions"]
     assert condition["status"] == "False" and condition["severity"] == "Warning"
     assert "observedGeneration" not in condition  # CAPI v1beta1 conditions have none
     bound = capi.claim_status(
-        body,
+        capi.Claim.from_body(body),
         ready=True,
         reason=Reason.ALLOCATED,
         message="m",
@@ -221,7 +225,9 @@ def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:
     )
     assert set(bound) == {"addressRef", "conditions"}
     assert "severity" not in bound["conditions"][0]
-    kept = capi.claim_status(body, ready=True, reason=Reason.ALLOCATED, message="m")
+    kept = capi.claim_status(
+        capi.Claim.from_body(body), ready=True, reason=Reason.ALLOCATED, message="m"
+    )
     assert kept["v1beta2"]["conditions"][0]["observedGeneration"] == 1
 
 
@@ -455,7 +461,11 @@ def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
     body = ours(cluster="c", address_ref="c1")
     message = f"address 10.0.0.5/29 from {DISPLAY}"
     body["status"] = capi.claim_status(
-        body, ready=True, reason=Reason.ALLOCATED, message=message, address_ref="c1"
+        capi.Claim.from_body(body),
+        ready=True,
+        reason=Reason.ALLOCATED,
+        message=message,
+        address_ref="c1",
     )
     world.kube.add_claim(body)
     address = capi.build_ip_address(

@@ -3,7 +3,7 @@
 Pure functions only (no I/O). Shapes follow the CAPI API types
 (``api/ipam/v1beta2/ipaddressclaim_types.go``, ``ipaddress_types.go`` and their v1beta1
 counterparts) and the contract in the CAPI book (``docs/book/src/developer/providers/
-contracts/ipam.md``); see ``shared/reference/capi-ipam-contract.md`` sections 1 and 2.
+contracts/ipam.md``, https://cluster-api.sigs.k8s.io/developer/providers/contracts/ipam).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ GLOBAL_POOL_KINDS: Mapping[str, str] = {
     "GlobalPHPIPAMIPPool": "PHPIPAMIPPool",
     "GlobalInfobloxIPPool": "InfobloxIPPool",
 }
-#: Claim annotation asking for one specific address (DESIGN.md section 3).
+#: Claim annotation asking for one specific address.
 REQUESTED_ADDRESS_ANNOTATION = "ipam.cluster.x-k8s.io/requested-address"
 
 
@@ -93,7 +93,7 @@ class Reason(enum.StrEnum):
     """Every reason of a Ready condition or an Event the operator writes, claims' and pools'.
 
     A `enum.StrEnum`: members are the plain strings the API stores (CAPI ``v1beta2``
-    condition constants for claims; DESIGN.md section 3 for pools).
+    condition constants for claims; our own for pools, see the README).
     """
 
     # Claims: the Ready condition.
@@ -285,7 +285,7 @@ class Claim:
 
 
 def hostname_for(claim: Claim, suffix: str | None) -> str:
-    """Return the claim's key in the external IPAM (DESIGN.md section 5).
+    """Return the claim's key in the external IPAM (its hostname there).
 
     ``<claim>.<namespace>``, plus ``.<suffix>`` when the pool sets ``hostnameSuffix``; the
     name survives restarts and ``clusterctl move`` (a UID would not).

@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator (``/metrics`` on ``IPAM_BRIDGE_METRICS_PORT``).
 
-One `Metrics` object per operator, with its own registry (kept in the operator context, not
-in prometheus-client's global registry), so several operators can run in one process
-(tests, the demo). Labels carry pool and claim names, never credentials.
+One `Metrics` object per operator, with its own registry (kept in the
+`bridge.operator.Operator`, not in prometheus-client's global registry), so several
+operators can run in one process (tests, the demo). Labels carry pool and claim names,
+never credentials.
 """
 
 from __future__ import annotations

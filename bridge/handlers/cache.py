@@ -88,7 +88,7 @@ class Relists:
     Parameters
     ----------
     op:
-        The operator's context (its cache, its Kube, its queue).
+        The operator (its cache, its Kubernetes client, its queue).
     clock:
         Monotonic seconds.
     """

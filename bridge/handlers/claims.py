@@ -4,7 +4,7 @@ kopf watches; `claims.reconcile_claim` decides from the claim's current state. U
 ``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
 last-handled-configuration or progress annotations): a claim that is not ours is never
 written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
-any other (``shared/reference/real-cluster.md``, items 1 and 2). The filter keeps claims of
+any other. The filter keeps claims of
 other providers out of the queue entirely.
 """
 
@@ -37,8 +37,9 @@ async def claim_event(
 ) -> None:
     """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
 
-    The claim goes into the operator's cache (`bridge.runtime.cache`) first; an event that tells the
-    cache nothing new (the echo of our own write, already written through) queues nothing.
+    The claim goes into the operator's cache (`bridge.objects.cache`) first; an event that
+    tells the cache nothing new (the echo of our own write, already written through) queues
+    nothing.
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;

@@ -1,4 +1,4 @@
-"""Start-up, clean-up, login and probe handlers: the operator context and kopf's settings."""
+"""Start-up, clean-up, login and probe handlers: the `bridge.operator.Operator`, kopf's settings."""
 
 from __future__ import annotations
 
@@ -51,9 +51,8 @@ log = logging.getLogger(__name__)
 
 #: kopf's own bookkeeping names: private to ipam-bridge, never a contract name. The handlers
 #: use only ``kopf.on.event``, so kopf writes none of them on claims or pools; they are set
-#: so that nothing kopf might ever write collides with another controller's names (v0.1 used
-#: the contract's ``ReleaseAddress`` as kopf's finalizer: kopf then stripped it from other
-#: providers' claims, ``shared/reference/real-cluster.md`` item 1).
+#: so that nothing kopf might ever write collides with another controller's names (were it
+#: the contract's ``ReleaseAddress``, kopf would strip it from other providers' claims).
 KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
@@ -83,7 +82,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     )
     # The event handlers only queue keys; the work queue has its own worker threads.
     settings.execution.max_workers = max(2, min(bridge.workers, 4))
-    # kopf no longer turns log lines into Events; we post our own.
+    # kopf turns no log line into an Event; we post our own.
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup. A watch request asks the server to end
     # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later; kopf also drops a
@@ -97,7 +96,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # kopf keeps one task per object for this long after its last event (default 5 s); the
     # event handlers only queue keys, so a short idle time keeps memory low when the start-up
-    # listing brings every claim and IPAddress at once (issue 15: 10,000 bound claims).
+    # listing brings every claim and IPAddress at once (10,000 bound claims and more).
     settings.queueing.idle_timeout = 0.5
 
 

@@ -2,7 +2,7 @@
 
 `reconcile_claim` is called by the work queue for every sight of a claim (a watch event, the
 start-up listing, the periodic resync, a wake-up) and makes the same decision from the
-claim's current state each time (DESIGN.md section 5):
+claim's current state each time (``docs/architecture.md``, "The flow of a claim"):
 
 - not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
 - being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
@@ -29,9 +29,10 @@ quarantine: the IPAM entry stays, marked until the grace period ends.
 
 Waiting is quiet: a claim that waits writes its status only when the condition it shows
 changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
-instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
+instead of being retried through kopf (whose retries write progress annotations on the
+claim at every attempt).
 
-A claim's IPAM work is admitted per endpoint (`flowcontrol`): when its pool's endpoint
+A claim's IPAM work is admitted per IPAM server (`flowcontrol`): when its pool's server
 already has its limit of claims in flight, the claim parks under
 `flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
 queued again when a place is kept for it.
@@ -163,7 +164,7 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
     Parameters
     ----------
     deps:
-        The operator context.
+        What the claim reconciler uses.
     namespace, name:
         The claim.
 
@@ -180,9 +181,9 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
 
     Notes
     -----
-    Whatever the pass decides (or raises), the claim's place in an endpoint's line is settled
-    afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it waits for that
-    endpoint, else given to the next waiting claim.
+    Whatever the pass decides (or raises), the claim's place in an IPAM server's line is
+    settled afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it
+    waits for that server, else given to the next waiting claim.
     """
     decision: Result | None = None
     try:
@@ -260,7 +261,7 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
         )
     if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
         if allocates_while_paused(claim, cluster):
-            return  # a Cluster's endpoint claim: that Cluster waits for it (DESIGN 2, 11)
+            return  # a Cluster's endpoint claim: that Cluster waits for it
         raise _Wait(Result.wait(token))
 
 
@@ -289,7 +290,7 @@ def _cached(
     read: Callable[[], Mapping[str, Any] | None],
     version: str | None = None,
 ) -> Mapping[str, Any] | None:
-    """Return an object from the operator's cache (`bridge.runtime.cache`), or read it.
+    """Return an object from the operator's cache (`bridge.objects.cache`), or read it.
 
     The API is read only when the cache cannot tell: before its initial listing was seen,
     or when the object was watched in another served ``version`` than the one asked for.
@@ -378,17 +379,17 @@ def _not_ready(deps: ClaimDeps, claim: Claim, exc: PoolError) -> ClaimError:
 
 @contextmanager
 def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
-    """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
+    """Run the enclosed IPAM work of ``claim`` once its pool's IPAM server admits it.
 
-    ``pool`` is where the work goes (for a release, the recorded location). The endpoint is
+    ``pool`` is where the work goes (for a release, the recorded location). The server is
     ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
-    transport's registry keys it). The block's outcome adapts the endpoint's limit
+    transport's registry keys it). The block's outcome adapts the server's limit
     (`bridge.runtime.flowcontrol.EndpointAdmission.finish`); its exception propagates unchanged.
 
     Raises
     ------
     _Wait
-        Before the block runs, when the endpoint is full: the claim parks under
+        Before the block runs, when the server is full: the claim parks under
         `bridge.runtime.flowcontrol.endpoint_token` without a status write.
     """
     endpoint = endpoint_key(pool.endpoint)
@@ -533,13 +534,13 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     Raises
     ------
     _Wait
-        When the pool's endpoint is full: parked before any write.
+        When the pool's IPAM server is full: parked before any write.
     """
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
     if deps.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
-        # Its endpoint is busy: wait for a place before writing anything.
+        # Its IPAM server is busy: wait for a place before writing anything.
         raise _Wait(Result.wait(endpoint_token(endpoint)))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
     return _after_finalizer_write(deps, claim, written)
@@ -727,7 +728,7 @@ def _release(deps: ClaimDeps, claim: Claim) -> Result:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
-    IPAM cannot be reached (its endpoint and credentials went with it): the address is left in
+    IPAM cannot be reached (its server URL and credentials went with it): the address is left in
     the IPAM, a Warning says so, and the claim is let go. The same happens when a bound claim's
     IPAddress was removed with its ``ProtectAddress`` finalizer stripped (``clusterctl move``
     deletes the source objects so): the entry now belongs to the moved claim.
@@ -874,7 +875,7 @@ def _released_before(deps: ClaimDeps, claim: Claim, labels: tuple[str, str]) -> 
     ClaimError
         When the IPAM cannot be asked (retried).
     _Wait
-        When the pool's endpoint is full.
+        When the pool's IPAM server is full.
     """
     pool = _pool_of(deps, claim)
     if pool is None:

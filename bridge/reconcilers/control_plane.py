@@ -1,4 +1,4 @@
-"""Control-plane endpoints of workload clusters from the IPAM (DESIGN.md section 11).
+"""Control-plane endpoints of workload clusters from the IPAM.
 
 A CAPI ``Cluster`` (``cluster.x-k8s.io`` v1beta2 or v1beta1) opts in with annotations:
 
@@ -292,7 +292,7 @@ def endpoint_host(cluster: Mapping[str, Any]) -> str:
 
 
 def allocates_while_paused(claim: Claim, cluster: Mapping[str, Any]) -> bool:
-    """Return True when ``claim`` is allocated although its Cluster is paused (DESIGN 2).
+    """Return True when ``claim`` is allocated although its Cluster is paused.
 
     Only a live endpoint claim of a Cluster that has no endpoint yet: that Cluster waits
     for it. A moved Cluster (``clusterctl move`` pauses it; its endpoint is set) follows
@@ -679,7 +679,7 @@ def _bound_address(deps: ClusterDeps, claim: Claim) -> tuple[str, str] | None:
 def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
     """Return ``<hostname>.<zone>`` for an Infoblox pool of host records with ``dnsZone``.
 
-    The host record the Infoblox backend creates in DNS has that name (DESIGN.md section 3);
+    The host record the Infoblox backend creates in DNS has that name (`backends.infoblox`);
     None for any other pool (phpIPAM, fixed addresses, no zone, pool gone).
     """
     if not claim.pool_ref.kind.endswith("InfobloxIPPool"):

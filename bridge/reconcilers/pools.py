@@ -15,7 +15,7 @@ Global pools (cluster-scoped, namespace ``""``) read their Secrets in the namesp
 ``credentialsRef``/``tls.caSecretRef`` name, and their users are the claims and IPAddresses
 of every watched namespace.
 
-Credentials outlive the claims that need them (DESIGN.md section 6): a namespace deletion
+Credentials outlive the claims that need them: a namespace deletion
 removes Secrets, pools and claims in no order, so a Secret that a pool reads carries
 ``ipam.cluster.x-k8s.io/credentials-in-use`` while such a pool exists; the pool keeps it until
 its last claim is released, then both go.
@@ -79,7 +79,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Finalizer on a Secret that a pool reads (DESIGN.md section 6).
+#: Finalizer on a Secret that a pool reads (it outlives the claims that need it).
 CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
 #: Annotation on a pool naming (comma-separated) the Secrets it put `CREDENTIALS_FINALIZER`
 #: on: a Secret it stopped reading, or the Secrets of a pool whose spec no longer parses, are
@@ -611,7 +611,7 @@ def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | No
 
 
 def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:
-    """Delete a pool's IPAM entries whose reuse grace period ended (DESIGN.md section 6).
+    """Delete a pool's IPAM entries whose reuse grace period ended.
 
     Run by the leader for every pool at start-up, then every
     ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` for the pools with

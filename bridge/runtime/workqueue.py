@@ -2,8 +2,8 @@
 
 kopf watches claims, pools and Clusters; its handlers only *add keys* here. Workers take a
 key, read the object as it is now and decide what it needs (`bridge.reconcilers.claims`,
-`bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue that kopf lacks
-(``shared/reference/real-cluster.md``, items 2 and 3):
+`bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue
+(https://pkg.go.dev/k8s.io/client-go/util/workqueue) that kopf lacks:
 
 - **one worker per key at a time**: a key added while it is being processed runs once more
   afterwards, never twice in parallel;

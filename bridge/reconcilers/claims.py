@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
@@ -59,7 +59,6 @@ from bridge.capi import Claim, Reason
 from bridge.metrics import Metrics
 from bridge.models import IPAddress
 from bridge.objects.cache import Cache
-from bridge.objects.client import ObjectClient
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
 from bridge.reconcilers.context import ExhaustionGate, Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
@@ -86,9 +85,41 @@ from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
-__all__ = ["ClaimDeps", "description_for", "reconcile_claim"]
+__all__ = ["ClaimApi", "ClaimDeps", "description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
+
+
+class ClaimApi(Protocol):
+    """The Kubernetes reads and writes of the claim reconciler (`bridge.objects.client`)."""
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a claim, or None."""
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an IPAddress, or None."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a CAPI Cluster, or None."""
+
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
+        """Add or remove a finalizer of the claim as read."""
+
+    def patch_claim_status(
+        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Write:
+        """Merge-patch the claim's status."""
+
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an IPAddress (a conflict carries the existing one)."""
+
+    def delete_ip_address(
+        self, version: str, namespace: str, name: str, current: Mapping[str, Any] | None = None
+    ) -> Write:
+        """Delete an IPAddress, our finalizer first."""
 
 
 @dataclass
@@ -123,7 +154,7 @@ class ClaimDeps:
     """
 
     settings: Settings
-    kube: ObjectClient
+    kube: ClaimApi
     versions: ServedVersions
     cache: Cache
     queue: Queue

@@ -41,16 +41,15 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.capi import CLUSTER_GROUP, CLUSTER_NAME_LABEL, GROUP, POOL_KINDS, Claim, PoolRef
-from bridge.objects.client import ObjectClient
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
-from bridge.runtime.gateway import api_status_message
+from bridge.runtime.gateway import Write, api_status_message
 from bridge.runtime.workqueue import Result
 
 __all__ = [
@@ -62,6 +61,7 @@ __all__ = [
     "UNPAUSE_ANNOTATION",
     "VARIABLES_ANNOTATION",
     "AnnotationError",
+    "ClusterApi",
     "ClusterDeps",
     "EndpointReason",
     "EndpointRequest",
@@ -392,6 +392,30 @@ def plan_patch(
 # -- the decision --------------------------------------------------------------------------
 
 
+class ClusterApi(Protocol):
+    """The Kubernetes reads and writes of the control-plane endpoint reconciler."""
+
+    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a CAPI Cluster as served in ``version``, or None."""
+
+    def patch_cluster(
+        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a Cluster; return it as stored, or None."""
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a claim, or None."""
+
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create a claim."""
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an IPAddress, or None."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+
 @dataclass
 class ClusterDeps:
     """What the control-plane endpoint reconciler uses (`reconcile_cluster`).
@@ -408,7 +432,7 @@ class ClusterDeps:
         Warnings already told, so that a steady problem is told once.
     """
 
-    kube: ObjectClient
+    kube: ClusterApi
     versions: ServedVersions
     events: EventSink
     notices: Notices

@@ -38,7 +38,6 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
-from bridge.objects.client import ObjectClient
 from bridge.objects.keys import pool_key, pool_token
 from bridge.reconcilers.context import (
     BackendCache,
@@ -60,7 +59,7 @@ from bridge.reconcilers.pool_backends import (
     pool_status,
 )
 from bridge.runtime.events import EventSink
-from bridge.runtime.gateway import Outcome
+from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
@@ -68,6 +67,7 @@ from bridge.settings import Settings
 __all__ = [
     "CREDENTIALS_FINALIZER",
     "SECRETS_ANNOTATION",
+    "PoolApi",
     "PoolClients",
     "PoolDeps",
     "check_pool",
@@ -182,6 +182,46 @@ class PoolClients:
         )
 
 
+class PoolApi(SecretReader, Protocol):
+    """The Kubernetes reads and writes of the pool reconciler (`bridge.objects.client`)."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return the pools of ``kind`` in ``namespaces``."""
+
+    def list_claims(
+        self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the claims of ``namespaces``."""
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Return the IPAddresses of a namespace (None: all)."""
+
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+        """Add or remove a finalizer of the pool as read."""
+
+    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
+        """Set or remove one annotation of a pool."""
+
+    def patch_pool_status(
+        self,
+        namespace: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge-patch a pool's status."""
+
+    def set_secret_finalizer(
+        self, namespace: str, name: str, finalizer: str, present: bool
+    ) -> bool:
+        """Add or remove a finalizer of a Secret; False when it does not exist."""
+
+
 @dataclass
 class PoolDeps:
     """What the pool reconciler uses (`reconcile_pool`, `purge_quarantined`).
@@ -213,7 +253,7 @@ class PoolDeps:
     """
 
     settings: Settings
-    kube: ObjectClient
+    kube: PoolApi
     versions: ServedVersions
     cache: Cache
     queue: Queue

@@ -33,6 +33,7 @@ __all__ = [
     "REQUESTED_ADDRESS_ANNOTATION",
     "SUPPORTED_VERSIONS",
     "Claim",
+    "Cluster",
     "PoolRef",
     "Reason",
     "build_ip_address",
@@ -281,6 +282,81 @@ class Claim:
                 "finalizers": list(self.finalizers),
                 "resourceVersion": self.resource_version,
             },
+        }
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The parts of a CAPI ``Cluster`` the operator uses (v1beta2 or v1beta1).
+
+    Attributes
+    ----------
+    api_version, namespace, name, uid, resource_version:
+        Identity and the version read (a patch is guarded by it).
+    annotations:
+        ``metadata.annotations``.
+    paused:
+        ``spec.paused``.
+    deleting:
+        True once ``metadata.deletionTimestamp`` is set.
+    endpoint_host, endpoint_port:
+        ``spec.controlPlaneEndpoint`` (``""`` and 0 when not set).
+    variables:
+        ``spec.topology.variables`` as read (``{name, value}`` items); None when the Cluster
+        has no ``spec.topology`` (not built from a ClusterClass).
+    """
+
+    api_version: str
+    namespace: str
+    name: str
+    uid: str = ""
+    resource_version: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    paused: bool = False
+    deleting: bool = False
+    endpoint_host: str = ""
+    endpoint_port: int = 0
+    variables: tuple[Mapping[str, Any], ...] | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Cluster:
+        """Return the Cluster of an object as the API returns it (absent fields: defaults)."""
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        endpoint = spec.get("controlPlaneEndpoint") or {}
+        topology = spec.get("topology")
+        return cls(
+            api_version=str(body.get("apiVersion") or f"{CLUSTER_GROUP}/v1beta2"),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            annotations=dict(meta.get("annotations") or {}),
+            paused=bool(spec.get("paused")),
+            deleting=bool(meta.get("deletionTimestamp")),
+            endpoint_host=str(endpoint.get("host") or ""),
+            endpoint_port=int(endpoint.get("port") or 0),
+            variables=(
+                tuple(topology.get("variables") or ()) if isinstance(topology, Mapping) else None
+            ),
+        )
+
+    @property
+    def is_paused(self) -> bool:
+        """True while the Cluster carries the paused annotation or ``spec.paused: true``."""
+        return PAUSED_ANNOTATION in self.annotations or self.paused
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``, for logs."""
+        return f"{self.namespace}/{self.name}"
+
+    def as_object(self) -> dict[str, Any]:
+        """Return the Cluster as an API object names it (for Events about it)."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": "Cluster",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
         }
 
 

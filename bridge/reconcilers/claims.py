@@ -55,7 +55,7 @@ from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
 from backends.transport import endpoint_key
 from bridge import capi
-from bridge.capi import Claim, Reason
+from bridge.capi import Claim, Cluster, Reason
 from bridge.metrics import Metrics
 from bridge.models import IPAddress
 from bridge.objects.cache import Cache
@@ -262,8 +262,9 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
 
     The Cluster comes from ``spec.clusterName`` or the cluster-name label. A claim being
     deleted whose Cluster is gone proceeds, so a cluster teardown cannot deadlock
-    (in-cluster provider issue #289). A paused claim is woken by its own update (the
-    annotation removed), a claim of a paused or missing Cluster by that Cluster's watch.
+    (https://github.com/kubernetes-sigs/cluster-api-ipam-provider-in-cluster/issues/289).
+    A paused claim is woken by its own update (the annotation removed), a claim of a
+    paused or missing Cluster by that Cluster's watch.
     Exception: the live control-plane endpoint claim of a paused Cluster that has no
     endpoint yet is allocated (`control_plane.allocates_while_paused`); none is ever
     released while paused.
@@ -274,12 +275,12 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
         return
     token = cluster_token(claim.namespace, claim.cluster_name)
     cluster_name = claim.cluster_name
-    cluster = _cached(
+    found = _cached(
         deps.cache.clusters,
         (claim.namespace, cluster_name),
         lambda: deps.kube.get_cluster(claim.namespace, cluster_name),
     )
-    if cluster is None:
+    if found is None:
         if claim.deleting:
             return
         raise _Wait(
@@ -290,7 +291,8 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
                 delay=0,
             ),
         )
-    if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
+    cluster = Cluster.from_body(found)
+    if cluster.is_paused:
         if allocates_while_paused(claim, cluster):
             return  # a Cluster's endpoint claim: that Cluster waits for it
         raise _Wait(Result.wait(token))

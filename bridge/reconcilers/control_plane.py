@@ -46,7 +46,15 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 
 from bridge import capi
-from bridge.capi import CLUSTER_GROUP, CLUSTER_NAME_LABEL, GROUP, POOL_KINDS, Claim, PoolRef
+from bridge.capi import (
+    CLUSTER_GROUP,
+    CLUSTER_NAME_LABEL,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+    Cluster,
+    PoolRef,
+)
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Write, api_status_message
@@ -69,7 +77,6 @@ __all__ = [
     "allocates_while_paused",
     "build_claim",
     "endpoint_claim_name",
-    "endpoint_host",
     "is_endpoint_claim",
     "parse_request",
     "plan_patch",
@@ -229,13 +236,13 @@ def endpoint_claim_name(cluster: str) -> str:
     return f"{cluster[:keep].rstrip('-.')}-{digest}{CLAIM_SUFFIX}"
 
 
-def build_claim(cluster: Mapping[str, Any], pool: PoolRef, version: str) -> dict[str, Any]:
-    """Return the endpoint IPAddressClaim of ``cluster`` (as read from the API).
+def build_claim(cluster: Cluster, pool: PoolRef, version: str) -> dict[str, Any]:
+    """Return the endpoint IPAddressClaim of ``cluster``.
 
     Parameters
     ----------
     cluster:
-        The Cluster (``apiVersion``, ``metadata.name``, ``namespace``, ``uid``).
+        The Cluster (its apiVersion, name, namespace and uid are used).
     pool:
         Its ``spec.poolRef``.
     version:
@@ -247,21 +254,20 @@ def build_claim(cluster: Mapping[str, Any], pool: PoolRef, version: str) -> dict
     Enforcement) and only matters for foreground deletion; the garbage collector deletes the
     claim after its Cluster either way, and ``clusterctl move`` follows the reference.
     """
-    meta = cluster.get("metadata") or {}
-    name = str(meta["name"])
+    name = cluster.name
     return {
         "apiVersion": f"{GROUP}/{version}",
         "kind": "IPAddressClaim",
         "metadata": {
             "name": endpoint_claim_name(name),
-            "namespace": meta["namespace"],
+            "namespace": cluster.namespace,
             "labels": {CLUSTER_NAME_LABEL: name, ENDPOINT_LABEL: "true"},
             "ownerReferences": [
                 {
-                    "apiVersion": str(cluster.get("apiVersion") or f"{CLUSTER_GROUP}/v1beta2"),
+                    "apiVersion": cluster.api_version,
                     "kind": "Cluster",
                     "name": name,
-                    "uid": meta["uid"],
+                    "uid": cluster.uid,
                 }
             ],
         },
@@ -285,13 +291,7 @@ def is_endpoint_claim(claim: Claim) -> bool:
     )
 
 
-def endpoint_host(cluster: Mapping[str, Any]) -> str:
-    """Return the Cluster's ``spec.controlPlaneEndpoint.host`` ("" when not set)."""
-    endpoint = (cluster.get("spec") or {}).get("controlPlaneEndpoint") or {}
-    return str(endpoint.get("host") or "")
-
-
-def allocates_while_paused(claim: Claim, cluster: Mapping[str, Any]) -> bool:
+def allocates_while_paused(claim: Claim, cluster: Cluster) -> bool:
     """Return True when ``claim`` is allocated although its Cluster is paused.
 
     Only a live endpoint claim of a Cluster that has no endpoint yet: that Cluster waits
@@ -299,12 +299,11 @@ def allocates_while_paused(claim: Claim, cluster: Mapping[str, Any]) -> bool:
     the contract like every claim, so the target never allocates while the move copies the
     claim's IPAddress; and no claim is ever released while paused.
     """
-    name = (cluster.get("metadata") or {}).get("name")
     return (
         not claim.deleting
         and is_endpoint_claim(claim)
-        and claim.cluster_name == name
-        and not endpoint_host(cluster)
+        and claim.cluster_name == cluster.name
+        and not cluster.endpoint_host
     )
 
 
@@ -328,7 +327,7 @@ class Plan:
 
 
 def plan_patch(
-    cluster: Mapping[str, Any],
+    cluster: Cluster,
     *,
     host: str,
     address: str,
@@ -348,25 +347,21 @@ def plan_patch(
 
     An endpoint set to another host is a conflict: no patch at all.
     """
-    meta = cluster.get("metadata") or {}
-    spec = cluster.get("spec") or {}
-    current = spec.get("controlPlaneEndpoint") or {}
-    current_host = str(current.get("host") or "")
+    current_host = cluster.endpoint_host
     if current_host and current_host != host:
         return Plan(
             None,
             conflict=f"spec.controlPlaneEndpoint.host is {current_host}, not {host}; "
             "it is left as it is",
         )
-    port = int(current.get("port") or 0) or DEFAULT_PORT
+    port = cluster.endpoint_port or DEFAULT_PORT
     changes: list[str] = []
     wanted: dict[str, Any] = {}
-    if current_host != host or not current.get("port"):
+    if current_host != host or not cluster.endpoint_port:
         wanted["controlPlaneEndpoint"] = {"host": host, "port": port}
         changes.append(f"endpoint {host}:{port}")
-    topology = spec.get("topology")
-    if variables and isinstance(topology, Mapping):
-        items = [dict(item) for item in topology.get("variables") or []]
+    if variables and cluster.variables is not None:
+        items = [dict(item) for item in cluster.variables]
         changed = []
         for name in variables:
             item = next((i for i in items if i.get("name") == name), None)
@@ -380,12 +375,12 @@ def plan_patch(
         if changed:
             wanted["topology"] = {"variables": items}
             changes.append(f"variable{'s' if len(changed) > 1 else ''} {', '.join(changed)}")
-    if unpause and "controlPlaneEndpoint" in wanted and spec.get("paused") is True:
+    if unpause and "controlPlaneEndpoint" in wanted and cluster.paused:
         wanted["paused"] = False
         changes.append("unpaused")
     if not wanted:
         return Plan(None)
-    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": wanted}
+    patch = {"metadata": {"resourceVersion": cluster.resource_version}, "spec": wanted}
     return Plan(patch, changes=tuple(changes))
 
 
@@ -438,18 +433,15 @@ class ClusterDeps:
     notices: Notices
 
 
-def _warn(
-    deps: ClusterDeps, cluster: Mapping[str, Any], reason: EndpointReason, message: str
-) -> None:
+def _warn(deps: ClusterDeps, cluster: Cluster, reason: EndpointReason, message: str) -> None:
     """Log and post a Warning Event on the Cluster, once while the message stays the same."""
-    meta = cluster.get("metadata") or {}
-    subject = ("cluster-endpoint", meta.get("namespace"), meta.get("name"))
+    subject = ("cluster-endpoint", cluster.namespace, cluster.name)
     if deps.notices.first(subject, f"{reason}: {message}"):
-        log.warning("Cluster %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
-        deps.events.post(cluster, "Warning", reason, message)
+        log.warning("Cluster %s: %s", cluster.key, message)
+        deps.events.post(cluster.as_object(), "Warning", reason, message)
 
 
-def _refused(deps: ClusterDeps, cluster: Mapping[str, Any], exc: ApiException, what: str) -> Result:
+def _refused(deps: ClusterDeps, cluster: Cluster, exc: ApiException, what: str) -> Result:
     """Tell a write the API server refused for good (400, 403, 422); re-raise any other error.
 
     Such a refusal is fixed by a person, not by retrying: CAPI's Cluster webhook refusing a
@@ -498,12 +490,13 @@ def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
     version = deps.versions.cluster
     if version is None:
         return Result.done()
-    cluster = deps.kube.read_cluster(version, namespace, name)
-    if cluster is None:
+    found = deps.kube.read_cluster(version, namespace, name)
+    if found is None:
         _forget_notice(deps, namespace, name)
         return Result.done()
+    cluster = Cluster.from_body(found)
     try:
-        request = parse_request((cluster.get("metadata") or {}).get("annotations"))
+        request = parse_request(cluster.annotations)
     except AnnotationError as exc:
         _warn(deps, cluster, EndpointReason.INVALID, str(exc))
         return Result.done()
@@ -523,19 +516,16 @@ def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
     return _write_endpoint(deps, cluster, request, claim, address)
 
 
-def _create_claim(
-    deps: ClusterDeps, cluster: Mapping[str, Any], request: EndpointRequest
-) -> Result:
+def _create_claim(deps: ClusterDeps, cluster: Cluster, request: EndpointRequest) -> Result:
     """Create the Cluster's endpoint claim, unless its endpoint is set or it is deleted."""
-    meta = cluster.get("metadata") or {}
-    namespace, claim_name = str(meta.get("namespace")), endpoint_claim_name(str(meta["name"]))
-    if meta.get("deletionTimestamp"):
+    namespace, claim_name = cluster.namespace, endpoint_claim_name(cluster.name)
+    if cluster.deleting:
         return Result.done()
-    if host := endpoint_host(cluster):
+    if host := cluster.endpoint_host:
         # Never claim an address that could not be used. A paused Cluster with an endpoint
         # is most likely being moved (clusterctl creates it before its claim): it waits
         # quietly for the claim to arrive.
-        if not capi.is_paused(meta.get("annotations"), cluster.get("spec")):
+        if not cluster.is_paused:
             _warn(
                 deps,
                 cluster,
@@ -555,14 +545,14 @@ def _create_claim(
         f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
         f"from {request.pool.kind} {request.pool.name}"
     )
-    log.info("Cluster %s/%s: %s", namespace, meta["name"], message)
-    deps.events.post(cluster, "Normal", EndpointReason.CLAIMED, message)
+    log.info("Cluster %s: %s", cluster.key, message)
+    deps.events.post(cluster.as_object(), "Normal", EndpointReason.CLAIMED, message)
     return Result.done()
 
 
 def _endpoint_claim(
     deps: ClusterDeps,
-    cluster: Mapping[str, Any],
+    cluster: Cluster,
     request: EndpointRequest,
     body: Mapping[str, Any],
 ) -> Claim | None:
@@ -571,8 +561,7 @@ def _endpoint_claim(
     Else None, with a Warning saying why (not an endpoint claim, another Cluster's, or
     from another pool than the annotation names).
     """
-    meta = cluster.get("metadata") or {}
-    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    namespace, name = cluster.namespace, cluster.name
     claim_name = endpoint_claim_name(name)
     try:
         claim: Claim | None = Claim.from_body(body)
@@ -601,7 +590,7 @@ def _endpoint_claim(
     return claim
 
 
-def _tell_pending(deps: ClusterDeps, cluster: Mapping[str, Any], claim: Claim) -> None:
+def _tell_pending(deps: ClusterDeps, cluster: Cluster, claim: Claim) -> None:
     """Warn on the Cluster while its endpoint claim shows Ready False (why it waits)."""
     ready, reason = claim.ready
     if ready != "False":
@@ -620,14 +609,13 @@ def _tell_pending(deps: ClusterDeps, cluster: Mapping[str, Any], claim: Claim) -
 
 def _write_endpoint(
     deps: ClusterDeps,
-    cluster: Mapping[str, Any],
+    cluster: Cluster,
     request: EndpointRequest,
     claim: Claim,
     address: tuple[str, str],
 ) -> Result:
     """Patch the Cluster with the endpoint (and variables, unpause) of its bound claim."""
-    meta = cluster.get("metadata") or {}
-    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    namespace, name = cluster.namespace, cluster.name
     ip, hostname = address
     host = ip
     if request.host_dns:
@@ -666,7 +654,7 @@ def _write_endpoint(
         f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim.name})"
     )
     log.info("Cluster %s/%s: %s", namespace, name, message)
-    deps.events.post(stored, "Normal", EndpointReason.SET, message)
+    deps.events.post(Cluster.from_body(stored).as_object(), "Normal", EndpointReason.SET, message)
     return Result.done()
 
 

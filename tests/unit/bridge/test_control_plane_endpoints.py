@@ -25,7 +25,7 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from bridge import capi
-from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, PoolRef
+from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, Cluster, PoolRef
 from bridge.handlers.pools import _queue_clusters
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import cluster_key
@@ -140,7 +140,7 @@ def cluster(
 
 
 def test_claim_body_is_owned_by_the_cluster_and_recognised() -> None:
-    body = build_claim(cluster(), POOL, "v1beta2")
+    body = build_claim(Cluster.from_body(cluster()), POOL, "v1beta2")
     assert body["metadata"]["name"] == "wl1-control-plane-endpoint"
     assert body["metadata"]["labels"] == {CLUSTER_NAME_LABEL: "wl1", ENDPOINT_LABEL: "true"}
     assert body["metadata"]["ownerReferences"] == [
@@ -154,18 +154,22 @@ def test_claim_body_is_owned_by_the_cluster_and_recognised() -> None:
     assert body["spec"] == {"clusterName": "wl1", "poolRef": POOL.as_dict()}
     body["metadata"]["uid"] = "uid-claim"
     claim = Claim.from_body(body)
-    assert allocates_while_paused(claim, cluster(paused=True))
+    assert allocates_while_paused(claim, Cluster.from_body(cluster(paused=True)))
     # A moved Cluster (its endpoint set) and a claim being deleted follow the contract.
     moved = cluster(paused=True, controlPlaneEndpoint={"host": "10.0.0.2", "port": 6443})
-    assert not allocates_while_paused(claim, moved)
+    assert not allocates_while_paused(claim, Cluster.from_body(moved))
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert not allocates_while_paused(Claim.from_body(body), cluster(paused=True))
+    assert not allocates_while_paused(
+        Claim.from_body(body), Cluster.from_body(cluster(paused=True))
+    )
     # Without the label, or without the owner reference, it is any claim.
     for drop in ("labels", "ownerReferences"):
-        other = build_claim(cluster(), POOL, "v1beta2")
+        other = build_claim(Cluster.from_body(cluster()), POOL, "v1beta2")
         other["metadata"]["uid"] = "u"
         other["metadata"][drop] = {CLUSTER_NAME_LABEL: "wl1"} if drop == "labels" else []
-        assert not allocates_while_paused(Claim.from_body(other), cluster(paused=True))
+        assert not allocates_while_paused(
+            Claim.from_body(other), Cluster.from_body(cluster(paused=True))
+        )
 
 
 # -- the patch -------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def test_plan_sets_endpoint_variables_and_unpause_in_one_patch() -> None:
         },
     )
     plan = plan_patch(
-        body,
+        Cluster.from_body(body),
         host="10.0.0.5",
         address="10.0.0.5",
         variables=("controlPlaneIpAddr", "kubeVip"),
@@ -214,29 +218,42 @@ def test_plan_sets_endpoint_variables_and_unpause_in_one_patch() -> None:
 
 def test_plan_keeps_the_port_and_writes_nothing_when_all_is_set() -> None:
     body = cluster(controlPlaneEndpoint={"host": "", "port": 443})
-    plan = plan_patch(body, host="10.0.0.5", address="10.0.0.5")
+    plan = plan_patch(Cluster.from_body(body), host="10.0.0.5", address="10.0.0.5")
     assert plan.patch is not None
     assert plan.patch["spec"] == {"controlPlaneEndpoint": {"host": "10.0.0.5", "port": 443}}
     done = cluster(controlPlaneEndpoint={"host": "10.0.0.5", "port": 443}, paused=True)
-    assert plan_patch(done, host="10.0.0.5", address="10.0.0.5", unpause=True).patch is None
+    assert (
+        plan_patch(Cluster.from_body(done), host="10.0.0.5", address="10.0.0.5", unpause=True).patch
+        is None
+    )
 
 
 def test_plan_never_overwrites_another_endpoint() -> None:
     body = cluster(controlPlaneEndpoint={"host": "192.0.2.1", "port": 6443}, paused=True)
-    plan = plan_patch(body, host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True)
+    plan = plan_patch(
+        Cluster.from_body(body), host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True
+    )
     assert plan.patch is None
     assert plan.conflict is not None and "192.0.2.1" in plan.conflict
 
 
 def test_plan_without_topology_sets_only_the_endpoint_and_v1beta1_items_keep_fields() -> None:
-    plan = plan_patch(cluster(), host="10.0.0.5", address="10.0.0.5", variables=("v",))
+    plan = plan_patch(
+        Cluster.from_body(cluster()), host="10.0.0.5", address="10.0.0.5", variables=("v",)
+    )
     assert plan.patch is not None and set(plan.patch["spec"]) == {"controlPlaneEndpoint"}
     v1beta1 = cluster(
         version="v1beta1",
         controlPlaneEndpoint={"host": "10.0.0.5", "port": 6443},
         topology={"class": "c", "variables": [{"name": "v", "value": "x", "definitionFrom": "p"}]},
     )
-    plan = plan_patch(v1beta1, host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True)
+    plan = plan_patch(
+        Cluster.from_body(v1beta1),
+        host="10.0.0.5",
+        address="10.0.0.5",
+        variables=("v",),
+        unpause=True,
+    )
     assert plan.patch is not None
     assert plan.patch["spec"] == {
         "topology": {"variables": [{"name": "v", "value": "10.0.0.5", "definitionFrom": "p"}]}
@@ -324,7 +341,7 @@ def test_paused_cluster_gets_claim_address_and_one_patch(world: World) -> None:
 
 def test_an_ordinary_claim_of_a_paused_cluster_still_waits(world: World) -> None:
     world.add_cluster(paused=True)
-    body = build_claim(world.cluster(), POOL, "v1beta2")
+    body = build_claim(Cluster.from_body(world.cluster()), POOL, "v1beta2")
     body["metadata"]["labels"].pop(ENDPOINT_LABEL)
     body["metadata"]["uid"] = "u"
     world.kube.add_claim(body)

@@ -13,7 +13,7 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
-from bridge.handlers.pools import purge_forever, resync_forever
+from bridge.handlers.resync import purge_forever, resync_forever
 from bridge.metrics import PortUnavailableError
 from bridge.objects.cache import Cache, prime
 from bridge.objects.client import ObjectClient

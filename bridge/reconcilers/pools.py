@@ -655,7 +655,7 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
 
     Run by the leader for every pool at start-up, then every
     ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` for the pools with
-    ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.pools.purge_forever`). The
+    ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.resync.purge_forever`). The
     quarantine mark lives in the IPAM (`backends.base.quarantine_mark`), so nothing here
     depends on memory: a restart or a new leader purges what is due. When entries were
     deleted, one claim waiting for an address in the pool is woken.

@@ -26,7 +26,7 @@ from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, Cluster, PoolRef
-from bridge.handlers.pools import _queue_clusters
+from bridge.handlers.resync import _queue_clusters
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import cluster_key
 from bridge.operator import Operator

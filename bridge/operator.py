@@ -20,9 +20,9 @@ from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import ClaimKey, ClusterKey, PoolKey
+from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
 from bridge.reconcilers.context import (
-    BackendCache,
     ExhaustionGate,
     NamespaceLocks,
     Notices,
@@ -30,7 +30,7 @@ from bridge.reconcilers.context import (
     ServedVersions,
 )
 from bridge.reconcilers.control_plane import ClusterDeps, reconcile_cluster
-from bridge.reconcilers.pools import PoolClients, PoolDeps, reconcile_pool
+from bridge.reconcilers.pools import PoolDeps, reconcile_pool
 from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
 from bridge.runtime.flowcontrol import EndpointAdmission
@@ -173,7 +173,8 @@ class Operator:
         `ClaimKey` to `bridge.reconcilers.claims.reconcile_claim`, `PoolKey` to
         `bridge.reconcilers.pools.reconcile_pool`, `ClusterKey` to
         `bridge.reconcilers.control_plane.reconcile_cluster`. The clients are held until it
-        returns (`bridge.reconcilers.context.BackendCache.holding`): none is closed under it.
+        returns (`bridge.reconcilers.backend_clients.BackendCache.holding`): none is closed
+        under it.
 
         Raises
         ------

@@ -60,6 +60,7 @@ from bridge.metrics import Metrics
 from bridge.models import IPAddress
 from bridge.objects.cache import Cache
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.reconcilers.backend_clients import PoolClients
 from bridge.reconcilers.context import ExhaustionGate, Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
 from bridge.reconcilers.errors import (
@@ -76,7 +77,6 @@ from bridge.reconcilers.pool_backends import (
     parse_pool,
     with_location,
 )
-from bridge.reconcilers.pools import PoolClients
 from bridge.runtime.cache import MISSING, ObjectCache
 from bridge.runtime.events import EventSink
 from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token

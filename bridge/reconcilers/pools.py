@@ -3,7 +3,7 @@
 `bridge.reconcilers.pool_backends` parses and computes; this module does the I/O around it through
 `bridge.runtime.gateway` and the pool's backend:
 
-- `PoolClients.backend_for`: reads the pool's Secret(s) and returns its cached backend client;
+- `bridge.reconcilers.backend_clients.PoolClients.backend_for`: the pool's backend client;
 - `check_pool`: asks the IPAM about the pool's subnets and returns the Ready status;
 - `reconcile_pool`: what one pool needs now (the work queue calls it for every pool event
   that needs it and for the periodic refresh): status, the ``ProtectPool`` finalizer on the
@@ -26,21 +26,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 
-from backends.base import IPAMBackend
 from backends.errors import BackendError
-from backends.transport import EndpointRegistry
 from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
 from bridge.objects.keys import pool_key, pool_token
+from bridge.reconcilers.backend_clients import PoolClients, SecretReader
 from bridge.reconcilers.context import (
-    BackendCache,
     ExhaustionGate,
     NamespaceLocks,
     Queue,
@@ -50,9 +48,6 @@ from bridge.reconcilers.errors import PoolError, pool_error_from, retry_delay
 from bridge.reconcilers.pool_backends import (
     BACKEND_NAMES,
     Pool,
-    build_backend,
-    fingerprint,
-    location_of,
     parse_pool,
     pool_conditions,
     pool_failed_status,
@@ -68,7 +63,6 @@ __all__ = [
     "CREDENTIALS_FINALIZER",
     "SECRETS_ANNOTATION",
     "PoolApi",
-    "PoolClients",
     "PoolDeps",
     "check_pool",
     "needs_check",
@@ -87,99 +81,6 @@ CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
 #: for another (Global pools). Our bookkeeping on our own object; copied by
 #: ``clusterctl move`` like the Secrets' finalizers it describes.
 SECRETS_ANNOTATION = "ipam-bridge.io/secrets-in-use"
-
-
-class SecretReader(Protocol):
-    """What reads a Secret (`bridge.runtime.gateway.Kube.read_secret`)."""
-
-    def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """Return the Secret's data as text, or None when it does not exist."""
-
-
-@dataclass
-class PoolClients:
-    """The IPAM backend client of each pool, built from its spec and Secrets, cached.
-
-    Attributes
-    ----------
-    settings:
-        The operator settings (backend timeout, retry policy).
-    secrets:
-        Reads the pools' Secrets.
-    endpoints:
-        Per-IPAM-server isolation shared by every client (circuit breaker, concurrency
-        limit, login budget; `Settings.endpoint_registry`).
-    backends:
-        The clients by pool and location.
-    """
-
-    settings: Settings
-    secrets: SecretReader
-    endpoints: EndpointRegistry
-    backends: BackendCache = field(default_factory=BackendCache)
-
-    def backend_for(self, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
-        """Return the pool's backend client, built from its Secret(s) or taken from the cache.
-
-        Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
-        on every call, so a fixed Secret takes effect at once: in the pool's own namespace, or
-        for a Global pool in the namespace its reference names. A Secret being deleted is still
-        read (it is kept by `CREDENTIALS_FINALIZER` for releases).
-
-        With ``reuse`` (claims: allocations and releases) a client already built from this very
-        pool spec is returned without reading any Secret: Secrets are not watched (that would
-        need list/watch on every Secret), so the pool's check (`check_pool`, at every pool change
-        and every ``IPAM_BRIDGE_POOL_REFRESH_SECONDS``) is what reads them and rebuilds the
-        client when they changed. Without such a client the Secrets are read as above.
-
-        Parameters
-        ----------
-        pool:
-            The pool (possibly with a recorded location, `pool_backends.with_location`): the cache
-            key includes its spec, so another location gets its own client.
-
-        Raises
-        ------
-        PoolError
-            ``CredentialsNotFound`` when a Secret or one of its keys is missing; ``InvalidSpec``
-            when the client refuses the configuration.
-        """
-        key = (*pool.key, location_of(pool))
-        if reuse and (cached := self.backends.reuse(key, pool.spec)) is not None:
-            return cached
-        secret_namespace = pool.secret_namespace or pool.namespace
-        secret = self.secrets.read_secret(secret_namespace, pool.credentials_secret)
-        if secret is None:
-            raise PoolError(
-                Reason.CREDENTIALS_NOT_FOUND,
-                f"Secret {secret_namespace}/{pool.credentials_secret} not found",
-                needs_person=True,
-            )
-        ca_pem: str | None = None
-        if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
-            ca_namespace = pool.tls.ca_secret_namespace or pool.namespace
-            ca = self.secrets.read_secret(ca_namespace, pool.tls.ca_secret_name)
-            ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
-            if not ca_pem:
-                raise PoolError(
-                    Reason.CREDENTIALS_NOT_FOUND,
-                    f"CA bundle: Secret {ca_namespace}/{pool.tls.ca_secret_name} or its key "
-                    f"{pool.tls.ca_secret_key!r} not found",
-                    needs_person=True,
-                )
-        return self.backends.get(
-            key,
-            fingerprint(pool, secret, ca_pem),
-            lambda: build_backend(
-                pool,
-                secret,
-                ca_pem,
-                timeout_seconds=self.settings.backend_timeout_seconds,
-                retry=self.settings.retry_policy(),
-                endpoints=self.endpoints,
-            ),
-            spec=pool.spec,
-        )
 
 
 class PoolApi(SecretReader, Protocol):

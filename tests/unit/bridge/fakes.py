@@ -9,7 +9,8 @@ in `FakeKube.writes` (and every read in `FakeKube.reads`); `FakeKube.timeline` i
 writes with the calls of any `FakeBackend` given the same list.
 
 `FakeBackend` implements `backends.base.IPAMBackend` over a small subnet; `install_backend`
-makes `bridge.reconcilers.pools.PoolClients.backend_for` build it, one client per pool location.
+makes `bridge.reconcilers.backend_clients.PoolClients.backend_for` build it, one client per
+pool location.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from bridge.capi import (
     POOL_KINDS,
     Claim,
 )
-from bridge.reconcilers import pools as pool_service
+from bridge.reconcilers import backend_clients
 from bridge.reconcilers.pool_backends import Pool, location_of
 from bridge.runtime.gateway import Outcome
 from bridge.runtime.gateway import Write as KubeWrite
@@ -593,7 +594,7 @@ class FakeBackend:
 
 
 def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[FakeBackend]:
-    """Make `bridge.reconcilers.pools.PoolClients.backend_for` build `FakeBackend` clients.
+    """Make `bridge.reconcilers.backend_clients.PoolClients.backend_for` build them.
 
     Returns the list of clients built, in order (each knows the location it was built for).
     """
@@ -603,7 +604,7 @@ def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[Fak
         built.append(FakeBackend(ipam, location_of(pool)))
         return built[-1]
 
-    monkeypatch.setattr(pool_service, "build_backend", build)
+    monkeypatch.setattr(backend_clients, "build_backend", build)
     return built
 
 

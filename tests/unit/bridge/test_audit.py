@@ -20,8 +20,7 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
-from bridge.reconcilers import audit
-from bridge.reconcilers import pools as pool_service
+from bridge.reconcilers import audit, backend_clients
 from bridge.reconcilers.audit import (
     IN_SYNC,
     Auditor,
@@ -359,7 +358,7 @@ class World:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, entries: Sequence[Allocation] = ()) -> None:
         self.kube = AuditKube()
         self.ipam = AuditIPAM(entries)
-        monkeypatch.setattr(pool_service, "build_backend", lambda *a, **k: self.ipam)
+        monkeypatch.setattr(backend_clients, "build_backend", lambda *a, **k: self.ipam)
         self.ctx = Operator(
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),

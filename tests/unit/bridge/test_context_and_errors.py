@@ -1,7 +1,8 @@
 import pytest
 
 from backends import errors as be
-from bridge.reconcilers.context import BackendCache, ExhaustionGate
+from bridge.reconcilers.backend_clients import BackendCache
+from bridge.reconcilers.context import ExhaustionGate
 from bridge.reconcilers.errors import claim_error_from, pool_error_from
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes.client import ApiException
+from pydantic import ValidationError
 
 from bridge import capi
 from bridge.capi import (
@@ -55,6 +56,7 @@ from bridge.capi import (
     Cluster,
     PoolRef,
 )
+from bridge.models import IPAddress
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Write, api_status_message
@@ -678,14 +680,15 @@ def _bound_address(deps: ClusterDeps, claim: Claim) -> tuple[str, str] | None:
     if not claim.address_ref:
         return None
     body = deps.kube.get_ip_address(deps.versions.address, claim.namespace, claim.address_ref)
-    if body is None:
+    try:
+        address = None if body is None else IPAddress.model_validate(body)
+    except ValidationError:
+        address = None
+    if address is None or address.spec.claim_ref.name != claim.name or not address.spec.address:
         return None
-    spec = body.get("spec") or {}
-    if (spec.get("claimRef") or {}).get("name") != claim.name or not spec.get("address"):
-        return None
-    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    annotations = address.metadata.annotations
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(claim, None)
-    return str(spec["address"]), str(hostname)
+    return str(address.spec.address), str(hostname)
 
 
 def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:

@@ -595,12 +595,7 @@ def _after_finalizer_write(deps: ClaimDeps, claim: Claim, written: Write) -> Cla
 
 def _parsed(stored: Mapping[str, Any] | None, claim: Claim) -> Claim:
     """Return the claim as a write returned it (``stored``), or ``claim`` when there is none."""
-    if stored is None:
-        return claim
-    try:
-        return Claim.from_body(stored)
-    except ValueError:
-        return claim
+    return claim if stored is None else claim.updated(stored)
 
 
 def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:

@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from backends.transport import EndpointRegistry
+from backends.flowcontrol import FlowControl
 from bridge.capi import CLUSTER_GROUP, GROUP
 from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
@@ -23,7 +23,6 @@ from bridge.objects.keys import ClaimKey, ClusterKey, PoolKey
 from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
 from bridge.reconcilers.context import (
-    ExhaustionGate,
     NamespaceLocks,
     Notices,
     Queue,
@@ -33,7 +32,6 @@ from bridge.reconcilers.control_plane import ClusterDeps, reconcile_cluster
 from bridge.reconcilers.pools import PoolDeps, reconcile_pool
 from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
-from bridge.runtime.flowcontrol import EndpointAdmission
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
@@ -93,14 +91,13 @@ class Operator:
     background_events:
         True: Events are posted by background threads (`EventRecorder`); False: in the
         caller's thread, an error other than a refusal raised (tests).
-    endpoints:
-        Per-IPAM-server isolation shared by every backend client; its state and request
-        hooks feed `metrics`.
+    flow:
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`, built by
+        `Settings.flow_control`), shared by every backend client and every claim: exhausted
+        pools, circuit breaker, claims in flight, slots, login budget. Its hooks feed
+        `metrics`, and the claims it keeps a place for are queued again (``queue``).
     clients:
-        The pools' backend clients (made from ``endpoints`` and ``backends``).
-    admission:
-        Claims in flight per IPAM server, at most ``endpoints.max_concurrent`` each; made
-        from ``endpoints`` and ``queue`` (not an argument).
+        The pools' backend clients (made from ``flow`` and ``backends``).
     claims, pools, clusters:
         What each reconciler uses (made from the above; not arguments).
     """
@@ -111,32 +108,25 @@ class Operator:
     queue: OperatorQueue = field(default_factory=NoQueue)
     background_events: bool = False
     metrics: Metrics = field(default_factory=Metrics)
-    endpoints: EndpointRegistry = field(default_factory=EndpointRegistry)
+    flow: FlowControl = field(default_factory=FlowControl)
     backends: BackendCache = field(default_factory=BackendCache)
-    gate: ExhaustionGate = field(default_factory=lambda: ExhaustionGate(5.0))
     notices: Notices = field(default_factory=Notices)
     cache: Cache = field(default_factory=Cache)
     holds: PendingHolds = field(default_factory=PendingHolds)
     locks: NamespaceLocks = field(default_factory=NamespaceLocks)
     events: EventRecorder = field(init=False, repr=False)
     clients: PoolClients = field(init=False, repr=False)
-    admission: EndpointAdmission = field(init=False, repr=False)
     claims: ClaimDeps = field(init=False, repr=False)
     pools: PoolDeps = field(init=False, repr=False)
     clusters: ClusterDeps = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.endpoints.on_state = self.metrics.endpoint_changed
-        self.endpoints.on_request = self.metrics.request_made
-        self.admission = EndpointAdmission(
-            self.endpoints.max_concurrent,
-            lambda key: self.queue.add(key),
-            on_limit=self.metrics.endpoint_limit,
-        )
+        self.flow.on_state = self.metrics.endpoint_changed
+        self.flow.on_request = self.metrics.request_made
+        self.flow.on_limit = self.metrics.endpoint_limit
+        self.flow.wake = lambda key: self.queue.add(key)
         self.events = events = EventRecorder(self.kube, background=self.background_events)
-        self.clients = clients = PoolClients(
-            self.settings, self.kube, self.endpoints, self.backends
-        )
+        self.clients = clients = PoolClients(self.settings, self.kube, self.flow, self.backends)
         self.claims = ClaimDeps(
             settings=self.settings,
             kube=self.kube,
@@ -146,8 +136,7 @@ class Operator:
             events=events,
             metrics=self.metrics,
             clients=clients,
-            gate=self.gate,
-            admission=self.admission,
+            flow=self.flow,
             holds=self.holds,
         )
         self.pools = PoolDeps(
@@ -159,7 +148,7 @@ class Operator:
             events=events,
             metrics=self.metrics,
             clients=clients,
-            gate=self.gate,
+            flow=self.flow,
             holds=self.holds,
             locks=self.locks,
         )
@@ -205,18 +194,16 @@ class Operator:
 
         For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
         (objects), the work queue's (`OperatorQueue.sizes`), the backend cache's
-        (`BackendCache.sizes`), namespace locks, the admission's per-server state, the
-        transport registry's servers, notices, the exhaustion gate and the claims counted
-        as pending by the metrics.
+        (`BackendCache.sizes`), namespace locks, the flow control's
+        (`backends.flowcontrol.FlowControl.sizes`), notices and the claims counted as
+        pending by the metrics.
         """
         sizes = self.cache.sizes()
         sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
         sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
-        sizes |= {f"admission.{k}": v for k, v in self.admission.sizes().items()}
+        sizes |= {f"flow.{k}": v for k, v in self.flow.sizes().items()}
         sizes["namespace_locks"] = len(self.locks)
-        sizes["transport.endpoints"] = len(self.endpoints.states())
         sizes["notices"] = len(self.notices)
-        sizes["gate"] = len(self.gate)
         sizes["metrics.pending"] = len(self.metrics.pending_claims())
         return sizes
 

@@ -19,7 +19,7 @@ from bridge.objects.cache import Cache, prime
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers.audit import audit_forever
-from bridge.reconcilers.context import ExhaustionGate, ServedVersions
+from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.fence import Fence
 from bridge.runtime.gateway import NotServedError, access_denied, api_client
 from bridge.runtime.kubeconfig import kopf_connection_info
@@ -247,8 +247,7 @@ def _build(
         queue=queue,
         background_events=True,
         cache=cache,
-        gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
-        endpoints=bridge.endpoint_registry(fence=fence.check),
+        flow=bridge.flow_control(fence=fence.check),
     )
     return op, queue
 

@@ -5,7 +5,7 @@ A key names what a reconcile is about (`ClaimKey`: a claim, `PoolKey`: a pool,
 key at a time (`bridge.runtime.workqueue`). A wake token names what parked keys wait for
 (`ClusterToken`: the claims of a paused or missing Cluster, `PoolToken`: the claims waiting
 for a pool to be Ready or to have a free address); the claims waiting for a place at an
-IPAM server are parked under `bridge.runtime.flowcontrol.endpoint_token`.
+IPAM server are parked under `backends.flowcontrol.endpoint_token`.
 """
 
 from __future__ import annotations

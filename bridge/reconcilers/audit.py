@@ -1186,7 +1186,7 @@ def _cli_context(namespace: str | None) -> Operator:
         settings=settings,
         kube=kube,
         versions=ServedVersions(version),
-        endpoints=settings.endpoint_registry(),
+        flow=settings.flow_control(),
     )
 
 

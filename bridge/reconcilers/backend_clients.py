@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backends.base import IPAMBackend
-from backends.transport import EndpointRegistry
+from backends.flowcontrol import FlowControl
 from bridge.capi import Reason
 from bridge.reconcilers.context import PoolId
 from bridge.reconcilers.errors import PoolError
@@ -248,16 +248,16 @@ class PoolClients:
         The operator settings (backend timeout, retry policy).
     secrets:
         Reads the pools' Secrets.
-    endpoints:
-        Per-IPAM-server isolation shared by every client (circuit breaker, concurrency
-        limit, login budget; `Settings.endpoint_registry`).
+    flow:
+        The flow control per IPAM server shared by every client (circuit breaker, slots,
+        login budget; `Settings.flow_control`).
     backends:
         The clients by pool and location.
     """
 
     settings: Settings
     secrets: SecretReader
-    endpoints: EndpointRegistry
+    flow: FlowControl
     backends: BackendCache = field(default_factory=BackendCache)
 
     def backend_for(self, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
@@ -318,7 +318,7 @@ class PoolClients:
                 ca_pem,
                 timeout_seconds=self.settings.backend_timeout_seconds,
                 retry=self.settings.retry_policy(),
-                endpoints=self.endpoints,
+                endpoints=self.flow,
             ),
             spec=pool.spec,
         )

@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
-from backends.transport import endpoint_key
+from backends.flowcontrol import FlowControl, endpoint_key, endpoint_token
 from bridge import capi
 from bridge.capi import Claim, Cluster, Reason
 from bridge.metrics import Metrics
@@ -61,7 +61,7 @@ from bridge.models import IPAddress
 from bridge.objects.cache import Cache
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
 from bridge.reconcilers.backend_clients import PoolClients
-from bridge.reconcilers.context import ExhaustionGate, Queue, ServedVersions
+from bridge.reconcilers.context import Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
 from bridge.reconcilers.errors import (
     ClaimError,
@@ -79,7 +79,6 @@ from bridge.reconcilers.pool_backends import (
 )
 from bridge.runtime.cache import MISSING, ObjectCache
 from bridge.runtime.events import EventSink
-from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Result
@@ -144,10 +143,9 @@ class ClaimDeps:
         The Prometheus metrics.
     clients:
         The pools' backend clients.
-    gate:
-        The exhaustion gate: claims of a pool found exhausted wait without an IPAM call.
-    admission:
-        Claims in flight per IPAM server (`bridge.runtime.flowcontrol.EndpointAdmission`).
+    flow:
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): claims of a
+        pool found exhausted wait without an IPAM call; claims in flight per server.
     holds:
         Claims between their look at their pool and their finalizer write (counted by a
         pool's deletion guard, `bridge.runtime.holds.PendingHolds`).
@@ -161,8 +159,7 @@ class ClaimDeps:
     events: EventSink
     metrics: Metrics
     clients: PoolClients
-    gate: ExhaustionGate
-    admission: EndpointAdmission
+    flow: FlowControl
     holds: PendingHolds
 
 
@@ -213,7 +210,7 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
     Notes
     -----
     Whatever the pass decides (or raises), the claim's place in an IPAM server's line is
-    settled afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it
+    settled afterwards (`backends.flowcontrol.FlowControl.settle`): kept while it
     waits for that server, else given to the next waiting claim.
     """
     decision: Result | None = None
@@ -222,7 +219,7 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
         return decision
     finally:
         waits_on = decision.wake_on if decision is not None else ()
-        deps.admission.settle(claim_key(namespace, name), waits_on)
+        deps.flow.settle(claim_key(namespace, name), waits_on)
 
 
 def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
@@ -417,19 +414,21 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     ``pool`` is where the work goes (for a release, the recorded location). The server is
     ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
     transport's registry keys it). The block's outcome adapts the server's limit
-    (`bridge.runtime.flowcontrol.EndpointAdmission.finish`); its exception propagates unchanged.
+    (`backends.flowcontrol.FlowControl.finish`); its exception propagates unchanged.
 
     Raises
     ------
     _Wait
         Before the block runs, when the server is full: the claim parks under
-        `bridge.runtime.flowcontrol.endpoint_token` without a status write.
+        `backends.flowcontrol.endpoint_token` without a status write.
+    backends.errors.EndpointUnavailableError
+        Before the block runs, while the server's circuit breaker is open.
     """
     endpoint = endpoint_key(pool.endpoint)
     key = claim_key(claim.namespace, claim.name)
-    if not deps.admission.try_admit(endpoint, key):
+    if not deps.flow.try_admit(endpoint, key):
         raise _Wait(Result.wait(endpoint_token(endpoint)))
-    with deps.admission.held(endpoint, key):
+    with deps.flow.held(endpoint, key):
         yield
 
 
@@ -572,7 +571,7 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
-    if deps.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+    if deps.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its IPAM server is busy: wait for a place before writing anything.
         raise _Wait(Result.wait(endpoint_token(endpoint)))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
@@ -601,7 +600,7 @@ def _parsed(stored: Mapping[str, Any] | None, claim: Claim) -> Claim:
 def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(deps, claim)
-    if requested is None and deps.gate.closed(pool.key):
+    if requested is None and deps.flow.is_exhausted(endpoint_key(pool.endpoint), pool.key):
         raise _wait_for_address(deps, pool)
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
@@ -622,10 +621,10 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
         error = _backend_error(deps, exc, pool)
         deps.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED and requested is None:
-            deps.gate.exhausted(pool.key)
+            deps.flow.exhausted(endpoint_key(pool.endpoint), pool.key)
             raise _wait_for_address(deps, pool) from exc
         raise error from exc
-    deps.gate.open(pool.key)
+    deps.flow.refilled(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     created = _register(deps, claim, pool, allocation, hostname)
@@ -796,7 +795,7 @@ def _release(deps: ClaimDeps, claim: Claim) -> Result:
     decision = _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
-        deps.gate.open(pool.key)
+        deps.flow.refilled(pool.key)
         deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     return decision
 

@@ -3,7 +3,7 @@
 Each reconciler takes a dataclass of what it uses (`bridge.reconcilers.claims.ClaimDeps`,
 `bridge.reconcilers.pools.PoolDeps`, `bridge.reconcilers.control_plane.ClusterDeps`); the
 pieces they share are defined here: `ServedVersions` (the CAPI versions detected at
-start-up), `Queue` (where keys go), `ExhaustionGate`, `Notices` and `NamespaceLocks`; the
+start-up), `Queue` (where keys go), `Notices` and `NamespaceLocks`; the
 IPAM clients of the pools are `bridge.reconcilers.backend_clients`. Nothing here is
 module-global.
 """
@@ -13,13 +13,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
-    "ExhaustionGate",
     "NamespaceLocks",
     "Notices",
     "Queue",
@@ -139,38 +137,3 @@ class Notices:
         """Drop what was told about ``subject`` (its problem is over, or it is gone)."""
         with self._lock:
             self._told.pop(subject, None)
-
-
-class ExhaustionGate:
-    """Remembers which pools were found exhausted, so waiting claims do not all ask the IPAM.
-
-    While a pool was found exhausted less than ``hold_seconds`` ago, claims of that pool
-    wait without a backend call; a release in that pool opens the gate at once.
-    """
-
-    def __init__(self, hold_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.hold_seconds = hold_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._since: dict[PoolId, float] = {}
-
-    def closed(self, key: PoolId) -> bool:
-        """Return True when the pool was found exhausted within the hold time."""
-        with self._lock:
-            since = self._since.get(key)
-            return since is not None and self._clock() - since < self.hold_seconds
-
-    def exhausted(self, key: PoolId) -> None:
-        """Record that the pool was just found exhausted."""
-        with self._lock:
-            self._since[key] = self._clock()
-
-    def open(self, key: PoolId) -> None:
-        """Record that the pool may have a free address (a release happened, or it is gone)."""
-        with self._lock:
-            self._since.pop(key, None)
-
-    def __len__(self) -> int:
-        """Return how many pools are remembered as exhausted."""
-        with self._lock:
-            return len(self._since)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 
 from backends.errors import BackendError
+from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
@@ -39,7 +40,6 @@ from bridge.objects.cache import Cache
 from bridge.objects.keys import pool_key, pool_token
 from bridge.reconcilers.backend_clients import PoolClients, SecretReader
 from bridge.reconcilers.context import (
-    ExhaustionGate,
     NamespaceLocks,
     Queue,
     ServedVersions,
@@ -145,8 +145,9 @@ class PoolDeps:
         The Prometheus metrics.
     clients:
         The pools' backend clients.
-    gate:
-        The exhaustion gate, opened when a pool has a free address.
+    flow:
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): a pool's
+        exhaustion is forgotten when it has a free address.
     holds:
         Claims about to hold a pool (its deletion guard counts them).
     locks:
@@ -161,7 +162,7 @@ class PoolDeps:
     events: EventSink
     metrics: Metrics
     clients: PoolClients
-    gate: ExhaustionGate
+    flow: FlowControl
     holds: PendingHolds
     locks: NamespaceLocks
 
@@ -194,7 +195,7 @@ def check_pool(deps: PoolDeps, pool: Pool, body: Mapping[str, Any]) -> dict[str,
     total = sum(info.total for info in infos)
     deps.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
-        deps.gate.open(pool.key)
+        deps.flow.refilled(pool.key)
     previous = (body.get("status") or {}).get("conditions") or []
     return pool_status(pool, infos, previous)
 
@@ -447,7 +448,7 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
     body = deps.kube.get_pool(namespace, kind, name)
     if body is None:
         deps.clients.backends.drop((namespace, kind, name))
-        deps.gate.open((namespace, kind, name))  # forgotten: the pool is gone
+        deps.flow.refilled((namespace, kind, name))  # forgotten: the pool is gone
         deps.metrics.forget_pool(f"{namespace}/{name}", kind)
         deps.queue.wake(pool_token(namespace, kind, name))
         return Result.done()
@@ -545,7 +546,7 @@ def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | No
     if deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
     deps.clients.backends.drop((namespace, kind, name))
-    deps.gate.open((namespace, kind, name))
+    deps.flow.refilled((namespace, kind, name))
     deps.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Result.done()
@@ -594,7 +595,7 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
         log.info(
             "pool %s: quarantine ended for %s; entries deleted", pool.display, ", ".join(purged)
         )
-        deps.gate.open(pool.key)
+        deps.flow.refilled(pool.key)
         deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
         deps.queue.add(pool_key(pool.namespace, pool.kind, pool.name))
     return list(purged)

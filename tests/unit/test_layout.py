@@ -32,10 +32,7 @@ SANDBOX = ("mock_kubernetes", "mock_phpipam", "mock_infoblox")
 #: Lines a function may have, its docstring excluded.
 MAX_LINES = 60
 #: Runtime modules still importing something they should not, and why (they are in work).
-PENDING_PURITY: dict[str, str] = {
-    "bridge/runtime/flowcontrol.py": "its overload signal is a backends error (flow control"
-    " per IPAM server is being reworked)",
-}
+PENDING_PURITY: dict[str, str] = {}
 
 
 #: Modules still importing the sandbox when imported, and why (they are in work).
@@ -110,8 +107,8 @@ def _long_functions() -> list[str]:
 
 
 @pytest.mark.skip(
-    reason="functions of backends/transport.py, bridge/demo.py and bridge/reconcilers/audit.py"
-    " are still longer (they are being split)"
+    reason="functions of bridge/demo.py and bridge/reconcilers/audit.py are still longer"
+    " (they are being split)"
 )
 def test_no_function_is_longer_than_sixty_lines() -> None:
     assert _long_functions() == []

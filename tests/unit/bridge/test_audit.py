@@ -15,6 +15,7 @@ from kubernetes.client import ApiException
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
+from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
@@ -29,7 +30,7 @@ from bridge.reconcilers.audit import (
     compare,
     in_sync_condition,
 )
-from bridge.reconcilers.context import ExhaustionGate, ServedVersions
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
 from bridge.settings import Settings
 
@@ -363,7 +364,7 @@ class World:
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions("v1beta2"),
-            gate=ExhaustionGate(5.0, clock=lambda: 0.0),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
             queue=FakeQueue(),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})

@@ -26,6 +26,7 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
+from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
 from bridge.objects.client import ObjectClient
@@ -33,7 +34,7 @@ from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers import pools as pool_service
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import ExhaustionGate, ServedVersions
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
 from bridge.runtime.workqueue import Result
@@ -44,6 +45,7 @@ POOL = "pool"
 KIND = "PHPIPAMIPPool"
 DISPLAY = f"{KIND} {NS}/{POOL}"
 POOL_TOKEN = pool_token(NS, KIND, POOL)
+POOL_ENDPOINT = "https://ipam.example.com"  # the fake pools' spec.endpoint
 
 
 class World:
@@ -59,7 +61,7 @@ class World:
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions(version),
-            gate=ExhaustionGate(5.0, clock=lambda: self.now),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: self.now),
             queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
@@ -685,7 +687,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     pool["spec"].update(endpoint="https://new.example.com", hostnameSuffix="new.example")
     pool["metadata"]["generation"] = 2
     # An exhausted gate is opened by a release.
-    world.ctx.gate.exhausted((NS, KIND, POOL))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.delete()
     assert world.reconcile() == Result.done()
     assert world.ipam.calls == [("release", "c1.ns.old.example", recorded)]
@@ -701,7 +703,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     assert world.kube.events == []
     assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
     assert world.queue.woken == [(POOL_TOKEN, 1)]  # one address freed: one waiter tries
-    assert not world.ctx.gate.closed((NS, KIND, POOL))
+    assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
 
 
 def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> None:
@@ -872,7 +874,7 @@ def test_a_requested_address_outside_the_pool_or_malformed_fails(
 
 def test_a_requested_address_is_tried_even_behind_the_exhaustion_gate(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
-    world.ctx.gate.exhausted((NS, KIND, POOL))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.kube.add_claim(claim(annotations={REQUESTED: "10.0.0.6"}))
     assert world.reconcile() == Result.done()
     assert world.ipam.entries == {"c1.ns": "10.0.0.6"}

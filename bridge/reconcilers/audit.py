@@ -67,12 +67,13 @@ from backends.errors import AddressUnavailableError, BackendError
 from backends.phpipam import RESERVED_HOSTNAMES
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
 from bridge.reconcilers.claims import description_for
-from bridge.reconcilers.context import Context
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, LOCATION_FIELDS, Pool, parse_pool
-from bridge.reconcilers.pools import backend_for
-from bridge.runtime.gateway import Kube, access_denied, api_client, api_status_message
+from bridge.runtime.gateway import access_denied, api_client, api_status_message
 from bridge.settings import Settings
 
 __all__ = [
@@ -587,11 +588,11 @@ class Survey:
     addresses: int = 0
 
 
-def _list_entries(ctx: Context, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
+def _list_entries(ctx: Operator, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
     return ctx.metrics.call(BACKEND_NAMES[pool.kind], "entries", backend.entries)
 
 
-def survey(ctx: Context, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
+def survey(ctx: Operator, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
     """Read a pool's IPAM entries, IPAddresses and claims, and compare them (no writes).
 
     Reads, in this order: the entries (one list request per subnet), the pool's IPAddresses
@@ -609,8 +610,8 @@ def survey(ctx: Context, pool: Pool, backend: IPAMBackend | None = None) -> Surv
     kubernetes.client.ApiException
         When the API refuses a list.
     """
-    version = ctx.address_version
-    backend = backend if backend is not None else backend_for(ctx, pool)
+    version = ctx.versions.address
+    backend = backend if backend is not None else ctx.clients.backend_for(pool)
     entries = _list_entries(ctx, pool, backend)
     scope = ctx.settings.namespaces
     if pool.namespace:
@@ -695,7 +696,7 @@ class Auditor:
         The operator context (Kubernetes, backends, metrics, settings).
     """
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Operator) -> None:
         self.ctx = ctx
         self._seen: dict[tuple[str, str, str], frozenset[tuple[str, str, str, str]]] = {}
         self._stop = threading.Event()
@@ -783,7 +784,7 @@ class Auditor:
             leave that finding as it was.
         """
         ctx = self.ctx
-        backend = backend_for(ctx, pool)
+        backend = ctx.clients.backend_for(pool)
         seen = survey(ctx, pool, backend)
         findings: list[Finding] = []
         restored: list[Finding] = []
@@ -811,7 +812,7 @@ class Auditor:
         IPAddress changed, or the entry is back), the finding itself while the claim is
         paused, or a conflict (the address or the hostname is held now).
         """
-        ctx, version = self.ctx, self.ctx.address_version
+        ctx, version = self.ctx, self.ctx.versions.address
         namespace, name = finding.claim.split("/", 1)
         body = ctx.kube.get_claim(version, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -898,7 +899,7 @@ class Auditor:
             f"'{hostname}' at the same address"
         )
         log.info("drift audit: claim %s: %s", finding.claim, message)
-        ctx.event(body, "Normal", Reason.ADDRESS_RESTORED, message)
+        ctx.events.post(body, "Normal", Reason.ADDRESS_RESTORED, message)
         ctx.metrics.drift_restored.labels(_metric_pool(pool), pool.kind).inc()
         return "restored"
 
@@ -930,7 +931,7 @@ class Auditor:
             if finding.key in before:
                 continue
             if finding.finding == FindingKind.ORPHAN:
-                ctx.event(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
+                ctx.events.post(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
             else:
                 namespace, name = finding.claim.split("/", 1)
                 claim = seen.claims.get((namespace, name))
@@ -939,7 +940,7 @@ class Auditor:
                     if finding.finding == FindingKind.MISSING
                     else Reason.ADDRESS_CONFLICT
                 )
-                ctx.event(claim or body, "Warning", reason, finding.message)
+                ctx.events.post(claim or body, "Warning", reason, finding.message)
             log.warning("drift audit of %s: %s: %s", pool.display, finding.finding, finding.message)
         self._seen[pool.key] = frozenset(f.key for f in findings)
         n = counts(findings)
@@ -1004,7 +1005,7 @@ def _auditable(body: Mapping[str, Any], pool: Pool) -> bool:
     return capi.ready_of(body)[0] == "True" and status.get("observedGeneration") == pool.generation
 
 
-async def audit_forever(ctx: Context) -> None:
+async def audit_forever(ctx: Operator) -> None:
     """Audit every pool every ``IPAM_BRIDGE_AUDIT_SECONDS`` until cancelled (0: never).
 
     Runs on the leader (`bridge.handlers.lifecycle.start_work`). Each round runs in a
@@ -1035,7 +1036,7 @@ async def audit_forever(ctx: Context) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _held_round(ctx: Context, auditor: Auditor) -> list[PoolAudit]:
+def _held_round(ctx: Operator, auditor: Auditor) -> list[PoolAudit]:
     """Run one audit round holding the backend clients it takes (`BackendCache.holding`)."""
     with ctx.backends.holding():
         return auditor.run_round()
@@ -1172,19 +1173,19 @@ def run_cli(
     return code
 
 
-def _cli_context(namespace: str | None) -> Context:
+def _cli_context(namespace: str | None) -> Operator:
     """Connect with the current kubeconfig and return a context for `survey` (no queue)."""
     settings = Settings().model_copy(update={"namespace": namespace or ""})
-    kube = Kube(api_client(timeout=settings.kube_timeout))
+    kube = ObjectClient(api_client(timeout=settings.kube_timeout))
     try:
         version = kube.preferred_version(capi.GROUP, "ipaddresses", capi.SUPPORTED_VERSIONS)
     except BaseException:
         kube.close()
         raise
-    return Context(
+    return Operator(
         settings=settings,
         kube=kube,
-        address_version=version,
+        versions=ServedVersions(version),
         flow=settings.flow_control(),
     )
 

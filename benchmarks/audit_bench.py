@@ -6,7 +6,8 @@ tools; the pool's IPAddresses and claims are built in memory as the API returns 
 audit of the pool is what the operator does each round (`bridge.reconcilers.audit`): the entries are
 listed with the real `backends.phpipam.PHPIPAMBackend` over HTTP (one list request per
 subnet), the Kubernetes lists are decoded from JSON (what the kubernetes client does with a
-list answer), and everything is compared (`bridge.reconcilers.audit.compare`).
+list answer) and typed (`bridge.reconcilers.audit.typed_addresses`, `typed_claims`), and
+everything is compared (`bridge.reconcilers.audit.compare`).
 
 CPU seconds are the auditing thread's own (``time.thread_time``): the mock serves from
 another thread of this process and is not counted.
@@ -24,7 +25,7 @@ from typing import Any
 from backends.retry import RetryPolicy
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify
 from bridge import capi
-from bridge.reconcilers.audit import compare
+from bridge.reconcilers.audit import compare, typed_addresses, typed_claims
 from bridge.reconcilers.pool_backends import build_backend, location_of, parse_pool
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -50,7 +51,7 @@ class AuditResult:
     list_wall, list_cpu:
         Seconds of ``entries()`` (HTTP and JSON included): wall clock, this thread's CPU.
     decode_wall, decode_cpu:
-        Seconds to decode the IPAddress and claim lists from JSON.
+        Seconds to decode the IPAddress and claim lists from JSON into typed values.
     compare_wall, compare_cpu:
         Seconds of the in-memory comparison.
     requests:
@@ -211,8 +212,8 @@ def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult
     ip_text = json.dumps({"kind": "IPAddressList", "items": ip_list})
     claim_text = json.dumps({"kind": "IPAddressClaimList", "items": claim_list})
     wall, cpu = time.perf_counter(), time.thread_time()
-    ip_items = json.loads(ip_text)["items"]
-    claim_items = json.loads(claim_text)["items"]
+    ip_items = typed_addresses(json.loads(ip_text)["items"])
+    claim_items = typed_claims(json.loads(claim_text)["items"])
     result.decode_wall = time.perf_counter() - wall
     result.decode_cpu = time.thread_time() - cpu
     wall, cpu = time.perf_counter(), time.thread_time()
@@ -231,7 +232,7 @@ def format_result(result: AuditResult) -> str:
         f"over HTTP, {result.entries} rows listed), {result.findings} findings\n"
         f"  list entries:   {result.list_wall:6.2f} s wall  {result.list_cpu:6.2f} s CPU\n"
         f"  decode lists:   {result.decode_wall:6.2f} s wall  {result.decode_cpu:6.2f} s CPU  "
-        f"({result.addresses} IPAddresses + {result.addresses} claims from JSON)\n"
+        f"({result.addresses} IPAddresses + {result.addresses} claims from JSON, typed)\n"
         f"  compare:        {result.compare_wall:6.2f} s wall  {result.compare_cpu:6.2f} s CPU\n"
         f"  whole audit:    {result.wall:6.2f} s wall  {result.cpu:6.2f} s CPU (target < 5 s CPU)\n"
         f"  IPAM requests:  {sum(result.requests.values())} ({requests}; target: one list per "

@@ -25,8 +25,9 @@ from bridge.reconcilers.audit import (
     Auditor,
     Finding,
     FindingKind,
-    compare,
     in_sync_condition,
+    typed_addresses,
+    typed_claims,
 )
 from bridge.reconcilers.context import Context, ExhaustionGate
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
@@ -91,6 +92,17 @@ def ip_address(
             "poolRef": {"apiGroup": capi.GROUP, "kind": kind, "name": pool},
         },
     }
+
+
+def compare(
+    pool: Pool,
+    entries: Sequence[Allocation],
+    addresses: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    **options: Any,
+) -> list[Finding]:
+    """`audit.compare` of objects as the API returns them (typed at the edge, as the survey)."""
+    return audit.compare(pool, entries, typed_addresses(addresses), typed_claims(claims), **options)
 
 
 def the_pool(**spec: Any) -> Pool:

@@ -67,7 +67,7 @@ ZERO_MAC = "00:00:00:00:00:00"
 MAX_COMMENT = 256
 #: Page size of paged searches (WAPI's default ``_max_results`` is -1000: an error above 1000).
 PAGE_SIZE = 1000
-#: Most networks one pool may list (``spec.subnets``, DESIGN section 3).
+#: Most networks one pool may list (``spec.subnets``, as the CRD allows).
 MAX_SUBNETS = 32
 #: Namespace of the deterministic DUID-UUID (RFC 6355) given to IPv6 fixed addresses.
 _DUID_NAMESPACE = uuid.UUID("4a6f1c52-7b0e-4d5c-9a43-6d1f0b2c8e11")
@@ -340,9 +340,11 @@ class InfobloxBackend:
     networks (``config.subnets``, 1-32, IPv4 and IPv6 may mix) are served in order: a new
     claim gets the next available IP of the first network that has one. Addresses come from
     next-available-IP inside the create request, so WAPI picks and writes the address in
-    one step (backends.md B.5; never the racy ``_function=next_available_ip`` followed by a
-    create, ansible#45218): ``func:nextavailableip:<cidr>,<network view>``, or, when the
-    network has a gateway, the object-function form that excludes it
+    one step (WAPI documentation, https://ipam.illinois.edu/wapidoc/, "Function calls";
+    never the racy ``_function=next_available_ip`` followed by a create,
+    https://github.com/ansible/ansible/issues/45218):
+    ``func:nextavailableip:<cidr>,<network view>``, or, when the network has a gateway, the
+    object-function form that excludes it
     (``{"_object_function": "next_available_ip", "_object": "network"|"ipv6network",
     "_object_parameters": {"network", "network_view"}, "_result_field": "ips",
     "_parameters": {"num": 1, "exclude": [<gateway>...]}}``; infoblox-go-client
@@ -1454,9 +1456,9 @@ class InfobloxBackend:
     def _next_available(self, net: _Net, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
         """Return the address value of a create, from which WAPI picks the address itself.
 
-        Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (B.5 form 1);
-        with them the object-function form (B.5 form 2), the only single-call way to
-        exclude addresses.
+        Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (WAPI's
+        function-call form); with them the object-function form (``_object_function``,
+        https://ipam.illinois.edu/wapidoc/), the only single-call way to exclude addresses.
         """
         if not exclude:
             return f"func:nextavailableip:{net.cidr},{self.config.network_view}"

@@ -770,12 +770,12 @@ class InfobloxBackend:
             log.debug("infoblox: %s already holds %s", hostname, existing.address)
             return existing
         if live:
-            # Only addresses that are never assigned (an entry left by an older version, or
-            # by an attempt interrupted below): ours to remove, never to adopt.
+            # Only addresses that are never assigned (an entry left by an attempt interrupted
+            # below, or by a client that did not skip them): ours to remove, never to adopt.
             self._remove_entries(hostname, live)
         full: SubnetExhaustedError | None = None
         for net in self._nets:
-            # The routers option as it is now: what next-available-IP must skip.
+            # The routers option as WAPI holds it: what next-available-IP must skip.
             routers = self._refresh_gateway(net)
             value = self._next_available(net, self._gateways(net, routers))
             try:

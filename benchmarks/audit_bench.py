@@ -1,7 +1,7 @@
 """The drift audit of one large pool: time (wall and CPU) and IPAM requests.
 
-A mock phpIPAM holds a /18 with ``addresses`` rows registered as ipam-bridge registers them
-(``<claim>.<namespace>``, ``ipam-bridge <namespace>/<claim>``), plus a few rows of other
+A mock phpIPAM holds a /18 with ``addresses`` entries registered as ipam-bridge registers them
+(``<claim>.<namespace>``, ``ipam-bridge <namespace>/<claim>``), plus a few entries of other
 tools; the pool's IPAddresses and claims are built in memory as the API returns them. One
 audit of the pool is what the operator does each round (`bridge.reconcilers.audit`): the entries are
 listed with the real `backends.phpipam.PHPIPAMBackend` over HTTP (one list request per
@@ -45,7 +45,7 @@ class AuditResult:
     addresses:
         Rows registered by ipam-bridge (and as many IPAddresses and claims).
     entries:
-        Rows the IPAM listed (``addresses`` plus the gateway and other tools' rows).
+        Entries the IPAM listed (``addresses`` plus the gateway and other tools' entries).
     findings:
         What the comparison found (0 expected: the pool is in sync).
     list_wall, list_cpu:
@@ -162,7 +162,7 @@ def _objects(n: int, location: str) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult:
-    """Audit a pool of ``addresses`` registered addresses (plus ``others`` rows of other tools).
+    """Audit a pool of ``addresses`` registered addresses (plus ``others`` entries of other tools).
 
     Raises
     ------
@@ -170,7 +170,7 @@ def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult
         When the /18 cannot hold that many addresses.
     """
     if addresses + others + 10 > NETWORK.num_addresses - 2:
-        raise ValueError(f"{NETWORK} holds at most {NETWORK.num_addresses - others - 12} rows")
+        raise ValueError(f"{NETWORK} holds at most {NETWORK.num_addresses - others - 12} entries")
     result = AuditResult(addresses)
     store = Store(_seed())
     for i in range(addresses):
@@ -229,7 +229,7 @@ def format_result(result: AuditResult) -> str:
     requests = ", ".join(f"{k} {v}" for k, v in sorted(result.requests.items())) or "none"
     return (
         f"(f) drift audit of one pool: {result.addresses} addresses in {NETWORK} (phpIPAM mock "
-        f"over HTTP, {result.entries} rows listed), {result.findings} findings\n"
+        f"over HTTP, {result.entries} entries listed), {result.findings} findings\n"
         f"  list entries:   {result.list_wall:6.2f} s wall  {result.list_cpu:6.2f} s CPU\n"
         f"  decode lists:   {result.decode_wall:6.2f} s wall  {result.decode_cpu:6.2f} s CPU  "
         f"({result.addresses} IPAddresses + {result.addresses} claims from JSON, typed)\n"

@@ -34,9 +34,9 @@ from backends.errors import (
     SubnetExhaustedError,
     SubnetNotFoundError,
 )
+from backends.flowcontrol import FlowControl
 from backends.retry import RetryPolicy
 from backends.transport import (
-    EndpointRegistry,
     Transport,
     basic_auth,
     credential_id,
@@ -402,8 +402,8 @@ class PHPIPAMBackend:
     `backends.transport.Transport`: bounded by ``config.retry.total_seconds``, in a slot of
     the endpoint, under ``config.retry`` (transient errors and lost allocation races are
     retried there, everything else is raised at once). Logins go through the endpoint's
-    login budget, shared with every other client of the same `EndpointRegistry`. One login
-    serves every subnet of the pool.
+    login budget, shared with every other client of the same
+    `backends.flowcontrol.FlowControl`. One login serves every subnet of the pool.
 
     Parameters
     ----------
@@ -412,8 +412,8 @@ class PHPIPAMBackend:
     session:
         An HTTP session to use instead of a new one (it is then not closed by `close`).
     endpoints:
-        The operator's `EndpointRegistry` (breaker, concurrency, login budget per endpoint);
-        None gives this client a registry of its own.
+        The operator's `backends.flowcontrol.FlowControl` (breaker, slots, login budget per
+        endpoint); None gives this client one of its own.
 
     Notes
     -----
@@ -464,7 +464,7 @@ class PHPIPAMBackend:
         config: PHPIPAMConfig,
         *,
         session: requests.Session | None = None,
-        endpoints: EndpointRegistry | None = None,
+        endpoints: FlowControl | None = None,
     ) -> None:
         self._config = config
         self._base_url = config.base_url
@@ -481,7 +481,7 @@ class PHPIPAMBackend:
         self._facts: list[_SubnetFacts | None] = [None] * len(self._refs)
         # Gateways known to have an entry in their subnet (registered here or found registered).
         self._gateway_lock = threading.Lock()
-        self._gateway_rows: set[tuple[int, str]] = set()
+        self._gateway_entries: set[tuple[int, str]] = set()
 
     @property
     def config(self) -> PHPIPAMConfig:
@@ -785,8 +785,8 @@ class PHPIPAMBackend:
         used = _to_int(usage.get("used", usage.get("Used")), "used")
         free_raw = usage.get("freehosts")
         free = _to_int(free_raw, "freehosts") if free_raw is not None else total - used
-        gateway = self._gateway_without_known_row(facts)
-        if gateway is not None and not self._gateway_has_row(facts, gateway):
+        gateway = self._gateway_without_known_entry(facts)
+        if gateway is not None and not self._gateway_has_entry(facts, gateway):
             # Not free although phpIPAM counts it so: it is registered before any allocation.
             used, free = used + 1, free - 1
         return SubnetInfo(
@@ -950,7 +950,7 @@ class PHPIPAMBackend:
         )
         if reservation is _GATEWAY:
             with self._gateway_lock:
-                self._gateway_rows.add((facts.id, address))
+                self._gateway_entries.add((facts.id, address))
         log.info(
             "phpIPAM: kept %s (id %d) as %s: it is never assigned",
             address,
@@ -974,7 +974,7 @@ class PHPIPAMBackend:
                 never.setdefault(gateway, _GATEWAY)
         return never
 
-    def _gateway_without_known_row(self, facts: _SubnetFacts) -> str | None:
+    def _gateway_without_known_entry(self, facts: _SubnetFacts) -> str | None:
         """Return the gateway first-free could hand out unless registered, or None.
 
         phpIPAM's own gateway is an entry; the override is one only once registered. An address
@@ -988,32 +988,32 @@ class PHPIPAMBackend:
         if not _offered_by_first_free(gateway, facts.network):
             return None
         with self._gateway_lock:
-            if (facts.id, gateway) in self._gateway_rows:
+            if (facts.id, gateway) in self._gateway_entries:
                 return None
         return gateway
 
-    def _gateway_has_row(self, facts: _SubnetFacts, gateway: str) -> bool:
+    def _gateway_has_entry(self, facts: _SubnetFacts, gateway: str) -> bool:
         """Look the gateway up (``GET addresses/search/{ip}/``); remember an entry once seen."""
         answer = self._lookup("GET", f"addresses/search/{gateway}/")
         found = answer is not None and bool(self._entries_in(answer, {facts.id}))
         if found:
             with self._gateway_lock:
-                self._gateway_rows.add((facts.id, gateway))
+                self._gateway_entries.add((facts.id, gateway))
         return found
 
     def _register_gateway(self, facts: _SubnetFacts) -> None:
         """Give a gateway without an entry one, under `RESERVED_GATEWAY_HOSTNAME` (idempotent).
 
         ``POST addresses/`` with the address (201 ``Address created``). 409 ``IP address
-        already exists``, or the 500 ``Duplicate entry`` of a lost
-        race, means the address has an entry already (another replica or operator, a person):
-        that entry is left as it is.
+        already exists``, or the 500 ``Duplicate entry`` of a lost race, means the address
+        has an entry already (another replica or operator, a person): that entry is left as
+        it is.
         """
-        gateway = self._gateway_without_known_row(facts)
+        gateway = self._gateway_without_known_entry(facts)
         if gateway is None:
             return
         with self._gateway_lock:
-            if (facts.id, gateway) in self._gateway_rows:
+            if (facts.id, gateway) in self._gateway_entries:
                 return  # another thread registered it meanwhile
             try:
                 created = self._call(
@@ -1035,7 +1035,7 @@ class PHPIPAMBackend:
                     created.get("id"),
                     RESERVED_GATEWAY_HOSTNAME,
                 )
-            self._gateway_rows.add((facts.id, gateway))
+            self._gateway_entries.add((facts.id, gateway))
 
     # ----------------------------------------------------------------- entries
 

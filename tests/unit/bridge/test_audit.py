@@ -18,6 +18,7 @@ from kubernetes.client import ApiException
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
+from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
@@ -32,7 +33,7 @@ from bridge.reconcilers.audit import (
     typed_addresses,
     typed_claims,
 )
-from bridge.reconcilers.context import Context, ExhaustionGate
+from bridge.reconcilers.context import Context
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
 from bridge.runtime.gateway import Kube
 from bridge.runtime.workqueue import WorkQueue
@@ -379,7 +380,7 @@ class World:
             settings=Settings(),
             kube=cast(Kube, self.kube),
             address_version="v1beta2",
-            gate=ExhaustionGate(5.0, clock=lambda: 0.0),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
             queue=cast(WorkQueue, FakeQueue()),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})

@@ -16,12 +16,14 @@ from kubernetes.client import ApiException
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, pool_label
 from bridge.reconcilers.audit.survey import survey
-from bridge.reconcilers.context import Context
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool
-from bridge.runtime.gateway import Kube, access_denied, api_client, api_status_message
+from bridge.runtime.gateway import access_denied, api_client, api_status_message
 from bridge.settings import Settings
 
 __all__ = ["EXIT_DRIFT", "EXIT_ERROR", "EXIT_IN_SYNC", "format_table", "run_cli"]
@@ -114,7 +116,7 @@ def run_cli(
     return outcome.code
 
 
-def _audit_pools(ctx: Context, err: TextIO) -> _Outcome | None:
+def _audit_pools(ctx: Operator, err: TextIO) -> _Outcome | None:
     """Survey every pool not being deleted; None when a pool kind cannot be listed."""
     outcome = _Outcome()
     for kind in capi.POOL_KINDS:
@@ -182,19 +184,19 @@ def _print_table(outcome: _Outcome, out: TextIO) -> None:
         )
 
 
-def _cli_context(namespace: str | None) -> Context:
+def _cli_context(namespace: str | None) -> Operator:
     """Connect with the current kubeconfig and return a context for `survey` (no queue)."""
     settings = Settings().model_copy(update={"namespace": namespace or ""})
-    kube = Kube(api_client(timeout=settings.kube_timeout))
+    kube = ObjectClient(api_client(timeout=settings.kube_timeout))
     try:
         version = kube.preferred_version(capi.GROUP, "ipaddresses", capi.SUPPORTED_VERSIONS)
     except BaseException:
         kube.close()
         raise
-    return Context(
+    return Operator(
         settings=settings,
         kube=kube,
-        address_version=version,
+        versions=ServedVersions(version),
         flow=settings.flow_control(),
     )
 

@@ -25,13 +25,12 @@ from backends.base import Allocation, IPAMBackend
 from backends.errors import AddressUnavailableError, BackendError
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
 from bridge.reconcilers.audit.survey import Survey, survey
 from bridge.reconcilers.claims import description_for
-from bridge.reconcilers.context import Context
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool, parse_pool
-from bridge.reconcilers.pools import backend_for
 
 __all__ = ["IN_SYNC", "Auditor", "PoolAudit", "audit_forever", "in_sync_condition"]
 
@@ -159,7 +158,7 @@ class Auditor:
         The operator context (Kubernetes, backends, metrics, settings).
     """
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Operator) -> None:
         self.ctx = ctx
         self._seen: dict[tuple[str, str, str], frozenset[tuple[str, str, str, str]]] = {}
         self._stop = threading.Event()
@@ -247,7 +246,7 @@ class Auditor:
             From `survey` (nothing is written then). Errors of single repairs are logged and
             leave that finding as it was.
         """
-        backend = backend_for(self.ctx, pool)
+        backend = self.ctx.clients.backend_for(pool)
         seen = survey(self.ctx, pool, backend)
         findings: list[Finding] = []
         restored: list[Finding] = []
@@ -299,7 +298,7 @@ class Auditor:
 
     def _still_missing(self, finding: Finding) -> Claim | None:
         """Read the claim and its IPAddress again; return the claim while the finding holds."""
-        ctx, version = self.ctx, self.ctx.address_version
+        ctx, version = self.ctx, self.ctx.versions.address
         namespace, name = finding.claim.split("/", 1)
         body = ctx.kube.get_claim(version, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -365,7 +364,7 @@ class Auditor:
         (a failure is logged) and None is returned.
         """
         namespace, name = finding.claim.split("/", 1)
-        after = self.ctx.kube.get_claim(self.ctx.address_version, namespace, name)
+        after = self.ctx.kube.get_claim(self.ctx.versions.address, namespace, name)
         if after is not None and not (after.get("metadata") or {}).get("deletionTimestamp"):
             return after
         try:
@@ -387,7 +386,7 @@ class Auditor:
             f"'{finding.expected}' at the same address"
         )
         log.info("drift audit: claim %s: %s", finding.claim, message)
-        self.ctx.event(claim, "Normal", Reason.ADDRESS_RESTORED, message)
+        self.ctx.events.post(claim, "Normal", Reason.ADDRESS_RESTORED, message)
         self.ctx.metrics.drift_restored.labels(_metric_pool(pool), pool.kind).inc()
 
     def _paused(self, claim: Claim) -> bool:
@@ -418,7 +417,7 @@ class Auditor:
             if finding.key in before:
                 continue
             if finding.finding == FindingKind.ORPHAN:
-                ctx.event(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
+                ctx.events.post(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
             else:
                 namespace, name = finding.claim.split("/", 1)
                 claim = seen.claims.get((namespace, name))
@@ -427,7 +426,7 @@ class Auditor:
                     if finding.finding == FindingKind.MISSING
                     else Reason.ADDRESS_CONFLICT
                 )
-                ctx.event(claim or body, "Warning", reason, finding.message)
+                ctx.events.post(claim or body, "Warning", reason, finding.message)
             log.warning("drift audit of %s: %s: %s", pool.display, finding.finding, finding.message)
         self._seen[pool.key] = frozenset(f.key for f in findings)
         for kind, count in counts(findings).items():
@@ -483,7 +482,7 @@ def _held(finding: Finding, exc: AddressUnavailableError) -> Finding:
     )
 
 
-async def audit_forever(ctx: Context) -> None:
+async def audit_forever(ctx: Operator) -> None:
     """Audit every pool every ``IPAM_BRIDGE_AUDIT_SECONDS`` until cancelled (0: never).
 
     Runs on the leader (`bridge.handlers.lifecycle.start_work`). Each round runs in a
@@ -514,7 +513,7 @@ async def audit_forever(ctx: Context) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _held_round(ctx: Context, auditor: Auditor) -> list[PoolAudit]:
+def _held_round(ctx: Operator, auditor: Auditor) -> list[PoolAudit]:
     """Run one audit round holding the backend clients it takes (`BackendCache.holding`)."""
     with ctx.backends.holding():
         return auditor.run_round()

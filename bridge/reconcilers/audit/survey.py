@@ -19,6 +19,7 @@ from backends.base import Allocation, IPAMBackend
 from bridge import capi
 from bridge.capi import Claim
 from bridge.models import IPAddress
+from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import (
     ClaimName,
     Finding,
@@ -28,9 +29,7 @@ from bridge.reconcilers.audit.compare import (
     orphan_namespaces,
     unqualified_host,
 )
-from bridge.reconcilers.context import Context
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool
-from bridge.reconcilers.pools import backend_for
 
 __all__ = ["Survey", "survey", "typed_addresses", "typed_claims"]
 
@@ -94,13 +93,13 @@ def typed_claims(bodies: Iterable[Mapping[str, Any]]) -> list[Claim]:
     return typed
 
 
-def _list_entries(ctx: Context, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
+def _list_entries(ctx: Operator, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
     return ctx.metrics.call(BACKEND_NAMES[pool.kind], "entries", backend.entries)
 
 
-def _list_addresses(ctx: Context, pool: Pool) -> list[dict[str, Any]]:
+def _list_addresses(ctx: Operator, pool: Pool) -> list[dict[str, Any]]:
     """List the IPAddresses that may be the pool's: its namespace's, or all for a Global pool."""
-    version, scope = ctx.address_version, ctx.settings.namespaces
+    version, scope = ctx.versions.address, ctx.settings.namespaces
     if pool.namespace:
         return ctx.kube.list_ip_addresses(version, pool.namespace)
     if scope:
@@ -109,13 +108,13 @@ def _list_addresses(ctx: Context, pool: Pool) -> list[dict[str, Any]]:
 
 
 def _list_claims(
-    ctx: Context, pool: Pool, entries: Sequence[Allocation]
+    ctx: Operator, pool: Pool, entries: Sequence[Allocation]
 ) -> tuple[list[dict[str, Any]], set[str] | None]:
     """List the claims that decide the comparison; return them and the namespaces listed.
 
     The namespaces listed are None when every namespace was listed.
     """
-    version, scope = ctx.address_version, ctx.settings.namespaces
+    version, scope = ctx.versions.address, ctx.settings.namespaces
     if pool.is_global:
         # Claims of any namespace may hold an address of a Global pool.
         return ctx.kube.list_claims(version, scope), (set(scope) if scope else None)
@@ -128,7 +127,7 @@ def _list_claims(
 
 
 def _confirmed(
-    ctx: Context, pool: Pool, backend: IPAMBackend, findings: list[Finding]
+    ctx: Operator, pool: Pool, backend: IPAMBackend, findings: list[Finding]
 ) -> list[Finding]:
     """Drop the orphans whose entry is gone by a second list of the entries.
 
@@ -160,7 +159,7 @@ def _claims_by_name(
     return by_name
 
 
-def survey(ctx: Context, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
+def survey(ctx: Operator, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
     """Read a pool's IPAM entries, IPAddresses and claims, and compare them (no writes).
 
     Reads, in this order: the entries (one list request per subnet), the pool's IPAddresses
@@ -187,11 +186,11 @@ def survey(ctx: Context, pool: Pool, backend: IPAMBackend | None = None) -> Surv
     kubernetes.client.ApiException
         When the API refuses a list.
     """
-    backend = backend if backend is not None else backend_for(ctx, pool)
+    backend = backend if backend is not None else ctx.clients.backend_for(pool)
     entries = _list_entries(ctx, pool, backend)
     address_bodies = _list_addresses(ctx, pool)
     claim_bodies, listed = _list_claims(ctx, pool, entries)
-    by_name = _claims_by_name(claim_bodies, ctx.address_version)
+    by_name = _claims_by_name(claim_bodies, ctx.versions.address)
     addresses = typed_addresses(address_bodies)
     claims = typed_claims(claim_bodies)
     findings = compare(pool, entries, addresses, claims, claim_namespaces=listed)

@@ -22,8 +22,9 @@ from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers import audit
-from bridge.reconcilers import pools as pool_service
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
+from bridge.reconcilers import audit, backend_clients
 from bridge.reconcilers.audit import (
     IN_SYNC,
     Auditor,
@@ -33,10 +34,8 @@ from bridge.reconcilers.audit import (
     typed_addresses,
     typed_claims,
 )
-from bridge.reconcilers.context import Context
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import WorkQueue
 from bridge.settings import Settings
 
 NS = "ns"
@@ -375,13 +374,13 @@ class World:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, entries: Sequence[Allocation] = ()) -> None:
         self.kube = AuditKube()
         self.ipam = AuditIPAM(entries)
-        monkeypatch.setattr(pool_service, "build_backend", lambda *a, **k: self.ipam)
-        self.ctx = Context(
+        monkeypatch.setattr(backend_clients, "build_backend", lambda *a, **k: self.ipam)
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2"),
             flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
-            queue=cast(WorkQueue, FakeQueue()),
+            queue=FakeQueue(),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=READY))

@@ -104,9 +104,5 @@ def _long_functions() -> list[str]:
     return found
 
 
-@pytest.mark.skip(
-    reason="compare, _restore and run_cli of bridge/reconcilers/audit.py are still longer"
-    " (the audit is being split)"
-)
 def test_no_function_is_longer_than_sixty_lines() -> None:
     assert _long_functions() == []

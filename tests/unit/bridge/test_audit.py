@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
+import importlib.util
 import io
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -27,8 +30,9 @@ from bridge.reconcilers.audit import (
     Auditor,
     Finding,
     FindingKind,
-    compare,
     in_sync_condition,
+    typed_addresses,
+    typed_claims,
 )
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
@@ -91,6 +95,17 @@ def ip_address(
             "poolRef": {"apiGroup": capi.GROUP, "kind": kind, "name": pool},
         },
     }
+
+
+def compare(
+    pool: Pool,
+    entries: Sequence[Allocation],
+    addresses: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    **options: Any,
+) -> list[Finding]:
+    """`audit.compare` of objects as the API returns them (typed at the edge, as the survey)."""
+    return audit.compare(pool, entries, typed_addresses(addresses), typed_claims(claims), **options)
 
 
 def the_pool(**spec: Any) -> Pool:
@@ -675,3 +690,22 @@ def test_entries_of_many_namespaces_cost_one_claim_list_of_all(
     [result] = world.run()
     assert sorted(f.claim for f in result.findings) == [f"ns{i}/c" for i in range(6) if i != 3]
     assert world.kube.read("list_claims") == [""]  # all namespaces, once
+
+
+def test_the_comparison_module_does_no_io() -> None:
+    # compare.py is pure: it imports neither the Kubernetes client, the operator's context,
+    # the backends' clients nor the survey, service or CLI of the audit.
+    spec = importlib.util.find_spec("bridge.reconcilers.audit.compare")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    forbidden = (
+        "kubernetes",
+        "requests",
+        "bridge.reconcilers.context",
+        "bridge.reconcilers.pools",
+        "bridge.runtime",
+        "bridge.reconcilers.audit.",
+    )
+    assert not [m for m in imported if m.startswith(forbidden)], imported

@@ -468,7 +468,14 @@ class KubeEmulator:
                 )
             if method == "POST":
                 return self.store.create(
-                    defn, ns, _body(raw), version=version, admit=admit, warnings=warnings
+                    defn,
+                    ns,
+                    _body(raw),
+                    version=version,
+                    admit=admit,
+                    warnings=warnings,
+                    dry_run=params.get("dryRun") == "All",
+                    field_validation=params.get("fieldValidation"),
                 )
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
         if sub not in (None, "status"):

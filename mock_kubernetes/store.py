@@ -17,7 +17,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
-from mock_kubernetes import cel
+from mock_kubernetes import cel, openapi
 from mock_kubernetes.resources import ResourceDef
 from mock_kubernetes.schema import prune
 from mock_kubernetes.selectors import FieldSelector, LabelSelector, SelectorError
@@ -250,10 +250,11 @@ class ObjectStore:
         controller deletes everything in it (see :meth:`delete`). When false, namespaces are
         plain objects that nothing checks.
     crd_validation : bool
-        When true (the default), writes of custom resources are checked against the CRD's
-        ``x-kubernetes-validations`` (CEL) rules of the request's version, transition rules
-        included, and refused with ``422 Invalid`` (see :mod:`mock_kubernetes.cel`); only when
-        cel-python (``celpy``) is installed (a test dependency), otherwise nothing is checked.
+        When true (the default), writes of custom resources are defaulted and checked against
+        the ``openAPIV3Schema`` of the request's version (see :mod:`mock_kubernetes.openapi`)
+        and then against its ``x-kubernetes-validations`` (CEL) rules, transition rules
+        included, and refused with ``422 Invalid`` (see :mod:`mock_kubernetes.cel`); the CEL
+        rules only when cel-python (``celpy``) is installed (a test dependency).
 
     Notes
     -----
@@ -287,6 +288,7 @@ class ObjectStore:
         self._history_limit = history_limit
         self._gc = garbage_collection
         self._ns_lifecycle = namespace_lifecycle
+        self._openapi = crd_validation
         self._crd_validation = crd_validation and cel.AVAILABLE
         self._validators: dict[tuple[_Key, str], cel.Validator] = {}
         self._bulk_deleting: set[str] = set()  # namespaces whose content is being deleted
@@ -312,6 +314,11 @@ class ObjectStore:
     def crd_validation(self) -> bool:
         """Whether CRD validation rules are enforced (asked for, and cel-python installed)."""
         return self._crd_validation
+
+    @property
+    def schema_validation(self) -> bool:
+        """Whether custom resources are defaulted and checked against their OpenAPI schema."""
+        return self._openapi
 
     @property
     def resource_version(self) -> int:
@@ -462,6 +469,8 @@ class ObjectStore:
         *,
         admit: Admit | None = None,
         warnings: builtins.list[str] | None = None,
+        dry_run: bool = False,
+        field_validation: str | None = None,
     ) -> Obj:
         """Create an object (``POST`` to the collection).
 
@@ -481,6 +490,13 @@ class ObjectStore:
         warnings : list of str or None
             Receives one ``unknown field "<path>"`` per pruned field (the API server's
             ``Warning`` headers).
+        dry_run : bool
+            ``?dryRun=All``: every check runs, nothing is stored, no watch event is sent; the
+            answer has a uid and creationTimestamp but no resourceVersion.
+        field_validation : str or None
+            ``?fieldValidation=``: ``Strict`` refuses unknown fields (``400 BadRequest``,
+            ``strict decoding error: unknown field "spec.x"``) instead of pruning them with a
+            warning.
 
         Returns
         -------
@@ -490,14 +506,16 @@ class ObjectStore:
         Raises
         ------
         ApiError
-            400 on a namespace mismatch, 403 ``Forbidden`` in a terminating namespace (or from
-            ``admit``), 404 ``NotFound`` in a namespace that does not exist, 409
-            ``AlreadyExists``, 422 without a name.
+            400 on a namespace mismatch or an unknown field under ``Strict``, 403
+            ``Forbidden`` in a terminating namespace (or from ``admit``), 404 ``NotFound`` in a
+            namespace that does not exist, 409 ``AlreadyExists``, 422 without a name or when
+            the object breaks its schema (see :meth:`_validate`).
 
         """
         namespace = self._check_ns(defn, namespace)
         obj: Obj = copy.deepcopy(dict(body))
-        self._prune(defn, obj, version, warnings)
+        self._prune(defn, obj, version, warnings, strict=field_validation == "Strict")
+        self._default(defn, obj, version)
         meta: Obj = obj.setdefault("metadata", {})
         if defn.namespaced:
             body_ns = meta.get("namespace")
@@ -549,9 +567,11 @@ class ObjectStore:
             admit(defn, "CREATE", obj, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
-        meta["resourceVersion"] = self._next_rv()
         if defn.custom:
             meta["generation"] = 1
+        if dry_run:
+            return self._render(defn, obj, version)
+        meta["resourceVersion"] = self._next_rv()
         self._objects[defn.key][(namespace, name)] = obj
         self._uids[meta["uid"]] = (defn.key, (namespace, name))
         rv = int(meta["resourceVersion"])
@@ -699,14 +719,39 @@ class ObjectStore:
         obj: Obj,
         version: str | None,
         warnings: builtins.list[str] | None,
+        *,
+        strict: bool = False,
     ) -> None:
-        """Prune ``obj`` by the CRD schema of ``version`` (custom resources with a schema)."""
+        """Prune ``obj`` by the CRD schema of ``version`` (custom resources with a schema).
+
+        Raises
+        ------
+        ApiError
+            ``400 BadRequest`` when ``strict`` and a field is unknown, worded as the API
+            server's strict decoding error.
+
+        """
         schema = defn.schema(version) if defn.custom else None
         if schema is None:
             return
         dropped = prune(obj, schema)
+        if strict and dropped:
+            version = version or defn.preferred_version
+            unknown = ", ".join(f'unknown field "{path}"' for path in dropped)
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{defn.kind} in version "{version}" cannot be handled as a {defn.kind}:'
+                f" strict decoding error: {unknown}",
+            )
         if warnings is not None:
             warnings.extend(f'unknown field "{path}"' for path in dropped)
+
+    def _default(self, defn: ResourceDef, obj: Obj, version: str | None) -> None:
+        """Fill in the ``default`` values of the CRD schema of ``version`` (custom resources)."""
+        schema = defn.schema(version) if defn.custom and self._openapi else None
+        if schema is not None:
+            openapi.default(obj, schema)
 
     def _validate(
         self,
@@ -716,33 +761,43 @@ class ObjectStore:
         version: str | None,
         warnings: builtins.list[str] | None,
     ) -> None:
-        """Enforce the CEL rules of the CRD schema of ``version`` (custom resources only).
+        """Enforce the CRD schema of ``version`` (custom resources only): OpenAPI, then CEL.
 
         As the API server's custom resource strategies, on create and on update of the main
-        resource and of ``/status`` alike, on the whole object as it would be stored; rules
-        that fail on a value unchanged since ``old`` become warnings (validation ratcheting).
+        resource and of ``/status`` alike, on the whole object as it would be stored: first
+        the ``openAPIV3Schema`` (:func:`mock_kubernetes.openapi.validate`), then the CEL rules
+        unless a wrong type, a missing required field, an unsupported value, a too long
+        string or too many items blocks them (then a last ``<nil>: Invalid value: null: some
+        validation rules were not checked ...`` says so). Failures on a value unchanged since
+        ``old`` are not errors (validation ratcheting); CEL ones become warnings.
 
         Raises
         ------
         ApiError
-            ``422 Invalid``: ``<Kind>.<group> "<name>" is invalid: <field>: Invalid value:
-            "<type>": <message>`` (several as ``[..., ...]``), with ``details.causes``.
+            ``422 Invalid``: ``<Kind>.<group> "<name>" is invalid: <field>: <error>``
+            (several as ``[..., ...]``), with ``details.causes`` (``field``, ``reason``,
+            ``message``), e.g. ``spec.credentialsRef: Required value`` or ``spec: Invalid
+            value: "object": <rule message>``.
 
         """
-        if not self._crd_validation or not defn.custom:
+        if not self._openapi or not defn.custom:
             return
         version = version or defn.preferred_version
         schema = defn.schema(version)
         if schema is None:
             return
-        validator = self._validators.get((defn.key, version))
-        if validator is None:
-            validator = self._validators[(defn.key, version)] = cel.Validator(schema)
-        if not validator.has_rules:
-            return
-        errors, ratcheted = validator.validate(new, old)
-        if warnings is not None:
-            warnings.extend(str(error) for error in ratcheted)
+        errors = openapi.validate(new, schema, old)
+        if openapi.blocks_cel(errors):
+            errors.append(openapi.BLOCKED_CEL)
+        elif self._crd_validation:
+            validator = self._validators.get((defn.key, version))
+            if validator is None:
+                validator = self._validators[(defn.key, version)] = cel.Validator(schema)
+            if validator.has_rules:
+                failed, ratcheted = validator.validate(new, old)
+                if warnings is not None:
+                    warnings.extend(str(error) for error in ratcheted)
+                errors += [openapi.FieldError(e.field, e.reason, e.body) for e in failed]
         if not errors:
             return
         name = str(new["metadata"].get("name") or "")
@@ -846,6 +901,7 @@ class ObjectStore:
                     new.pop("spec", None)
         new["apiVersion"] = old["apiVersion"]
         new["kind"] = old["kind"]
+        self._default(defn, new, version)
         _normalize(defn, new)
         self._validate(defn, new, old, version, warnings)
         if admit is not None:

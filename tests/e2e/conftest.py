@@ -1,11 +1,16 @@
-"""Fixtures of the e2e tests: a real cluster (``KUBECONFIG``), a real phpIPAM (``PHPIPAM_URL``).
+"""Fixtures of the e2e tests: a Kubernetes API server through a kubeconfig, IPAM targets.
 
-Without those variables every test here is skipped, with the reason; nothing is faked. With
-``KUBECONFIG``, the session applies the CRDs (``crds/``, and ``crds/capi/`` when CAPI's are
-absent), each test gets a fresh namespace (deleted afterwards) and can run the real operator
-in a thread of this process (`operator`), against mock_phpipam on 127.0.0.1 (the operator,
-not a pod, makes the IPAM calls, so 127.0.0.1 is reachable). With ``PHPIPAM_URL`` (see
-`e2e_support.phpipam_target_from_env`), `real_phpipam` is that server.
+The API server (`api_server`) is the cluster of ``KUBECONFIG`` when it is set; otherwise the
+in-memory one of `mock_kubernetes` (our CRDs and CAPI's), started once per session on
+127.0.0.1 with a kubeconfig of its own, so that the suite runs in every ``make test`` and a
+change of the operator's or the API server's behaviour breaks it. The tests talk to either
+only through the kubeconfig, with the official client. With ``KUBECONFIG``, the session
+applies the CRDs (``crds/``, and ``crds/capi/`` when CAPI's are absent). Each test gets a
+fresh namespace (deleted afterwards) and can run the real operator in a thread of this
+process (`operator`), against mock_phpipam on 127.0.0.1 (the operator, not a pod, makes the
+IPAM calls, so 127.0.0.1 is reachable). With ``PHPIPAM_URL`` (see
+`e2e_support.phpipam_target_from_env`), `real_phpipam` is that server (the tests that need a
+real one skip without it) and `phpipam` is it too; without it `phpipam` is mock_phpipam.
 
 Optional: ``IPAM_BRIDGE_E2E_TIMEOUT`` (seconds per step, default 90),
 ``IPAM_BRIDGE_E2E_KEEP_CRDS=1`` (do not delete the CRDs this session created).
@@ -22,11 +27,13 @@ import pytest
 from e2e_support import (
     CREDENTIALS,
     E2E_ENV,
+    ApiServer,
     ClusterKube,
     IpamTarget,
     OperatorThread,
     apply_crds,
     delete_crds,
+    in_memory_api_server,
     mock_target,
     operator_environment,
     phpipam_target_from_env,
@@ -63,15 +70,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def cluster_api() -> Iterator[Any]:
-    """A ``kubernetes.client.ApiClient`` of the ``KUBECONFIG`` cluster, with our CRDs applied.
-
-    Skips when ``KUBECONFIG`` is not set; fails when it is set but the cluster does not
-    answer (a misconfiguration should not pass as a skip).
-    """
+def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """The API server of the session: ``KUBECONFIG``'s cluster, else an in-memory one."""
     path = E2E_ENV.get("KUBECONFIG")
-    if not path:
-        pytest.skip("KUBECONFIG is not set: no real cluster to run the cluster e2e tests on")
+    if path:
+        yield ApiServer(kubeconfig=path, emulator=None)
+        return
+    with in_memory_api_server(tmp_path_factory.mktemp("e2e-api-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def cluster_api(api_server: ApiServer) -> Iterator[Any]:
+    """A ``kubernetes.client.ApiClient`` of `api_server`, with our CRDs applied.
+
+    Fails when the API server does not answer (a misconfiguration should not pass as a
+    skip). The in-memory API server serves the CRDs from its start (it has no
+    CustomResourceDefinition objects to apply).
+    """
+    path = api_server.kubeconfig
     from kubernetes.client import ApisApi
 
     from bridge.runtime.gateway import api_client
@@ -84,10 +101,10 @@ def cluster_api() -> Iterator[Any]:
         api.close()  # type: ignore[no-untyped-call]
         status = getattr(exc, "status", None)
         pytest.fail(
-            f"KUBECONFIG={path} is set but its cluster does not answer API discovery: "
+            f"the API server of the kubeconfig {path} does not answer API discovery: "
             f"{type(exc).__name__}{f' {status}' if status else ''}"
         )
-    created = apply_crds(api)
+    created = apply_crds(api) if api_server.emulator is None else []
     yield api
     if created and E2E_ENV.get("IPAM_BRIDGE_E2E_KEEP_CRDS") not in ("1", "true"):
         delete_crds(api, created)
@@ -114,13 +131,16 @@ def namespace(cluster: ClusterKube) -> Iterator[str]:
 
 @pytest.fixture
 def operator(
-    cluster: ClusterKube, namespace: str, monkeypatch: pytest.MonkeyPatch
+    api_server: ApiServer,
+    cluster: ClusterKube,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Callable[..., OperatorThread]]:
     """Start the real operator for `namespace`: ``operator(settings={...})``; stopped after."""
     started: list[OperatorThread] = []
 
     def start(settings: dict[str, str] | None = None) -> OperatorThread:
-        monkeypatch.setenv("KUBECONFIG", E2E_ENV["KUBECONFIG"])
+        monkeypatch.setenv("KUBECONFIG", api_server.kubeconfig)
         for key, value in operator_environment(namespace, settings).items():
             monkeypatch.setenv(key, value)
         thread = OperatorThread(namespace)
@@ -143,7 +163,9 @@ def mock_phpipam() -> Iterator[IpamTarget]:
     from mock_phpipam.store import Store
 
     with MockPhpipamServer(Store(copy.deepcopy(PHPIPAM_SEED))) as server:
-        yield mock_target(server, app_id="capi", subnet_id=7, credentials=CREDENTIALS)
+        yield mock_target(
+            server, app_id="capi", subnet_id=7, credentials=CREDENTIALS, small_subnet_id=9
+        )
 
 
 @pytest.fixture(scope="session")
@@ -155,4 +177,12 @@ def real_phpipam() -> IpamTarget:
         pytest.fail(str(exc))
     if target is None:
         pytest.skip("PHPIPAM_URL is not set: no real phpIPAM to run the phpIPAM e2e tests on")
+    return target
+
+
+@pytest.fixture
+def phpipam(request: pytest.FixtureRequest) -> IpamTarget:
+    """The phpIPAM of ``PHPIPAM_URL`` when it is set, else a fresh `mock_phpipam`."""
+    fixture = "real_phpipam" if E2E_ENV.get("PHPIPAM_URL") else "mock_phpipam"
+    target: IpamTarget = request.getfixturevalue(fixture)
     return target

@@ -1,6 +1,7 @@
-"""`PHPIPAMBackend` and the operator against a real phpIPAM (``PHPIPAM_URL``).
+"""`PHPIPAMBackend` and the operator against phpIPAM: ``PHPIPAM_URL``'s, else mock_phpipam.
 
-Skipped when ``PHPIPAM_URL`` is not set. Variables: ``PHPIPAM_URL`` (API base URL),
+Without ``PHPIPAM_URL`` the same tests run against mock_phpipam on 127.0.0.1 (its small
+subnet is a /30). Variables: ``PHPIPAM_URL`` (API base URL),
 ``PHPIPAM_APP_ID``, ``PHPIPAM_USERNAME`` + ``PHPIPAM_PASSWORD`` or ``PHPIPAM_TOKEN`` (app code),
 ``PHPIPAM_SUBNET_ID`` (a subnet with a few free addresses; the tests register entries named
 ``e2e-<random>.ipam-bridge.test`` and delete them again), optional ``PHPIPAM_SMALL_SUBNET_ID``
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from e2e_support import E2E_ENV, IpamTarget, allocation_scenario, unique_name
+from e2e_support import IpamTarget, allocation_scenario, unique_name
 
 from backends.errors import AuthenticationFailedError, SubnetExhaustedError, SubnetNotFoundError
 from backends.phpipam import PHPIPAMBackend
@@ -30,7 +31,7 @@ SMALL_SUBNET_MAX_FREE = 16
 
 
 @pytest.fixture
-def hostname(real_phpipam: IpamTarget) -> Iterator[Callable[[int | None], str]]:
+def hostname(phpipam: IpamTarget) -> Iterator[Callable[[int | None], str]]:
     """``hostname(subnet_id=None)`` makes a fresh hostname; all are released after the test."""
     made: list[tuple[int | None, str]] = []
 
@@ -41,12 +42,12 @@ def hostname(real_phpipam: IpamTarget) -> Iterator[Callable[[int | None], str]]:
 
     yield make
     for subnet_id, name in made:
-        with real_phpipam.backend(subnet_id) as ipam:
+        with phpipam.backend(subnet_id) as ipam:
             ipam.release(name)
 
 
-def test_describe_subnet_reports_consistent_facts(real_phpipam: IpamTarget) -> None:
-    with real_phpipam.backend() as ipam:
+def test_describe_subnet_reports_consistent_facts(phpipam: IpamTarget) -> None:
+    with phpipam.backend() as ipam:
         info = ipam.describe_subnets()[0]
     network = ipaddress.ip_network(info.cidr)  # strict: host bits must be zero
     assert info.prefix == network.prefixlen
@@ -56,13 +57,13 @@ def test_describe_subnet_reports_consistent_facts(real_phpipam: IpamTarget) -> N
 
 
 def test_allocate_is_idempotent_and_release_is_idempotent(
-    real_phpipam: IpamTarget, hostname: Callable[..., str]
+    phpipam: IpamTarget, hostname: Callable[..., str]
 ) -> None:
     host = hostname()
-    with real_phpipam.backend() as ipam:
+    with phpipam.backend() as ipam:
         info = ipam.describe_subnets()[0]
         if info.free == 0:
-            pytest.skip(f"subnet {real_phpipam.subnet_id} has no free address")
+            pytest.skip(f"subnet {phpipam.subnet_id} has no free address")
         assert ipam.find(host) is None
         first = ipam.allocate(host, DESCRIPTION)
         again = ipam.allocate(host, DESCRIPTION)
@@ -74,7 +75,7 @@ def test_allocate_is_idempotent_and_release_is_idempotent(
     assert (first.prefix, first.gateway) == (info.prefix, info.gateway)
     assert first.hostname.lower() == host
 
-    with real_phpipam.backend() as other:  # a second client: its own login, same entry
+    with phpipam.backend() as other:  # a second client: its own login, same entry
         seen = other.find(host)
         assert seen is not None and seen.address == first.address
         assert other.release(host) is True
@@ -83,14 +84,14 @@ def test_allocate_is_idempotent_and_release_is_idempotent(
 
 
 def test_concurrent_allocations_get_distinct_addresses(
-    real_phpipam: IpamTarget, hostname: Callable[..., str]
+    phpipam: IpamTarget, hostname: Callable[..., str]
 ) -> None:
     count = 6
     hosts = [hostname() for _ in range(count)]
-    clients = [real_phpipam.backend(), real_phpipam.backend()]
+    clients = [phpipam.backend(), phpipam.backend()]
     try:
         if clients[0].describe_subnets()[0].free < count:
-            pytest.skip(f"subnet {real_phpipam.subnet_id} has fewer than {count} free addresses")
+            pytest.skip(f"subnet {phpipam.subnet_id} has fewer than {count} free addresses")
         with ThreadPoolExecutor(max_workers=3) as pool:
             allocations = list(
                 pool.map(lambda i: clients[i % 2].allocate(hosts[i], DESCRIPTION), range(count))
@@ -106,14 +107,14 @@ def test_concurrent_allocations_get_distinct_addresses(
             client.close()
 
 
-def test_unknown_subnet_is_subnet_not_found(real_phpipam: IpamTarget) -> None:
-    with real_phpipam.backend(subnet_id=2**31 - 7) as ipam, pytest.raises(SubnetNotFoundError):
+def test_unknown_subnet_is_subnet_not_found(phpipam: IpamTarget) -> None:
+    with phpipam.backend(subnet_id=2**31 - 7) as ipam, pytest.raises(SubnetNotFoundError):
         ipam.describe_subnets()[0]
 
 
-def test_wrong_credentials_are_refused_without_echoing_them(real_phpipam: IpamTarget) -> None:
+def test_wrong_credentials_are_refused_without_echoing_them(phpipam: IpamTarget) -> None:
     wrong = f"wrong-{secrets.token_hex(8)}"
-    config = real_phpipam.config
+    config = phpipam.config
     if config.app_code:
         config = dataclasses.replace(config, app_code=wrong)
     else:  # one refused login (phpIPAM blocks an address after more than 10 in 5 minutes)
@@ -124,13 +125,12 @@ def test_wrong_credentials_are_refused_without_echoing_them(real_phpipam: IpamTa
 
 
 def test_small_subnet_is_exhausted_then_freed(
-    real_phpipam: IpamTarget, hostname: Callable[..., str]
+    phpipam: IpamTarget, hostname: Callable[..., str]
 ) -> None:
-    raw = E2E_ENV.get("PHPIPAM_SMALL_SUBNET_ID")
-    if not raw:
+    subnet_id = phpipam.small_subnet_id
+    if subnet_id is None:
         pytest.skip("PHPIPAM_SMALL_SUBNET_ID is not set: no small subnet to exhaust")
-    subnet_id = int(raw)
-    with real_phpipam.backend(subnet_id) as ipam:
+    with phpipam.backend(subnet_id) as ipam:
         free = ipam.describe_subnets()[0].free
         if free > SMALL_SUBNET_MAX_FREE:
             pytest.skip(
@@ -148,8 +148,8 @@ def test_small_subnet_is_exhausted_then_freed(
         assert ipam.allocate(extra, DESCRIPTION).address == taken[0].address
 
 
-def test_operator_allocates_and_releases_in_real_phpipam(real_phpipam: IpamTarget) -> None:
-    """The operator (emulated Kubernetes API) against the real phpIPAM: the issue-2 flow."""
+def test_operator_allocates_and_releases_in_phpipam(phpipam: IpamTarget) -> None:
+    """The operator (the integration tests' sandbox) against phpIPAM: the allocation flow."""
     settings = {
         "IPAM_BRIDGE_BACKEND_TIMEOUT_SECONDS": "15",
         "IPAM_BRIDGE_RETRY_TOTAL_SECONDS": "30",
@@ -157,4 +157,4 @@ def test_operator_allocates_and_releases_in_real_phpipam(real_phpipam: IpamTarge
     with Sandbox(settings=settings) as sandbox:
         namespace = unique_name("e2e")
         sandbox.namespace(namespace)
-        allocation_scenario(sandbox, real_phpipam, namespace, claims=3, timeout=60)
+        allocation_scenario(sandbox, phpipam, namespace, claims=3, timeout=60)

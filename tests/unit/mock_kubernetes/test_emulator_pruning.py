@@ -36,6 +36,8 @@ V1BETA1_CONDITION = {
     "lastTransitionTime": "2026-01-01T00:00:00Z",
 }
 METAV1_CONDITION = {**V1BETA1_CONDITION, "message": ""}
+#: A pool reference the schemas of every CAPI release accept (kind and name are required).
+POOL_REF = {"kind": "PHPIPAMIPPool", "name": "p"}
 
 
 def claim(name: str, version: str, **extra: Any) -> dict[str, Any]:
@@ -189,7 +191,7 @@ def test_pruned_fields_are_named_in_warning_headers(capi_1_8: EmulatedKubernetes
     kube = capi_1_8
     path = f"/apis/{GROUP}/v1beta1/namespaces/default/ipaddressclaims"
     response = requests.post(
-        kube.url + path, json=claim("c", "v1beta1", spec={"poolRef": {}, "x": 1}), timeout=5
+        kube.url + path, json=claim("c", "v1beta1", spec={"poolRef": POOL_REF, "x": 1}), timeout=5
     )
     assert response.status_code == 201 and "x" not in response.json()["spec"]
     assert response.headers["Warning"] == '299 - "unknown field \\"spec.x\\""'
@@ -215,9 +217,9 @@ def test_main_resource_writes_are_pruned_and_a_pruned_only_write_is_a_noop(
             "v1beta1",
             "default",
             "ipaddressclaims",
-            claim("c", "v1beta1", spec={"poolRef": {"name": "p", "extra": 1}, "unknown": "x"}),
+            claim("c", "v1beta1", spec={"poolRef": {**POOL_REF, "extra": 1}, "unknown": "x"}),
         )
-        assert created["spec"] == {"poolRef": {"name": "p"}}
+        assert created["spec"] == {"poolRef": POOL_REF}
         patched = custom.patch_namespaced_custom_object(
             GROUP, "v1beta1", "default", "ipaddressclaims", "c", {"spec": {"unknown": "y"}}
         )
@@ -227,7 +229,7 @@ def test_main_resource_writes_are_pruned_and_a_pruned_only_write_is_a_noop(
             "default",
             "ipaddressclaims",
             "c",
-            {**copy.deepcopy(created), "spec": {"poolRef": {"name": "p"}, "more": 1}},
+            {**copy.deepcopy(created), "spec": {"poolRef": POOL_REF, "more": 1}},
         )
     rv = created["metadata"]["resourceVersion"]
     assert patched["metadata"]["resourceVersion"] == rv
@@ -254,7 +256,13 @@ def test_pruning_uses_the_schema_of_the_version_in_the_request(
             f"{GROUP}/{version}",
             "ipaddressclaims",
             "c",
-            {"status": {"v1beta2": {"conditions": [METAV1_CONDITION]}}},
+            # addressRef: a status of v1.14's v1beta2 has at least one property
+            {
+                "status": {
+                    "addressRef": {"name": "a"},
+                    "v1beta2": {"conditions": [METAV1_CONDITION]},
+                }
+            },
             "default",
             subresource="status",
         )

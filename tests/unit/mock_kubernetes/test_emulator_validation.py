@@ -356,6 +356,11 @@ def health_check(condition_type: str) -> dict[str, Any]:
     }
 
 
+def template_ref(kind: str) -> dict[str, str]:
+    """A ClusterClass ``templateRef`` (apiVersion, kind and name are required)."""
+    return {"apiVersion": "example.com/v1beta1", "kind": kind, "name": "quick-start"}
+
+
 def test_capi_1_14_crds_load_and_accept_valid_objects() -> None:
     with EmulatedKubernetes(crds=sorted(CAPI_1_14.glob("*.yaml"))) as kube:
         assert kube.store.crd_validation
@@ -401,7 +406,13 @@ def test_capi_1_14_crds_load_and_accept_valid_objects() -> None:
                 "apiVersion": "cluster.x-k8s.io/v1beta2",
                 "kind": "ClusterClass",
                 "metadata": {"name": "quick-start", "namespace": "default"},
-                "spec": {"controlPlane": {"healthCheck": health_check("EtcdHealthy")}},
+                "spec": {
+                    "controlPlane": {
+                        "templateRef": template_ref("KubeadmControlPlaneTemplate"),
+                        "healthCheck": health_check("EtcdHealthy"),
+                    },
+                    "infrastructure": {"templateRef": template_ref("DockerClusterTemplate")},
+                },
             }
         )
         claim = kube.create(

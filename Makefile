@@ -52,7 +52,7 @@ test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN) promtool
 	$(BIN)/mypy
 	HELM="$$( [ -x $(HELM_BIN) ] && echo $(abspath $(HELM_BIN)) )" \
 		KUBECTL=$(abspath $(KUBECTL_BIN)) \
-		$(BIN)/python -m pytest tests/unit tests/integration tests/e2e
+		$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit tests/integration tests/e2e
 
 unit: $(STAMP) $(KUBECTL_BIN) promtool
 	KUBECTL=$(abspath $(KUBECTL_BIN)) $(BIN)/python -m pytest tests/unit

@@ -518,7 +518,9 @@ async def test_leadership_is_lost_at_the_renew_deadline_to_the_moment() -> None:
     renewed = lock.renewed
     await until(lambda: lead.lost is not None)
     late = time.monotonic() - renewed
-    assert 2.3 <= late < 2.45, late  # retry + deadline, not a retry period more
+    # retry + deadline (2.3 s), not a retry period more (3.3 s); half a period of slack for a
+    # loaded machine's scheduling
+    assert 2.3 <= late < 2.8, late
     assert stops == [("lost the leader Lease ns/ipam-bridge: not renewed within 1.3 s", 0.5)]
     fake.lose.set()  # the official loop notices later: nothing more happens
     await asyncio.sleep(0.05)

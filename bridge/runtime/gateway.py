@@ -533,21 +533,7 @@ class Kube:
             409 for a stale resourceVersion, 422 when the schema refuses the result; any
             other failure but 404.
         """
-        r = resource
-        try:
-            if r.namespaced:
-                stored = self.custom.patch_namespaced_custom_object(
-                    r.group, r.version, namespace, r.plural, name, dict(patch)
-                )
-            else:
-                stored = self.custom.patch_cluster_custom_object(
-                    r.group, r.version, r.plural, name, dict(patch)
-                )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
-        return cast(dict[str, Any], self._stored(r.plural, stored))
+        return self._merge_patch(resource, namespace, name, patch, status=False)
 
     def patch_status(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
@@ -568,21 +554,40 @@ class Kube:
         kubernetes.client.ApiException
             Any failure but 404.
         """
-        r = resource
+        stored = self._merge_patch(resource, namespace, name, patch, status=True)
+        return GONE if stored is None else Write(Outcome.WRITTEN, stored)
+
+    def _merge_patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        status: bool,
+    ) -> dict[str, Any] | None:
+        """Merge-patch an object (``status``: its status subresource); None when it is gone."""
+        r, custom = resource, self.custom
         try:
             if r.namespaced:
-                stored = self.custom.patch_namespaced_custom_object_status(
-                    r.group, r.version, namespace, r.plural, name, dict(patch)
+                namespaced = (
+                    custom.patch_namespaced_custom_object_status
+                    if status
+                    else custom.patch_namespaced_custom_object
                 )
+                stored = namespaced(r.group, r.version, namespace, r.plural, name, dict(patch))
             else:
-                stored = self.custom.patch_cluster_custom_object_status(
-                    r.group, r.version, r.plural, name, dict(patch)
+                cluster = (
+                    custom.patch_cluster_custom_object_status
+                    if status
+                    else custom.patch_cluster_custom_object
                 )
+                stored = cluster(r.group, r.version, r.plural, name, dict(patch))
         except ApiException as exc:
             if _missing(exc):
-                return GONE
+                return None
             raise
-        return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored(r.plural, stored)))
+        return cast(dict[str, Any], self._stored(r.plural, stored))
 
     def set_finalizer(
         self, resource: Resource, obj: Mapping[str, Any], finalizer: str, present: bool

@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
         "IPAM client's threads)",
     )
     parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="skip the hot path's profiled operator run (yappi)",
+    )
+    parser.add_argument(
         "--audit-addresses",
         type=int,
         default=10_000,
@@ -473,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency_ms=ipam_ms,
                 api_ms=(read_ms, write_ms),
                 timeout=args.timeout,
+                profile=not args.no_profile,
             )
             print("\n" + _hot_tables(hot), flush=True)
     if args.only in (None, "restart"):

@@ -11,12 +11,14 @@ child's own ``/proc/<pid>/stat``).
 and stops it: with ``$BENCH_PROFILER=yappi``, yappi's CPU-clock profile of every thread
 (https://github.com/sumerc/yappi: functions by cumulative and by own CPU time, own CPU time
 by package); otherwise the wall-clock sampler (`benchmarks.sampler.Sampler`) of the
-operator's threads. With ``$BENCH_CPROFILE`` set to a file, the whole operator run is under
+operator's threads. ``$BENCH_YAPPI_DUMP`` keeps each yappi profile whole, in pstat format.
+With ``$BENCH_CPROFILE`` set to a file, the whole operator run is under
 cProfile (main thread only).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -34,6 +36,9 @@ __all__ = ["OperatorProcess", "main"]
 
 PROFILE_ENV = "BENCH_PROFILE"
 PROFILER_ENV = "BENCH_PROFILER"
+#: A file name prefix: each yappi profile is also saved in pstat format as ``PREFIX.<n>``.
+DUMP_ENV = "BENCH_YAPPI_DUMP"
+_DUMPS = itertools.count(1)
 #: How many functions each list of a yappi profile keeps.
 TOP = 15
 
@@ -77,7 +82,11 @@ class _Yappi:
     def figures(self) -> dict[str, Any]:
         yappi = self._yappi
         yappi.stop()
-        stats = list(yappi.get_func_stats())
+        raw = yappi.get_func_stats()
+        dump = os.environ.get(DUMP_ENV)
+        if dump:  # the whole profile, for pstats (``python -m pstats FILE``)
+            raw.save(f"{dump}.{next(_DUMPS)}", type="pstat")
+        stats = list(raw)
         thread_cpu = sum(t.ttot for t in yappi.get_thread_stats())
         yappi.clear_stats()
 

@@ -206,6 +206,7 @@ def _release(
     for name in names:
         sandbox.delete_object(f"{GROUP}/{sandbox.version}", "ipaddressclaims", name, NAMESPACE)
     log.wait("delete ipaddresses", len(names), timeout)
+    log.wait("patch ipaddressclaims", len(names), timeout)  # the finalizers: listing is dear
     sandbox.wait_gone(NAMESPACE, timeout=timeout)
     phase.seconds = time.monotonic() - start
     phase.cpu = operator.cpu_seconds() - cpu

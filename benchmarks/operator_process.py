@@ -10,10 +10,11 @@ child's own ``/proc/<pid>/stat``).
 ``SIGUSR1`` starts profiling, ``SIGUSR2`` writes the figures as JSON to ``$BENCH_PROFILE``
 and stops it: with ``$BENCH_PROFILER=yappi``, yappi's CPU-clock profile of every thread
 (https://github.com/sumerc/yappi: functions by cumulative and by own CPU time, own CPU time
-by package); otherwise the wall-clock sampler (`benchmarks.sampler.Sampler`) of the
-operator's threads. ``$BENCH_YAPPI_DUMP`` keeps each yappi profile whole, in pstat format.
-With ``$BENCH_CPROFILE`` set to a file, the whole operator run is under
-cProfile (main thread only).
+by package); with ``cpu-sampler``, stacks sampled and weighted by each thread's CPU clock
+(`benchmarks.sampler.CpuSampler`); otherwise the wall-clock sampler
+(`benchmarks.sampler.Sampler`) of the operator's threads. ``$BENCH_YAPPI_DUMP`` keeps each
+yappi profile whole, in pstat format. With ``$BENCH_CPROFILE`` set to a file, the whole
+operator run is under cProfile (main thread only).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 from benchmarks.common import cpu_seconds, memory_kib
-from benchmarks.sampler import Sampler
+from benchmarks.sampler import CpuSampler, Sampler
 
 __all__ = ["OperatorProcess", "main"]
 
@@ -118,6 +119,9 @@ def main() -> int:
     use_yappi = os.environ.get(PROFILER_ENV) == "yappi"
 
     def start(_signum: int, _frame: FrameType | None) -> None:
+        if os.environ.get(PROFILER_ENV) == "cpu-sampler":
+            state["cpu"] = CpuSampler().__enter__()
+            return
         if use_yappi:
             profiler = _Yappi()
             profiler.start()
@@ -131,6 +135,10 @@ def main() -> int:
         profiler: _Yappi | None = state.pop("yappi", None)
         if profiler is not None:
             found = profiler.figures()
+        cpu: CpuSampler | None = state.pop("cpu", None)
+        if cpu is not None:
+            cpu.__exit__(None, None, None)
+            found = cpu.figures(80)
         sampler: Sampler | None = state.pop("sampler", None)
         if sampler is not None:
             sampler.__exit__(None, None, None)
@@ -156,8 +164,8 @@ class OperatorProcess:
     log_level:
         ``IPAM_BRIDGE_LOG_LEVEL`` of the operator (None: its default, INFO, as in a pod).
     profiler:
-        ``"sampler"`` (wall-clock samples of the operator's threads) or ``"yappi"`` (CPU
-        profile of every thread).
+        ``"sampler"`` (wall-clock samples of the operator's threads), ``"yappi"`` (CPU
+        profile of every thread) or ``"cpu-sampler"`` (CPU-weighted stack samples).
     """
 
     def __init__(

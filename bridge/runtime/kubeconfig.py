@@ -86,7 +86,8 @@ def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
     ``_read_token_file``): a file ending in a newline makes every request fail with
     ``Invalid header value``. client-go (kubectl) trims them, and so does this. The
     configuration's ``refresh_api_key_hook`` writes the untrimmed value back before each
-    request, so it is wrapped.
+    request, so it is wrapped (again after each refresh: the loaders install their hook
+    anew each time).
 
     That hook runs before every request and writes every connection setting back into the
     shared configuration, the ``host`` setter scanning the whole environment for proxy
@@ -101,12 +102,18 @@ def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
         last: list[float] = []  # when the hook last ran (monotonic seconds)
 
         def refresh_and_trim(target: kubernetes.client.Configuration) -> None:
+            nonlocal refresh
             with lock:
                 now = time.monotonic()
                 if last and now - last[0] < REFRESH_EVERY_SECONDS:
                     return
                 last[:] = [now]
                 refresh(target)
+                # The loaders install their hook again at each refresh: keep ours in front.
+                again = target.refresh_api_key_hook
+                if again is not None and again is not refresh_and_trim:
+                    refresh = again
+                    target.refresh_api_key_hook = refresh_and_trim
                 _strip_api_keys(target)
 
         configuration.refresh_api_key_hook = refresh_and_trim

@@ -567,6 +567,7 @@ def test_the_token_refresh_hook_runs_at_most_once_a_second(
         token = f"t{len(runs)}\n"
         runs.append(token)
         target.api_key["BearerToken"] = token
+        target.refresh_api_key_hook = refresh  # as the kubeconfig loaders do
 
     configuration = kubernetes.client.Configuration()
     configuration.api_key["BearerToken"] = "t\n"
@@ -579,3 +580,5 @@ def test_the_token_refresh_hook_runs_at_most_once_a_second(
     assert len(runs) == 1
     now[0] += kube.REFRESH_EVERY_SECONDS
     assert configuration.get_api_key_with_prefix("BearerToken") == "t1"
+    assert configuration.get_api_key_with_prefix("BearerToken") == "t1"
+    assert len(runs) == 2

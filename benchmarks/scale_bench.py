@@ -119,7 +119,7 @@ def _seed(pools: int, per_pool: int) -> dict[str, Any]:
 
 
 class _Log:
-    """The operator's requests in the emulator's access log, read from a mark onwards."""
+    """The operator's requests in the emulator's access log from the moment this was made."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
@@ -127,20 +127,26 @@ class _Log:
         self.mark = len(sandbox.kube.access_log.records())
 
     def new(self) -> list[Any]:
-        """Return the operator's requests since the last call (or since made)."""
+        """Return the operator's requests since this was made."""
         records = self.sandbox.kube.access_log.records()
-        found = [r for r in records[self.mark :] if r.via == "request" and r.user == self.user]
-        self.mark = len(records)
-        return found
+        return [r for r in records[self.mark :] if r.via == "request" and r.user == self.user]
 
     def wait(self, key: str, count: int, timeout: float) -> None:
-        """Wait until the operator sent ``count`` more requests ``"verb resource[/sub]"``."""
-        seen = 0
+        """Wait until the operator sent ``count`` requests ``"verb resource[/sub]"`` since then."""
+        seen, position = 0, self.mark
         deadline = time.monotonic() + timeout
         while seen < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{seen}/{count} {key} requests after {timeout}s")
-            seen += sum(1 for r in self.new() if f"{r.verb} {r.resource_path}" == key)
+            records = self.sandbox.kube.access_log.records()
+            seen += sum(
+                1
+                for r in records[position:]
+                if r.via == "request"
+                and r.user == self.user
+                and f"{r.verb} {r.resource_path}" == key
+            )
+            position = len(records)
             time.sleep(0.25)
 
 

@@ -1,13 +1,13 @@
 """The one interface every IPAM backend implements, and the values it returns.
 
-Semantics (DESIGN.md sections 3-6): a backend serves one pool, that is an ordered list of
+Semantics (docs/architecture.md): a backend serves one pool, that is an ordered list of
 subnets of one IPAM (1-32; the single-subnet form is a list of one). The key of a claim in
 the IPAM is its hostname; every operation is limited to the pool's subnets; every write is
 safe to repeat.
 
-Quarantine (``addressReuseGracePeriodSeconds``, DESIGN section 6): a released entry may stay
-in the IPAM, marked as quarantined until a time. The mark lives in the IPAM itself, so it
-survives restarts, moves and leader changes:
+Quarantine (``addressReuseGracePeriodSeconds``, README "Address reuse grace period"): a released
+entry may stay in the IPAM, marked as quarantined until a time. The mark lives in the IPAM
+itself, so it survives restarts, moves and leader changes:
 
 - phpIPAM: the hostname becomes ``quarantined.<hostname>`` and the description
   ``ipam-bridge quarantined until <RFC 3339 UTC>: <former description>``;

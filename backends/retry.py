@@ -3,7 +3,8 @@
 What is retried is decided by the error (`BackendError.retryable`): connection errors,
 timeouts, transient 5xx, 429 and lost allocation races. Wrong credentials, unknown
 subnets, exhausted subnets and invalid requests are not retried here: a person has to fix
-them, so they go back to the operator, which retries them much later (DESIGN.md section 6).
+them, so they go back to the operator, which retries them much later (a condition reason and
+a delay, `bridge.reconcilers.errors.retry_delay`).
 """
 
 from __future__ import annotations

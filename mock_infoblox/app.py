@@ -35,7 +35,8 @@ __all__ = [
     "server_error_response",
 ]
 
-#: The session cookie NIOS sets after a Basic-auth request (reference/backends.md B.2).
+#: The session cookie NIOS sets after a Basic-auth request (WAPI documentation, "Authentication":
+#: https://ipam.illinois.edu/wapidoc/).
 COOKIE_NAME = "ibapauth"
 #: Where the store lives in the application, for handlers and tests.
 STORE_KEY: web.AppKey[InfobloxStore] = web.AppKey("mock_infoblox.store", InfobloxStore)
@@ -450,7 +451,7 @@ def server_error_response(status: int, message: str) -> web.StreamResponse:
     -------
     aiohttp.web.Response
         An HTML page: 5xx answers of a grid (e.g. 503 while the grid restarts) are not
-        WAPI JSON, so clients must not assume JSON (reference/backends.md B.6, D.2 #12).
+        WAPI JSON, so clients must not assume JSON (WAPI documentation, "Error handling").
     """
     page = (
         '<!DOCTYPE HTML PUBLIC "-//IETF//DTD HTML 2.0//EN">\n'
@@ -553,10 +554,11 @@ def create_app(store: InfobloxStore, faults: FaultInjector | None = None) -> web
 
     Notes
     -----
-    Authentication follows reference/backends.md B.2: HTTP Basic on a request opens a
-    session and answers ``Set-Cookie: ibapauth="…"; httponly; Path=/``; a request without
-    Basic needs a live cookie; anything else gets the 401 HTML page. A version newer than the
-    store's ``wapi_version`` answers 400 ``text/plain`` "Version X not supported".
+    Authentication follows the WAPI documentation (https://ipam.illinois.edu/wapidoc/): HTTP
+    Basic on a request opens a session and answers ``Set-Cookie: ibapauth="…"; httponly;
+    Path=/``; a request without Basic needs a live cookie; anything else gets the 401 HTML page.
+    A version newer than the store's ``wapi_version`` answers 400 ``text/plain`` "Version X not
+    supported".
     """
     injector = faults if faults is not None else infoblox_faults()
     app = web.Application(middlewares=[injector.middleware])

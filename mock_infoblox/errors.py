@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 #: The Apache page NIOS answers with on a missing or wrong password or an expired cookie
-#: (reference/backends.md B.2, B.6: 401 bodies are HTML, not JSON).
+#: (401 bodies are HTML, not JSON; https://ipam.illinois.edu/wapidoc/ "Error handling").
 UNAUTHORIZED_HTML = """<!DOCTYPE HTML PUBLIC "-//IETF//DTD HTML 2.0//EN">
 <html><head>
 <title>401 Authorization Required</title>
@@ -60,7 +60,7 @@ class WAPIError(Exception):
     Notes
     -----
     The body shape ``{"Error": ..., "code": ..., "text": ...}`` and the status codes are
-    those of reference/backends.md B.6 (NIOS WAPI 2.x).
+    those of the WAPI 2.x documentation (https://ipam.illinois.edu/wapidoc/, "Error handling").
     """
 
     def __init__(self, status: int, error: str, code: str, text: str) -> None:

@@ -100,7 +100,7 @@ def no_free_address(where: str = "network") -> WAPIError:
     -------
     WAPIError
         400 ``Client.Ibap.Data`` "Cannot find 1 available IP address(es) in this network."
-        (reference/backends.md B.5; theforeman/smart_proxy_dhcp_infoblox#6).
+        (https://github.com/theforeman/smart_proxy_dhcp_infoblox/issues/6).
     """
     return data_error(f"Cannot find 1 available IP address(es) in this {where}.")
 
@@ -118,7 +118,7 @@ def network_not_found(cidr: str, network_view: str) -> WAPIError:
     Returns
     -------
     WAPIError
-        400 ``Client.Ibap.Data``. The exact NIOS text is not recorded in reference/; this
+        400 ``Client.Ibap.Data``. The exact NIOS text is not publicly documented; this
         wording is the mock's own (see README), so clients must classify by ``code`` and by
         the text "Cannot find 1 available IP" for exhaustion, not by this text.
     """
@@ -216,7 +216,7 @@ def _usable_bounds(net: IPNetwork) -> tuple[int, int]:
     """First and last address next-available-IP may offer in ``net``.
 
     IPv4 below /31 skips network and broadcast; IPv6 below /127 skips the subnet-router
-    anycast address ``prefix::`` (reference/backends.md B.5).
+    anycast address ``prefix::`` (RFC 4291 section 2.6.1).
     """
     first, last = int(net.network_address), int(net.broadcast_address)
     if net.version == 4 and net.prefixlen < 31:
@@ -290,7 +290,7 @@ class InfobloxStore:
         Usernames and passwords accepted for HTTP Basic auth (default ``admin``/``infoblox``).
     session_timeout:
         Lifetime of an ``ibapauth`` cookie in seconds from its creation (NIOS grid setting
-        "session timeout"; reference/backends.md B.2).
+        "session timeout").
     wapi_version:
         The highest WAPI version the grid serves; older 1.x/2.x versions are served too,
         newer ones answer 400 ``Version X not supported``.
@@ -547,7 +547,7 @@ class InfobloxStore:
         str or None
             The ``ibapauth`` cookie value
             (``ip=…,client=API,group=…,ctime=…,timeout=…,mtime=…,su=1,auth=LOCAL,user=…,<sig>``,
-            format of reference/backends.md B.2), or None when the credentials are wrong or
+            as NIOS sets it), or None when the credentials are wrong or
             the user is locked out (`is_locked`).
 
         Account lockout as NIOS's default when enabled: `LOCKOUT_FAILURES` refused logins

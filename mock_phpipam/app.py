@@ -1,10 +1,10 @@
 r"""The phpIPAM-compatible REST API (aiohttp): ``/api/<app_id>/<controller>/...`` plus ``/_mock``.
 
-Answers follow the recorded phpIPAM 1.8.2 transcripts (``/work/shared/reference/
-phpipam-api.md``) byte for byte where it matters to a client: status equals the envelope's
-``code``, key order ``code, success, message, id, data, time``, ``\\/``-escaped JSON,
-``Location`` on 401 and 201, ``Connection: close`` on 400/500/503, native number types unless
-``Api-Stringify-Results`` asks for strings. The routing mirrors ``api/index.php`` and the
+Answers follow a real phpIPAM 1.8.2 (https://phpipam.net/api/api_documentation/ and its source,
+https://github.com/phpipam/phpipam) byte for byte where it matters to a client: status equals
+the envelope's ``code``, key order ``code, success, message, id, data, time``, ``\\/``-escaped
+JSON, ``Location`` on 401 and 201, ``Connection: close`` on 400/500/503, native number types
+unless ``Api-Stringify-Results`` asks for strings. The routing mirrors ``api/index.php`` and the
 ``User``, ``Subnets``, ``Addresses`` and ``Sections`` controllers.
 """
 

@@ -1,10 +1,10 @@
 """In-memory, thread-safe state of the phpIPAM mock: sections, subnets, addresses, users, apps.
 
-Behaviour follows a real phpIPAM 1.8.2 (``/work/shared/reference/phpipam-api.md``) and its
-source (``api/controllers/{Addresses,Subnets,User}.php``, ``functions/classes/
-class.Addresses.php``, ``class.Subnets.php``). Every public method holds one re-entrant lock,
-so a first-free lookup and the insert that follows it are atomic, like phpIPAM 1.8's default
-``File`` API lock which serialises every write.
+Behaviour follows a real phpIPAM 1.8.2 (https://phpipam.net/api/api_documentation/) and its
+source (https://github.com/phpipam/phpipam: ``api/controllers/{Addresses,Subnets,User}.php``,
+``functions/classes/class.Addresses.php``, ``class.Subnets.php``). Every public method holds one
+re-entrant lock, so a first-free lookup and the insert that follows it are atomic, like phpIPAM
+1.8's default ``File`` API lock which serialises every write.
 """
 
 from __future__ import annotations

@@ -66,10 +66,11 @@ class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
 
     For every watch event, kopf builds the object's "essence" (a deep copy of the whole
     body, then trimmed) to tell what changed for change handlers (``kopf.on.create``,
-    ``on.update``, ``on.field``...; https://kopf.readthedocs.io/en/stable/configuration/
-    #change-detection). ipam-bridge registers event handlers only (``kopf.on.event``), which
-    never read it: `build` returns an empty essence, and the per-event deep copy is saved.
-    Reading and storing stay those of ``kopf.AnnotationsDiffBaseStorage``.
+    ``on.update``, ``on.field``...; the diff-base storage of
+    https://kopf.readthedocs.io/en/stable/configuration/). ipam-bridge registers event
+    handlers only (``kopf.on.event``), which never read it: `build` returns an empty
+    essence, and the per-event deep copy is saved. Reading and storing stay those of
+    ``kopf.AnnotationsDiffBaseStorage``.
     """
 
     def build(

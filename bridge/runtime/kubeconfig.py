@@ -103,6 +103,8 @@ def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
 
         def refresh_and_trim(target: kubernetes.client.Configuration) -> None:
             nonlocal refresh
+            if last and time.monotonic() - last[0] < REFRESH_EVERY_SECONDS:
+                return  # the common case, without the lock
             with lock:
                 now = time.monotonic()
                 if last and now - last[0] < REFRESH_EVERY_SECONDS:

@@ -61,7 +61,7 @@ class EndpointUnavailableError(BackendUnavailableError):
 
     Raised when the endpoint's circuit breaker is open ("endpoint <url> unreachable, next
     try at <time>") or every slot of the endpoint is taken ("endpoint <url> busy"; see
-    `backends.transport.EndpointRegistry`). Not retried inside the call: waiting there
+    `backends.flowcontrol.FlowControl`). Not retried inside the call: waiting there
     would hold the worker the limit exists to free; the operator tries again later.
     """
 

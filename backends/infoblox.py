@@ -34,10 +34,10 @@ from backends.errors import (
     SubnetExhaustedError,
     SubnetNotFoundError,
 )
+from backends.flowcontrol import FlowControl
 from backends.retry import RetryPolicy
 from backends.transport import (
     NO_AUTH,
-    EndpointRegistry,
     Transport,
     basic_auth,
     credential_id,
@@ -397,8 +397,8 @@ class InfobloxBackend:
         The HTTP session to use (tests pass one); by default a new `requests.Session`.
         The backend owns it and closes it in `close`.
     endpoints:
-        The operator's `EndpointRegistry` (breaker, concurrency, login budget per endpoint);
-        None gives this client a registry of its own.
+        The operator's `backends.flowcontrol.FlowControl` (breaker, slots, login budget per
+        endpoint); None gives this client one of its own.
 
     Notes
     -----
@@ -414,7 +414,7 @@ class InfobloxBackend:
         config: InfobloxConfig,
         session: requests.Session | None = None,
         *,
-        endpoints: EndpointRegistry | None = None,
+        endpoints: FlowControl | None = None,
     ) -> None:
         self.config = config
         self._nets = tuple(

@@ -34,9 +34,9 @@ from backends.errors import (
     SubnetExhaustedError,
     SubnetNotFoundError,
 )
+from backends.flowcontrol import FlowControl
 from backends.retry import RetryPolicy
 from backends.transport import (
-    EndpointRegistry,
     Transport,
     basic_auth,
     credential_id,
@@ -400,8 +400,8 @@ class PHPIPAMBackend:
     `backends.transport.Transport`: bounded by ``config.retry.total_seconds``, in a slot of
     the endpoint, under ``config.retry`` (transient errors and lost allocation races are
     retried there, everything else is raised at once). Logins go through the endpoint's
-    login budget, shared with every other client of the same `EndpointRegistry`. One login
-    serves every subnet of the pool.
+    login budget, shared with every other client of the same
+    `backends.flowcontrol.FlowControl`. One login serves every subnet of the pool.
 
     Parameters
     ----------
@@ -410,8 +410,8 @@ class PHPIPAMBackend:
     session:
         An HTTP session to use instead of a new one (it is then not closed by `close`).
     endpoints:
-        The operator's `EndpointRegistry` (breaker, concurrency, login budget per endpoint);
-        None gives this client a registry of its own.
+        The operator's `backends.flowcontrol.FlowControl` (breaker, slots, login budget per
+        endpoint); None gives this client one of its own.
 
     Notes
     -----
@@ -461,7 +461,7 @@ class PHPIPAMBackend:
         config: PHPIPAMConfig,
         *,
         session: requests.Session | None = None,
-        endpoints: EndpointRegistry | None = None,
+        endpoints: FlowControl | None = None,
     ) -> None:
         self._config = config
         self._base_url = config.base_url

@@ -1,4 +1,4 @@
-"""The HTTP layer both IPAM clients share: session, TLS, timeouts, errors, endpoint isolation.
+"""The HTTP layer both IPAM clients share: session, TLS, timeouts, errors.
 
 `Transport` is what `backends.phpipam` and `backends.infoblox` send through; they keep only
 their API's semantics. It owns:
@@ -15,30 +15,23 @@ their API's semantics. It owns:
   operation's `backends.retry.deadline`, and no request once it is used up;
 - the mapping of transport failures to `backends.errors` (timeouts and connection errors:
   `BackendUnavailableError`; TLS: `TLSVerificationError`; 429/5xx: `status_error`);
-- `basic_auth`: HTTP Basic with UTF-8 credentials (requests would use Latin-1);
-- per-endpoint isolation through an `EndpointRegistry` (one per operator): a circuit
-  breaker, a limit on concurrent operations, and the budget of refused logins;
-- a hook for request metrics (`EndpointRegistry.on_request`, `EndpointRegistry.on_state`);
-- a fence (`EndpointRegistry.fence`): called in the calling thread before every request that
-  is not a read (not GET, HEAD or OPTIONS); it raises to keep the request from being sent
-  (the operator's replica that lost its leader Lease must not write).
+- `basic_auth`: HTTP Basic with UTF-8 credentials (requests would use Latin-1).
+
+Every operation, request and login passes the endpoint's flow control
+(`backends.flowcontrol.FlowControl`, one per operator: circuit breaker, operation slots, login
+budget, the fence before writes, the request metrics hook), which states the policy.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import http.cookiejar
 import logging
 import os
 import ssl
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import IntEnum
 from importlib import metadata
 from typing import Any, Final, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -49,27 +42,23 @@ from requests.auth import AuthBase, HTTPBasicAuth
 
 from backends.errors import (
     AuthenticationFailedError,
+    BackendError,
     BackendUnavailableError,
-    EndpointUnavailableError,
     InvalidRequestError,
     TLSVerificationError,
     tls_failure,
 )
+from backends.flowcontrol import FlowControl, RequestRecord
 from backends.retry import RetryPolicy, deadline, time_left
 
 __all__ = [
     "NO_AUTH",
     "ClientSettings",
-    "Endpoint",
-    "EndpointRegistry",
-    "EndpointState",
-    "RequestRecord",
     "Transport",
     "TransportConfig",
     "basic_auth",
     "credential_id",
     "default_user_agent",
-    "endpoint_key",
     "ssl_context_from_pem",
     "status_error",
 ]
@@ -87,387 +76,10 @@ _READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 _GATEWAY_FAILURES: Final = frozenset({502, 504})
 
 
-class EndpointState(IntEnum):
-    """State of an endpoint's circuit breaker (the value of the endpoint-state metric)."""
-
-    CLOSED = 0
-    OPEN = 1
-    HALF_OPEN = 2
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One HTTP request as the metrics hook sees it (no URL path, no secret).
-
-    Attributes
-    ----------
-    endpoint:
-        ``scheme://host:port``.
-    method:
-        The HTTP method.
-    result:
-        The HTTP status as text (``"200"``), or ``timeout``, ``connection_error``,
-        ``tls_error``, ``error`` when there was no answer.
-    seconds:
-        How long the request took.
-    """
-
-    endpoint: str
-    method: str
-    result: str
-    seconds: float
-
-
-def endpoint_key(url: str) -> str:
-    """Return ``scheme://host:port`` of ``url`` (the default port made explicit)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    port = parts.port or (443 if scheme == "https" else 80)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{port}"
-
-
-def _at(wall: float) -> str:
-    """Return a POSIX time as ``2026-11-24T03:41:07Z``."""
-    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _cut(text: str) -> str:
+    """Return ``text`` on one line, cut to 200 characters."""
     text = " ".join(text.split())
     return text if len(text) <= _MESSAGE_MAX_CHARS else text[: _MESSAGE_MAX_CHARS - 3] + "..."
-
-
-class Endpoint:
-    """Breaker, concurrency slots and login budget of one ``scheme://host:port``.
-
-    Made by `EndpointRegistry.endpoint`; thread-safe.
-    """
-
-    def __init__(self, key: str, registry: EndpointRegistry) -> None:
-        self.key = key
-        self._registry = registry
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(registry.max_concurrent)
-        self._held = threading.local()
-        self._state = EndpointState.CLOSED
-        self._failures = 0
-        self._open_until = 0.0
-        self._probing = False
-        # Login budget: times of refused logins, and per credential its last refusal/success.
-        self._refusals: collections.deque[float] = collections.deque()
-        self._last_refused: dict[str, tuple[float, str]] = {}
-        self._last_ok: dict[str, float] = {}
-        # Logins of unproven credentials in flight: they may all be refused, so they count
-        # against the budget until they end (concurrent logins could overrun it otherwise).
-        self._pending = 0
-        self._blocked_until = 0.0
-
-    @property
-    def state(self) -> EndpointState:
-        """The breaker's state (an open breaker past its cool-down still reads OPEN)."""
-        with self._lock:
-            return self._state
-
-    # ------------------------------------------------------------------ slots
-
-    @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of the endpoint's slots for an operation (re-entrant per thread).
-
-        Raises
-        ------
-        EndpointUnavailableError
-            "endpoint <url> busy" when no slot frees within the registry's slot wait (cut
-            to the time left of the current deadline).
-        """
-        depth = getattr(self._held, "depth", 0)
-        if depth:
-            self._held.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._held.depth -= 1
-            return
-        wait = self._registry.slot_wait_seconds
-        left = time_left()
-        if left is not None:
-            wait = max(0.0, min(wait, left))
-        if not self._slots.acquire(timeout=wait):
-            raise EndpointUnavailableError(
-                f"endpoint {self.key} busy: {self._registry.max_concurrent} calls to it are "
-                f"in flight (slow or hung?); not waiting longer than {wait:g}s"
-            )
-        self._held.depth = 1
-        try:
-            yield
-        finally:
-            self._held.depth = 0
-            self._slots.release()
-
-    # ------------------------------------------------------------------ breaker
-
-    def admit(self) -> None:
-        """Let a request through, or fail fast while the breaker is open.
-
-        After the cool-down one request goes through as the probe (half-open); others
-        fail fast until its outcome is known.
-
-        Raises
-        ------
-        EndpointUnavailableError
-            "endpoint <url> unreachable, next try at <time>".
-        """
-        registry = self._registry
-        with self._lock:
-            if self._state is EndpointState.CLOSED:
-                return
-            now = registry.clock()
-            if self._state is EndpointState.OPEN and now >= self._open_until:
-                self._set_state(EndpointState.HALF_OPEN)
-            if self._state is EndpointState.HALF_OPEN and not self._probing:
-                self._probing = True
-                return
-            next_try = max(self._open_until - now, 0.0)
-            failures = self._failures
-        raise EndpointUnavailableError(
-            f"endpoint {self.key} unreachable, next try at "
-            f"{_at(registry.wall_clock() + next_try)} ({failures} consecutive failures)"
-        )
-
-    def reachable(self) -> None:
-        """Record that the endpoint answered (closes the breaker)."""
-        with self._lock:
-            self._failures = 0
-            self._probing = False
-            if self._state is not EndpointState.CLOSED:
-                log.info("endpoint %s answers again; circuit closed", self.key)
-                self._set_state(EndpointState.CLOSED)
-
-    def unreachable(self) -> None:
-        """Record a request without an answer (opens the breaker at the threshold)."""
-        registry = self._registry
-        with self._lock:
-            self._failures += 1
-            probe_failed = self._state is EndpointState.HALF_OPEN
-            self._probing = False
-            if probe_failed or (
-                self._state is EndpointState.CLOSED and self._failures >= registry.failure_threshold
-            ):
-                self._open_until = registry.clock() + registry.cooldown_seconds
-                if self._state is not EndpointState.OPEN:
-                    log.warning(
-                        "endpoint %s: %d consecutive failures; circuit open for %gs",
-                        self.key,
-                        self._failures,
-                        registry.cooldown_seconds,
-                    )
-                self._set_state(EndpointState.OPEN)
-
-    def settled(self) -> None:
-        """Record a request that neither reached nor missed the endpoint (ends a probe)."""
-        with self._lock:
-            self._probing = False
-
-    def _set_state(self, state: EndpointState) -> None:
-        """Change the state (the caller holds the lock) and tell the hook."""
-        if state is self._state:
-            return
-        self._state = state
-        hook = self._registry.on_state
-        if hook is not None:
-            try:
-                hook(self.key, state)
-            except Exception:  # a metric must never break a call
-                log.exception("endpoint state hook failed")
-
-    # ------------------------------------------------------------------ logins
-
-    def check_login(self, credential: str, limit: int | None = None) -> bool:
-        """Raise when a login with ``credential`` must be held back; else admit it.
-
-        Returns True when the admitted login took a place in the budget (its credentials are
-        unproven): the caller must end it with `login_refused` or `login_ended`.
-
-        Credentials that logged in successfully (and were not refused since) are never held
-        back, except while the IPAM reports this address blocked. Others are held back for
-        `EndpointRegistry.login_retry_seconds` after they were refused, and while the
-        endpoint refused `EndpointRegistry.login_limit` logins within the window (whatever
-        the credentials), so that the refusals of one endpoint stay within that budget.
-        ``limit`` lowers that budget for this login (an IPAM that locks accounts sooner).
-
-        Raises
-        ------
-        AuthenticationFailedError
-            Saying why and when the next try is.
-        """
-        registry = self._registry
-        with self._lock:
-            now = registry.clock()
-            self._prune(now)
-            wall = registry.wall_clock()
-            if now < self._blocked_until:
-                raise AuthenticationFailedError(
-                    f"endpoint {self.key} blocked this address after too many failed logins; "
-                    f"no login before {_at(wall + self._blocked_until - now)}"
-                )
-            refused = self._last_refused.get(credential)
-            succeeded = self._last_ok.get(credential)
-            if succeeded is not None and (refused is None or succeeded > refused[0]):
-                return False  # these credentials work: never held back by others' failures
-            if refused is not None and now - refused[0] < registry.login_retry_seconds:
-                raise AuthenticationFailedError(
-                    f"{refused[1]}; a refused login is not repeated for "
-                    f"{registry.login_retry_seconds:g}s: next try at "
-                    f"{_at(wall + refused[0] + registry.login_retry_seconds - now)}"
-                )
-            count = len(self._refusals)
-            budget = min(limit, registry.login_limit) if limit is not None else registry.login_limit
-            if count + self._pending < budget:
-                self._pending += 1
-                return True
-            next_try = (
-                self._refusals[0] + registry.login_window_seconds
-                if self._refusals
-                else now + registry.login_retry_seconds  # only logins in flight hold it back
-            )
-        cause = f"{refused[1]}; " if refused is not None else ""
-        raise AuthenticationFailedError(
-            f"{cause}logins held back: endpoint {self.key} refused {count} logins in the "
-            f"last {registry.login_window_seconds:g}s (the IPAM may block this address); "
-            f"next try at {_at(wall + next_try - now)}"
-        )
-
-    def login_refused(
-        self,
-        credential: str,
-        message: str,
-        *,
-        blocked_seconds: float = 0.0,
-        admitted: bool = False,
-    ) -> None:
-        """Record a refused login (and, when the IPAM said so, that it blocks this address).
-
-        ``admitted``: the login held a place in the budget (`check_login` returned True).
-        """
-        with self._lock:
-            if admitted:
-                self._pending = max(self._pending - 1, 0)
-            now = self._registry.clock()
-            self._refusals.append(now)
-            self._last_refused[credential] = (now, message)
-            if blocked_seconds:
-                self._blocked_until = max(self._blocked_until, now + blocked_seconds)
-
-    def login_succeeded(self, credential: str) -> None:
-        """Record a successful login (the credential is no longer held back)."""
-        with self._lock:
-            self._last_ok[credential] = self._registry.clock()
-
-    def login_ended(self) -> None:
-        """Give back the budget place of an admitted login that was not refused."""
-        with self._lock:
-            self._pending = max(self._pending - 1, 0)
-
-    def _prune(self, now: float) -> None:
-        window = self._registry.login_window_seconds
-        while self._refusals and now - self._refusals[0] >= window:
-            self._refusals.popleft()
-        for credential, (at, _) in list(self._last_refused.items()):
-            if now - at >= window:
-                del self._last_refused[credential]
-
-
-class EndpointRegistry:
-    """Per-endpoint isolation, shared by every backend of one operator.
-
-    Built once per operator (``context.Context.endpoints``) and given to each backend
-    at build time, so breaker state and login budget outlive pool, Secret and backend
-    changes. Endpoints are keyed by ``scheme://host:port`` (`endpoint_key`).
-
-    Parameters
-    ----------
-    failure_threshold:
-        Consecutive requests without an answer (timeout, connection error, 502/504) after
-        which the breaker opens.
-    cooldown_seconds:
-        How long an open breaker fails calls fast before one probe request goes through.
-    max_concurrent:
-        Operations one endpoint may run at once (each holds a worker).
-    slot_wait_seconds:
-        How long an operation waits for a slot before it fails with "endpoint <url> busy".
-    login_limit, login_window_seconds:
-        The budget of refused logins per endpoint (see `Endpoint.check_login`); phpIPAM
-        blocks an address after more than 10 failed logins in 5 minutes.
-    login_retry_seconds:
-        How long a refused credential (user and password) is not tried again.
-    on_state:
-        Called with ``(endpoint, EndpointState)`` when a breaker changes state.
-    on_request:
-        Called with a `RequestRecord` after each HTTP request.
-    fence:
-        Called before each request that is not a read; raises to refuse it (the request is
-        not sent, the exception propagates unchanged). None: every request is sent.
-    clock, wall_clock:
-        Monotonic and POSIX time (tests pass fakes).
-    """
-
-    def __init__(
-        self,
-        *,
-        failure_threshold: int = 5,
-        cooldown_seconds: float = 10.0,
-        max_concurrent: int = 4,
-        slot_wait_seconds: float = 1.0,
-        login_limit: int = 5,
-        login_window_seconds: float = 300.0,
-        login_retry_seconds: float = 60.0,
-        on_state: Callable[[str, EndpointState], None] | None = None,
-        on_request: Callable[[RequestRecord], None] | None = None,
-        fence: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        if failure_threshold < 1 or max_concurrent < 1 or login_limit < 1:
-            raise ValueError("failure_threshold, max_concurrent and login_limit must be >= 1")
-        self.failure_threshold = failure_threshold
-        self.cooldown_seconds = cooldown_seconds
-        self.max_concurrent = max_concurrent
-        self.slot_wait_seconds = slot_wait_seconds
-        self.login_limit = login_limit
-        self.login_window_seconds = login_window_seconds
-        self.login_retry_seconds = login_retry_seconds
-        self.on_state = on_state
-        self.on_request = on_request
-        self.fence = fence
-        self.clock = clock
-        self.wall_clock = wall_clock
-        self._lock = threading.Lock()
-        self._endpoints: dict[str, Endpoint] = {}
-
-    def endpoint(self, url: str) -> Endpoint:
-        """Return the `Endpoint` of ``url`` (made on first use)."""
-        key = endpoint_key(url)
-        with self._lock:
-            found = self._endpoints.get(key)
-            if found is None:
-                found = self._endpoints[key] = Endpoint(key, self)
-            return found
-
-    def states(self) -> dict[str, EndpointState]:
-        """Return the breaker state of every endpoint used so far."""
-        with self._lock:
-            endpoints = list(self._endpoints.values())
-        return {e.key: e.state for e in endpoints}
-
-    def record(self, record: RequestRecord) -> None:
-        """Pass a request to the metrics hook (errors of the hook are logged, not raised)."""
-        if self.on_request is not None:
-            try:
-                self.on_request(record)
-            except Exception:
-                log.exception("request metrics hook failed")
 
 
 def default_user_agent() -> str:
@@ -634,7 +246,7 @@ class ClientSettings(Protocol):
 
 
 class Transport:
-    """The HTTP session to one IPAM endpoint, with the operator's isolation rules.
+    """The HTTP session to one IPAM endpoint, sent through the endpoint's flow control.
 
     Parameters
     ----------
@@ -643,8 +255,8 @@ class Transport:
     retry:
         The retry policy `call` runs operations under (its ``total_seconds`` bounds them).
     endpoints:
-        The operator's `EndpointRegistry`; None gives this transport a registry of its own
-        (tests, scripts).
+        The operator's `backends.flowcontrol.FlowControl`; None gives this transport one of
+        its own (tests, scripts).
     label:
         The API's name in messages (``phpIPAM``, ``WAPI``).
     session:
@@ -661,14 +273,14 @@ class Transport:
         config: TransportConfig,
         *,
         retry: RetryPolicy,
-        endpoints: EndpointRegistry | None = None,
+        endpoints: FlowControl | None = None,
         label: str,
         session: requests.Session | None = None,
     ) -> None:
         self.config = config
         self.retry = retry
         self.label = label
-        self.endpoints = endpoints if endpoints is not None else EndpointRegistry()
+        self.endpoints = endpoints if endpoints is not None else FlowControl()
         self.endpoint = self.endpoints.endpoint(config.endpoint)
         self._owns_session = session is None
         self._verify: bool | str = config.verify
@@ -694,7 +306,7 @@ class Transport:
         config: ClientSettings,
         *,
         label: str,
-        endpoints: EndpointRegistry | None,
+        endpoints: FlowControl | None,
         session: requests.Session | None = None,
         keep_cookies: bool = True,
     ) -> Transport:
@@ -715,12 +327,20 @@ class Transport:
         )
 
     def call(self, operation: str, fn: Callable[[], T]) -> T:
-        """Run one backend operation: in a slot of the endpoint, under the retry policy.
+        """Run one backend operation: as one of the endpoint's operations, under the retry policy.
 
         The whole of it (the wait for a slot, retries, re-logins, each request) ends within
         ``retry.total_seconds``.
+
+        Raises
+        ------
+        EndpointUnavailableError
+            The breaker is open, or no slot freed in time
+            (`backends.flowcontrol.EndpointFlow.operation`); ``fn`` is not called.
+        BackendError
+            What ``fn`` raised last (`backends.retry.RetryPolicy.call`).
         """
-        with deadline(self.retry.total_seconds), self.endpoint.slot():
+        with deadline(self.retry.total_seconds), self.endpoint.operation():
             return self.retry.call(f"{self.label} {operation}", fn)
 
     def login(
@@ -731,7 +351,7 @@ class Transport:
         blocked_for: Callable[[AuthenticationFailedError], float] | None = None,
         limit: int | None = None,
     ) -> T:
-        """Run a login ``fn`` under the endpoint's login budget.
+        """Run a login ``fn`` under the endpoint's login budget and return its result.
 
         Parameters
         ----------
@@ -782,6 +402,10 @@ class Transport:
     ) -> requests.Response:
         """Send one request and return its answer (any status but 3xx).
 
+        The steps: the fence (writes only), the time left, the breaker's admission, the
+        request itself, then its outcome recorded (breaker, metrics hook) and a redirect
+        refused.
+
         Parameters
         ----------
         what:
@@ -798,57 +422,80 @@ class Transport:
         InvalidRequestError
             A redirect (naming its target), or a request that cannot be made.
         Exception
-            Whatever `EndpointRegistry.fence` raises before a request that is not a read
-            (the request is not sent).
+            Whatever `backends.flowcontrol.FlowControl.fence` raises before a request that
+            is not a read (the request is not sent).
         """
+        self._pass_fence(method)
+        timeout = self._timeout(what)
+        self.endpoint.admit()
+        started = time.monotonic()
+        response = self._send(
+            method,
+            url,
+            what,
+            timeout,
+            started,
+            headers=headers,
+            params=params,
+            json=json,
+            auth=auth,
+        )
+        self._answered(method, what, response, started)
+        return response
+
+    def _pass_fence(self, method: str) -> None:
+        """Ask the fence before a request that is not a read (it raises to stop it)."""
         fence = self.endpoints.fence
         if fence is not None and method.upper() not in _READ_METHODS:
             fence()
-        config = self.config
-        timeout = config.timeout_seconds
+
+    def _timeout(self, what: str) -> float:
+        """Return the request's timeout in seconds: the configured one, cut to the time left.
+
+        Raises
+        ------
+        BackendUnavailableError
+            Less than 50 ms of the operation's time budget is left.
+        """
+        timeout = self.config.timeout_seconds
         left = time_left()
-        if left is not None:
-            if left < _MIN_REQUEST_SECONDS:
-                raise BackendUnavailableError(
-                    f"{self.label} {what}: the call's time budget of "
-                    f"{self.retry.total_seconds:g}s is used up ({config.endpoint})"
-                )
-            timeout = min(timeout, left)
-        endpoint = self.endpoint
-        endpoint.admit()
-        started = time.monotonic()
+        if left is None:
+            return timeout
+        if left < _MIN_REQUEST_SECONDS:
+            raise BackendUnavailableError(
+                f"{self.label} {what}: the call's time budget of "
+                f"{self.retry.total_seconds:g}s is used up ({self.config.endpoint})"
+            )
+        return min(timeout, left)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        timeout: float,
+        started: float,
+        **kwargs: Any,
+    ) -> requests.Response:
+        """Send the request admitted by the breaker; map a failure to a backend error.
+
+        ``kwargs``: ``headers``, ``params``, ``json``, ``auth`` of `request`. A failure is
+        recorded (breaker, metrics hook) before its error is raised; the errors are those
+        of `request`.
+        """
+        auth = kwargs.pop("auth") or NO_AUTH
         try:
-            response = self.session.request(
+            return self.session.request(
                 method,
                 url,
-                headers=headers,
-                params=params,
-                json=json,
-                auth=auth or NO_AUTH,
+                auth=auth,
                 timeout=(timeout, timeout),
                 verify=self._verify,
                 allow_redirects=False,
+                **kwargs,
             )
-        except requests.Timeout as exc:
-            self._failed(method, "timeout", started, reached=False)
-            raise BackendUnavailableError(
-                f"{self.label} {what}: no answer from {config.endpoint} within {timeout:.3g}s"
-            ) from exc
-        except requests.exceptions.SSLError as exc:
-            self._failed(method, "tls_error", started, reached=True)
-            raise TLSVerificationError(
-                f"{self.label} {what}: TLS verification of {config.endpoint} failed "
-                f"({tls_failure(exc) or 'TLS error'})"
-            ) from exc
-        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
-            self._failed(method, "error", started, reached=None)
-            raise InvalidRequestError(f"{self.label} {what}: invalid URL: {exc}") from exc
         except requests.RequestException as exc:
-            self._failed(method, "connection_error", started, reached=False)
-            raise BackendUnavailableError(
-                f"{self.label} {what}: cannot reach {config.endpoint}: "
-                f"{type(exc).__name__}: {_cut(str(exc))}"
-            ) from exc
+            raise self._request_failed(method, what, timeout, started, exc) from exc
         except OSError as exc:
             self._failed(method, "error", started, reached=None)
             raise InvalidRequestError(
@@ -858,6 +505,47 @@ class Transport:
         except BaseException:
             self.endpoint.settled()
             raise
+
+    def _request_failed(
+        self,
+        method: str,
+        what: str,
+        timeout: float,
+        started: float,
+        exc: requests.RequestException,
+    ) -> BackendError:
+        """Record a request that got no answer and return the backend error it becomes."""
+        endpoint = self.config.endpoint
+        if isinstance(exc, requests.Timeout):
+            self._failed(method, "timeout", started, reached=False)
+            return BackendUnavailableError(
+                f"{self.label} {what}: no answer from {endpoint} within {timeout:.3g}s"
+            )
+        if isinstance(exc, requests.exceptions.SSLError):
+            self._failed(method, "tls_error", started, reached=True)
+            return TLSVerificationError(
+                f"{self.label} {what}: TLS verification of {endpoint} failed "
+                f"({tls_failure(exc) or 'TLS error'})"
+            )
+        if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.MissingSchema):
+            self._failed(method, "error", started, reached=None)
+            return InvalidRequestError(f"{self.label} {what}: invalid URL: {exc}")
+        self._failed(method, "connection_error", started, reached=False)
+        return BackendUnavailableError(
+            f"{self.label} {what}: cannot reach {endpoint}: {type(exc).__name__}: {_cut(str(exc))}"
+        )
+
+    def _answered(
+        self, method: str, what: str, response: requests.Response, started: float
+    ) -> None:
+        """Record an answer (breaker, metrics hook); refuse a redirect.
+
+        Raises
+        ------
+        InvalidRequestError
+            The answer is a redirect (3xx), naming its target.
+        """
+        endpoint = self.endpoint
         status = response.status_code
         seconds = time.monotonic() - started
         if status in _GATEWAY_FAILURES:
@@ -873,9 +561,13 @@ class Transport:
                 "not followed: set the endpoint to the final URL (https?)",
                 status=status,
             )
-        return response
 
     def _failed(self, method: str, result: str, started: float, *, reached: bool | None) -> None:
+        """Record a request without an answer: in the breaker (``reached``) and the hook.
+
+        ``reached``: True when the endpoint answered at the TLS level, False when it did not
+        answer, None when the request never left (ends a probe without a verdict).
+        """
         if reached is True:
             self.endpoint.reachable()
         elif reached is False:

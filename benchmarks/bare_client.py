@@ -65,9 +65,9 @@ class _Contract:
     """The requests of one claim (see the module docstring), in the child process."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        from backends.flowcontrol import FlowControl
         from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
         from backends.retry import RetryPolicy
-        from backends.transport import EndpointRegistry
 
         self.config = config
         threads = int(config["threads"])
@@ -85,7 +85,7 @@ class _Contract:
             timeout_seconds=10,
             retry=RetryPolicy(attempts=5, max_delay_seconds=0.5),
         )
-        self.ipam = PHPIPAMBackend(ipam, endpoints=EndpointRegistry(max_concurrent=threads))
+        self.ipam = PHPIPAMBackend(ipam, endpoints=FlowControl(max_concurrent=threads))
         self.ipam.describe_subnets()  # login and subnet facts, as the operator's warm client
 
     def _path(self, plural: str, name: str = "", sub: str = "") -> str:

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from backends.flowcontrol import FlowControl
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify, seed_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -64,7 +64,7 @@ def run_client_bench(ops: int, *, threads: int = 1, latency_ms: float = 0.0) -> 
             retry=RetryPolicy(attempts=5, max_delay_seconds=0.5),
         )
         # As many endpoint slots as threads: the client alone, no operator limit in the way.
-        endpoints = EndpointRegistry(max_concurrent=max(threads, 1))
+        endpoints = FlowControl(max_concurrent=max(threads, 1))
         with PHPIPAMBackend(config, endpoints=endpoints) as client:
             client.describe_subnets()  # warm-up: login and subnet facts
             phpipam.faults.update(latency_seconds=latency_ms / 1000)

@@ -20,7 +20,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from backends.transport import EndpointState, RequestRecord
+from backends.flowcontrol import EndpointState, RequestRecord
 
 __all__ = ["Metrics", "PortUnavailableError", "check_port", "listen_address"]
 
@@ -176,7 +176,7 @@ class Metrics:
         2 half-open (one probe call in flight).
     endpoint_concurrency:
         ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many claims each IPAM
-        endpoint may have in flight now (`bridge.runtime.flowcontrol`: adapts between 1 and
+        endpoint may have in flight now (`backends.flowcontrol.FlowControl`: between 1 and
         ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved when the endpoint times out or fails).
     http_requests:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
@@ -333,7 +333,7 @@ class Metrics:
             return fn()
 
     def endpoint_changed(self, endpoint: str, state: EndpointState) -> None:
-        """Record an endpoint's new circuit state (the `EndpointRegistry` state hook)."""
+        """Record an endpoint's new circuit state (the `FlowControl` state hook)."""
         self.endpoint_state.labels(endpoint).set(int(state))
 
     def endpoint_limit(self, endpoint: str, limit: int) -> None:
@@ -341,7 +341,7 @@ class Metrics:
         self.endpoint_concurrency.labels(endpoint).set(limit)
 
     def request_made(self, record: RequestRecord) -> None:
-        """Count one HTTP request to an IPAM endpoint (the `EndpointRegistry` request hook)."""
+        """Count one HTTP request to an IPAM endpoint (the `FlowControl` request hook)."""
         self.http_requests.labels(record.endpoint, record.result).inc()
 
     def pending(self, claim: str, reason: str | None) -> None:

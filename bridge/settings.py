@@ -8,8 +8,8 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from backends.flowcontrol import EndpointState, FlowControl, RequestRecord
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry, EndpointState, RequestRecord
 
 __all__ = ["Settings"]
 
@@ -202,24 +202,28 @@ class Settings(BaseSettings):
         """The watched namespaces (``namespace`` split on commas); empty means all."""
         return tuple(ns.strip() for ns in self.namespace.split(",") if ns.strip())
 
-    def endpoint_registry(
+    def flow_control(
         self,
         *,
         on_state: Callable[[str, EndpointState], None] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
         fence: Callable[[], None] | None = None,
-    ) -> EndpointRegistry:
-        """Return the per-endpoint isolation (breaker, concurrency) these settings describe.
+    ) -> FlowControl:
+        """Return the flow control per IPAM endpoint these settings describe.
 
-        Refused logins are budgeted at 5 per 5 minutes per phpIPAM endpoint (phpIPAM blocks
-        the operator's address after more than 10) and 3 per Infoblox endpoint (NIOS locks
-        the account after 5; `backends.infoblox.InfobloxConfig.login_limit`). ``fence`` is
-        called before every IPAM request that is not a read (`backends.transport.EndpointRegistry`).
+        Breaker threshold and cool-down, slots and claims in flight per endpoint (0: half
+        the workers), and how long a pool found exhausted is not asked again
+        (``requeue_exhausted_seconds``). Refused logins are budgeted at 5 per 5 minutes per
+        phpIPAM endpoint (phpIPAM blocks the operator's address after more than 10) and 3
+        per Infoblox endpoint (NIOS locks the account after 5;
+        `backends.infoblox.InfobloxConfig.login_limit`). ``fence`` is called before every
+        IPAM request that is not a read (`backends.flowcontrol.FlowControl`).
         """
-        return EndpointRegistry(
+        return FlowControl(
             failure_threshold=self.endpoint_failure_threshold,
             cooldown_seconds=self.endpoint_cooldown_seconds,
             max_concurrent=self.endpoint_max_concurrent or max(1, self.workers // 2),
+            exhausted_seconds=self.requeue_exhausted_seconds,
             on_state=on_state,
             on_request=on_request,
             fence=fence,

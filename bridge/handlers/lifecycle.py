@@ -17,7 +17,7 @@ from bridge.handlers.pools import purge_forever, resync_forever
 from bridge.metrics import PortUnavailableError
 from bridge.reconcilers.audit import audit_forever
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context, ExhaustionGate
+from bridge.reconcilers.context import Context
 from bridge.reconcilers.control_plane import reconcile_cluster
 from bridge.reconcilers.pools import reconcile_pool
 from bridge.runtime import logcontext
@@ -248,8 +248,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube=kube,
         address_version=version,
         cluster_version=cluster_version,
-        gate=ExhaustionGate(bridge.requeue_exhausted_seconds),
-        endpoints=bridge.endpoint_registry(fence=fence.check),
+        flow=bridge.flow_control(fence=fence.check),
     )
     # The cache's initial list, before kopf's watches start (bridge.runtime.cache: no API read on a
     # claim's hot path).

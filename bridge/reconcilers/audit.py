@@ -1185,7 +1185,7 @@ def _cli_context(namespace: str | None) -> Context:
         settings=settings,
         kube=kube,
         address_version=version,
-        endpoints=settings.endpoint_registry(),
+        flow=settings.flow_control(),
     )
 
 

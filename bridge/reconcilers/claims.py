@@ -31,10 +31,10 @@ Waiting is quiet: a claim that waits writes its status only when the condition i
 changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
 instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
 
-A claim's IPAM work is admitted per endpoint (`flowcontrol`): when its pool's endpoint
-already has its limit of claims in flight, the claim parks under
-`flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
-queued again when a place is kept for it.
+A claim's IPAM work is admitted per endpoint (`backends.flowcontrol.FlowControl`): when its
+pool's endpoint already has its limit of claims in flight, the claim parks under
+`backends.flowcontrol.endpoint_token` (no API request, no status change, no worker held) and
+is queued again when a place is kept for it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pydantic import ValidationError
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
-from backends.transport import endpoint_key
+from backends.flowcontrol import endpoint_key, endpoint_token
 from bridge import capi
 from bridge.capi import Claim, Reason
 from bridge.models import IPAddress
@@ -73,7 +73,6 @@ from bridge.reconcilers.pool_backends import (
 )
 from bridge.reconcilers.pools import backend_for
 from bridge.runtime.cache import MISSING, ObjectCache
-from bridge.runtime.flowcontrol import endpoint_token
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.workqueue import Decision
 
@@ -129,7 +128,7 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
     Notes
     -----
     Whatever the pass decides (or raises), the claim's place in an endpoint's line is settled
-    afterwards (`bridge.runtime.flowcontrol.EndpointAdmission.settle`): kept while it waits for that
+    afterwards (`backends.flowcontrol.FlowControl.settle`): kept while it waits for that
     endpoint, else given to the next waiting claim.
     """
     decision: Decision | None = None
@@ -138,7 +137,7 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
         return decision
     finally:
         waits_on = decision.wake_on if decision is not None else ()
-        ctx.admission.settle(claim_key(namespace, name), waits_on)
+        ctx.flow.settle(claim_key(namespace, name), waits_on)
 
 
 def _decide(ctx: Context, namespace: str, name: str) -> Decision:
@@ -328,23 +327,29 @@ def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
 def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
     """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
 
-    ``pool`` is where the work goes (for a release, the recorded location). The endpoint is
-    ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
-    transport's registry keys it). The block's outcome adapts the endpoint's limit
-    (`bridge.runtime.flowcontrol.EndpointAdmission.finish`); its exception propagates unchanged.
+    ``pool`` is where the work goes (for a release, the recorded location). The block's
+    outcome adapts the endpoint's limit (`backends.flowcontrol.FlowControl.finish`); its
+    exception propagates unchanged.
 
     Raises
     ------
     _Wait
         Before the block runs, when the endpoint is full: the claim parks under
-        `bridge.runtime.flowcontrol.endpoint_token` without a status write.
+        `backends.flowcontrol.endpoint_token` without a status write.
+    backends.errors.EndpointUnavailableError
+        Before the block runs, while the endpoint's circuit breaker is open.
     """
-    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
+    endpoint = _endpoint(pool)
     key = claim_key(claim.namespace, claim.name)
-    if not ctx.admission.try_admit(endpoint, key):
+    if not ctx.flow.try_admit(endpoint, key):
         raise _Wait(Decision.wait(endpoint_token(endpoint)))
-    with ctx.admission.held(endpoint, key):
+    with ctx.flow.held(endpoint, key):
         yield
+
+
+def _endpoint(pool: Pool) -> str:
+    """Return the IPAM endpoint of ``pool`` as ``scheme://host:port`` (of ``spec.endpoint``)."""
+    return endpoint_key(str(pool.spec.get("endpoint") or ""))
 
 
 def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
@@ -495,8 +500,8 @@ def _hold(
     """
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return body
-    endpoint = endpoint_key(str(pool.spec.get("endpoint") or ""))
-    if ctx.admission.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+    endpoint = _endpoint(pool)
+    if ctx.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its endpoint is busy: wait for a place before writing anything.
         raise _Wait(Decision.wait(endpoint_token(endpoint)))
     written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
@@ -522,7 +527,7 @@ def _written(
 def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(ctx, claim)
-    if requested is None and ctx.gate.closed(pool.key):
+    if requested is None and ctx.flow.is_exhausted(_endpoint(pool), pool.key):
         raise _wait_for_address(ctx, pool)
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
@@ -543,10 +548,10 @@ def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -
         error = _backend_error(ctx, exc, pool)
         ctx.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED and requested is None:
-            ctx.gate.exhausted(pool.key)
+            ctx.flow.exhausted(_endpoint(pool), pool.key)
             raise _wait_for_address(ctx, pool) from exc
         raise error from exc
-    ctx.gate.open(pool.key)
+    ctx.flow.refilled(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     created = _register(ctx, claim, pool, allocation, hostname)
@@ -753,7 +758,7 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
     decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
-        ctx.gate.open(pool.key)
+        ctx.flow.refilled(pool.key)
         ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     return decision
 

@@ -2,7 +2,8 @@
 
 It holds the settings, the Kubernetes gateway, the served CAPI version, one backend client
 per pool (reused while the pool's spec and Secret stay the same, so a phpIPAM token is
-reused), the exhaustion gate and the work queue. Nothing here is module-global.
+reused), the flow control per IPAM endpoint and the work queue. Nothing here is
+module-global.
 
 Keys of the work queue and its wake tokens are plain tuples, made by the functions below:
 ``("claim", namespace, name)``, ``("pool", namespace, kind, name)``, ``("cluster", namespace,
@@ -10,8 +11,8 @@ name)`` (a Cluster's control-plane endpoint, `bridge.reconcilers.control_plane`)
 ``("cluster", namespace, name)`` (the claims of a paused or missing Cluster) and
 ``("pool-ready", namespace, kind, name)`` (the claims waiting for a pool) and
 ``("endpoint", "scheme://host:port")`` (the claims waiting for a place at an IPAM endpoint,
-`flowcontrol.endpoint_token`; they are queued one by one by the admission, not woken by
-the token).
+`backends.flowcontrol.endpoint_token`; they are queued one by one by the flow control, not
+woken by the token).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +28,9 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from backends.base import IPAMBackend
-from backends.transport import EndpointRegistry
+from backends.flowcontrol import FlowControl
 from bridge.metrics import Metrics
 from bridge.runtime.cache import Cache
-from bridge.runtime.flowcontrol import EndpointAdmission
 from bridge.runtime.gateway import Kube
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import WorkQueue
@@ -40,7 +39,6 @@ from bridge.settings import Settings
 __all__ = [
     "BackendCache",
     "Context",
-    "ExhaustionGate",
     "Notices",
     "claim_key",
     "cluster_key",
@@ -319,41 +317,6 @@ def _close_all(backends: list[IPAMBackend]) -> None:
             log.exception("closing a backend client failed")
 
 
-class ExhaustionGate:
-    """Remembers which pools were found exhausted, so waiting claims do not all ask the IPAM.
-
-    While a pool was found exhausted less than ``hold_seconds`` ago, claims of that pool
-    wait without a backend call; a release in that pool opens the gate at once.
-    """
-
-    def __init__(self, hold_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.hold_seconds = hold_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._since: dict[PoolKey, float] = {}
-
-    def closed(self, key: PoolKey) -> bool:
-        """Return True when the pool was found exhausted within the hold time."""
-        with self._lock:
-            since = self._since.get(key)
-            return since is not None and self._clock() - since < self.hold_seconds
-
-    def exhausted(self, key: PoolKey) -> None:
-        """Record that the pool was just found exhausted."""
-        with self._lock:
-            self._since[key] = self._clock()
-
-    def open(self, key: PoolKey) -> None:
-        """Record that the pool may have a free address (a release happened, or it is gone)."""
-        with self._lock:
-            self._since.pop(key, None)
-
-    def __len__(self) -> int:
-        """Return how many pools are remembered as exhausted."""
-        with self._lock:
-            return len(self._since)
-
-
 @dataclass
 class Context:
     """Everything handlers need, built once by the start-up handler.
@@ -368,14 +331,13 @@ class Context:
         The IPAddress version to write (the served CAPI version: ``v1beta2`` or ``v1beta1``).
     backends:
         Backend clients by pool.
-    gate:
-        The exhaustion gate.
     metrics:
         The Prometheus metrics.
-    endpoints:
-        Per-IPAM-endpoint isolation shared by every backend client (circuit breaker,
-        concurrency limit, login budget; `Settings.endpoint_registry`); its state and
-        request hooks feed `metrics`.
+    flow:
+        The flow control per IPAM endpoint (`backends.flowcontrol.FlowControl`, built by
+        `Settings.flow_control`), shared by every backend client and every claim: exhausted
+        pools, circuit breaker, claims in flight, slots, login budget. Its hooks feed
+        `metrics`, and claims it keeps a place for are queued again (`enqueue`).
     queue:
         The work queue (None until start-up wires it; services then only decide).
     v1beta2_kept:
@@ -390,10 +352,6 @@ class Context:
     cache:
         The objects claims are decided from (claims, pools, Clusters, our IPAddresses), fed
         by the watches (`bridge.runtime.cache`, `bridge.handlers.cache`).
-    admission:
-        Claims in flight per IPAM endpoint (`bridge.runtime.flowcontrol.EndpointAdmission`), at most
-        ``endpoints.max_concurrent`` each; a claim refused waits parked, and is queued again
-        (`enqueue`) when a place is kept for it. Made from ``endpoints`` (not an argument).
     holds:
         Claims between their look at their pool and their finalizer write
         (`bridge.runtime.holds.PendingHolds`), counted by a pool's deletion guard.
@@ -403,16 +361,14 @@ class Context:
     kube: Kube
     address_version: str
     backends: BackendCache = field(default_factory=BackendCache)
-    gate: ExhaustionGate = field(default_factory=lambda: ExhaustionGate(5.0))
     metrics: Metrics = field(default_factory=Metrics)
-    endpoints: EndpointRegistry = field(default_factory=EndpointRegistry)
+    flow: FlowControl = field(default_factory=FlowControl)
     queue: WorkQueue | None = None
     v1beta2_kept: bool | None = None
     cluster_version: str | None = None
     notices: Notices = field(default_factory=Notices)
     cache: Cache = field(default_factory=Cache)
     holds: PendingHolds = field(default_factory=PendingHolds)
-    admission: EndpointAdmission = field(init=False, repr=False)
     _events: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
     _namespace_locks: dict[str, tuple[threading.Lock, int]] = field(
         default_factory=dict, repr=False
@@ -420,11 +376,10 @@ class Context:
     _locks_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        self.endpoints.on_state = self.metrics.endpoint_changed
-        self.endpoints.on_request = self.metrics.request_made
-        self.admission = EndpointAdmission(
-            self.endpoints.max_concurrent, self._requeue, on_limit=self.metrics.endpoint_limit
-        )
+        self.flow.on_state = self.metrics.endpoint_changed
+        self.flow.on_request = self.metrics.request_made
+        self.flow.on_limit = self.metrics.endpoint_limit
+        self.flow.wake = self._requeue
         if isinstance(self.kube, Kube):  # test doubles have no write-through
             self.kube.on_stored = self.cache.stored
             self.kube.on_deleted = self.cache.deleted
@@ -457,9 +412,9 @@ class Context:
 
         For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
         (objects), the work queue's (`bridge.runtime.workqueue.WorkQueue.sizes`), the backend
-        cache's (`BackendCache.sizes`), namespace locks, the admission's per-endpoint
-        state, the transport registry's endpoints, notices, the exhaustion gate and the
-        claims counted as pending by the metrics.
+        cache's (`BackendCache.sizes`), namespace locks, the flow control's
+        (`backends.flowcontrol.FlowControl.sizes`) and its endpoints, notices and the claims
+        counted as pending by the metrics.
         """
         sizes = {
             f"cache.{name}": len(part)
@@ -473,12 +428,10 @@ class Context:
         if self.queue is not None:
             sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
         sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
-        sizes |= {f"admission.{k}": v for k, v in self.admission.sizes().items()}
+        sizes |= {f"flow.{k}": v for k, v in self.flow.sizes().items()}
         with self._locks_guard:
             sizes["namespace_locks"] = len(self._namespace_locks)
-        sizes["transport.endpoints"] = len(self.endpoints.states())
         sizes["notices"] = len(self.notices)
-        sizes["gate"] = len(self.gate)
         sizes["metrics.pending"] = len(self.metrics.pending_claims())
         return sizes
 
@@ -488,7 +441,7 @@ class Context:
             self.queue.add(key, after)
 
     def _requeue(self, key: Hashable) -> None:
-        """Queue a claim key woken by the admission (`enqueue` for any hashable key)."""
+        """Queue a claim key woken by the flow control (`enqueue` for any hashable key)."""
         if self.queue is not None:
             self.queue.add(key)
 

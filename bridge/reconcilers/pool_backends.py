@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from backends.base import IPAMBackend, SubnetInfo, SubnetRef
+from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 from bridge import __version__
 from bridge.capi import (
     CLUSTER_NAME_LABEL,
@@ -318,7 +318,7 @@ class _Transport:
     ca_pem: str | None
     timeout: float
     retry: RetryPolicy
-    endpoints: EndpointRegistry | None
+    endpoints: FlowControl | None
 
 
 def fingerprint(pool: Pool, secret: Mapping[str, str], ca_pem: str | None) -> str:
@@ -411,7 +411,7 @@ def build_backend(
     *,
     timeout_seconds: float,
     retry: RetryPolicy,
-    endpoints: EndpointRegistry | None = None,
+    endpoints: FlowControl | None = None,
 ) -> IPAMBackend:
     """Build the backend client of a pool from its spec and its Secret's data.
 
@@ -428,9 +428,9 @@ def build_backend(
     retry:
         The retry policy; its ``total_seconds`` bounds every backend operation.
     endpoints:
-        The operator's `EndpointRegistry` (``Context.endpoints``): breaker, concurrency
-        limit and login budget per IPAM endpoint, shared by every pool's client. None gives
-        the client a registry of its own.
+        The operator's `backends.flowcontrol.FlowControl` (``Context.flow``): breaker,
+        slots and login budget per IPAM endpoint, shared by every pool's client. None gives
+        the client one of its own.
 
     Raises
     ------

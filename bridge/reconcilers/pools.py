@@ -133,7 +133,7 @@ def backend_for(ctx: Context, pool: Pool, *, reuse: bool = False) -> IPAMBackend
             ca_pem,
             timeout_seconds=ctx.settings.backend_timeout_seconds,
             retry=ctx.settings.retry_policy(),
-            endpoints=ctx.endpoints,
+            endpoints=ctx.flow,
         ),
         spec=pool.spec,
     )
@@ -167,7 +167,7 @@ def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, A
     total = sum(info.total for info in infos)
     ctx.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
-        ctx.gate.open(pool.key)
+        ctx.flow.refilled(pool.key)
     previous = (body.get("status") or {}).get("conditions") or []
     return pool_status(pool, infos, previous)
 
@@ -420,7 +420,7 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     body = ctx.kube.get_pool(namespace, kind, name)
     if body is None:
         ctx.backends.drop((namespace, kind, name))
-        ctx.gate.open((namespace, kind, name))  # forgotten: the pool is gone
+        ctx.flow.refilled((namespace, kind, name))  # forgotten: the pool is gone
         ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
         ctx.wake(pool_token(namespace, kind, name))
         return Decision.done()
@@ -514,7 +514,7 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
     if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Decision.retry(1.0)  # changed since read: decided again from what it is now
     ctx.backends.drop((namespace, kind, name))
-    ctx.gate.open((namespace, kind, name))
+    ctx.flow.refilled((namespace, kind, name))
     ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Decision.done()
@@ -563,7 +563,7 @@ def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> lis
         log.info(
             "pool %s: quarantine ended for %s; entries deleted", pool.display, ", ".join(purged)
         )
-        ctx.gate.open(pool.key)
+        ctx.flow.refilled(pool.key)
         ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
         ctx.enqueue(pool_key(pool.namespace, pool.kind, pool.name))
     return list(purged)

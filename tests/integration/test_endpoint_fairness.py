@@ -3,7 +3,7 @@
 Two pools on two mock phpIPAMs, 4 workers (2 claims in flight per endpoint). Endpoint A is
 slowed down and gets 30 claims; a few claims of pool B on endpoint B, created after them, are
 all bound while A still has unbound claims: A's waiting claims are parked
-(`bridge.runtime.flowcontrol`), not holding workers, and none of them failed with "endpoint busy".
+(`backends.flowcontrol`), not holding workers, and none of them failed with "endpoint busy".
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from wapi_requests import add_fixed_search, assert_grid_accepts
 
 from backends.base import SubnetInfo
 from backends.errors import AuthenticationFailedError, InvalidRequestError
+from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 
 GM = "https://gm.example.com"
 WAPI = f"{GM}/wapi/v2.12"
@@ -231,7 +231,7 @@ def test_refused_logins_stay_below_the_nios_lockout(
     grid: responses.RequestsMock, make: Any
 ) -> None:
     grid.get(f"{WAPI}/record:host", status=401, body="<h1>Authorization Required</h1>")
-    endpoints = EndpointRegistry()
+    endpoints = FlowControl()
     for attempt in range(5):
         backend = make(password=f"wrong-{attempt}", endpoints=endpoints)
         with pytest.raises(AuthenticationFailedError):
@@ -245,7 +245,7 @@ def test_a_locked_account_fails_with_the_grids_message_and_is_not_tried_again(
 ) -> None:
     locked = "<html><body><p>Account is locked. Contact your administrator.</p></body></html>"
     grid.get(f"{WAPI}/record:host", status=401, body=locked, content_type="text/html")
-    endpoints = EndpointRegistry()
+    endpoints = FlowControl()
 
     with pytest.raises(AuthenticationFailedError) as info:
         make(endpoints=endpoints).find("m1.ns1")

@@ -33,6 +33,7 @@ from backends.errors import (
     SubnetNotFoundError,
     TLSVerificationError,
 )
+from backends.flowcontrol import FlowControl
 from backends.phpipam import (
     RESERVED_BROADCAST_HOSTNAME,
     RESERVED_GATEWAY_DESCRIPTION,
@@ -42,7 +43,6 @@ from backends.phpipam import (
     PHPIPAMConfig,
 )
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 
 ENDPOINT = "http://127.0.0.1:8080/api"
 BASE = f"{ENDPOINT}/capi"
@@ -256,7 +256,7 @@ def make(sleeps: list[float]) -> Iterator[Callable[..., PHPIPAMBackend]]:
             fields.pop("password")
         if "subnet" in overrides:
             fields.pop("subnet_id")
-        endpoints = fields.pop("endpoints", None) or EndpointRegistry(max_concurrent=16)
+        endpoints = fields.pop("endpoints", None) or FlowControl(max_concurrent=16)
         backend = PHPIPAMBackend(PHPIPAMConfig(**fields), endpoints=endpoints)
         made.append(backend)
         return backend
@@ -980,7 +980,7 @@ def test_refused_logins_are_budgeted_per_endpoint_across_backends(
 ) -> None:
     """More than 10 failed logins in 5 minutes block the client's IP (section 11)."""
     add_login(rsps, WRONG_PASSWORD, 500)
-    endpoints = EndpointRegistry(login_retry_seconds=0)
+    endpoints = FlowControl(login_retry_seconds=0)
     # Two pools (or one pool rebuilt after its Secret changed) with the same wrong password.
     backends = [make(endpoints=endpoints), make(endpoints=endpoints)]
 
@@ -997,7 +997,7 @@ def test_a_refused_credential_is_not_tried_again_for_a_while(
     rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:
     add_login(rsps, WRONG_PASSWORD, 500)
-    endpoints = EndpointRegistry()  # 60 s between two tries of one refused credential
+    endpoints = FlowControl()  # 60 s between two tries of one refused credential
     for _ in range(3):
         with pytest.raises(AuthenticationFailedError, match="username or password") as caught:
             make(endpoints=endpoints).find("default.claim-2")  # a rebuilt backend each time

@@ -48,9 +48,9 @@ from backends.errors import (
     SubnetExhaustedError,
     SubnetNotFoundError,
 )
+from backends.flowcontrol import FlowControl
 from backends.phpipam import MAX_SUBNETS, PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 
 # ---------------------------------------------------------------- recorded answers
 # 3h: GET /subnets/9/ (10.20.1.0/30, no gateway)
@@ -184,9 +184,7 @@ def pool(sleeps: list[float]) -> Iterator[Callable[..., PHPIPAMBackend]]:
             ),
         }
         fields.update(overrides)
-        backend = PHPIPAMBackend(
-            PHPIPAMConfig(**fields), endpoints=EndpointRegistry(max_concurrent=16)
-        )
+        backend = PHPIPAMBackend(PHPIPAMConfig(**fields), endpoints=FlowControl(max_concurrent=16))
         made.append(backend)
         return backend
 

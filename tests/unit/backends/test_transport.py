@@ -24,16 +24,13 @@ from backends.errors import (
     InvalidRequestError,
     TLSVerificationError,
 )
+from backends.flowcontrol import EndpointState, FlowControl, RequestRecord, endpoint_key
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from backends.transport import (
-    EndpointRegistry,
-    EndpointState,
-    RequestRecord,
     Transport,
     TransportConfig,
-    endpoint_key,
     ssl_context_from_pem,
     status_error,
 )
@@ -59,7 +56,7 @@ def rsps() -> Iterator[responses.RequestsMock]:
 def transport(
     *,
     retry: RetryPolicy = NO_SLEEP,
-    endpoints: EndpointRegistry | None = None,
+    endpoints: FlowControl | None = None,
     **config: Any,
 ) -> Transport:
     return Transport(
@@ -116,7 +113,7 @@ def test_transport_failures_map_to_backend_errors(
     rsps.get(f"{URL}/x", body=failure)
     records: list[RequestRecord] = []
     with pytest.raises(error, match=text):
-        get(transport(endpoints=EndpointRegistry(on_request=records.append)))
+        get(transport(endpoints=FlowControl(on_request=records.append)))
     assert len(records) == 1 and records[0].endpoint == "http://ipam.test:80"
 
 
@@ -201,7 +198,7 @@ def test_a_hung_endpoint_costs_at_most_the_budget(hung_server: str) -> None:
 def test_breaker_opens_fails_fast_then_probes_once(rsps: responses.RequestsMock) -> None:
     clock = FakeClock()
     states: list[tuple[str, EndpointState]] = []
-    registry = EndpointRegistry(
+    registry = FlowControl(
         failure_threshold=2,
         cooldown_seconds=30,
         clock=clock,
@@ -246,7 +243,7 @@ def test_breaker_opens_fails_fast_then_probes_once(rsps: responses.RequestsMock)
 
 
 def test_breaker_is_shared_by_every_client_of_the_endpoint(rsps: responses.RequestsMock) -> None:
-    registry = EndpointRegistry(failure_threshold=1)
+    registry = FlowControl(failure_threshold=1)
     rsps.get(f"{URL}/x", body=requests.ConnectionError("refused"))
     with pytest.raises(BackendUnavailableError):
         get(transport(endpoints=registry))
@@ -258,7 +255,7 @@ def test_breaker_is_shared_by_every_client_of_the_endpoint(rsps: responses.Reque
 
 
 def test_an_answer_is_not_a_failure(rsps: responses.RequestsMock) -> None:
-    registry = EndpointRegistry(failure_threshold=1)
+    registry = FlowControl(failure_threshold=1)
     rsps.get(f"{URL}/x", status=500, json={})
     for _ in range(3):
         assert get(transport(endpoints=registry)).status_code == 500
@@ -269,7 +266,7 @@ def test_an_answer_is_not_a_failure(rsps: responses.RequestsMock) -> None:
 
 
 def test_a_busy_endpoint_fails_fast(rsps: responses.RequestsMock) -> None:
-    registry = EndpointRegistry(max_concurrent=1, slot_wait_seconds=0.1)
+    registry = FlowControl(max_concurrent=1, slot_wait_seconds=0.1)
     t = transport(endpoints=registry)
     inside, leave = threading.Event(), threading.Event()
 
@@ -298,7 +295,7 @@ def test_a_busy_endpoint_fails_fast(rsps: responses.RequestsMock) -> None:
 
 def test_login_budget_lets_a_credential_that_works_through() -> None:
     clock = FakeClock()
-    registry = EndpointRegistry(
+    registry = FlowControl(
         login_limit=3, login_window_seconds=300, login_retry_seconds=10, clock=clock
     )
     endpoint = registry.endpoint(URL)
@@ -320,7 +317,7 @@ def test_login_budget_lets_a_credential_that_works_through() -> None:
 
 def test_logins_in_flight_count_against_the_budget() -> None:
     clock = FakeClock()
-    registry = EndpointRegistry(
+    registry = FlowControl(
         login_limit=3, login_window_seconds=300, login_retry_seconds=10, clock=clock
     )
     endpoint = registry.endpoint(URL)
@@ -339,7 +336,7 @@ def test_logins_in_flight_count_against_the_budget() -> None:
 
 
 def test_transport_login_gives_the_budget_place_back_on_any_outcome() -> None:
-    registry = EndpointRegistry(login_limit=1, login_window_seconds=300, clock=FakeClock())
+    registry = FlowControl(login_limit=1, login_window_seconds=300, clock=FakeClock())
     t = transport(endpoints=registry)
 
     def unreachable() -> None:
@@ -362,7 +359,7 @@ def test_transport_login_gives_the_budget_place_back_on_any_outcome() -> None:
 
 def test_blocked_address_holds_back_every_login() -> None:
     clock = FakeClock()
-    endpoint = EndpointRegistry(clock=clock).endpoint(URL)
+    endpoint = FlowControl(clock=clock).endpoint(URL)
     endpoint.login_refused("a", "blocked", blocked_seconds=300)
     with pytest.raises(AuthenticationFailedError, match="blocked this address"):
         endpoint.check_login("b")
@@ -450,7 +447,7 @@ def test_the_fence_is_asked_before_every_request_but_reads_and_can_stop_it(
         if not allowed[0]:
             raise RefusedError("not the leader")
 
-    t = transport(endpoints=EndpointRegistry(fence=fence))
+    t = transport(endpoints=FlowControl(fence=fence))
     rsps.get(f"{URL}/x", json={})
     rsps.post(f"{URL}/x", json={})
     rsps.delete(f"{URL}/x", json={})

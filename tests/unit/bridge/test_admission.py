@@ -1,4 +1,4 @@
-"""bridge.runtime.flowcontrol: claims in flight per IPAM endpoint, AIMD limit, hand-over of places.
+"""backends.flowcontrol: claims in flight per IPAM endpoint, AIMD limit, hand-over of places.
 
 Also how `claims` uses it: a claim over its endpoint's limit parks on the endpoint's
 token without a write or an IPAM call, and the end of an admitted claim queues the next.
@@ -14,10 +14,9 @@ from fakes import FakeIPAM, FakeKube, FakeQueue, claim, install_backend, phpipam
 from fakes import pool_condition as pool_ready
 
 from backends import errors as be
-from backends.transport import EndpointRegistry
+from backends.flowcontrol import FlowControl, endpoint_token
 from bridge.reconcilers.claims import reconcile_claim
 from bridge.reconcilers.context import Context, claim_key
-from bridge.runtime.flowcontrol import EndpointAdmission, endpoint_token
 from bridge.runtime.gateway import Kube
 from bridge.runtime.workqueue import Decision, WorkQueue
 from bridge.settings import Settings
@@ -36,10 +35,11 @@ class Woken:
         self.keys.append(key)
 
 
-def admission(max_limit: int = 2) -> tuple[EndpointAdmission, Woken, dict[str, int]]:
+def admission(max_limit: int = 2) -> tuple[FlowControl, Woken, dict[str, int]]:
     woken = Woken()
     gauge: dict[str, int] = {}
-    return EndpointAdmission(max_limit, woken, on_limit=gauge.__setitem__), woken, gauge
+    flow = FlowControl(max_concurrent=max_limit, wake=woken, on_limit=gauge.__setitem__)
+    return flow, woken, gauge
 
 
 def test_the_limit_starts_at_the_max_and_is_per_endpoint() -> None:
@@ -51,7 +51,7 @@ def test_the_limit_starts_at_the_max_and_is_per_endpoint() -> None:
     assert adm.in_flight(EP) == 2 and adm.waiting(EP) == ["c"]
     assert woken.keys == [] and gauge == {EP: 2, OTHER: 2}
     with pytest.raises(ValueError):
-        EndpointAdmission(0, woken)
+        FlowControl(max_concurrent=0, wake=woken)
 
 
 def test_the_peek_before_the_finalizer_takes_no_place_and_queues_in_line() -> None:
@@ -155,13 +155,13 @@ class Ctx:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.kube = FakeKube()
         self.ipam = FakeIPAM(cidr="10.0.0.0/28")
-        install_backend(monkeypatch, self.ipam)
+        self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
         self.ctx = Context(
             settings=Settings(),
             kube=cast(Kube, self.kube),
             address_version="v1beta2",
-            endpoints=EndpointRegistry(max_concurrent=1),
+            flow=FlowControl(max_concurrent=1),
             queue=cast(WorkQueue, self.queue),
         )
         self.kube.add_secret("ns", "creds", {"username": "u", "password": "p"})
@@ -177,7 +177,7 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     for name in ("c1", "c2"):
         world.kube.add_claim(claim(name))
     # c1 is in its IPAM call (admitted) when c2 comes.
-    assert ctx.admission.try_admit(endpoint, claim_key("ns", "c1"))
+    assert ctx.flow.try_admit(endpoint, claim_key("ns", "c1"))
     world.kube.writes.clear()
     decision = reconcile_claim(ctx, "ns", "c2")
     assert decision == Decision.wait(endpoint_token(endpoint))  # parked, no timer
@@ -187,12 +187,12 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     assert reconcile_claim(ctx, "ns", "c2") == decision  # a resync: still nothing written
     assert world.kube.writes == []
     # c1 ends: c2 (and only c2) is queued, and its pass is admitted and binds it.
-    ctx.admission.finish(endpoint, claim_key("ns", "c1"))
+    ctx.flow.finish(endpoint, claim_key("ns", "c1"))
     assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
     assert reconcile_claim(ctx, "ns", "c2") == Decision.done()
     assert ("ns", "c2") in world.kube.addresses
     assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
-    assert ctx.admission.in_flight(endpoint) == 0
+    assert ctx.flow.in_flight(endpoint) == 0
 
 
 def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
@@ -205,7 +205,7 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
     seen: list[int] = []
 
     def during() -> None:  # c2 comes while c1 is in its IPAM call
-        seen.append(ctx.admission.in_flight(endpoint))
+        seen.append(ctx.flow.in_flight(endpoint))
         assert reconcile_claim(ctx, "ns", "c2") == Decision.wait(endpoint_token(endpoint))
 
     real_call = ctx.metrics.call
@@ -225,4 +225,23 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
     world.kube.add_claim(claim("c3"))
     world.ipam.error = be.BackendUnavailableError("no answer")
     reconcile_claim(ctx, "ns", "c3")
-    assert ctx.admission.in_flight(endpoint) == 0 and ctx.admission.limit(endpoint) == 1
+    assert ctx.flow.in_flight(endpoint) == 0 and ctx.flow.limit(endpoint) == 1
+
+
+def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = Ctx(monkeypatch)
+    ctx, endpoint = world.ctx, world.endpoint
+    world.kube.add_claim(claim("c1"))
+    for _ in range(ctx.flow.failure_threshold):  # requests without an answer open the breaker
+        ctx.flow.endpoint(endpoint).unreachable()
+    decision = reconcile_claim(ctx, "ns", "c1")
+    assert decision == Decision.retry(ctx.settings.requeue_seconds)  # not parked: retried
+    assert world.ipam.calls == [] and world.built == []  # no client built, the IPAM not asked
+    (ready,) = [
+        c for c in world.kube.claims[("ns", "c1")]["status"]["conditions"] if c["type"] == "Ready"
+    ]
+    assert ready["reason"] == "AllocationFailed"
+    assert f"endpoint {endpoint} unreachable, next try at" in ready["message"]
+    assert ctx.flow.in_flight(endpoint) == 0 and ctx.flow.limit(endpoint) == 1

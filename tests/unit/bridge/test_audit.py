@@ -15,6 +15,7 @@ from kubernetes.client import ApiException
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
+from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
@@ -28,7 +29,7 @@ from bridge.reconcilers.audit import (
     compare,
     in_sync_condition,
 )
-from bridge.reconcilers.context import Context, ExhaustionGate
+from bridge.reconcilers.context import Context
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
 from bridge.runtime.gateway import Kube
 from bridge.runtime.workqueue import WorkQueue
@@ -364,7 +365,7 @@ class World:
             settings=Settings(),
             kube=cast(Kube, self.kube),
             address_version="v1beta2",
-            gate=ExhaustionGate(5.0, clock=lambda: 0.0),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
             queue=cast(WorkQueue, FakeQueue()),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})

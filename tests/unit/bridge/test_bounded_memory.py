@@ -68,9 +68,9 @@ def test_a_namespace_lock_still_excludes_while_another_thread_waits() -> None:
 
 def test_context_sizes_name_every_structure() -> None:
     ctx = context()
-    ctx.gate.exhausted(("ns", "PHPIPAMIPPool", "pool"))
+    ctx.flow.exhausted("https://ipam.example.com", ("ns", "PHPIPAMIPPool", "pool"))
     sizes = ctx.sizes()
-    assert sizes["gate"] == 1
+    assert sizes["flow.exhausted"] == 1 and sizes["flow.endpoints"] == 1
     for name in (
         "cache.claims",
         "cache.addresses",
@@ -78,9 +78,8 @@ def test_context_sizes_name_every_structure() -> None:
         "cache.clusters",
         "backends.entries",
         "backends.retired",
-        "admission.endpoints",
-        "admission.keys",
-        "transport.endpoints",
+        "flow.lines",
+        "flow.keys",
         "notices",
         "metrics.pending",
     ):

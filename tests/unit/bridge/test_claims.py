@@ -26,13 +26,13 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
+from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
 from bridge.reconcilers import pools as pool_service
 from bridge.reconcilers.claims import reconcile_claim
 from bridge.reconcilers.context import (
     Context,
-    ExhaustionGate,
     claim_key,
     cluster_token,
     pool_key,
@@ -49,6 +49,7 @@ POOL = "pool"
 KIND = "PHPIPAMIPPool"
 DISPLAY = f"{KIND} {NS}/{POOL}"
 POOL_TOKEN = pool_token(NS, KIND, POOL)
+POOL_ENDPOINT = "https://ipam.example.com"  # the fake pools' spec.endpoint
 
 
 class World:
@@ -64,7 +65,7 @@ class World:
             settings=Settings(),
             kube=cast(Kube, self.kube),
             address_version=version,
-            gate=ExhaustionGate(5.0, clock=lambda: self.now),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: self.now),
             queue=cast(WorkQueue, self.queue),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
@@ -680,7 +681,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     pool["spec"].update(endpoint="https://new.example.com", hostnameSuffix="new.example")
     pool["metadata"]["generation"] = 2
     # An exhausted gate is opened by a release.
-    world.ctx.gate.exhausted((NS, KIND, POOL))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.delete()
     assert world.reconcile() == Decision.done()
     assert world.ipam.calls == [("release", "c1.ns.old.example", recorded)]
@@ -696,7 +697,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     assert world.kube.events == []
     assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
     assert world.queue.woken == [(POOL_TOKEN, 1)]  # one address freed: one waiter tries
-    assert not world.ctx.gate.closed((NS, KIND, POOL))
+    assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
 
 
 def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> None:
@@ -867,7 +868,7 @@ def test_a_requested_address_outside_the_pool_or_malformed_fails(
 
 def test_a_requested_address_is_tried_even_behind_the_exhaustion_gate(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
-    world.ctx.gate.exhausted((NS, KIND, POOL))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.kube.add_claim(claim(annotations={REQUESTED: "10.0.0.6"}))
     assert world.reconcile() == Decision.done()
     assert world.ipam.entries == {"c1.ns": "10.0.0.6"}

@@ -1,7 +1,8 @@
 import pytest
 
 from backends import errors as be
-from bridge.reconcilers.context import BackendCache, ExhaustionGate
+from backends.flowcontrol import FlowControl
+from bridge.reconcilers.context import BackendCache
 from bridge.reconcilers.errors import claim_error_from, pool_error_from
 
 
@@ -46,18 +47,18 @@ def test_backend_cache_does_not_cache_failures():
 
 def test_exhaustion_gate_holds_then_reopens():
     now = [100.0]
-    gate = ExhaustionGate(5.0, clock=lambda: now[0])
-    key = ("ns", "K", "p")
-    assert not gate.closed(key)
-    gate.exhausted(key)
-    assert gate.closed(key)
+    flow = FlowControl(exhausted_seconds=5.0, clock=lambda: now[0])
+    endpoint, key = "https://ipam.example.com", ("ns", "K", "p")
+    assert not flow.is_exhausted(endpoint, key)
+    flow.exhausted(endpoint, key)
+    assert flow.is_exhausted(endpoint, key)
     now[0] += 4.9
-    assert gate.closed(key)
+    assert flow.is_exhausted(endpoint, key)
     now[0] += 0.2
-    assert not gate.closed(key)
-    gate.exhausted(key)
-    gate.open(key)
-    assert not gate.closed(key)
+    assert not flow.is_exhausted(endpoint, key)
+    flow.exhausted(endpoint, key)
+    flow.refilled(key)
+    assert not flow.is_exhausted(endpoint, key)
 
 
 @pytest.mark.parametrize(

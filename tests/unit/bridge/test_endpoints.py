@@ -1,12 +1,12 @@
-"""The operator's per-endpoint isolation: settings, metrics hooks (issue 10)."""
+"""The operator's flow control per IPAM endpoint: settings, metrics hooks."""
 
 from __future__ import annotations
 
 from typing import cast
 
+from backends.flowcontrol import EndpointState, RequestRecord
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
-from backends.transport import EndpointState, RequestRecord
 from bridge.metrics import Metrics
 from bridge.reconcilers.context import Context
 from bridge.reconcilers.pool_backends import build_backend, parse_pool
@@ -17,19 +17,19 @@ from bridge.settings import Settings
 def test_settings_build_the_registry() -> None:
     registry = Settings(
         workers=4, endpoint_failure_threshold=3, endpoint_cooldown_seconds=7.5
-    ).endpoint_registry()
+    ).flow_control()
     assert registry.failure_threshold == 3
     assert registry.cooldown_seconds == 7.5
     assert registry.max_concurrent == 2  # 0 = half of the workers
-    assert Settings(workers=1).endpoint_registry().max_concurrent == 1
-    assert Settings(endpoint_max_concurrent=3).endpoint_registry().max_concurrent == 3
+    assert Settings(workers=1).flow_control().max_concurrent == 1
+    assert Settings(endpoint_max_concurrent=3).flow_control().max_concurrent == 3
     assert registry.login_limit == 5 and registry.login_window_seconds == 300
 
 
 def test_endpoint_state_and_requests_are_exported() -> None:
     metrics = Metrics()
     endpoint = "https://ipam.example.com:443"
-    registry = Settings().endpoint_registry(
+    registry = Settings().flow_control(
         on_state=metrics.endpoint_changed, on_request=metrics.request_made
     )
     assert registry.on_state is not None and registry.on_request is not None
@@ -55,12 +55,12 @@ def test_context_feeds_the_metrics_and_backends_share_its_registry() -> None:
         settings=Settings(),
         kube=cast(Kube, object()),
         address_version="v1beta2",
-        endpoints=Settings(workers=4).endpoint_registry(),
+        flow=Settings(workers=4).flow_control(),
     )
-    assert ctx.endpoints.max_concurrent == 2
+    assert ctx.flow.max_concurrent == 2
     endpoint = "http://127.0.0.1:8080"
-    assert ctx.endpoints.on_state is not None
-    ctx.endpoints.on_state(endpoint, EndpointState.OPEN)
+    assert ctx.flow.on_state is not None
+    ctx.flow.on_state(endpoint, EndpointState.OPEN)
     assert (
         ctx.metrics.registry.get_sample_value(
             "ipam_bridge_backend_endpoint_state", {"endpoint": endpoint}
@@ -89,10 +89,10 @@ def test_context_feeds_the_metrics_and_backends_share_its_registry() -> None:
                 None,
                 timeout_seconds=1,
                 retry=RetryPolicy(),
-                endpoints=ctx.endpoints,
+                endpoints=ctx.flow,
             ),
         )
         for _ in range(2)
     ]
-    assert all(b._transport.endpoints is ctx.endpoints for b in backends)
+    assert all(b._transport.endpoints is ctx.flow for b in backends)
     assert backends[0]._transport.endpoint is backends[1]._transport.endpoint

@@ -21,9 +21,10 @@ from fakes import (
 )
 
 from backends import errors as be
+from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers.context import Context, ExhaustionGate, pool_token
+from bridge.reconcilers.context import Context, pool_token
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool, with_location
 from bridge.reconcilers.pools import (
@@ -41,6 +42,7 @@ from bridge.settings import Settings
 NS = "ns"
 KIND = "PHPIPAMIPPool"
 TOKEN = pool_token(NS, KIND, "pool")
+POOL_ENDPOINT = "https://ipam.example.com"  # the fake pools' spec.endpoint
 PROTECT = (capi.POOL_FINALIZER, True)
 
 
@@ -54,7 +56,7 @@ class World:
             settings=Settings(),
             kube=cast(Kube, self.kube),
             address_version="v1beta2",
-            gate=ExhaustionGate(5.0, clock=lambda: 0.0),
+            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
             queue=cast(WorkQueue, self.queue),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
@@ -182,7 +184,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     world.kube.add_secret(NS, "ca", {"ca.crt": "PEM"})
     world.kube.add_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca"}}))
     world.ipam.entries["someone"] = "10.0.0.2"
-    world.ctx.gate.exhausted((NS, KIND, "pool"))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
     assert world.reconcile() == Decision.done()
     assert world.kube.ops() == [
         "pool.finalizer",
@@ -209,7 +211,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert world.queue.woken == [TOKEN]
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # A check that finds free addresses opens the exhaustion gate.
-    assert not world.ctx.gate.closed((NS, KIND, "pool"))
+    assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
     # The periodic refresh of a pool that did not change writes nothing.
     world.reset()
     assert world.reconcile() == Decision.done()
@@ -342,14 +344,14 @@ def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
 def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
-    world.ctx.gate.exhausted((NS, KIND, "pool"))
+    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
     assert world.reconcile() == Decision.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
-    assert len(world.ctx.gate) == 0  # nothing of the pool stays in memory
+    assert world.ctx.flow.sizes()["exhausted"] == 0  # nothing of the pool stays in memory
 
 
 # -- the deletion guard ---------------------------------------------------------------------

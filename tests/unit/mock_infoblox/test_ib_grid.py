@@ -9,9 +9,9 @@ import requests
 from ib_helpers import PASSWORD, USER, Wapi, host_body
 
 from backends.errors import AuthenticationFailedError, InvalidRequestError
+from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 from mock_infoblox import InfobloxStore, MockInfobloxServer
 from mock_infoblox.schema import OBJECT_TYPES, WAPI_SCHEMA
 
@@ -121,7 +121,7 @@ def test_ipv6_ranges_are_ipv6range_objects(wapi: Wapi, store: InfobloxStore) -> 
 
 
 def backend(
-    server: MockInfobloxServer, endpoints: EndpointRegistry | None = None, **overrides: Any
+    server: MockInfobloxServer, endpoints: FlowControl | None = None, **overrides: Any
 ) -> InfobloxBackend:
     """The ipam-bridge client for the mock's 10.20.0.0/24 (no waits between tries)."""
     values: dict[str, Any] = {
@@ -138,7 +138,7 @@ def backend(
 def test_the_client_never_locks_the_account(
     server: MockInfobloxServer, store: InfobloxStore
 ) -> None:
-    endpoints = EndpointRegistry()
+    endpoints = FlowControl()
     for attempt in range(6):
         client = backend(server, endpoints, password=f"wrong-{attempt}")
         with pytest.raises(AuthenticationFailedError):

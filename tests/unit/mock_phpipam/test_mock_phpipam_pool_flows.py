@@ -12,9 +12,9 @@ import pytest
 
 from backends.base import SubnetRef
 from backends.errors import AddressUnavailableError, SubnetExhaustedError
+from backends.flowcontrol import FlowControl
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
-from backends.transport import EndpointRegistry
 from mock_phpipam import MockPhpipamServer, Store
 
 NOW = 1_800_000_000.0
@@ -31,7 +31,7 @@ def backend(server: MockPhpipamServer) -> Iterator[PHPIPAMBackend]:
         subnets=(SubnetRef(subnet_id=9), SubnetRef(cidr="10.20.0.0/24", prefix=23)),
         retry=RetryPolicy(attempts=3, initial_delay_seconds=0.0, sleep=lambda _: None),
     )
-    with PHPIPAMBackend(config, endpoints=EndpointRegistry()) as client:
+    with PHPIPAMBackend(config, endpoints=FlowControl()) as client:
         yield client
 
 

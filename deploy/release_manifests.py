@@ -17,12 +17,9 @@ The kustomization is rendered by kustomize itself, as the other CAPI providers d
 ``kubectl kustomize`` (``make release-manifests`` passes the kubectl that
 ``deploy/fetch_tools.py`` installs from npm) or ``kustomize build`` (``--kustomize PATH``;
 default ``$KUSTOMIZE``, ``$KUBECTL``, else ``kustomize`` or ``kubectl`` on ``PATH``).
-
-:func:`build_kustomization` is a small built-in renderer of the subset ``deploy/`` uses
-(``resources``, ``namespace``, ``labels``, ``commonLabels``; anything else is refused). The
-release never uses it: it only serves the in-memory Kubernetes API of the tests
-(``mock_kubernetes/rbac.py`` reads the install's RBAC without kubectl), and a unit test keeps
-its output equal to kustomize's. Only the standard library and PyYAML are used.
+:func:`render_kustomization` also renders ``deploy/`` for the in-memory Kubernetes API of the
+tests (``mock_kubernetes/rbac.py``: the operator's RBAC). Only the standard library and PyYAML
+are used.
 """
 
 from __future__ import annotations
@@ -46,9 +43,7 @@ __all__ = [
     "CLUSTERCTL_VARIABLES",
     "DEFAULT_IMAGE_REPOSITORY",
     "PROVIDER_LABEL",
-    "KustomizeError",
     "ReleaseError",
-    "build_kustomization",
     "chart_files",
     "dump_documents",
     "kustomize_command",
@@ -83,85 +78,11 @@ CLUSTERCTL_VARIABLES = {
 #: clusterctl variable of the manager image.
 IMAGE_VARIABLE = "IPAM_BRIDGE_IMAGE"
 
-# Kinds kustomize knows to be cluster-scoped (its built-in OpenAPI data); every other kind,
-# custom kinds included, is treated as namespaced by kustomize's namespace transformer.
-_CLUSTER_SCOPED_KINDS = frozenset(
-    {
-        "APIService",
-        "CSIDriver",
-        "CSINode",
-        "CertificateSigningRequest",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "ComponentStatus",
-        "CustomResourceDefinition",
-        "FlowSchema",
-        "IngressClass",
-        "MutatingWebhookConfiguration",
-        "Namespace",
-        "Node",
-        "PersistentVolume",
-        "PodSecurityPolicy",
-        "PriorityClass",
-        "PriorityLevelConfiguration",
-        "RuntimeClass",
-        "StorageClass",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-        "ValidatingWebhookConfiguration",
-        "VolumeAttachment",
-    }
-)
-# kustomize's legacy output order (api/resid/gvk.go): these kinds first, in this order ...
-_ORDER_FIRST = (
-    "Namespace",
-    "ResourceQuota",
-    "StorageClass",
-    "CustomResourceDefinition",
-    "ServiceAccount",
-    "PodSecurityPolicy",
-    "Role",
-    "ClusterRole",
-    "RoleBinding",
-    "ClusterRoleBinding",
-    "ConfigMap",
-    "Secret",
-    "Endpoints",
-    "Service",
-    "LimitRange",
-    "PriorityClass",
-    "PersistentVolume",
-    "PersistentVolumeClaim",
-    "Deployment",
-    "StatefulSet",
-    "CronJob",
-    "PodDisruptionBudget",
-)
-# ... these last, and every other kind in between.
-_ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-# Workload kinds whose pod template (and selector) the label transformer also labels.
-_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "ReplicationController": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-}
-_SUPPORTED_KUSTOMIZATION_KEYS = frozenset(
-    {"apiVersion", "kind", "resources", "namespace", "labels", "commonLabels"}
-)
-_KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 _VARIABLE_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 
 
 class ReleaseError(Exception):
     """The release artifacts cannot be built (a clusterctl rule is broken, a tool failed)."""
-
-
-class KustomizeError(ReleaseError):
-    """A kustomization cannot be rendered (missing file, unsupported field, duplicate object)."""
 
 
 def project_version(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
@@ -189,170 +110,12 @@ def project_version(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
     return f"v{version}"
 
 
-def _load_documents(path: Path) -> list[Obj]:
-    """Return the non-empty YAML documents of ``path`` (mappings with ``kind``)."""
-    with path.open(encoding="utf-8") as handle:
-        documents = [doc for doc in yaml.safe_load_all(handle) if doc is not None]
-    for doc in documents:
-        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
-            raise KustomizeError(f"{path}: every document must be an object with apiVersion/kind")
-    return documents
-
-
 def _object_id(obj: Obj) -> tuple[str, str, str, str]:
     """Return the identity kustomize uses: ``(apiVersion group, kind, namespace, name)``."""
     api_version = str(obj.get("apiVersion", ""))
     group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
     meta = obj.get("metadata") or {}
     return group, str(obj["kind"]), str(meta.get("namespace") or ""), str(meta.get("name", ""))
-
-
-def _find_kustomization(directory: Path) -> Path:
-    for name in _KUSTOMIZATION_FILES:
-        candidate = directory / name
-        if candidate.is_file():
-            return candidate
-    raise KustomizeError(f"{directory}: no kustomization.yaml")
-
-
-def _set_namespace(objects: list[Obj], namespace: str) -> None:
-    """Apply kustomize's namespace transformer in place (kustomize v5 semantics)."""
-    service_accounts = {
-        obj["metadata"]["name"] for obj in objects if obj["kind"] == "ServiceAccount"
-    }
-    for obj in objects:
-        meta = obj.setdefault("metadata", {})
-        kind = obj["kind"]
-        if kind == "Namespace":
-            meta["name"] = namespace
-        elif kind not in _CLUSTER_SCOPED_KINDS:
-            meta["namespace"] = namespace
-        if kind in ("RoleBinding", "ClusterRoleBinding"):
-            for subject in obj.get("subjects") or []:
-                if subject.get("kind") == "ServiceAccount" and (
-                    subject.get("name") in service_accounts
-                    or subject.get("namespace") in (None, "", "default")
-                ):
-                    subject["namespace"] = namespace
-
-
-def _dig(obj: Obj, path: Sequence[str]) -> Obj | None:
-    node: Any = obj
-    for key in path:
-        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
-            return None
-        node = node[key]
-    return node if isinstance(node, dict) else None
-
-
-def _add_labels(
-    objects: list[Obj], pairs: dict[str, str], *, selectors: bool, templates: bool
-) -> None:
-    """Apply kustomize's label transformer in place.
-
-    Metadata labels always; pod template labels of workloads when ``templates``; selectors
-    (workload ``spec.selector.matchLabels``, Service ``spec.selector``) and templates when
-    ``selectors`` (kustomize's ``includeSelectors``, the ``commonLabels`` behaviour).
-    """
-    for obj in objects:
-        obj.setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
-        kind = obj["kind"]
-        if kind in _TEMPLATE_PATHS and (templates or selectors):
-            template = _dig(obj, _TEMPLATE_PATHS[kind])
-            if template is not None:
-                template.setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
-        if selectors:
-            if kind in _TEMPLATE_PATHS:
-                spec = _dig(obj, _TEMPLATE_PATHS[kind][:-1]) or {}
-                spec.setdefault("selector", {}).setdefault("matchLabels", {}).update(pairs)
-            elif kind == "Service":
-                obj.setdefault("spec", {}).setdefault("selector", {}).update(pairs)
-
-
-def _sort_key(obj: Obj) -> tuple[int, str, str, str]:
-    kind = obj["kind"]
-    if kind in _ORDER_FIRST:
-        rank = _ORDER_FIRST.index(kind)
-    elif kind in _ORDER_LAST:
-        rank = len(_ORDER_FIRST) + 1 + _ORDER_LAST.index(kind)
-    else:
-        rank = len(_ORDER_FIRST)
-    group, _, namespace, name = _object_id(obj)
-    return rank, f"{group}/{kind}", namespace, name
-
-
-def build_kustomization(directory: Path) -> list[Obj]:
-    """Render a kustomization directory with the built-in renderer (a subset of kustomize).
-
-    Supported: ``resources`` (YAML files and directories holding a kustomization, recursively),
-    ``namespace`` (kustomize's namespace transformer: namespaced objects get the namespace,
-    Namespace objects are renamed, ServiceAccount subjects of bindings follow; kinds unknown to
-    kustomize count as namespaced, as in kustomize), ``labels`` (``pairs``,
-    ``includeSelectors``, ``includeTemplates``) and ``commonLabels``. Objects come out in
-    kustomize's legacy order.
-
-    Parameters
-    ----------
-    directory : pathlib.Path
-        Directory holding ``kustomization.yaml``.
-
-    Returns
-    -------
-    list of dict
-        The rendered objects (fresh copies; the caller may change them).
-
-    Raises
-    ------
-    KustomizeError
-        On a missing file or kustomization, a field outside the supported subset, a remote
-        resource, or two objects with the same identity.
-    """
-    kustomization_file = _find_kustomization(directory)
-    with kustomization_file.open(encoding="utf-8") as handle:
-        kustomization = yaml.safe_load(handle) or {}
-    unsupported = sorted(set(kustomization) - _SUPPORTED_KUSTOMIZATION_KEYS)
-    if unsupported:
-        raise KustomizeError(
-            f"{kustomization_file}: fields {unsupported} are not supported by the built-in "
-            "renderer (mock_kubernetes's RBAC); extend deploy/release_manifests.py"
-        )
-
-    objects: list[Obj] = []
-    for entry in kustomization.get("resources") or []:
-        if "://" in entry or entry.startswith("github.com/"):
-            raise KustomizeError(f"{kustomization_file}: remote resource {entry!r} not supported")
-        path = (directory / entry).resolve()
-        if path.is_dir():
-            objects.extend(build_kustomization(path))
-        elif path.is_file():
-            objects.extend(copy.deepcopy(_load_documents(path)))
-        else:
-            raise KustomizeError(f"{kustomization_file}: resource {entry!r} not found")
-
-    seen: set[tuple[str, str, str, str]] = set()
-    for obj in objects:
-        identity = _object_id(obj)
-        if identity in seen:
-            raise KustomizeError(f"{kustomization_file}: duplicate object {identity}")
-        seen.add(identity)
-
-    if kustomization.get("namespace"):
-        _set_namespace(objects, str(kustomization["namespace"]))
-    for label_set in kustomization.get("labels") or []:
-        _add_labels(
-            objects,
-            {str(k): str(v) for k, v in (label_set.get("pairs") or {}).items()},
-            selectors=bool(label_set.get("includeSelectors", False)),
-            templates=bool(label_set.get("includeTemplates", False)),
-        )
-    if kustomization.get("commonLabels"):
-        _add_labels(
-            objects,
-            {str(k): str(v) for k, v in kustomization["commonLabels"].items()},
-            selectors=True,
-            templates=True,
-        )
-    return sorted(objects, key=_sort_key)
 
 
 def kustomize_command(tool: str | os.PathLike[str] | None = None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from mock_kubernetes.auth import AccessLog, AccessRecord, Identity, User, service_account_user
 from mock_kubernetes.emulator import KubeEmulator
+from mock_kubernetes.faults import Fault, Faults
 from mock_kubernetes.rbac import PolicyRule, RBACAuthorizer, deploy_identity
 from mock_kubernetes.resources import (
     BUILTIN_RESOURCES,
@@ -21,6 +22,8 @@ __all__ = [
     "AccessRecord",
     "ApiError",
     "EmulatedKubernetes",
+    "Fault",
+    "Faults",
     "FieldSelector",
     "Identity",
     "KubeEmulator",

@@ -2,11 +2,12 @@
 
 An :class:`Identity` is a user with a bearer token and an :class:`Authorizer` (``None``: the
 unrestricted admin, like ``system:masters``). Every request is mapped to the attributes the
-API server authorizes (:func:`request_attributes`, after ``k8s.io/apiserver``'s
-``pkg/endpoints/request/requestinfo.go``), decided, and written to an :class:`AccessLog`;
-refusals carry the API server's messages (``pkg/endpoints/handlers/responsewriters/
-errors.go``). :func:`owner_references_admission` is the OwnerReferencesPermissionEnforcement
-admission plugin (``plugin/pkg/admission/gc/gc_admission.go``).
+API server authorizes (:func:`request_attributes`, after
+https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go),
+decided, and written to an :class:`AccessLog`; refusals carry the API server's messages
+(https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go).
+:func:`owner_references_admission` is the OwnerReferencesPermissionEnforcement admission
+plugin (https://github.com/kubernetes/kubernetes/blob/master/plugin/pkg/admission/gc/gc_admission.go).
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def request_attributes(
 
     Notes
     -----
-    Source: ``k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`` (``NewRequestInfo``),
+    Source: ``NewRequestInfo`` of
+    https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go,
     with the prefixes ``api`` (the core group) and ``apis``.
 
     """
@@ -462,9 +464,10 @@ def owner_references_admission(
 
     Notes
     -----
-    Source: ``plugin/pkg/admission/gc/gc_admission.go`` (``Validate``,
-    ``ownerRefToDeleteAttributeRecords``); the ``: , <nil>`` ending of its messages is the
-    RBAC authorizer's empty reason and nil error, as a real API server prints them.
+    Source: ``Validate`` and ``ownerRefToDeleteAttributeRecords`` of
+    https://github.com/kubernetes/kubernetes/blob/master/plugin/pkg/admission/gc/gc_admission.go;
+    the ``: , <nil>`` ending of its messages is the RBAC authorizer's empty reason and nil
+    error, as a real API server prints them.
 
     """
 

@@ -1,7 +1,8 @@
 """CRD validation rules (``x-kubernetes-validations``, CEL), evaluated as the API server does.
 
-Sources: ``k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go`` and the
-Kubernetes documentation "Validation rules" (custom resource definitions). The emulator's store
+Sources: https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go
+and https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules.
+The emulator's store
 (:mod:`mock_kubernetes.store`) and ``tests/unit/test_crds.py`` use this one implementation.
 
 What is evaluated, per schema node holding rules, for every non-null value of the object:

@@ -1,18 +1,35 @@
-"""The HTTP face of the in-memory Kubernetes API: a kmock 0.8 handler serving an ObjectStore."""
+"""The HTTP face of the in-memory Kubernetes API: an aiohttp handler serving an ObjectStore.
+
+:class:`KubeEmulator` is an ``aiohttp.web.Server`` request handler
+(https://docs.aiohttp.org/en/stable/web_lowlevel.html). It authenticates, authorizes and
+routes each request as the API server does (``k8s.io/apiserver``'s request info, see
+:func:`mock_kubernetes.auth.request_attributes`), serves discovery from the store's declared
+resources and every resource request from the store, answers failures with a ``v1 Status``
+(https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/status/) and streams
+watches as one JSON event per line
+(https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
+
+It is written on aiohttp alone, not on kmock (the HTTP mock library with a Kubernetes
+scaffold, https://github.com/nolar/kmock): kmock's public API cannot serve this API. Its URL
+parser refuses ``/api/v1/namespaces/<name>``, its discovery lists the resources of its own
+DSL declarations, and it keeps every request served and matches each new one against all of
+them, with no public way to bound that history (quadratic: 200 objects took minutes). What
+kmock would add besides (error rendering, streaming, a fault-injection DSL) is a few dozen
+lines here; fault injection is :class:`mock_kubernetes.faults.Faults`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import json
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp.web
-import attrs
-import kmock
-from kmock._internal import parsing as _kmock_parsing
 
 from mock_kubernetes.auth import (
     AccessLog,
@@ -23,41 +40,37 @@ from mock_kubernetes.auth import (
     owner_references_admission,
     request_attributes,
 )
+from mock_kubernetes.faults import Faults
 from mock_kubernetes.partition import Partition
 from mock_kubernetes.resources import ResourceDef
 from mock_kubernetes.store import Admit, ApiError, ObjectStore
 
-__all__ = ["KubeEmulator"]
+__all__ = ["KubeEmulator", "Route", "kube_version_priority", "route"]
 
-# kmock 0.8's URL parser fails on `/api/v1/namespaces[/<name>[/status|/finalize]]` (it reads
-# "namespaces" as the namespace prefix of a namespaced resource and raises ValueError, i.e. 500).
-# Its Request parsing calls `parsing.parse_path` through the module, so wrapping that one
-# function is the only way in; every other path goes to the original parser unchanged.
-_NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+)(?:/(status|finalize))?)?/?")
-_original_parse_path = _kmock_parsing.parse_path
-
-
-def _parse_path(path: str) -> Any:
-    match = _NAMESPACE_PATH.fullmatch(path)
-    if match is None:
-        return _original_parse_path(path)
-    return _kmock_parsing.ParsedPath(
-        group="",
-        version="v1",
-        plural="namespaces",
-        namespace=None,
-        name=match.group(1),
-        subresource=match.group(2),
-    )
-
+_log = logging.getLogger(__name__)
 
 _KUBE_VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
+
+#: What ``GET /version`` answers (``version.Info``): a Kubernetes release of the emulator's
+#: era, so that clients that check the server version see a supported one.
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "34",
+    "gitVersion": "v1.34.0+mock-kubernetes",
+    "gitCommit": "",
+    "gitTreeState": "clean",
+    "buildDate": "",
+    "goVersion": "",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 
 
 def kube_version_priority(version: str) -> tuple[int, int, int, str]:
     """Sort key of API versions by Kubernetes priority: ``v2 < v1 < v1beta2 < v1beta1 < v1alpha1``.
 
-    Versions that do not look like Kubernetes versions come last, alphabetically.
+    Versions that do not look like Kubernetes versions come last, alphabetically
+    (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definition-versioning/#version-priority).
     """
     match = _KUBE_VERSION.fullmatch(version)
     if match is None:
@@ -67,9 +80,72 @@ def kube_version_priority(version: str) -> tuple[int, int, int, str]:
     return (rank, -major, -minor, version)
 
 
-_parse_path.__wrapped__ = _original_parse_path  # type: ignore[attr-defined]
-if not hasattr(_kmock_parsing.parse_path, "__wrapped__"):
-    _kmock_parsing.parse_path = _parse_path
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Where a resource request goes: ``/api[s]/<group>/<version>/[namespaces/<ns>/]<plural>...``.
+
+    Attributes
+    ----------
+    group : str
+        API group (``""``: the core group of ``/api``).
+    version : str
+        API version.
+    plural : str
+        Resource.
+    namespace : str or None
+        The namespace of the URL (``None``: cluster-scoped, or all namespaces).
+    name : str or None
+        The object (``None``: the collection).
+    subresource : str or None
+        ``status``, ``finalize``... (``None``: the object itself).
+
+    """
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+def route(path: str) -> Route | None:
+    """Return the resource a URL path names, or ``None`` for other paths (discovery...).
+
+    ``/api/v1/namespaces[/<name>[/status|/finalize]]`` is the Namespace resource itself;
+    ``.../namespaces/<ns>/<plural>...`` is ``<plural>`` in namespace ``<ns>``.
+
+    Parameters
+    ----------
+    path : str
+        The URL path, without the query.
+
+    Returns
+    -------
+    Route or None
+        ``None`` when the path names no resource (``/``, ``/api``, ``/apis/<group>``,
+        ``/apis/<group>/<version>``, ``/version``...).
+
+    """
+    parts = [p for p in path.strip("/").split("/") if p]
+    if len(parts) >= 3 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    namespace_itself = group == "" and len(rest) == 3 and rest[2] in ("status", "finalize")
+    if rest[0] == "namespaces" and len(rest) > 2 and not namespace_itself:
+        namespace, rest = rest[1], rest[2:]
+    return Route(
+        group=group,
+        version=version,
+        plural=rest[0],
+        namespace=namespace,
+        name=rest[1] if len(rest) > 1 else None,
+        subresource="/".join(rest[2:]) or None,
+    )
 
 
 # The API server's warnings of the request being served (``Warning`` response headers); set
@@ -102,29 +178,23 @@ def _status_response(error: ApiError, attributes: RequestAttributes) -> aiohttp.
     return aiohttp.web.json_response(body, status=error.status)
 
 
-def _is_resource_request(request: kmock.Request) -> bool:
-    return request.resource is not None and bool(request.resource.plural)
+def _not_found() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
-def _is_create_request(request: kmock.Request) -> bool:
-    return _is_resource_request(request) and request.name is None and request.method == "POST"
+@dataclasses.dataclass(kw_only=True)
+class KubeEmulator:
+    """An aiohttp request handler that serves an :class:`ObjectStore` with Kubernetes semantics.
 
-
-@attrs.define(kw_only=True)
-class KubeEmulator(kmock.KubernetesScaffold):
-    """A kmock handler that serves an :class:`ObjectStore` with Kubernetes API semantics.
-
-    Discovery (``/api``, ``/apis``, group and group/version lists) describes the store's
-    declared resources; every request on a resource path is served from the store. kmock's DSL
-    still works for fault injection and has priority, e.g. ``emulator['get /api/v1'] << 500``.
+    Discovery (``/``, ``/api``, ``/apis``, group and group/version lists, ``/version``)
+    describes the store's declared resources; every request on a resource path is served from
+    the store; any other path is ``404``. Authentication, the partition, authorization, the
+    latency and injected faults apply, in this order, before a request is served.
 
     Parameters
     ----------
     store : ObjectStore
         The objects and their semantics (created when omitted).
-    history_size : int
-        How many recent requests kmock keeps for assertions (``emulator.requests``-style
-        views); kmock matches each request against its whole history, so it is kept short.
     admin : Identity
         The unrestricted identity (user ``admin`` in ``system:masters``).
     identities : dict of str to Identity
@@ -143,66 +213,46 @@ class KubeEmulator(kmock.KubernetesScaffold):
     partition : Partition
         Identities cut off from the server (their requests hang or are refused while others
         are served): a network partition of one client.
+    faults : Faults
+        Injected failures: chosen authorized requests answered with an error status.
 
     Notes
     -----
-    Extends ``kmock.KubernetesScaffold`` (the stateless part of kmock's Kubernetes support:
-    error rendering as ``v1 Status``, the DSL, streaming) rather than
-    ``kmock.KubernetesEmulator``, whose merge-everything object store would be bypassed
-    entirely. Reaches into kmock 0.8 internals (hence the exact pin) at these places only:
-
-    - the module-level ``parse_path`` wrapper above (namespaces URLs);
-    - the scaffold's discovery methods ``_serve_root/_api/_apis/_group/_version``, overridden
-      to describe the store's resources with their preferred (storage) version;
-    - ``_requests`` of the root and of its reactions (``_payloads``), trimmed to the last
-      ``history_size`` requests: kmock checks each request against its whole history, which
-      made 200 objects take minutes;
-    - ``_errors`` (the accumulated server-side errors, trimmed the same way).
-
-    Authentication and authorization run first, before kmock sees the request (kmock's DSL
-    reactions, fault injection included, apply to authorized requests only). See
-    ``mock_kubernetes/README.md`` for what is emulated and what is not.
+    See ``mock_kubernetes/README.md`` for what is emulated and what is not.
 
     """
 
-    store: ObjectStore = attrs.field(factory=ObjectStore)
-    history_size: int = 4
-    admin: Identity = attrs.field(factory=_admin)
-    identities: dict[str, Identity] = attrs.field(factory=dict)
+    store: ObjectStore = dataclasses.field(default_factory=ObjectStore)
+    admin: Identity = dataclasses.field(default_factory=_admin)
+    identities: dict[str, Identity] = dataclasses.field(default_factory=dict)
     require_token: bool = False
-    access_log: AccessLog = attrs.field(factory=AccessLog)
-    latency: dict[str, float] = attrs.field(factory=dict)
-    partition: Partition = attrs.field(factory=Partition)
+    access_log: AccessLog = dataclasses.field(default_factory=AccessLog)
+    latency: dict[str, float] = dataclasses.field(default_factory=dict)
+    partition: Partition = dataclasses.field(default_factory=Partition)
+    faults: Faults = dataclasses.field(default_factory=Faults)
 
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
+    def __post_init__(self) -> None:
         self.identities[self.admin.token] = self.admin
-        # The API answers a successful create with 201 Created (the kubernetes client's
-        # create_* methods deserialize only a 201); errors carry their own status.
-        # A sub-priority above kmock's own fallbacks (discovery, 404): resource requests are the
-        # bulk of the traffic, so they are matched first; user reactions still come before.
-        fallback = self.fallback**1
-        fallback[_is_create_request] << 201 << self._serve_resource
-        fallback[_is_resource_request] << self._serve_resource
-        # The kubernetes client's discovery calls (ApisApi, CoreApi) ask for "/apis/" and
-        # "/api/" with a trailing slash, which the real API server answers like "/apis".
-        fallback["get /apis/"] << self._serve_apis
-        fallback["get /api/"] << self._serve_api
 
-    async def __call__(self, raw_request: Any) -> Any:
-        """Serve one aiohttp request (the entry point of the aiohttp ``web.Server``)."""
-        limit = self.history_size
-        if len(self._requests) > 2 * limit:
-            del self._requests[:-limit]
-            for payload in self._payloads:
-                del payload._requests[:-limit]
-            if self._errors:
-                del self.errors[:-limit]
-        attributes = request_attributes(raw_request.method, raw_request.path, raw_request.query)
-        identity = self.authenticate(raw_request.headers.get("Authorization"))
+    async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Serve one request (the handler of an ``aiohttp.web.Server``).
+
+        Parameters
+        ----------
+        request : aiohttp.web.BaseRequest
+            The HTTP request.
+
+        Returns
+        -------
+        aiohttp.web.StreamResponse
+            The answer: JSON, a ``v1 Status`` on failure, or a watch stream (already sent).
+
+        """
+        attributes = request_attributes(request.method, request.path, request.query)
+        identity = self.authenticate(request.headers.get("Authorization"))
         if identity is None:
             return _status_response(ApiError(401, "Unauthorized", "Unauthorized"), attributes)
-        await self.partition.admit(identity, raw_request)
+        await self.partition.admit(identity, request)
         allowed, reason = identity.authorize(attributes)
         self.access_log.record(identity.user, attributes, allowed)
         if not allowed:
@@ -210,11 +260,15 @@ class KubeEmulator(kmock.KubernetesScaffold):
         delay = self.latency.get(attributes.verb, 0.0) if attributes.verb != "watch" else 0.0
         if delay > 0:
             await asyncio.sleep(delay)
+        fault = self.faults.take(request.method, request.path)
+        if fault is not None:
+            error = ApiError(fault, Faults.reason(fault), f"injected fault: {fault}")
+            return _status_response(error, attributes)
         warnings: list[str] = []
         token = _WARNINGS.set(warnings)
         requester = _REQUESTER.set((identity, attributes))
         try:
-            response = await super().__call__(raw_request)
+            response = await self._serve(request)
         finally:
             _REQUESTER.reset(requester)
             _WARNINGS.reset(token)
@@ -245,6 +299,64 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return None
         return self.identities.get(token.strip())
 
+    async def _serve(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Answer an authorized request: a resource, discovery, or 404; errors as Status."""
+        target = route(request.path)
+        try:
+            if target is not None:
+                body = await request.read()
+                result = self._dispatch(request, target, body)
+                if isinstance(result, AsyncIterator):
+                    return await self._stream(request, result)
+                created = request.method == "POST" and target.name is None
+                return aiohttp.web.json_response(result, status=201 if created else 200)
+            if request.method not in ("GET", "HEAD"):
+                raise _not_found()
+            return aiohttp.web.json_response(self._discovery(request.path))
+        except ApiError as e:
+            status = e.to_status()
+            if target is not None:
+                status["details"] = e.details or {  # 422 Invalid brings its own (kind, causes)
+                    "name": target.name or "",
+                    "group": target.group,
+                    "kind": target.plural,
+                }
+            return aiohttp.web.json_response(status, status=e.status)
+        except Exception as e:  # a bug of the emulator: tell the client, as a 500 Status
+            _log.exception("the emulator failed to serve %s %s", request.method, request.path)
+            error = ApiError(500, "InternalError", f"the emulator failed: {e!r}")
+            return aiohttp.web.json_response(error.to_status(), status=500)
+
+    @staticmethod
+    async def _stream(
+        request: aiohttp.web.BaseRequest, events: AsyncIterator[dict[str, Any]]
+    ) -> aiohttp.web.StreamResponse:
+        """Send watch events as JSON lines; the headers go at once (a watch may stay silent)."""
+        response = aiohttp.web.StreamResponse(
+            status=200, headers={"Content-Type": "application/json"}
+        )
+        await response.prepare(request)
+        try:
+            try:
+                async for event in events:
+                    await response.write(json.dumps(event).encode() + b"\n")
+            except ConnectionError:
+                return response  # the client went away
+            except Exception as e:  # a bug of the emulator: one ERROR event, then the end
+                _log.exception("the emulator failed during the watch %s", request.path)
+                error = ApiError(500, "InternalError", f"the emulator failed: {e!r}")
+                await response.write(
+                    json.dumps({"type": "ERROR", "object": error.to_status()}).encode() + b"\n"
+                )
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away while the stream ended
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()  # the store forgets the watcher at once
+        return response
+
     # -- discovery ------------------------------------------------------------------------------
 
     def _groups(self) -> dict[str, list[ResourceDef]]:
@@ -269,7 +381,40 @@ class KubeEmulator(kmock.KubernetesScaffold):
             "preferredVersion": {"groupVersion": f"{group}/{preferred}", "version": preferred},
         }
 
-    async def _serve_root(self, request: kmock.Request) -> dict[str, Any]:
+    def _discovery(self, path: str) -> dict[str, Any]:
+        """Answer ``GET`` on a path that names no resource.
+
+        Raises
+        ------
+        ApiError
+            404 for a path that is not discovery, or an API group or version not served.
+
+        """
+        parts = [p for p in path.strip("/").split("/") if p]
+        if not parts:
+            return self._root()
+        if parts == ["version"]:
+            return dict(SERVER_VERSION)
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        if parts == ["apis"]:
+            return {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [self._group_entry(g, d) for g, d in sorted(self._groups().items()) if g],
+            }
+        if len(parts) == 2 and parts[0] == "api":
+            return self._resource_list("", parts[1])
+        if len(parts) == 2 and parts[0] == "apis":
+            defs = self._groups().get(parts[1])
+            if not defs:
+                raise _not_found()
+            return {"kind": "APIGroup", "apiVersion": "v1", **self._group_entry(parts[1], defs)}
+        if len(parts) == 3 and parts[0] == "apis":
+            return self._resource_list(parts[1], parts[2])
+        raise _not_found()
+
+    def _root(self) -> dict[str, Any]:
         paths = {"/api", "/api/v1", "/apis", "/version"}
         for group, defs in self._groups().items():
             if group:
@@ -277,33 +422,10 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 paths.update(f"/apis/{group}/{v}" for d in defs for v in d.versions)
         return {"paths": sorted(paths)}
 
-    async def _serve_api(self, request: kmock.Request) -> dict[str, Any]:
-        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-
-    async def _serve_apis(self, request: kmock.Request) -> dict[str, Any]:
-        return {
-            "kind": "APIGroupList",
-            "apiVersion": "v1",
-            "groups": [self._group_entry(g, d) for g, d in sorted(self._groups().items()) if g],
-        }
-
-    async def _serve_group(self, request: kmock.Request) -> dict[str, Any]:
-        assert request.resource is not None
-        defs = self._groups().get(request.resource.group or "")
-        if not defs or not request.resource.group:
-            raise kmock.KubernetesResourceNotFoundError()
-        return {
-            "kind": "APIGroup",
-            "apiVersion": "v1",
-            **self._group_entry(request.resource.group, defs),
-        }
-
-    async def _serve_version(self, request: kmock.Request) -> dict[str, Any]:
-        assert request.resource is not None
-        group, version = request.resource.group or "", request.resource.version or ""
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
         defs = [d for d in self._groups().get(group, []) if version in d.versions]
         if not defs and group:
-            raise kmock.KubernetesResourceNotFoundError()
+            raise _not_found()
         return {
             "kind": "APIResourceList",
             "apiVersion": "v1",
@@ -313,49 +435,28 @@ class KubeEmulator(kmock.KubernetesScaffold):
 
     # -- resources ------------------------------------------------------------------------------
 
-    async def _serve_resource(self, request: kmock.Request) -> Any:
-        try:
-            return self._dispatch(request)
-        except ApiError as e:
-            resource = request.resource
-            details = e.details or {  # 422 Invalid brings its own (kind, causes)
-                "name": request.name or "",
-                "group": resource.group if resource else "",
-                "kind": resource.plural if resource else "",
-            }
-            raise kmock.KubernetesError(
-                status=e.status, reason=e.reason, message=e.message, details=details
-            ) from None
+    def _dispatch(self, request: aiohttp.web.BaseRequest, target: Route, raw: bytes) -> Any:
+        """Serve a resource request from the store.
 
-    def _dispatch(self, request: kmock.Request) -> Any:
-        resource = request.resource
-        assert resource is not None and resource.plural is not None
-        defn = self.store.resolve(resource.group or "", resource.version, resource.plural)
-        version, ns, name = resource.version, request.namespace, request.name
-        sub = request.subresource
-        method = str(request.method.value).upper()
-        params = request.params
-        warnings = _WARNINGS.get(None)
-        admit = self._admission()
+        Returns
+        -------
+        Any
+            The answer's JSON body, or an async iterator of watch events.
+
+        Raises
+        ------
+        ApiError
+            As the store or the API server answers (404 for an unknown resource or
+            subresource, 405 for a method the path does not take, 400 for a bad body).
+
+        """
+        defn = self.store.resolve(target.group, target.version, target.plural)
+        version, ns, name, sub = target.version, target.namespace, target.name, target.subresource
+        method = request.method.upper()
+        params: Mapping[str, str] = request.query
+        admit, warnings = self._admission(), _WARNINGS.get(None)
         if method == "GET" and params.get("watch") in ("true", "1"):
-            if name is not None:
-                raise ApiError(
-                    405,
-                    "MethodNotAllowed",
-                    "watch a single object with a metadata.name field selector",
-                )
-            timeout = params.get("timeoutSeconds")
-            return self._watch_stream(
-                self.store.watch(
-                    defn,
-                    ns,
-                    resource_version=params.get("resourceVersion"),
-                    label_selector=params.get("labelSelector"),
-                    field_selector=params.get("fieldSelector"),
-                    timeout=float(timeout) if timeout else None,
-                    version=version,
-                )
-            )
+            return self._watch(defn, target, params)
         if name is None:
             if method == "GET":
                 return self.store.list(
@@ -367,11 +468,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 )
             if method == "POST":
                 return self.store.create(
-                    defn, ns, self._body(request), version=version, admit=admit, warnings=warnings
+                    defn, ns, _body(raw), version=version, admit=admit, warnings=warnings
                 )
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
         if sub not in (None, "status"):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise _not_found()
         if method == "GET":
             return self.store.get(defn, ns, name, version=version)
         if method == "PUT":
@@ -379,29 +480,46 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 defn,
                 ns,
                 name,
-                self._body(request),
+                _body(raw),
                 subresource=sub,
                 version=version,
                 admit=admit,
                 warnings=warnings,
             )
         if method == "PATCH":
-            ctype = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
             return self.store.patch(
                 defn,
                 ns,
                 name,
-                ctype,
-                self._body(request, dict_only=False),
+                request.headers.get("Content-Type", ""),
+                _body(raw, dict_only=False),
                 subresource=sub,
                 version=version,
                 admit=admit,
                 warnings=warnings,
             )
         if method == "DELETE" and sub is None:
-            options = self._body(request) if request.body else None
+            options = _body(raw) if raw else None
             return self.store.delete(defn, ns, name, options, version=version)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    def _watch(
+        self, defn: ResourceDef, target: Route, params: Mapping[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
+        if target.name is not None:
+            raise ApiError(
+                405, "MethodNotAllowed", "watch a single object with a metadata.name field selector"
+            )
+        timeout = params.get("timeoutSeconds")
+        return self.store.watch(
+            defn,
+            target.namespace,
+            resource_version=params.get("resourceVersion"),
+            label_selector=params.get("labelSelector"),
+            field_selector=params.get("fieldSelector"),
+            timeout=float(timeout) if timeout else None,
+            version=target.version,
+        )
 
     def _admission(self) -> Admit | None:
         """Return the admission checks of the request being served (restricted identities)."""
@@ -413,18 +531,20 @@ class KubeEmulator(kmock.KubernetesScaffold):
             identity, attributes, self.access_log, self.store.find_kind
         )
 
-    @staticmethod
-    def _body(request: kmock.Request, *, dict_only: bool = True) -> Any:
-        try:
-            body = json.loads(request.body or b"null")
-        except ValueError:
-            raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
-        if dict_only and not isinstance(body, dict):
-            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-        return body
 
-    @staticmethod
-    async def _watch_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[Any]:
-        yield b""  # send the headers now: a watch may stay silent for a long time
-        async for event in events:
-            yield event
+def _body(raw: bytes, *, dict_only: bool = True) -> Any:
+    """Decode a request body (JSON).
+
+    Raises
+    ------
+    ApiError
+        400 when it is not JSON, or (``dict_only``) not a JSON object.
+
+    """
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
+    if dict_only and not isinstance(body, dict):
+        raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+    return body

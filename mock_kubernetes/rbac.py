@@ -1,18 +1,21 @@
 """RBAC for the in-memory Kubernetes API: Roles, ClusterRoles and bindings read from YAML.
 
 :class:`RBACAuthorizer` decides requests as the API server's RBAC authorizer does
-(``plugin/pkg/auth/authorizer/rbac/rbac.go``, ``pkg/apis/rbac/v1/evaluation_helpers.go``):
+(https://github.com/kubernetes/kubernetes/blob/master/plugin/pkg/auth/authorizer/rbac/rbac.go,
+https://github.com/kubernetes/kubernetes/blob/master/pkg/apis/rbac/v1/evaluation_helpers.go):
 ClusterRoleBindings grant everywhere, RoleBindings in their namespace (a Role of that
 namespace or a ClusterRole), subjects are users, groups or ServiceAccounts, rules match verb,
 API group, ``resource[/subresource]`` (``*`` and ``*/<subresource>`` included) and
 ``resourceNames``. :func:`deploy_identity` is the operator's ServiceAccount with the RBAC of
-``deploy/`` (rendered by ``deploy/release_manifests.py``'s built-in kustomize renderer).
+``deploy/``, rendered by kustomize itself (``kubectl kustomize``, through
+``deploy/release_manifests.py``'s :func:`render_kustomization`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +32,7 @@ __all__ = [
     "RBACAuthorizer",
     "deploy_identity",
     "deploy_objects",
+    "kustomize_tool",
     "load_objects",
 ]
 
@@ -271,9 +275,8 @@ def load_objects(*paths: str | Path) -> list[dict[str, Any]]:
     ----------
     *paths : str or pathlib.Path
         A file (every YAML document in it), a directory with a ``kustomization.yaml``
-        (rendered by ``deploy/release_manifests.py``'s built-in renderer: ``resources``,
-        ``namespace``, ``labels``), or another directory (its ``*.yaml`` and ``*.yml`` files,
-        sorted).
+        (rendered by ``kubectl kustomize`` or ``kustomize build``: see :func:`kustomize_tool`),
+        or another directory (its ``*.yaml`` and ``*.yml`` files, sorted).
 
     Returns
     -------
@@ -285,13 +288,17 @@ def load_objects(*paths: str | Path) -> list[dict[str, Any]]:
     FileNotFoundError
         If a path does not exist, or a kustomization must be rendered outside a source
         checkout.
+    Exception
+        ``ReleaseError`` of ``deploy/release_manifests.py`` when a kustomization must be
+        rendered and neither kubectl nor kustomize is found, or it fails.
 
     """
     objects: list[dict[str, Any]] = []
     for item in paths:
         path = Path(item)
         if path.is_dir() and any((path / f).is_file() for f in _KUSTOMIZATION_FILES):
-            objects.extend(_release_manifests().build_kustomization(path))
+            rendered, _ = _release_manifests().render_kustomization(path, kustomize_tool())
+            objects.extend(o for o in rendered if isinstance(o, dict))
         elif path.is_dir():
             for file in sorted([*path.glob("*.yaml"), *path.glob("*.yml")]):
                 objects.extend(_documents(file))
@@ -300,6 +307,21 @@ def load_objects(*paths: str | Path) -> list[dict[str, Any]]:
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
     return objects
+
+
+def kustomize_tool() -> str | None:
+    """Return the kustomize or kubectl binary that renders kustomizations here, or None.
+
+    ``$KUSTOMIZE``, else ``$KUBECTL`` (``make test`` sets it), else the ``kubectl`` beside
+    this Python interpreter (``make kubectl`` puts one in ``.venv/bin``); ``None`` leaves the
+    choice to ``kustomize_command`` of ``deploy/release_manifests.py`` (``kustomize``, then
+    ``kubectl``, on ``PATH``).
+    """
+    chosen = os.environ.get("KUSTOMIZE") or os.environ.get("KUBECTL")
+    if chosen:
+        return chosen
+    beside = Path(sys.executable).parent / "kubectl"
+    return str(beside) if os.access(beside, os.X_OK) else None
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -327,7 +349,7 @@ def _release_manifests() -> ModuleType:
 
 
 def deploy_objects(deploy_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Return the objects of the kustomize install (``deploy/``), rendered without kustomize.
+    """Return the objects of the kustomize install (``deploy/``), rendered by kustomize.
 
     Parameters
     ----------
@@ -339,6 +361,9 @@ def deploy_objects(deploy_dir: str | Path | None = None) -> list[dict[str, Any]]
     ------
     FileNotFoundError
         Outside a source checkout.
+    Exception
+        ``ReleaseError`` of ``deploy/release_manifests.py`` when neither kubectl nor
+        kustomize is found (:func:`kustomize_tool`), or it fails.
 
     """
     return load_objects(deploy_dir or DEPLOY_DIR)
@@ -371,6 +396,9 @@ def deploy_identity(
         If the install has not exactly one Deployment.
     FileNotFoundError
         Outside a source checkout.
+    Exception
+        ``ReleaseError`` of ``deploy/release_manifests.py`` when ``deploy_dir`` must be
+        rendered and neither kubectl nor kustomize is found, or it fails.
 
     """
     rendered = list(objects) if objects is not None else deploy_objects(deploy_dir)

@@ -1,7 +1,8 @@
 """Structural-schema pruning of custom resources, as the API server does on every write.
 
-Source: ``k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning/algorithm.go`` and the
-Kubernetes documentation "Field pruning" (custom resource definitions): fields of a custom
+Sources: https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning/algorithm.go
+and https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#field-pruning:
+fields of a custom
 resource that the ``openAPIV3Schema`` of the version in the request does not specify are
 dropped when the object is decoded (create, update, patch, of the main resource and of the
 ``/status`` subresource alike), and the API server answers with a ``Warning`` header per

@@ -108,7 +108,7 @@ class EmulatedKubernetes:
                 self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
             )
         self.handler = KubeEmulator(store=self.store, require_token=require_token)
-        """The kmock handler: use its DSL to inject faults (``kube.handler['get ...'] << 500``)."""
+        """The request handler: its ``faults``, ``partition`` and ``latency`` shape the answers."""
         for identity in identities:
             self.add_identity(identity)
         self._host = host
@@ -153,7 +153,6 @@ class EmulatedKubernetes:
         self._loop.close()
 
     async def _start(self) -> None:
-        await self.handler.__aenter__()
         runner = await self._listen(self._port)
         host, port = runner.addresses[0][:2]
         self._url = f"http://{host}:{port}"
@@ -184,7 +183,6 @@ class EmulatedKubernetes:
         self.store.close()
         if self._runner is not None:
             await self._runner.cleanup()
-        await self.handler.__aexit__(None, None, None)
 
     def close(self) -> None:
         """Stop the server (idempotent): end watches, close connections, stop the thread."""

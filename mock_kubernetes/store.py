@@ -257,14 +257,15 @@ class ObjectStore:
 
     Notes
     -----
-    Semantics follow ``k8s.io/apiserver`` (``registry/generic/registry/store.go``) and
-    ``apiextensions-apiserver`` (custom resource and status strategies, structural pruning):
+    Semantics follow https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go
+    and ``apiextensions-apiserver`` (custom resource and status strategies, structural pruning:
+    https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiextensions-apiserver/pkg/registry/customresource/strategy.go):
     a global resourceVersion counter, ``generation`` bumped on non-metadata changes,
     optimistic concurrency, finalizers with ``deletionTimestamp``, status subresource
     separation, pruning of fields unknown to the CRD schema of the request's version, the
     CRD's CEL validation rules, no-op writes that change nothing. Namespace lifecycle follows
     the NamespaceLifecycle admission plugin and kube-controller-manager's namespace controller
-    (``pkg/controller/namespace/deletion``).
+    (https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/namespace/deletion).
 
     """
 
@@ -978,7 +979,8 @@ class ObjectStore:
     def _check_namespace_accepts(self, defn: ResourceDef, namespace: str, name: str) -> None:
         """Refuse a create as the NamespaceLifecycle admission plugin does.
 
-        Source: ``plugin/pkg/admission/namespace/lifecycle/admission.go``; the messages are
+        Source: https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle/admission.go;
+        the messages are
         ``errors.NewNotFound`` and ``admission.NewForbidden`` of ``k8s.io/apimachinery``.
         """
         if not self._ns_lifecycle or _NAMESPACES not in self._defs:
@@ -1037,7 +1039,7 @@ class ObjectStore:
     def _sync_namespace(self, namespace: str) -> None:
         """Remove a terminating namespace once empty, else report what is left in it.
 
-        Source: ``pkg/controller/namespace/deletion/namespaced_resources_deleter.go``
+        Source: https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/namespace/deletion/namespaced_resources_deleter.go
         (conditions ``NamespaceContentRemaining`` and ``NamespaceFinalizersRemaining``).
         """
         defn = self._defs.get(_NAMESPACES)

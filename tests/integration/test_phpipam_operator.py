@@ -750,7 +750,7 @@ def test_app_code_token_needs_no_login(sandbox: Sandbox, phpipam: MockPhpipamSer
 
 
 #: Loggers of the test harness (emulated API, mock IPAM, web server), not the operator.
-HARNESS_LOGGERS = ("aiohttp", "mock_phpipam", "mock_infoblox", "mock_kubernetes", "kmock")
+HARNESS_LOGGERS = ("aiohttp", "mock_phpipam", "mock_infoblox", "mock_kubernetes")
 
 
 def test_no_secret_in_events_status_or_logs(

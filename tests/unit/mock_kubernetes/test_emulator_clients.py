@@ -68,16 +68,17 @@ def test_kubeconfig_is_explicit(kube: EmulatedKubernetes, tmp_path: Any) -> None
     assert "default" in names
 
 
-def test_kmock_dsl_injects_faults(kube: EmulatedKubernetes, api: Api) -> None:
-    kube.handler[f"get {WIDGETS_PATH}"][:1] << 503
-    assert api.session.get(kube.url + WIDGETS_PATH, timeout=5).status_code == 503
+def test_injected_faults_answer_the_matching_requests(kube: EmulatedKubernetes, api: Api) -> None:
+    kube.handler.faults.inject("GET", WIDGETS_PATH, 503)
+    response = api.session.get(kube.url + WIDGETS_PATH, timeout=5)
+    assert response.status_code == 503
+    assert response.json()["reason"] == "ServiceUnavailable"
     assert api("GET", WIDGETS_PATH)[0] == 200  # the fault was served once
-
-
-def test_request_history_stays_short(kube: EmulatedKubernetes, api: Api) -> None:
-    for i in range(100):
-        api("POST", WIDGETS_PATH, widget(f"w{i}"))
-    assert len(list(kube.handler)) <= 2 * kube.handler.history_size + 1
+    kube.handler.faults.inject(None, WIDGETS_PATH, 500, times=None)
+    assert [api("GET", WIDGETS_PATH)[0] for _ in range(3)] == [500, 500, 500]
+    assert api("GET", "/api/v1/namespaces/default/secrets")[0] == 200  # another path
+    kube.handler.faults.clear()
+    assert api("GET", WIDGETS_PATH)[0] == 200
 
 
 def test_concurrent_read_modify_write_loses_no_update(kube: EmulatedKubernetes) -> None:

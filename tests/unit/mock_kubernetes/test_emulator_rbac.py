@@ -8,6 +8,8 @@ messages, and every decision is in ``kube.access_log``.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ from mock_kubernetes.rbac import (
     RBACAuthorizer,
     deploy_identity,
     deploy_objects,
+    kustomize_tool,
+    load_objects,
 )
 
 SA = service_account_user("tools", "robot")
@@ -502,6 +506,33 @@ def cluster_role_rules() -> list[dict[str, Any]]:
         (role,) = [d for d in yaml.safe_load_all(handle) if d and d["kind"] == "ClusterRole"]
     rules: list[dict[str, Any]] = role["rules"]
     return rules
+
+
+def test_deploy_objects_are_what_kubectl_kustomize_renders() -> None:
+    tool = kustomize_tool() or shutil.which("kubectl")
+    assert tool, "kubectl: `make kubectl` (make test passes KUBECTL)"
+    command = [tool, "build"] if Path(tool).name.startswith("kustomize") else [tool, "kustomize"]
+    output = subprocess.run(
+        [*command, str(DEPLOY_DIR)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert deploy_objects() == [d for d in yaml.safe_load_all(output) if d is not None]
+
+
+def test_deploy_objects_need_kubectl_or_kustomize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("KUSTOMIZE", "KUBECTL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("sys.executable", str(tmp_path / "python"))
+    assert kustomize_tool() is None
+    with pytest.raises(Exception, match="make kubectl"):
+        deploy_objects()
+    # RBAC files without a kustomization need no tool.
+    (tmp_path / "role.yaml").write_text(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: r}\n"
+    )
+    assert [o["kind"] for o in load_objects(tmp_path)] == ["ClusterRole"]
 
 
 def test_deploy_identity_is_the_deployments_service_account_with_deploys_rbac() -> None:

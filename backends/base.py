@@ -258,7 +258,7 @@ class IPAMBackend(Protocol):
         other tools and people, and reservations of ours (`RESERVED_HOSTNAMES`) included.
 
         One list request per subnet (phpIPAM ``GET subnets/{id}/addresses/``; WAPI the
-        pool's records in the network, paged).
+        pool's entries in the network, paged).
         """
         ...
 

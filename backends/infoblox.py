@@ -67,7 +67,7 @@ ZERO_MAC = "00:00:00:00:00:00"
 MAX_COMMENT = 256
 #: Page size of paged searches (WAPI's default ``_max_results`` is -1000: an error above 1000).
 PAGE_SIZE = 1000
-#: Most networks one pool may list (``spec.subnets``, DESIGN section 3).
+#: Most networks one pool may list (``spec.subnets``, as the CRD allows).
 MAX_SUBNETS = 32
 #: Namespace of the deterministic DUID-UUID (RFC 6355) given to IPv6 fixed addresses.
 _DUID_NAMESPACE = uuid.UUID("4a6f1c52-7b0e-4d5c-9a43-6d1f0b2c8e11")
@@ -174,11 +174,11 @@ class InfobloxConfig:
     dns_view:
         DNS view of host records created in DNS (only used together with ``dns_zone``).
     dns_zone:
-        With a zone (host records only) the record is ``<hostname>.<zone>`` with
+        With a zone (host records only) the entry is ``<hostname>.<zone>`` with
         ``configure_for_dns: true`` in ``dns_view``; without, ``configure_for_dns: false``
-        and the record lives only in ``network_view``.
+        and the entry lives only in ``network_view``.
     extensible_attributes:
-        Extensible attributes (EA name -> value) stamped on every record; each EA must be
+        Extensible attributes (EA name -> value) stamped on every entry; each EA must be
         defined in the grid.
     verify:
         TLS verification: True (default), False (off: ``insecureSkipVerify``).
@@ -316,16 +316,16 @@ class _Net:
 
 @dataclass(frozen=True)
 class _Entry:
-    """One address of a record, as a search or a listing found it."""
+    """One address of an entry (a host record or a fixed address), as WAPI listed it."""
 
     address: IPAddr
     ref: str
     net: _Net
-    #: The record's ``name`` as stored (host records in DNS: the FQDN).
+    #: The WAPI object's ``name`` as stored (host records in DNS: the FQDN).
     name: str
     comment: str
-    #: For host records: the whole record (to rewrite its address lists).
-    record: Mapping[str, Any] | None = None
+    #: For host records: the whole host record (to rewrite its address lists).
+    host_record: Mapping[str, Any] | None = None
 
     @property
     def quarantined_until(self) -> float | None:
@@ -340,9 +340,11 @@ class InfobloxBackend:
     networks (``config.subnets``, 1-32, IPv4 and IPv6 may mix) are served in order: a new
     claim gets the next available IP of the first network that has one. Addresses come from
     next-available-IP inside the create request, so WAPI picks and writes the address in
-    one step (backends.md B.5; never the racy ``_function=next_available_ip`` followed by a
-    create, ansible#45218): ``func:nextavailableip:<cidr>,<network view>``, or, when the
-    network has a gateway, the object-function form that excludes it
+    one step (WAPI documentation, https://ipam.illinois.edu/wapidoc/, "Function calls";
+    never the racy ``_function=next_available_ip`` followed by a create,
+    https://github.com/ansible/ansible/issues/45218):
+    ``func:nextavailableip:<cidr>,<network view>``, or, when the network has a gateway, the
+    object-function form that excludes it
     (``{"_object_function": "next_available_ip", "_object": "network"|"ipv6network",
     "_object_parameters": {"network", "network_view"}, "_result_field": "ips",
     "_parameters": {"num": 1, "exclude": [<gateway>...]}}``; infoblox-go-client
@@ -353,12 +355,12 @@ class InfobloxBackend:
 
     Never handed out to a claim: the gateway of each network (its override and its
     ``routers`` option, read again before every create) and, for IPv4 below /31, the
-    network and broadcast addresses. Should WAPI still return one, the record just created
+    network and broadcast addresses. Should WAPI still return one, the entry just created
     is deleted and the attempt fails with `BackendUnavailableError` (retried by the policy);
-    a record of the hostname at such an address is removed before a new one is created,
+    an entry of the hostname at such an address is removed before a new one is created,
     never adopted.
 
-    Quarantine (`release` with ``quarantine_until``): the record is renamed
+    Quarantine (`release` with ``quarantine_until``): the entry is renamed
     ``quarantined.<name>`` and its ``comment`` becomes `backends.base.quarantine_mark`
     (``PUT <_ref>``); it keeps its address, so next-available-IP skips it, until
     `purge_quarantined` deletes it.
@@ -464,7 +466,7 @@ class InfobloxBackend:
             IPv6 below /127 (next-available-IP hands none of them out); ``used`` counts
             every address inside a ``range``/``ipv6range`` (next-available-IP never hands
             those out, used or not), plus, outside the ranges, addresses WAPI reports
-            ``USED`` (records of anyone, quarantined ones included) and a gateway nothing
+            ``USED`` (entries of anyone, quarantined ones included) and a gateway nothing
             registers; ``free = max(total - used, 0)``.
 
         Raises
@@ -483,7 +485,7 @@ class InfobloxBackend:
 
         Host mode: one search by name, ``GET record:host?name=<fqdn>&view=<dns view>`` when
         the pool has a DNS zone, else ``GET record:host?name=<hostname>&network_view=<view>``
-        (records outside DNS have no DNS view, WAPI reports ``view: " "``); the name is
+        (entries outside DNS have no DNS view, WAPI reports ``view: " "``); the name is
         lower-cased, as NIOS stores DNS names. Fixed-address mode: ``name`` is not a search
         field of ``fixedaddress``/``ipv6fixedaddress`` (WAPI 2.12 schema), so
         ``GET ipv4address|ipv6address?names=<hostname>&network_view=<view>`` (``names`` is
@@ -491,7 +493,7 @@ class InfobloxBackend:
         each object (``objects``), and each fixed address among them is read with
         ``GET <_ref>`` (only those whose ``name`` is exactly ``hostname`` count; IPv6 only
         when the pool has an IPv6 network). Only addresses inside the
-        pool's networks count; quarantined records (a `backends.base.quarantine_mark`
+        pool's networks count; quarantined entries (a `backends.base.quarantine_mark`
         comment) and gateway, network or broadcast addresses are ignored; of several, the
         first network's, then the lowest address wins (WAPI exposes no creation order).
 
@@ -503,9 +505,9 @@ class InfobloxBackend:
         Returns
         -------
         Allocation or None
-            ``hostname`` is the key given; ``ref`` the WAPI ``_ref`` of the record;
+            ``hostname`` is the key given; ``ref`` the WAPI ``_ref`` of the entry;
             ``subnet``, ``prefix``, ``gateway`` those of the address's network;
-            ``description`` the record's ``comment``.
+            ``description`` the entry's ``comment``.
 
         Raises
         ------
@@ -542,16 +544,16 @@ class InfobloxBackend:
         Parameters
         ----------
         hostname:
-            The claim's key; with a DNS zone the record is ``<hostname>.<zone>``.
+            The claim's key; with a DNS zone the entry is ``<hostname>.<zone>``.
         description:
-            Provenance, stored as the record's ``comment``.
+            Provenance, stored as the entry's ``comment``.
         address:
             A requested IPv4 or IPv6 address, or None for the next available one.
 
         Returns
         -------
         Allocation
-            The address, its network's prefix, gateway and CIDR, ``hostname``, the record's
+            The address, its network's prefix, gateway and CIDR, ``hostname``, the entry's
             ``_ref`` and comment.
 
         Raises
@@ -567,8 +569,8 @@ class InfobloxBackend:
             A network tried does not exist in the network view.
         InvalidRequestError
             An undefined extensible attribute, or (host mode) the name is already used in
-            the view by a record that holds no address of the pool: a person must rename
-            or remove that record.
+            the view by a DNS record that holds no address of the pool: a person must rename
+            or remove that DNS record.
         ConflictError
             A lost race for an address (retried by the policy, which looks up again first):
             a ``Client.Ibap.Data.Conflict`` whose text says "already exists" / "already in
@@ -595,11 +597,11 @@ class InfobloxBackend:
         ``quarantined.<name>`` and ``comment`` ``quarantine_mark(quarantine_until, <former
         comment>)`` (cut to 256 characters, the mark kept). When a quarantined host record
         of that name already exists in the view (host names are unique), the addresses are
-        added to it (its quarantine then ends at the later of both times) and this record is
+        added to it (its quarantine then ends at the later of both times) and this entry is
         deleted. A host record holding addresses outside the pool only loses the pool's
         addresses, without quarantine (logged).
 
-        Quarantined records are never touched (they are not found by name).
+        Quarantined entries are never touched (they are not found by name).
 
         Returns
         -------
@@ -617,20 +619,20 @@ class InfobloxBackend:
         )
 
     def purge_quarantined(self, now: float) -> list[str]:
-        """Delete the quarantined records of the pool's networks whose quarantine ended.
+        """Delete the quarantined entries of the pool's networks whose quarantine ended.
 
         Host mode: one paged search for the quarantined host records of the pool's view,
         ``GET record:host?name~=^quarantined[.]&view=<dns view>`` (``network_view=<view>``
         without a DNS zone; ``name`` is searchable, with the regular-expression modifier),
-        whatever the number of live records. Fixed-address mode: each network's fixed
-        addresses as `entries` lists them. Then ``DELETE <_ref>`` for each record of the
+        whatever the number of live entries. Fixed-address mode: each network's fixed
+        addresses as `entries` lists them. Then ``DELETE <_ref>`` for each entry of the
         pool's networks whose `backends.base.quarantined_until` is ``<= now`` (Unix time,
-        seconds). Idempotent: a record already gone is success.
+        seconds). Idempotent: an entry already gone is success.
 
         Returns
         -------
         list of str
-            The addresses (of the pool's networks) the deleted records held.
+            The addresses (of the pool's networks) the deleted entries held.
 
         Raises
         ------
@@ -640,23 +642,23 @@ class InfobloxBackend:
         return self._transport.call("purge_quarantined", lambda: self._purge_once(now))
 
     def entries(self) -> list[Allocation]:
-        """Return every record address in the pool's networks, whoever registered it.
+        """Return every entry in the pool's networks, whoever registered it.
 
         Per network, paged (``_paging=1``, 1000 a page): fixed-address mode ``GET
         fixedaddress|ipv6fixedaddress?network=<cidr>&network_view=<view>``; host mode
         ``GET ipv4address|ipv6address?network=<cidr>&network_view=<view>&status=USED&
         _return_fields=ip_address,objects`` (``network`` is not a search field of
         ``record:host`` at WAPI 2.12), then ``GET <_ref>?_return_fields=name,view,comment,
-        ipv4addrs,ipv6addrs`` for each host record named in ``objects`` (once per record).
+        ipv4addrs,ipv6addrs`` for each host record named in ``objects`` (once per host record).
         Objects of other types (A records, leases, fixed addresses in host mode) are not
         listed.
 
         Returns
         -------
         list of Allocation
-            Per network in the pool's order, by address: ``hostname`` is the record name
+            Per network in the pool's order, by address: ``hostname`` is the entry name
             without the pool's DNS zone (``quarantined.<hostname>`` for quarantined
-            records), ``description`` the ``comment``, ``quarantined_until`` from the mark,
+            entries), ``description`` the ``comment``, ``quarantined_until`` from the mark,
             ``subnet``, ``prefix`` and ``gateway`` those of the network (the gateway needs
             the network's ``routers`` option, read once).
 
@@ -768,12 +770,12 @@ class InfobloxBackend:
             log.debug("infoblox: %s already holds %s", hostname, existing.address)
             return existing
         if live:
-            # Only addresses that are never assigned (a record left by an older version, or
-            # by an attempt interrupted below): ours to remove, never to adopt.
+            # Only addresses that are never assigned (an entry left by an attempt interrupted
+            # below, or by a client that did not skip them): ours to remove, never to adopt.
             self._remove_entries(hostname, live)
         full: SubnetExhaustedError | None = None
         for net in self._nets:
-            # The routers option as it is now: what next-available-IP must skip.
+            # The routers option as WAPI holds it: what next-available-IP must skip.
             routers = self._refresh_gateway(net)
             value = self._next_available(net, self._gateways(net, routers))
             try:
@@ -786,7 +788,7 @@ class InfobloxBackend:
                 self._remove_entries(hostname, [entry])
                 raise BackendUnavailableError(
                     f"WAPI handed out {entry.address} of {net.cidr}, which is never assigned "
-                    "(the gateway, network or broadcast address); the record was removed"
+                    "(the gateway, network or broadcast address); the entry was removed"
                 )
             allocation = self._allocation(hostname, entry)
             log.info("infoblox: allocated %s to %s in %s", allocation.address, hostname, net.cidr)
@@ -877,7 +879,7 @@ class InfobloxBackend:
     def _create_or_explain(
         self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
     ) -> _Entry:
-        """Create the record; turn WAPI's errors into what they mean for this pool."""
+        """Create the entry; turn WAPI's errors into what they mean for this pool."""
         try:
             return self._create(hostname, description, net, value)
         except ConflictError as exc:
@@ -887,7 +889,7 @@ class InfobloxBackend:
             if again:
                 # Another writer registered the same name meanwhile.
                 return again[0]
-            name = self._record_name(hostname)
+            name = self._wapi_name(hostname)
             if name.lower() in exc.message.lower():
                 raise InvalidRequestError(
                     f"the name {name!r} is already used by another record in "
@@ -915,17 +917,17 @@ class InfobloxBackend:
         return True
 
     def _quarantine(self, hostname: str, entries: list[_Entry], until: float) -> None:
-        """Rename and mark the records of ``entries`` (see `release`)."""
+        """Rename and mark the WAPI objects of ``entries`` (see `release`)."""
         for ref, group in _by_ref(entries).items():
             first = group[0]
-            if first.record is not None and self._has_other_addresses(first.record):
+            if first.host_record is not None and self._has_other_addresses(first.host_record):
                 log.warning(
                     "infoblox: %s also holds addresses outside the pool; releasing %s from "
                     "it without quarantine",
                     first.name,
                     ", ".join(str(e.address) for e in group),
                 )
-                self._remove_addresses(ref, first.record)
+                self._remove_addresses(ref, first.host_record)
                 continue
             name = QUARANTINE_PREFIX + first.name
             body = {"name": name, "comment": quarantine_mark(until, first.comment)[:MAX_COMMENT]}
@@ -935,7 +937,7 @@ class InfobloxBackend:
                 log.debug("infoblox: %s was already gone", ref)
                 continue
             except ConflictError:
-                if first.record is None:
+                if first.host_record is None:
                     raise
                 self._merge_quarantined(first, name, until)
             log.info(
@@ -946,21 +948,21 @@ class InfobloxBackend:
             )
 
     def _merge_quarantined(self, entry: _Entry, name: str, until: float) -> None:
-        """Add a host record's addresses to the quarantined record ``name``; delete it."""
+        """Add a host record's addresses to the quarantined host record ``name``; delete it."""
         params = [("name", name), *self._host_scope(), ("_return_fields", _HOST_FIELDS)]
         found = self._get_list("record:host", params)
-        record = entry.record
-        if not found or record is None:
+        host_record = entry.host_record
+        if not found or host_record is None:
             raise ConflictError(f"WAPI refused to rename {entry.name} to {name}; retrying")
         target = found[0]
         later = max(until, quarantined_until(str(target.get("comment") or "")) or 0.0)
         body: dict[str, Any] = {
-            "comment": quarantine_mark(later, str(record.get("comment") or ""))[:MAX_COMMENT]
+            "comment": quarantine_mark(later, str(host_record.get("comment") or ""))[:MAX_COMMENT]
         }
         for family in ("ipv4", "ipv6"):
             # By address: a repeat after a lost answer must not add an address twice.
             items: dict[str, dict[str, Any]] = {}
-            for source in (target, record):
+            for source in (target, host_record):
                 for item in source.get(f"{family}addrs") or []:
                     if isinstance(item, dict):
                         items.setdefault(
@@ -1005,15 +1007,15 @@ class InfobloxBackend:
         return out
 
     def _remove_entries(self, hostname: str, entries: list[_Entry]) -> None:
-        """Delete the records of ``entries``.
+        """Delete the WAPI objects of ``entries``.
 
         A host record that also holds addresses outside the pool keeps them: only the pool's
         addresses are removed from it.
         """
         for ref, group in _by_ref(entries).items():
-            record = group[0].record
-            if record is not None and self._has_other_addresses(record):
-                self._remove_addresses(ref, record)
+            host_record = group[0].host_record
+            if host_record is not None and self._has_other_addresses(host_record):
+                self._remove_addresses(ref, host_record)
             else:
                 self._delete(ref)
             log.info(
@@ -1031,9 +1033,9 @@ class InfobloxBackend:
         return [("network_view", self.config.network_view)]
 
     def _search(self, hostname: str) -> list[_Entry]:
-        """Every address of the pool's networks held by records named ``hostname``."""
+        """Every entry of the pool's networks named ``hostname``."""
         if self.config.record_type == "host":
-            params = [("name", self._record_name(hostname)), *self._host_scope()]
+            params = [("name", self._wapi_name(hostname)), *self._host_scope()]
             params.append(("_return_fields", _HOST_FIELDS))
             return self._host_entries(self._get_list("record:host", params), None)
         entries: list[_Entry] = []
@@ -1050,13 +1052,12 @@ class InfobloxBackend:
                 ],
             )
             fields = f"name,comment,{addr_field},network_view"
-            records = [
-                record
+            objects = [
+                obj
                 for ref in self._object_refs(found, fixed_type)
-                if (record := self._read(ref, fields)) is not None
-                and record.get("name") == hostname
+                if (obj := self._read(ref, fields)) is not None and obj.get("name") == hostname
             ]
-            entries.extend(self._fixed_entries(records, addr_field, None))
+            entries.extend(self._fixed_entries(objects, addr_field, None))
         return entries
 
     def _object_refs(self, items: Iterable[Mapping[str, Any]], obj_type: str) -> list[str]:
@@ -1085,7 +1086,7 @@ class InfobloxBackend:
         return answer if isinstance(answer, dict) and "_ref" in answer else None
 
     def _list_network(self, net: _Net) -> list[_Entry]:
-        """Every record address in ``net`` (see `entries`)."""
+        """Every entry in ``net`` (see `entries`)."""
         scope = [("network", net.cidr), ("network_view", self.config.network_view)]
         if self.config.record_type == "host":
             # ``network`` is not a search field of record:host at WAPI 2.12: the address
@@ -1094,21 +1095,22 @@ class InfobloxBackend:
                 net.address_type,
                 [*scope, ("status", "USED"), ("_return_fields", "ip_address,objects")],
             )
-            records = [
-                record
+            host_records = [
+                host_record
                 for ref in self._object_refs(used, "record:host")
-                if (record := self._read(ref, _HOST_FIELDS)) is not None
+                if (host_record := self._read(ref, _HOST_FIELDS)) is not None
             ]
-            return self._host_entries(records, net)
+            return self._host_entries(host_records, net)
         fixed_type, addr_field = _fixed_names(net.v6)
         fields = ("_return_fields", f"name,comment,{addr_field},network_view")
         return self._fixed_entries(list(self._paged(fixed_type, [*scope, fields])), addr_field, net)
 
-    def _host_entries(self, records: list[dict[str, Any]], only: _Net | None) -> list[_Entry]:
+    def _host_entries(self, host_records: list[dict[str, Any]], only: _Net | None) -> list[_Entry]:
+        """Return an entry per address of each host record (in ``only``, else in the pool)."""
         entries = []
-        for record in records:
+        for host_record in host_records:
             for family in ("ipv4", "ipv6"):
-                for item in record.get(f"{family}addrs") or []:
+                for item in host_record.get(f"{family}addrs") or []:
                     if not isinstance(item, dict):
                         continue
                     address = _parse_address(item.get(f"{family}addr"))
@@ -1118,31 +1120,32 @@ class InfobloxBackend:
                     entries.append(
                         _Entry(
                             address=address,
-                            ref=str(record["_ref"]),
+                            ref=str(host_record["_ref"]),
                             net=net,
-                            name=str(record.get("name") or ""),
-                            comment=str(record.get("comment") or ""),
-                            record=record,
+                            name=str(host_record.get("name") or ""),
+                            comment=str(host_record.get("comment") or ""),
+                            host_record=host_record,
                         )
                     )
         return entries
 
     def _fixed_entries(
-        self, records: list[dict[str, Any]], addr_field: str, only: _Net | None
+        self, objects: list[dict[str, Any]], addr_field: str, only: _Net | None
     ) -> list[_Entry]:
+        """Return an entry per fixed address (in ``only``, else in the pool's networks)."""
         entries = []
-        for record in records:
-            address = _parse_address(record.get(addr_field))
+        for obj in objects:
+            address = _parse_address(obj.get(addr_field))
             net = self._net_of(address) if address is not None else None
             if address is None or net is None or (only is not None and net is not only):
                 continue
             entries.append(
                 _Entry(
                     address=address,
-                    ref=str(record["_ref"]),
+                    ref=str(obj["_ref"]),
                     net=net,
-                    name=str(record.get("name") or ""),
-                    comment=str(record.get("comment") or ""),
+                    name=str(obj.get("name") or ""),
+                    comment=str(obj.get("comment") or ""),
                 )
             )
         return entries
@@ -1151,13 +1154,13 @@ class InfobloxBackend:
         self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
     ) -> _Entry:
         body: dict[str, Any] = {
-            "name": self._record_name(hostname),
+            "name": self._wapi_name(hostname),
             "comment": description[:MAX_COMMENT],
         }
         family = net.family
         if self.config.record_type == "host":
             body[f"{family}addrs"] = [{f"{family}addr": value, "configure_for_dhcp": False}]
-            # The record's own network_view places it: the view named in
+            # The entry's own network_view places it: the view named in
             # func:nextavailableip only picks the address.
             body["network_view"] = self.config.network_view
             if self.config.dns_zone:
@@ -1232,11 +1235,11 @@ class InfobloxBackend:
         except _RefNotFoundError:
             log.debug("infoblox: %s was already gone", ref)
 
-    def _remove_addresses(self, ref: str, record: Mapping[str, Any]) -> None:
+    def _remove_addresses(self, ref: str, host_record: Mapping[str, Any]) -> None:
         """``PUT`` the host record with only its addresses outside the pool's networks."""
         body: dict[str, Any] = {}
         for family in ("ipv4", "ipv6"):
-            items = record.get(f"{family}addrs")
+            items = host_record.get(f"{family}addrs")
             if not items:
                 continue
             kept = []
@@ -1252,7 +1255,7 @@ class InfobloxBackend:
             log.debug("infoblox: %s was already gone", ref)
 
     def _get_network(self, net: _Net) -> dict[str, Any]:
-        records = self._get_list(
+        networks = self._get_list(
             net.network_type,
             [
                 ("network", net.cidr),
@@ -1260,9 +1263,9 @@ class InfobloxBackend:
                 ("_return_fields", "network,network_view,options"),
             ],
         )
-        if not records:
+        if not networks:
             raise self._subnet_not_found(net)
-        return records[0]
+        return networks[0]
 
     def _network_missing(self, net: _Net) -> bool:
         try:
@@ -1367,8 +1370,8 @@ class InfobloxBackend:
                 return net
         return None
 
-    def _record_name(self, hostname: str) -> str:
-        """Return the record name of a claim's key (host records lower-cased, as NIOS stores)."""
+    def _wapi_name(self, hostname: str) -> str:
+        """Return the WAPI ``name`` of a claim's key (host records lower-cased, as NIOS stores)."""
         if self.config.record_type == "host" and self.config.dns_zone:
             return f"{hostname}.{self.config.dns_zone}".lower()
         if self.config.record_type == "host":
@@ -1376,7 +1379,7 @@ class InfobloxBackend:
         return hostname
 
     def _hostname_of(self, name: str) -> str:
-        """Return a record name without the pool's DNS zone (the inverse of `_record_name`)."""
+        """Return a WAPI ``name`` without the pool's DNS zone (the inverse of `_wapi_name`)."""
         zone = self.config.dns_zone
         if self.config.record_type == "host" and zone and name.lower().endswith("." + zone.lower()):
             return name[: -len(zone) - 1]
@@ -1391,9 +1394,10 @@ class InfobloxBackend:
         nets = ", ".join(net.cidr for net in self._nets)
         return f"{nets} in network view {self.config.network_view!r}"
 
-    def _has_other_addresses(self, record: Mapping[str, Any]) -> bool:
+    def _has_other_addresses(self, host_record: Mapping[str, Any]) -> bool:
+        """Return True when a host record holds an address outside the pool's networks."""
         for family in ("ipv4", "ipv6"):
-            for item in record.get(f"{family}addrs") or []:
+            for item in host_record.get(f"{family}addrs") or []:
                 address = _parse_address(item.get(f"{family}addr"))
                 if address is None or self._net_of(address) is None:
                     return True
@@ -1454,9 +1458,9 @@ class InfobloxBackend:
     def _next_available(self, net: _Net, exclude: frozenset[IPAddr]) -> str | dict[str, Any]:
         """Return the address value of a create, from which WAPI picks the address itself.
 
-        Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (B.5 form 1);
-        with them the object-function form (B.5 form 2), the only single-call way to
-        exclude addresses.
+        Without exclusions the ``func:nextavailableip:<cidr>,<view>`` string (WAPI's
+        function-call form); with them the object-function form (``_object_function``,
+        https://ipam.illinois.edu/wapidoc/), the only single-call way to exclude addresses.
         """
         if not exclude:
             return f"func:nextavailableip:{net.cidr},{self.config.network_view}"
@@ -1726,7 +1730,7 @@ def _duid_for(hostname: str) -> str:
 
 
 def _by_ref(entries: list[_Entry]) -> dict[str, list[_Entry]]:
-    """Group entries by their record's ``_ref`` (a host record may hold several addresses)."""
+    """Group entries by their WAPI object's ``_ref`` (a host record may hold several addresses)."""
     groups: dict[str, list[_Entry]] = {}
     for entry in entries:
         groups.setdefault(entry.ref, []).append(entry)

@@ -67,32 +67,34 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: rejects longer values with a 500, so descriptions are cut to this many characters.
 DESCRIPTION_MAX_CHARS: Final = 64
 
-#: How many subnets one pool may list (``spec.subnets``, DESIGN section 3).
+#: How many subnets one pool may list (``spec.subnets``, as the CRD allows).
 MAX_SUBNETS: Final = 32
 
 #: Hostname given to the IPv6 subnet-router anycast address (``prefix::``) that phpIPAM hands
-#: out as the first "free" address of an IPv6 subnet (phpipam#3676); the row is kept so
-#: that phpIPAM never offers the address again.
+#: out as the first "free" address of an IPv6 subnet
+#: (https://github.com/phpipam/phpipam/issues/3676); the entry is kept so that phpIPAM never
+#: offers the address again.
 RESERVED_NETWORK_HOSTNAME: Final = "ipam-bridge-reserved-network-address"
 
-#: Description stored with that row (at most `DESCRIPTION_MAX_CHARS` characters).
+#: Description stored with that entry (at most `DESCRIPTION_MAX_CHARS` characters).
 RESERVED_NETWORK_DESCRIPTION: Final = (
     "ipam-bridge: IPv6 subnet-router anycast address, never assign"
 )
 
-#: Hostname of the row that keeps a gateway phpIPAM holds no row for (the pool's ``gateway``
-#: override) out of first-free: phpIPAM skips registered addresses only (backends.md A.5),
+#: Hostname of the entry that keeps a gateway phpIPAM holds no entry for (the pool's ``gateway``
+#: override) out of first-free: phpIPAM skips registered addresses only
+#: (``Addresses::get_first_available_address``, https://github.com/phpipam/phpipam/blob/master/functions/classes/class.Addresses.php),
 #: so an unregistered gateway would be handed to a node.
 RESERVED_GATEWAY_HOSTNAME: Final = "ipam-bridge-reserved-gateway"
 
-#: Description stored with the gateway row.
+#: Description stored with the gateway entry.
 RESERVED_GATEWAY_DESCRIPTION: Final = "ipam-bridge: the subnet's gateway, never assign"
 
 #: Hostname given to an IPv4 broadcast address phpIPAM handed out (only a subnet flagged
-#: "is pool" does, backends.md A.5); the IPv4 network address gets `RESERVED_NETWORK_HOSTNAME`.
+#: "is pool" does); the IPv4 network address gets `RESERVED_NETWORK_HOSTNAME`.
 RESERVED_BROADCAST_HOSTNAME: Final = "ipam-bridge-reserved-broadcast-address"
 
-#: Every hostname under which this client keeps an address out of first-free. Rows under
+#: Every hostname under which this client keeps an address out of first-free. Entries under
 #: these names are never a claim's address (`PHPIPAMBackend.find` never returns them, and a
 #: release never deletes them).
 RESERVED_HOSTNAMES: Final = frozenset(
@@ -127,7 +129,7 @@ def _check_prefix(prefix: int | None, network: IPNetwork | None, where: str) -> 
 def _normalise_ref(
     ref: SubnetRef, gateway: str | None, prefix: int | None, where: str
 ) -> SubnetRef:
-    """Validate one subnet entry; fold the pool-wide ``gateway``/``prefix`` defaults in."""
+    """Validate one item of ``subnets``; fold the pool-wide ``gateway``/``prefix`` defaults in."""
     if ref.cidr is None and ref.subnet_id is None:
         raise ValueError(f"{where}set cidr or subnet_id")
     if ref.subnet_id is not None and (isinstance(ref.subnet_id, bool) or ref.subnet_id <= 0):
@@ -167,9 +169,9 @@ class PHPIPAMConfig:
     app_id:
         The phpIPAM API app id (Administration > API).
     subnets:
-        The pool's subnets in order (1 to `MAX_SUBNETS` `SubnetRef` entries, each naming
+        The pool's subnets in order (1 to `MAX_SUBNETS` `SubnetRef` items, each naming
         one subnet by ``subnet_id`` or by ``cidr``, with optional ``gateway`` and ``prefix``
-        overrides; an entry with both is the subnet of that id, which must have that CIDR,
+        overrides; an item with both is the subnet of that id, which must have that CIDR,
         else `SubnetNotFoundError`). A claim gets the first free address of the first
         subnet that has one. Leave empty to use the single-subnet form (`subnet_id` or
         `subnet`). Kept as given (so `dataclasses.replace` works); `effective_subnets` is
@@ -184,14 +186,14 @@ class PHPIPAMConfig:
         Optional section id that narrows every CIDR lookup when several sections (or VRFs)
         hold the same CIDR.
     gateway:
-        The pool's gateway override (an IP address), the default of every subnet entry
+        The pool's gateway override (an IP address), the default of every subnet item
         without its own; None to use the gateway phpIPAM reports for each subnet (its
         ``is_gateway`` address). Reported in every `Allocation` and `SubnetInfo`, and never
-        handed out: when it lies in the subnet and phpIPAM holds no row for it, it is
+        handed out: when it lies in the subnet and phpIPAM holds no entry for it, it is
         registered once under `RESERVED_GATEWAY_HOSTNAME` before the first allocation
         there. Normalised (``"2001:DB8::1"`` -> ``"2001:db8::1"``).
     prefix:
-        The pool's prefix length override (bits), the default of every subnet entry without
+        The pool's prefix length override (bits), the default of every subnet item without
         its own; None to report each subnet's own prefix.
     username, password:
         phpIPAM user for the user token login (``POST /user/`` with HTTP Basic).
@@ -211,7 +213,7 @@ class PHPIPAMConfig:
         operation, requests in flight included.
     skip_ipv6_network_address:
         When phpIPAM hands out an IPv6 subnet's network address (``prefix::``), keep the
-        row under `RESERVED_NETWORK_HOSTNAME` and take the next address.
+        entry under `RESERVED_NETWORK_HOSTNAME` and take the next address.
     user_agent:
         The ``User-Agent`` header.
 
@@ -219,7 +221,7 @@ class PHPIPAMConfig:
     ------
     ValueError
         From the constructor when the combination of fields is invalid (see above): no
-        subnet or both forms, more than `MAX_SUBNETS` entries, an entry naming no subnet,
+        subnet or both forms, more than `MAX_SUBNETS` items, an item naming no subnet,
         the same subnet twice, a malformed CIDR or gateway, a gateway of the other address
         family, a prefix out of range.
 
@@ -261,7 +263,7 @@ class PHPIPAMConfig:
         if self.gateway is not None:
             gateway = _normalise_gateway(self.gateway, "").compressed
             object.__setattr__(self, "gateway", gateway)
-        self.effective_subnets  # noqa: B018 (validates the subnet entries)
+        self.effective_subnets  # noqa: B018 (validates the subnet items)
         user_login = bool(self.username) and bool(self.password)
         if user_login == bool(self.app_code) or (
             not user_login and (self.username or self.password)
@@ -272,35 +274,35 @@ class PHPIPAMConfig:
 
     @property
     def effective_subnets(self) -> tuple[SubnetRef, ...]:
-        """The pool's subnet entries as the client uses them, in order (1 to `MAX_SUBNETS`).
+        """The pool's subnet items as the client uses them, in order (1 to `MAX_SUBNETS`).
 
-        `subnets`, or the single-subnet form as one entry; CIDRs and gateways normalised,
-        the pool-wide `gateway` and `prefix` folded into entries without their own.
-        Computed from the fields on each call (cheap: at most `MAX_SUBNETS` entries), so
+        `subnets`, or the single-subnet form as one item; CIDRs and gateways normalised,
+        the pool-wide `gateway` and `prefix` folded into items without their own.
+        Computed from the fields on each call (cheap: at most `MAX_SUBNETS` items), so
         the config holds no state besides its fields.
 
         Raises
         ------
         ValueError
-            As the constructor (which calls it), for invalid subnet entries.
+            As the constructor (which calls it), for invalid subnet items.
         """
         single = self.subnet_id is not None or self.subnet is not None
-        entries = tuple(self.subnets)
-        if single and entries:
+        items = tuple(self.subnets)
+        if single and items:
             raise ValueError("set either subnets or subnet_id/subnet, not both")
         if single:
             if self.subnet_id is not None and self.subnet is not None:
                 raise ValueError("set exactly one of subnet_id and subnet")
-            entries = (SubnetRef(cidr=self.subnet, subnet_id=self.subnet_id),)
-        if not entries:
+            items = (SubnetRef(cidr=self.subnet, subnet_id=self.subnet_id),)
+        if not items:
             raise ValueError("set exactly one of subnet_id and subnet (or subnets)")
-        if len(entries) > MAX_SUBNETS:
-            raise ValueError(f"a pool lists at most {MAX_SUBNETS} subnets, not {len(entries)}")
+        if len(items) > MAX_SUBNETS:
+            raise ValueError(f"a pool lists at most {MAX_SUBNETS} subnets, not {len(items)}")
         _check_prefix(self.prefix, None, "")
         # Errors of the single-subnet form name its fields, not subnets[0].
         refs = tuple(
             _normalise_ref(ref, self.gateway, self.prefix, "" if single else f"subnets[{n}]: ")
-            for n, ref in enumerate(entries)
+            for n, ref in enumerate(items)
         )
         seen: set[object] = set()
         for n, ref in enumerate(refs):
@@ -327,12 +329,12 @@ class _Reply:
 
 @dataclass(frozen=True)
 class _SubnetFacts:
-    """One subnet of the pool: its entry, phpIPAM id and network, phpIPAM's gateway."""
+    """One subnet of the pool: its ``subnets`` item, phpIPAM id and network, phpIPAM's gateway."""
 
     ref: SubnetRef
     id: int
     network: IPNetwork
-    #: The gateway phpIPAM reports (``gateway.ip_addr``) and the id of its row.
+    #: The gateway phpIPAM reports (``gateway.ip_addr``) and the id of its entry.
     gateway: str | None
     gateway_id: int | None = None
 
@@ -343,18 +345,18 @@ class _SubnetFacts:
 
     @property
     def prefix(self) -> int:
-        """The prefix reported to callers: the entry's override, else the subnet's."""
+        """The prefix reported to callers: the subnet item's override, else the subnet's."""
         return self.ref.prefix if self.ref.prefix is not None else self.network.prefixlen
 
     @property
     def effective_gateway(self) -> str | None:
-        """The gateway reported to callers: the entry's override, else phpIPAM's."""
+        """The gateway reported to callers: the subnet item's override, else phpIPAM's."""
         return self.ref.gateway or self.gateway
 
 
 @dataclass(frozen=True)
 class _Reservation:
-    """Hostname and description of a row that keeps an address out of first-free."""
+    """Hostname and description of an entry that keeps an address out of first-free."""
 
     hostname: str
     description: str
@@ -378,8 +380,8 @@ _GATEWAY: Final = _Reservation(RESERVED_GATEWAY_HOSTNAME, RESERVED_GATEWAY_DESCR
 
 
 @dataclass(frozen=True)
-class _Row:
-    """An address row of a phpIPAM answer that lies in one of the pool's subnets."""
+class _Entry:
+    """An address entry of a phpIPAM answer that lies in one of the pool's subnets."""
 
     id: int
     subnet_id: int
@@ -416,7 +418,8 @@ class PHPIPAMBackend:
     Notes
     -----
     Behaviour relied on (phpIPAM 1.4 to 1.8.2 API controllers ``User``, ``Subnets``,
-    ``Addresses``; see ``reference/phpipam-api.md`` for a real server's answers):
+    ``Addresses``: https://phpipam.net/api/api_documentation/ and the controllers' source,
+    https://github.com/phpipam/phpipam/tree/master/api/controllers):
 
     * answers are the envelope ``{"code", "success", "message"?, "id"?, "data"?}``; values
       are strings or JSON numbers depending on version and settings;
@@ -424,30 +427,30 @@ class PHPIPAMBackend:
       expiry); an unknown or expired token gives 401 ``Unauthorized`` on other controllers;
     * ``POST addresses/first_free/{subnetId}/`` reserves the lowest free address atomically
       except for a race that surfaces as 409 or a 500 ``Duplicate entry``; a full subnet
-      answers 404 ``No free addresses found`` (3i-3);
+      answers 404 ``No free addresses found``;
     * ``POST addresses/`` with ``subnetId`` and ``ip`` creates that address: 201 with the
-      new id (5a), 409 ``IP address already exists`` when the subnet holds it (5b; under a
+      new id, 409 ``IP address already exists`` when the subnet holds it (under a
       lost race also the 500 ``Duplicate entry``), 500 ``<ip> is not a valid address for
-      subnet <cidr>`` outside the subnet or at its IPv4 network/broadcast address (5c-5e);
-    * ``PATCH addresses/{id}/`` changes ``hostname`` and ``description`` (10c);
+      subnet <cidr>`` outside the subnet or at its IPv4 network/broadcast address;
+    * ``PATCH addresses/{id}/`` changes ``hostname`` and ``description``;
     * ``addresses/search_hostname/{h}/`` matches exactly (case-insensitively) across every
-      subnet; 2nd and later rows may carry ``ip`` as a decimal integer;
-      ``addresses/search/{ip}/`` lists the rows of an address in every subnet (4h);
-    * ``GET subnets/{id}/addresses/`` lists every row of a subnet; an empty subnet answers
-      404 ``No addresses found`` (2c, 2m);
+      subnet; 2nd and later entries may carry ``ip`` as a decimal integer;
+      ``addresses/search/{ip}/`` lists the entries of an address in every subnet;
+    * ``GET subnets/{id}/addresses/`` lists every entry of a subnet; an empty subnet answers
+      404 ``No addresses found``;
     * ``DELETE addresses/{ip}/{subnetId}/`` is broken (PHP fatal error when the address is
       gone), so addresses are deleted by id only;
-    * first-free skips every address that has a row, and for IPv4 below /31 (subnets not
-      flagged "is pool") the network and broadcast addresses; nothing else (A.5). The
-      gateway is skipped only because phpIPAM's gateway is itself a row (``is_gateway``).
+    * first-free skips every address that has an entry, and for IPv4 below /31 (subnets not
+      flagged "is pool") the network and broadcast addresses; nothing else. The
+      gateway is skipped only because phpIPAM's gateway is itself an entry (``is_gateway``).
 
-    Never handed out to a claim: the gateway (the entry's override and phpIPAM's), the IPv4
+    Never handed out to a claim: the gateway (the subnet item's override and phpIPAM's), the IPv4
     network and broadcast addresses below /31, and (with ``skip_ipv6_network_address``) the
-    IPv6 subnet-router anycast address. A gateway without a row is registered once under
+    IPv6 subnet-router anycast address. A gateway without an entry is registered once under
     `RESERVED_GATEWAY_HOSTNAME` (``POST addresses/``; a 409 means someone registered it
-    already); should first-free still hand out one of these addresses, the row it created is
-    renamed to the matching reserved hostname instead of being given to the claim. Rows this
-    client did not create are never changed or deleted (rows under the claim's hostname are
+    already); should first-free still hand out one of these addresses, the entry it created is
+    renamed to the matching reserved hostname instead of being given to the claim. Entries this
+    client did not create are never changed or deleted (entries under the claim's hostname are
     the claim's).
 
     Quarantine (`backends.base`): a released entry may be kept with the hostname
@@ -476,9 +479,9 @@ class PHPIPAMBackend:
         self._subnet_lock = threading.Lock()
         self._subnet_ids: list[int | None] = [ref.subnet_id for ref in self._refs]
         self._facts: list[_SubnetFacts | None] = [None] * len(self._refs)
-        # Gateways known to have a row in their subnet (registered here or found registered).
+        # Gateways known to have an entry in their subnet (registered here or found registered).
         self._gateway_lock = threading.Lock()
-        self._gateway_rows: set[tuple[int, str]] = set()
+        self._gateway_entries: set[tuple[int, str]] = set()
 
     @property
     def config(self) -> PHPIPAMConfig:
@@ -504,18 +507,18 @@ class PHPIPAMBackend:
         Per subnet: ``GET subnets/{id}/`` (CIDR from ``subnet`` + ``mask``, gateway from
         ``gateway.ip_addr`` when phpIPAM has a gateway address) and
         ``GET subnets/{id}/usage/`` (total = ``maxhosts``, used = ``used``, free =
-        ``freehosts``; every row counts as used, quarantined ones included). Also refreshes
+        ``freehosts``; every entry counts as used, quarantined ones included). Also refreshes
         the facts (prefix, gateway) that `find` and `allocate` report.
 
         A gateway override that lies in the subnet counts as used even before it is
         registered (it is never handed out), so the figures do not move when the first
-        allocation registers it; until its row is known, ``GET addresses/search/{ip}/``
+        allocation registers it; until its entry is known, ``GET addresses/search/{ip}/``
         tells whether it has one.
 
         Returns
         -------
         list[SubnetInfo]
-            One per subnet entry. ``prefix`` and ``gateway`` are the entry's overrides when
+            One per subnet item. ``prefix`` and ``gateway`` are the item's overrides when
             set, else phpIPAM's. Counts are Python ints and may exceed 2**63 for IPv6.
 
         Raises
@@ -536,9 +539,9 @@ class PHPIPAMBackend:
         """Return the address registered under ``hostname`` in the pool's subnets, or None.
 
         One ``GET addresses/search_hostname/{hostname}/`` (phpIPAM searches every subnet),
-        keeping only rows of the pool's subnets whose hostname equals ``hostname``
-        (case-insensitively, like phpIPAM); the oldest (lowest id) row wins. Quarantined
-        rows (a `backends.base.quarantine_mark` description) and rows at an address that is
+        keeping only entries of the pool's subnets whose hostname equals ``hostname``
+        (case-insensitively, like phpIPAM); the oldest (lowest id) entry wins. Quarantined
+        entries (a `backends.base.quarantine_mark` description) and entries at an address that is
         never handed out (the gateway, the network or broadcast address; see the class
         notes) are not a claim's address and are ignored.
 
@@ -552,11 +555,11 @@ class PHPIPAMBackend:
 
         def attempt() -> Allocation | None:
             facts = self._facts_by_id()
-            for row in self._search(hostname, facts):
-                subnet = facts[row.subnet_id]
-                address = _row_address(row, subnet.network)
+            for entry in self._search(hostname, facts):
+                subnet = facts[entry.subnet_id]
+                address = _entry_address(entry, subnet.network)
                 if address not in self._never_assigned(subnet):
-                    return self._allocation(row, address, subnet, hostname)
+                    return self._allocation(entry, address, subnet, hostname)
             return None
 
         return self._retry("find", attempt)
@@ -564,7 +567,7 @@ class PHPIPAMBackend:
     def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
         """Return the address of ``hostname``, registering one if needed.
 
-        First free (``address`` None): searches first (an existing row in any of the
+        First free (``address`` None): searches first (an existing entry in any of the
         pool's subnets is adopted, so a repeat never creates a second entry), then, subnet
         by subnet in the pool's order, ``POST addresses/first_free/{subnetId}/`` with JSON
         ``{"hostname", "description"}``; a subnet answering 404 ``No free addresses found``
@@ -581,15 +584,15 @@ class PHPIPAMBackend:
         own hostname (a repeat whose answer was lost) is returned, anyone else is
         `AddressUnavailableError` naming the holder.
 
-        Before the first POST into a subnet, a gateway without a row (the entry's override)
+        Before the first POST into a subnet, a gateway without an entry (the subnet item's override)
         is registered under `RESERVED_GATEWAY_HOSTNAME` with ``POST addresses/``
         ``{"subnetId", "ip", "hostname", "description"}`` (once per client and subnet; 409
         ``IP address already exists`` means it is registered already). When first-free
         still hands out an address that is never assigned (the gateway, the IPv4 network or
         broadcast address of an "is pool" subnet, or with
-        `PHPIPAMConfig.skip_ipv6_network_address` the IPv6 network address), the new row
+        `PHPIPAMConfig.skip_ipv6_network_address` the IPv6 network address), the new entry
         is renamed to the matching reserved hostname (``PATCH addresses/{id}/``) and the
-        POST repeated; rows of ``hostname`` at such an address (left by an interrupted
+        POST repeated; entries of ``hostname`` at such an address (left by an interrupted
         attempt) are renamed the same way, never adopted.
 
         Parameters
@@ -612,7 +615,7 @@ class PHPIPAMBackend:
         SubnetExhaustedError
             Every subnet of the pool answered ``No free addresses found`` (first free).
         AddressUnavailableError
-            The requested address is held by another row (``holder`` is its hostname), lies
+            The requested address is held by another entry (``holder`` is its hostname), lies
             outside every subnet of the pool, is never handed out (gateway, network,
             broadcast address), or is not an IP address. Nothing was registered.
         ConflictError
@@ -629,16 +632,16 @@ class PHPIPAMBackend:
         )
 
     def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
-        """Delete (or quarantine) every row registered under ``hostname`` in the pool.
+        """Delete (or quarantine) every entry registered under ``hostname`` in the pool.
 
-        One search (``GET addresses/search_hostname/{hostname}/``), then for each row of the
+        One search (``GET addresses/search_hostname/{hostname}/``), then for each entry of the
         pool's subnets either ``DELETE addresses/{id}/`` (never ``addresses/{ip}/
         {subnetId}/``, which phpIPAM answers with a PHP fatal error when the address is
         already gone; 404 ``Address does not exist`` counts as done), or, with
         ``quarantine_until``, ``PATCH addresses/{id}/`` with ``{"hostname":
         "quarantined.<hostname>", "description": quarantine_mark(until, former)}`` (cut to
         `DESCRIPTION_MAX_CHARS` and stripped of trailing blanks, so little of the former
-        description survives; the row and its address stay registered). Rows already
+        description survives; the entry and its address stay registered). Entries already
         quarantined are left as they are.
 
         Parameters
@@ -651,7 +654,7 @@ class PHPIPAMBackend:
         Returns
         -------
         bool
-            True when this call deleted or marked at least one row, False when there was
+            True when this call deleted or marked at least one entry, False when there was
             none.
 
         Raises
@@ -662,32 +665,34 @@ class PHPIPAMBackend:
             See `backends.errors`.
 
         """
-        done: list[int] = []  # survives retries: a row handled by attempt 1 counts
+        done: list[int] = []  # survives retries: an entry handled by attempt 1 counts
 
         def attempt() -> bool:
-            for row in self._search(hostname, self._resolve_ids()):
+            for entry in self._search(hostname, self._resolve_ids()):
                 if quarantine_until is None:
-                    if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
-                        done.append(row.id)
-                        log.info("phpIPAM: deleted address id %d of %s", row.id, hostname)
+                    if self._lookup("DELETE", f"addresses/{entry.id}/") is not None:
+                        done.append(entry.id)
+                        log.info("phpIPAM: deleted address id %d of %s", entry.id, hostname)
                     continue
-                mark = quarantine_mark(quarantine_until, row.description)
+                mark = quarantine_mark(quarantine_until, entry.description)
                 body = {
                     "hostname": f"{QUARANTINE_PREFIX}{hostname}",
                     "description": mark[:DESCRIPTION_MAX_CHARS].rstrip(),
                 }
-                if self._lookup("PATCH", f"addresses/{row.id}/", json=body) is not None:
-                    done.append(row.id)
-                    log.info("phpIPAM: quarantined address id %d of %s: %s", row.id, hostname, mark)
+                if self._lookup("PATCH", f"addresses/{entry.id}/", json=body) is not None:
+                    done.append(entry.id)
+                    log.info(
+                        "phpIPAM: quarantined address id %d of %s: %s", entry.id, hostname, mark
+                    )
             return bool(done)
 
         return self._retry("release", attempt)
 
     def purge_quarantined(self, now: float) -> list[str]:
-        """Delete the quarantined rows of the pool's subnets whose quarantine ended.
+        """Delete the quarantined entries of the pool's subnets whose quarantine ended.
 
         Per subnet ``GET subnets/{id}/addresses/`` (404 ``No addresses found`` is an empty
-        subnet), then ``DELETE addresses/{id}/`` for each row whose hostname starts with
+        subnet), then ``DELETE addresses/{id}/`` for each entry whose hostname starts with
         ``quarantined.`` and whose description carries a `backends.base.quarantine_mark`
         at or before ``now``. Idempotent.
 
@@ -712,29 +717,29 @@ class PHPIPAMBackend:
 
         def attempt() -> list[str]:
             for subnet in self._all_facts():
-                for row in self._list_rows(subnet):
-                    until = _quarantine_end(row)
+                for entry in self._list_entries(subnet):
+                    until = _quarantine_end(entry)
                     if until is None or until > now:
                         continue
-                    if self._lookup("DELETE", f"addresses/{row.id}/") is not None:
-                        address = _row_address(row, subnet.network)
+                    if self._lookup("DELETE", f"addresses/{entry.id}/") is not None:
+                        address = _entry_address(entry, subnet.network)
                         deleted.append(address)
                         log.info(
                             "phpIPAM: deleted %s (id %d): its quarantine ended",
                             address,
-                            row.id,
+                            entry.id,
                         )
             return list(deleted)
 
         return self._retry("purge_quarantined", attempt)
 
     def entries(self) -> list[Allocation]:
-        """Return every row registered in the pool's subnets, whoever made it.
+        """Return every entry registered in the pool's subnets, whoever made it.
 
         One ``GET subnets/{id}/addresses/`` per subnet (404 ``No addresses found`` is an
-        empty subnet), for the drift audit. Every row is returned: other people's and
-        tools' rows, the gateway, reservations of ours (`RESERVED_HOSTNAMES`) and
-        quarantined rows (with `Allocation.quarantined_until`). ``hostname`` and
+        empty subnet), for the drift audit. Every entry is returned: other people's and
+        tools' entries, the gateway, reservations of ours (`RESERVED_HOSTNAMES`) and
+        quarantined entries (with `Allocation.quarantined_until`). ``hostname`` and
         ``description`` are as stored (``""`` when phpIPAM has none), ``subnet`` is the
         subnet's CIDR, ``prefix`` and ``gateway`` are those of the subnet.
 
@@ -749,8 +754,10 @@ class PHPIPAMBackend:
         def attempt() -> list[Allocation]:
             found: list[Allocation] = []
             for subnet in self._all_facts():
-                for row in self._list_rows(subnet):
-                    allocation = self._allocation(row, _row_address(row, subnet.network), subnet)
+                for entry in self._list_entries(subnet):
+                    allocation = self._allocation(
+                        entry, _entry_address(entry, subnet.network), subnet
+                    )
                     found.append(allocation)
             return found
 
@@ -778,8 +785,8 @@ class PHPIPAMBackend:
         used = _to_int(usage.get("used", usage.get("Used")), "used")
         free_raw = usage.get("freehosts")
         free = _to_int(free_raw, "freehosts") if free_raw is not None else total - used
-        gateway = self._gateway_without_known_row(facts)
-        if gateway is not None and not self._gateway_has_row(facts, gateway):
+        gateway = self._gateway_without_known_entry(facts)
+        if gateway is not None and not self._gateway_has_entry(facts, gateway):
             # Not free although phpIPAM counts it so: it is registered before any allocation.
             used, free = used + 1, free - 1
         return SubnetInfo(
@@ -792,22 +799,22 @@ class PHPIPAMBackend:
         )
 
     def _adopt(self, hostname: str, facts: Mapping[int, _SubnetFacts]) -> Allocation | None:
-        """Return the oldest usable row of ``hostname`` in the pool, renaming unusable ones."""
-        usable: list[tuple[_Row, str]] = []
-        for row in self._search(hostname, facts):
-            subnet = facts[row.subnet_id]
-            address = _row_address(row, subnet.network)
+        """Return the oldest usable entry of ``hostname`` in the pool, renaming unusable ones."""
+        usable: list[tuple[_Entry, str]] = []
+        for entry in self._search(hostname, facts):
+            subnet = facts[entry.subnet_id]
+            address = _entry_address(entry, subnet.network)
             never = self._never_assigned(subnet)
             if address in never:
                 # Left behind by an attempt interrupted between the POST and the PATCH.
-                self._reserve_row(row.id, address, never[address], subnet)
+                self._reserve_entry(entry.id, address, never[address], subnet)
             else:
-                usable.append((row, address))
+                usable.append((entry, address))
         if not usable:
             return None
-        row, address = usable[0]
-        log.info("phpIPAM: %s already has address id %d", hostname, row.id)
-        return self._allocation(row, address, facts[row.subnet_id], hostname)
+        entry, address = usable[0]
+        log.info("phpIPAM: %s already has address id %d", hostname, entry.id)
+        return self._allocation(entry, address, facts[entry.subnet_id], hostname)
 
     def _allocate_first_free(self, hostname: str, description: str) -> Allocation:
         subnets = self._all_facts()
@@ -836,7 +843,7 @@ class PHPIPAMBackend:
     ) -> Allocation:
         never = self._never_assigned(subnet)
         self._register_gateway(subnet)
-        # Once such an address has a row phpIPAM never offers it again: one POST more than
+        # Once such an address has an entry phpIPAM never offers it again: one POST more than
         # there are addresses that are never assigned is always enough.
         for _ in range(len(never) + 1):
             created = self._call("POST", f"addresses/first_free/{subnet.id}/", json=body)
@@ -845,7 +852,7 @@ class PHPIPAMBackend:
             if not ref.isdigit():
                 raise BackendUnavailableError("phpIPAM created an address but sent no id")
             if address in never:
-                self._reserve_row(int(ref), address, never[address], subnet)
+                self._reserve_entry(int(ref), address, never[address], subnet)
                 continue
             log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
             return _created(subnet, address, hostname, ref, str(body["description"]))
@@ -879,12 +886,12 @@ class PHPIPAMBackend:
                 address=address,
             )
         facts = self._facts_by_id()
-        for row in self._search(hostname, facts):
-            held = _row_address(row, facts[row.subnet_id].network)
+        for entry in self._search(hostname, facts):
+            held = _entry_address(entry, facts[entry.subnet_id].network)
             if held == address:
-                log.info("phpIPAM: %s already has %s (id %d)", hostname, address, row.id)
-                return self._allocation(row, address, subnet, hostname)
-            if held not in self._never_assigned(facts[row.subnet_id]):
+                log.info("phpIPAM: %s already has %s (id %d)", hostname, address, entry.id)
+                return self._allocation(entry, address, subnet, hostname)
+            if held not in self._never_assigned(facts[entry.subnet_id]):
                 raise AddressUnavailableError(
                     f"requested address {address}: {hostname} already holds {held} in the "
                     "pool (one address per claim); nothing registered",
@@ -912,15 +919,15 @@ class PHPIPAMBackend:
     def _holder_of(self, address: str, subnet: _SubnetFacts, hostname: str) -> Allocation:
         """After phpIPAM said ``address`` exists: ours (returned) or someone else's (raise)."""
         answer = self._lookup("GET", f"addresses/search/{address}/")
-        rows = self._rows(answer, {subnet.id}) if answer is not None else []
-        if not rows:
+        found = self._entries_in(answer, {subnet.id}) if answer is not None else []
+        if not found:
             # Deleted again since phpIPAM refused it: try once more under the retry policy.
             raise ConflictError(f"phpIPAM: {address} was taken, then freed again; retrying")
-        row = rows[0]
-        if row.hostname.lower() == hostname.lower() and _quarantine_end(row) is None:
-            log.info("phpIPAM: %s already has %s (id %d)", hostname, address, row.id)
-            return self._allocation(row, address, subnet, hostname)
-        holder = row.hostname or None
+        entry = found[0]
+        if entry.hostname.lower() == hostname.lower() and _quarantine_end(entry) is None:
+            log.info("phpIPAM: %s already has %s (id %d)", hostname, address, entry.id)
+            return self._allocation(entry, address, subnet, hostname)
+        holder = entry.hostname or None
         shown = repr(holder) if holder is not None else "an entry without hostname"
         raise AddressUnavailableError(
             f"requested address {address} in subnet {subnet.cidr} is held by {shown}; "
@@ -929,10 +936,10 @@ class PHPIPAMBackend:
             holder=holder,
         )
 
-    def _reserve_row(
+    def _reserve_entry(
         self, address_id: int, address: str, reservation: _Reservation, facts: _SubnetFacts
     ) -> None:
-        """Rename a row this client created to a reserved hostname (the row stays)."""
+        """Rename an entry this client created to a reserved hostname (the entry stays)."""
         self._lookup(
             "PATCH",
             f"addresses/{address_id}/",
@@ -943,7 +950,7 @@ class PHPIPAMBackend:
         )
         if reservation is _GATEWAY:
             with self._gateway_lock:
-                self._gateway_rows.add((facts.id, address))
+                self._gateway_entries.add((facts.id, address))
         log.info(
             "phpIPAM: kept %s (id %d) as %s: it is never assigned",
             address,
@@ -954,7 +961,7 @@ class PHPIPAMBackend:
     # ----------------------------------------------------------------- gateway
 
     def _never_assigned(self, facts: _SubnetFacts) -> dict[str, _Reservation]:
-        """Addresses of the subnet never given to a claim, with the row name that keeps each."""
+        """Addresses of the subnet never given to a claim, with the entry name that keeps each."""
         net = facts.network
         never: dict[str, _Reservation] = {}
         if net.version == 4 and net.prefixlen < 31:
@@ -967,46 +974,46 @@ class PHPIPAMBackend:
                 never.setdefault(gateway, _GATEWAY)
         return never
 
-    def _gateway_without_known_row(self, facts: _SubnetFacts) -> str | None:
+    def _gateway_without_known_entry(self, facts: _SubnetFacts) -> str | None:
         """Return the gateway first-free could hand out unless registered, or None.
 
-        phpIPAM's own gateway is a row; the override is one only once registered. An address
+        phpIPAM's own gateway is an entry; the override is one only once registered. An address
         outside the subnet, or its IPv4 network or broadcast address, is never offered.
         """
         gateway = facts.ref.gateway
         if gateway is None and facts.gateway_id is None:
-            gateway = facts.gateway  # a gateway without a row id: not seen in phpIPAM
+            gateway = facts.gateway  # a gateway without an entry id: not seen in phpIPAM
         if gateway is None or (gateway == facts.gateway and facts.gateway_id is not None):
             return None
         if not _offered_by_first_free(gateway, facts.network):
             return None
         with self._gateway_lock:
-            if (facts.id, gateway) in self._gateway_rows:
+            if (facts.id, gateway) in self._gateway_entries:
                 return None
         return gateway
 
-    def _gateway_has_row(self, facts: _SubnetFacts, gateway: str) -> bool:
-        """Look the gateway up (``GET addresses/search/{ip}/``); remember a row once seen."""
+    def _gateway_has_entry(self, facts: _SubnetFacts, gateway: str) -> bool:
+        """Look the gateway up (``GET addresses/search/{ip}/``); remember an entry once seen."""
         answer = self._lookup("GET", f"addresses/search/{gateway}/")
-        found = answer is not None and bool(self._rows(answer, {facts.id}))
+        found = answer is not None and bool(self._entries_in(answer, {facts.id}))
         if found:
             with self._gateway_lock:
-                self._gateway_rows.add((facts.id, gateway))
+                self._gateway_entries.add((facts.id, gateway))
         return found
 
     def _register_gateway(self, facts: _SubnetFacts) -> None:
-        """Give a gateway without a row one, under `RESERVED_GATEWAY_HOSTNAME` (idempotent).
+        """Give a gateway without an entry one, under `RESERVED_GATEWAY_HOSTNAME` (idempotent).
 
-        ``POST addresses/`` with the address (phpipam-api.md 5a: 201 ``Address created``).
-        409 ``IP address already exists`` (5b), or the 500 ``Duplicate entry`` of a lost
-        race, means the address has a row already (another replica or operator, a person):
-        that row is left as it is.
+        ``POST addresses/`` with the address (201 ``Address created``). 409 ``IP address
+        already exists``, or the 500 ``Duplicate entry`` of a lost race, means the address
+        has an entry already (another replica or operator, a person): that entry is left as
+        it is.
         """
-        gateway = self._gateway_without_known_row(facts)
+        gateway = self._gateway_without_known_entry(facts)
         if gateway is None:
             return
         with self._gateway_lock:
-            if (facts.id, gateway) in self._gateway_rows:
+            if (facts.id, gateway) in self._gateway_entries:
                 return  # another thread registered it meanwhile
             try:
                 created = self._call(
@@ -1020,7 +1027,7 @@ class PHPIPAMBackend:
                     },
                 )
             except ConflictError:
-                log.info("phpIPAM: gateway %s already has a row in subnet %d", gateway, facts.id)
+                log.info("phpIPAM: gateway %s already has an entry in subnet %d", gateway, facts.id)
             else:
                 log.info(
                     "phpIPAM: registered gateway %s (id %s) as %s so that it is never assigned",
@@ -1028,14 +1035,14 @@ class PHPIPAMBackend:
                     created.get("id"),
                     RESERVED_GATEWAY_HOSTNAME,
                 )
-            self._gateway_rows.add((facts.id, gateway))
+            self._gateway_entries.add((facts.id, gateway))
 
-    # ----------------------------------------------------------------- rows
+    # ----------------------------------------------------------------- entries
 
-    def _search(self, hostname: str, subnet_ids: Collection[int]) -> list[_Row]:
-        """Rows of the given subnets registered under ``hostname``, oldest first.
+    def _search(self, hostname: str, subnet_ids: Collection[int]) -> list[_Entry]:
+        """Entries of the given subnets registered under ``hostname``, oldest first.
 
-        Quarantined rows (a `backends.base.quarantine_mark` description) are left out.
+        Quarantined entries (a `backends.base.quarantine_mark` description) are left out.
         """
         if not hostname.strip() or "/" in hostname:
             # phpIPAM drops empty path segments and splits on "/" before decoding.
@@ -1048,28 +1055,28 @@ class PHPIPAMBackend:
         if answer is None:
             return []
         return [
-            row
-            for row in self._rows(answer, subnet_ids)
-            if row.hostname.lower() == hostname.lower()
-            and quarantined_until(row.description) is None
+            entry
+            for entry in self._entries_in(answer, subnet_ids)
+            if entry.hostname.lower() == hostname.lower()
+            and quarantined_until(entry.description) is None
         ]
 
-    def _list_rows(self, facts: _SubnetFacts) -> list[_Row]:
-        """Every row of one subnet (``GET subnets/{id}/addresses/``), oldest first."""
+    def _list_entries(self, facts: _SubnetFacts) -> list[_Entry]:
+        """Every entry of one subnet (``GET subnets/{id}/addresses/``), oldest first."""
         answer = self._lookup("GET", f"subnets/{facts.id}/addresses/")
-        return self._rows(answer, {facts.id}) if answer is not None else []
+        return self._entries_in(answer, {facts.id}) if answer is not None else []
 
-    def _rows(self, answer: dict[str, Any], subnet_ids: Collection[int]) -> list[_Row]:
-        """Return the address rows of an answer that lie in ``subnet_ids``, by id."""
-        rows: list[_Row] = []
+    def _entries_in(self, answer: dict[str, Any], subnet_ids: Collection[int]) -> list[_Entry]:
+        """Return the address entries of an answer that lie in ``subnet_ids``, by id."""
+        entries: list[_Entry] = []
         for raw in self._data(answer, list):
             if not isinstance(raw, Mapping):
-                raise BackendUnavailableError("phpIPAM answer holds a non-object address row")
+                raise BackendUnavailableError("phpIPAM answer holds a non-object address entry")
             subnet_id = _to_int(raw.get("subnetId"), "subnetId")
             if subnet_id not in subnet_ids:
                 continue
-            rows.append(
-                _Row(
+            entries.append(
+                _Entry(
                     id=_to_int(raw.get("id"), "id"),
                     subnet_id=subnet_id,
                     raw_ip=str(raw.get("ip")),
@@ -1077,21 +1084,21 @@ class PHPIPAMBackend:
                     description=str(raw.get("description") or ""),
                 )
             )
-        return sorted(rows, key=lambda r: r.id)
+        return sorted(entries, key=lambda r: r.id)
 
     def _allocation(
-        self, row: _Row, address: str, facts: _SubnetFacts, hostname: str | None = None
+        self, entry: _Entry, address: str, facts: _SubnetFacts, hostname: str | None = None
     ) -> Allocation:
-        """Return a row's `Allocation`; ``hostname`` (the claim's key) replaces the stored one."""
+        """Return an entry's `Allocation`, under ``hostname`` (the claim's key) when given."""
         return Allocation(
             address=address,
             prefix=facts.prefix,
             gateway=facts.effective_gateway,
-            hostname=hostname if hostname is not None else row.hostname,
-            ref=str(row.id),
+            hostname=hostname if hostname is not None else entry.hostname,
+            ref=str(entry.id),
             subnet=facts.cidr,
-            description=row.description,
-            quarantined_until=_quarantine_end(row),
+            description=entry.description,
+            quarantined_until=_quarantine_end(entry),
         )
 
     # ----------------------------------------------------------------- subnets
@@ -1117,20 +1124,20 @@ class PHPIPAMBackend:
         answer = self._call(
             "GET", f"subnets/cidr/{net.network_address.compressed}/{net.prefixlen}/"
         )
-        rows = [r for r in self._data(answer, list) if isinstance(r, Mapping)]
+        matches = [r for r in self._data(answer, list) if isinstance(r, Mapping)]
         section = self._config.section_id
         if section is not None:
-            rows = [r for r in rows if _to_int(r.get("sectionId"), "sectionId") == section]
+            matches = [r for r in matches if _to_int(r.get("sectionId"), "sectionId") == section]
         where = f" in section {section}" if section is not None else ""
-        if not rows:
+        if not matches:
             raise SubnetNotFoundError(f"phpIPAM has no subnet {net}{where}")
-        if len(rows) > 1:
-            sections = ", ".join(str(r.get("sectionId")) for r in rows)
+        if len(matches) > 1:
+            sections = ", ".join(str(r.get("sectionId")) for r in matches)
             raise SubnetNotFoundError(
-                f"phpIPAM has {len(rows)} subnets {net}{where} (sections {sections}); "
+                f"phpIPAM has {len(matches)} subnets {net}{where} (sections {sections}); "
                 "set sectionId or subnetId to choose one"
             )
-        subnet_id = _to_int(rows[0].get("id"), "id")
+        subnet_id = _to_int(matches[0].get("id"), "id")
         log.info("phpIPAM: subnet %s%s is id %d", net, where, subnet_id)
         return subnet_id
 
@@ -1362,7 +1369,7 @@ class PHPIPAMBackend:
         if m.startswith("no free addresses found"):
             return SubnetExhaustedError(text, status=status)
         if "is not a valid address for subnet" in m:
-            # POST addresses/ with an ip outside the subnet or at its network/broadcast (5c-5e).
+            # POST addresses/ with an ip outside the subnet or at its network/broadcast.
             return _InvalidAddressError(text, status=status)
         if "ip address already exists" in m or "duplicate entry" in m or "sid_ip_unique" in m:
             return ConflictError(f"{text}; lost a first-free race", status=status)
@@ -1382,7 +1389,7 @@ _BLOCK_SECONDS: Final = 300.0
 def _created(
     subnet: _SubnetFacts, address: str, hostname: str, ref: str, description: str
 ) -> Allocation:
-    """Return the `Allocation` of a row this client just created in ``subnet``."""
+    """Return the `Allocation` of an entry this client just created in ``subnet``."""
     return Allocation(
         address=address,
         prefix=subnet.prefix,
@@ -1440,12 +1447,12 @@ def _parse_ip(value: object, name: str) -> str:
         raise BackendUnavailableError(f"phpIPAM sent {name!r} that is not an IP address") from None
 
 
-def _row_address(row: _Row, network: IPNetwork) -> str:
-    """Return the row's address, also when sent as a decimal integer (2nd+ rows).
+def _entry_address(entry: _Entry, network: IPNetwork) -> str:
+    """Return the entry's address, also when sent as a decimal integer (2nd+ entries).
 
-    ``network`` is the row's subnet: its address family decides how a decimal is read.
+    ``network`` is the entry's subnet: its address family decides how a decimal is read.
     """
-    raw = row.raw_ip.strip()
+    raw = entry.raw_ip.strip()
     if not raw.isdigit():
         return _parse_ip(raw, "ip")
     try:
@@ -1455,26 +1462,27 @@ def _row_address(row: _Row, network: IPNetwork) -> str:
         return ipaddress.IPv6Address(number).compressed
     except ValueError:
         raise BackendUnavailableError(
-            f"phpIPAM sent ip {raw!r} for address id {row.id}, out of range"
+            f"phpIPAM sent ip {raw!r} for address id {entry.id}, out of range"
         ) from None
 
 
-def _quarantine_end(row: _Row) -> float | None:
-    """Return when a quarantined row's quarantine ends (Unix seconds), or None.
+def _quarantine_end(entry: _Entry) -> float | None:
+    """Return when a quarantined entry's quarantine ends (Unix seconds), or None.
 
     Quarantined means both parts of the mark: the hostname starts with
     `backends.base.QUARANTINE_PREFIX` and the description is a `quarantine_mark`.
     """
-    if not row.hostname.lower().startswith(QUARANTINE_PREFIX):
+    if not entry.hostname.lower().startswith(QUARANTINE_PREFIX):
         return None
-    return quarantined_until(row.description)
+    return quarantined_until(entry.description)
 
 
 def _offered_by_first_free(address: str, network: IPNetwork) -> bool:
     """Return True when first-free can hand ``address`` out of ``network``.
 
     phpIPAM's first-free walks the whole subnet except, for IPv4 below /31, the network and
-    broadcast addresses (backends.md A.5).
+    broadcast addresses (``Addresses::get_first_available_address``,
+    https://github.com/phpipam/phpipam/blob/master/functions/classes/class.Addresses.php).
     """
     ip = ipaddress.ip_address(address)
     if ip not in network:

@@ -1,12 +1,13 @@
 """The drift audit of one large pool: time (wall and CPU) and IPAM requests.
 
-A mock phpIPAM holds a /18 with ``addresses`` rows registered as ipam-bridge registers them
-(``<claim>.<namespace>``, ``ipam-bridge <namespace>/<claim>``), plus a few rows of other
+A mock phpIPAM holds a /18 with ``addresses`` entries registered as ipam-bridge registers them
+(``<claim>.<namespace>``, ``ipam-bridge <namespace>/<claim>``), plus a few entries of other
 tools; the pool's IPAddresses and claims are built in memory as the API returns them. One
 audit of the pool is what the operator does each round (`bridge.reconcilers.audit`): the entries are
 listed with the real `backends.phpipam.PHPIPAMBackend` over HTTP (one list request per
 subnet), the Kubernetes lists are decoded from JSON (what the kubernetes client does with a
-list answer), and everything is compared (`bridge.reconcilers.audit.compare`).
+list answer) and typed (`bridge.reconcilers.audit.typed_addresses`, `typed_claims`), and
+everything is compared (`bridge.reconcilers.audit.compare`).
 
 CPU seconds are the auditing thread's own (``time.thread_time``): the mock serves from
 another thread of this process and is not counted.
@@ -24,7 +25,7 @@ from typing import Any
 from backends.retry import RetryPolicy
 from benchmarks.common import CREDENTIALS, SUBNET_ID, classify
 from bridge import capi
-from bridge.reconcilers.audit import compare
+from bridge.reconcilers.audit import compare, typed_addresses, typed_claims
 from bridge.reconcilers.pool_backends import build_backend, location_of, parse_pool
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -44,13 +45,13 @@ class AuditResult:
     addresses:
         Rows registered by ipam-bridge (and as many IPAddresses and claims).
     entries:
-        Rows the IPAM listed (``addresses`` plus the gateway and other tools' rows).
+        Entries the IPAM listed (``addresses`` plus the gateway and other tools' entries).
     findings:
         What the comparison found (0 expected: the pool is in sync).
     list_wall, list_cpu:
         Seconds of ``entries()`` (HTTP and JSON included): wall clock, this thread's CPU.
     decode_wall, decode_cpu:
-        Seconds to decode the IPAddress and claim lists from JSON.
+        Seconds to decode the IPAddress and claim lists from JSON into typed values.
     compare_wall, compare_cpu:
         Seconds of the in-memory comparison.
     requests:
@@ -161,7 +162,7 @@ def _objects(n: int, location: str) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult:
-    """Audit a pool of ``addresses`` registered addresses (plus ``others`` rows of other tools).
+    """Audit a pool of ``addresses`` registered addresses (plus ``others`` entries of other tools).
 
     Raises
     ------
@@ -169,7 +170,7 @@ def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult
         When the /18 cannot hold that many addresses.
     """
     if addresses + others + 10 > NETWORK.num_addresses - 2:
-        raise ValueError(f"{NETWORK} holds at most {NETWORK.num_addresses - others - 12} rows")
+        raise ValueError(f"{NETWORK} holds at most {NETWORK.num_addresses - others - 12} entries")
     result = AuditResult(addresses)
     store = Store(_seed())
     for i in range(addresses):
@@ -211,8 +212,8 @@ def run_audit_bench(addresses: int = 10_000, *, others: int = 50) -> AuditResult
     ip_text = json.dumps({"kind": "IPAddressList", "items": ip_list})
     claim_text = json.dumps({"kind": "IPAddressClaimList", "items": claim_list})
     wall, cpu = time.perf_counter(), time.thread_time()
-    ip_items = json.loads(ip_text)["items"]
-    claim_items = json.loads(claim_text)["items"]
+    ip_items = typed_addresses(json.loads(ip_text)["items"])
+    claim_items = typed_claims(json.loads(claim_text)["items"])
     result.decode_wall = time.perf_counter() - wall
     result.decode_cpu = time.thread_time() - cpu
     wall, cpu = time.perf_counter(), time.thread_time()
@@ -228,10 +229,10 @@ def format_result(result: AuditResult) -> str:
     requests = ", ".join(f"{k} {v}" for k, v in sorted(result.requests.items())) or "none"
     return (
         f"(f) drift audit of one pool: {result.addresses} addresses in {NETWORK} (phpIPAM mock "
-        f"over HTTP, {result.entries} rows listed), {result.findings} findings\n"
+        f"over HTTP, {result.entries} entries listed), {result.findings} findings\n"
         f"  list entries:   {result.list_wall:6.2f} s wall  {result.list_cpu:6.2f} s CPU\n"
         f"  decode lists:   {result.decode_wall:6.2f} s wall  {result.decode_cpu:6.2f} s CPU  "
-        f"({result.addresses} IPAddresses + {result.addresses} claims from JSON)\n"
+        f"({result.addresses} IPAddresses + {result.addresses} claims from JSON, typed)\n"
         f"  compare:        {result.compare_wall:6.2f} s wall  {result.compare_cpu:6.2f} s CPU\n"
         f"  whole audit:    {result.wall:6.2f} s wall  {result.cpu:6.2f} s CPU (target < 5 s CPU)\n"
         f"  IPAM requests:  {sum(result.requests.values())} ({requests}; target: one list per "

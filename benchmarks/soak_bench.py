@@ -8,7 +8,7 @@ mock_phpipam run on 127.0.0.1 in the benchmark's process.
 
 Figures only, after the first round (the start: imports and first allocations done) and
 after the last: the size of every in-memory structure of the operator
-(`bridge.reconcilers.context.Context.sizes`, plus the cache's tombstones) with the operator in this
+(`bridge.operator.Operator.sizes`, plus the cache's tombstones) with the operator in this
 process, and the resident set size (``VmRSS``) of the operator run in a process of its own
 (`benchmarks.operator_process`, as in a pod), plus this process's RSS in the first run
 (emulator and mock included).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import CREDENTIALS, SUBNET_ID, seed_for, table
 from benchmarks.operator_process import OperatorProcess
-from bridge.reconcilers.context import Context
+from bridge.operator import NoQueue, Operator
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -69,15 +69,17 @@ def rss_kib() -> int:
     return 0
 
 
-def operator_context() -> Context:
-    """Return the running operator's `Context` (kept in kopf's memo, found by the GC)."""
-    found = [o for o in gc.get_objects() if isinstance(o, Context) and o.queue is not None]
+def operator_context() -> Operator:
+    """Return the running `Operator` (kept in kopf's memo, found by the GC)."""
+    found = [
+        o for o in gc.get_objects() if isinstance(o, Operator) and not isinstance(o.queue, NoQueue)
+    ]
     if len(found) != 1:
         raise RuntimeError(f"expected one running operator context, found {len(found)}")
     return found[0]
 
 
-def settled(ctx: Context, timeout: float = 30.0) -> dict[str, int]:
+def settled(ctx: Operator, timeout: float = 30.0) -> dict[str, int]:
     """Return `sizes` once the queue is idle and the caches hold no claim or address.
 
     The watches report the round's deletions a little after the API server made them; a
@@ -95,8 +97,8 @@ def settled(ctx: Context, timeout: float = 30.0) -> dict[str, int]:
         return sizes(ctx)
 
 
-def sizes(ctx: Context) -> dict[str, int]:
-    """Return `Context.sizes` plus the cache parts' tombstones (a private count, read here)."""
+def sizes(ctx: Operator) -> dict[str, int]:
+    """Return `Operator.sizes` plus the cache parts' tombstones (a private count, read here)."""
     found = ctx.sizes()
     parts = ("claims", "addresses", "pools", "clusters")
     found["cache.tombstones"] = sum(

@@ -3,7 +3,7 @@
 Pure functions only (no I/O). Shapes follow the CAPI API types
 (``api/ipam/v1beta2/ipaddressclaim_types.go``, ``ipaddress_types.go`` and their v1beta1
 counterparts) and the contract in the CAPI book (``docs/book/src/developer/providers/
-contracts/ipam.md``); see ``shared/reference/capi-ipam-contract.md`` sections 1 and 2.
+contracts/ipam.md``, https://cluster-api.sigs.k8s.io/developer/providers/contracts/ipam).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ __all__ = [
     "REQUESTED_ADDRESS_ANNOTATION",
     "SUPPORTED_VERSIONS",
     "Claim",
+    "Cluster",
     "PoolRef",
     "Reason",
     "build_ip_address",
@@ -63,7 +64,7 @@ GLOBAL_POOL_KINDS: Mapping[str, str] = {
     "GlobalPHPIPAMIPPool": "PHPIPAMIPPool",
     "GlobalInfobloxIPPool": "InfobloxIPPool",
 }
-#: Claim annotation asking for one specific address (DESIGN.md section 3).
+#: Claim annotation asking for one specific address.
 REQUESTED_ADDRESS_ANNOTATION = "ipam.cluster.x-k8s.io/requested-address"
 
 
@@ -93,7 +94,7 @@ class Reason(enum.StrEnum):
     """Every reason of a Ready condition or an Event the operator writes, claims' and pools'.
 
     A `enum.StrEnum`: members are the plain strings the API stores (CAPI ``v1beta2``
-    condition constants for claims; DESIGN.md section 3 for pools).
+    condition constants for claims; our own for pools, see the README).
     """
 
     # Claims: the Ready condition.
@@ -170,6 +171,11 @@ class Claim:
         ``(apiVersion group, kind, name)`` of each owner reference (e.g. the Cluster owning a
         control-plane endpoint claim, `control_plane.is_endpoint_claim`); never UIDs,
         which ``clusterctl move`` changes.
+    generation, resource_version:
+        ``metadata.generation`` (None when absent) and ``metadata.resourceVersion``.
+    status:
+        ``status`` as read: its conditions are written back merged (`claim_status`), so
+        another writer's conditions are kept exactly as they are.
     """
 
     api_version: str
@@ -184,6 +190,9 @@ class Claim:
     deleting: bool
     finalizers: tuple[str, ...] = ()
     owners: tuple[tuple[str, str, str], ...] = ()
+    generation: int | None = None
+    resource_version: str = ""
+    status: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Claim:
@@ -199,7 +208,12 @@ class Claim:
             model = IPAddressClaim.model_validate(body)
         except ValidationError as exc:
             raise ValueError(problem_of(exc)) from exc
-        return cls.from_model(model)
+        generation = (body.get("metadata") or {}).get("generation")
+        return replace(
+            cls.from_model(model),
+            generation=generation if isinstance(generation, int) else None,
+            status=body.get("status") or {},
+        )
 
     @classmethod
     def from_model(cls, claim: IPAddressClaim) -> Claim:
@@ -226,6 +240,28 @@ class Claim:
                 (ref.api_version.rpartition("/")[0], ref.kind, ref.name)
                 for ref in meta.owner_references
             ),
+            resource_version=meta.resource_version,
+        )
+
+    def updated(self, stored: Mapping[str, Any]) -> Claim:
+        """Return this claim as one of our writes returned it (the API server's object).
+
+        Metadata (finalizers, resourceVersion, generation, labels, annotations, deletion)
+        and status are taken from ``stored``; the rest is this claim's: our writes change
+        neither the spec nor the identity, and a changed generation tells of a new spec.
+        Cheaper than `from_body` (no validation) on the path of every write.
+        """
+        meta = stored.get("metadata") or {}
+        generation = meta.get("generation")
+        return replace(
+            self,
+            finalizers=tuple(meta.get("finalizers") or ()),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            generation=generation if isinstance(generation, int) else None,
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            deleting=bool(meta.get("deletionTimestamp")),
+            status=stored.get("status") or {},
         )
 
     @property
@@ -238,9 +274,115 @@ class Claim:
         """``<namespace>/<name>``, for logs and provenance."""
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def ready(self) -> tuple[str | None, str | None]:
+        """``(status, reason)`` of the claim's Ready condition, or ``(None, None)``.
+
+        From ``status.conditions``, or for a v1beta1 claim ``status.v1beta2.conditions``
+        when present (CAPI >= 1.9), else its CAPI conditions in ``status.conditions``.
+        """
+        conditions = self.status.get("conditions") or []
+        if self.version == "v1beta1":
+            conditions = (self.status.get("v1beta2") or {}).get("conditions") or conditions
+        return _ready_in(conditions)
+
+    def as_object(self) -> dict[str, Any]:
+        """Return the claim as an API object names it: apiVersion, kind and metadata.
+
+        ``metadata`` holds ``name``, ``namespace``, ``uid``, ``finalizers`` and
+        ``resourceVersion``: what a finalizer write guarded by the resourceVersion and an
+        Event about the claim need.
+        """
+        return {
+            "apiVersion": self.api_version,
+            "kind": "IPAddressClaim",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "finalizers": list(self.finalizers),
+                "resourceVersion": self.resource_version,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The parts of a CAPI ``Cluster`` the operator uses (v1beta2 or v1beta1).
+
+    Attributes
+    ----------
+    api_version, namespace, name, uid, resource_version:
+        Identity and the version read (a patch is guarded by it).
+    annotations:
+        ``metadata.annotations``.
+    paused:
+        ``spec.paused``.
+    deleting:
+        True once ``metadata.deletionTimestamp`` is set.
+    endpoint_host, endpoint_port:
+        ``spec.controlPlaneEndpoint`` (``""`` and 0 when not set).
+    variables:
+        ``spec.topology.variables`` as read (``{name, value}`` items); None when the Cluster
+        has no ``spec.topology`` (not built from a ClusterClass).
+    """
+
+    api_version: str
+    namespace: str
+    name: str
+    uid: str = ""
+    resource_version: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    paused: bool = False
+    deleting: bool = False
+    endpoint_host: str = ""
+    endpoint_port: int = 0
+    variables: tuple[Mapping[str, Any], ...] | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Cluster:
+        """Return the Cluster of an object as the API returns it (absent fields: defaults)."""
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        endpoint = spec.get("controlPlaneEndpoint") or {}
+        topology = spec.get("topology")
+        return cls(
+            api_version=str(body.get("apiVersion") or f"{CLUSTER_GROUP}/v1beta2"),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            annotations=dict(meta.get("annotations") or {}),
+            paused=bool(spec.get("paused")),
+            deleting=bool(meta.get("deletionTimestamp")),
+            endpoint_host=str(endpoint.get("host") or ""),
+            endpoint_port=int(endpoint.get("port") or 0),
+            variables=(
+                tuple(topology.get("variables") or ()) if isinstance(topology, Mapping) else None
+            ),
+        )
+
+    @property
+    def is_paused(self) -> bool:
+        """True while the Cluster carries the paused annotation or ``spec.paused: true``."""
+        return PAUSED_ANNOTATION in self.annotations or self.paused
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``, for logs."""
+        return f"{self.namespace}/{self.name}"
+
+    def as_object(self) -> dict[str, Any]:
+        """Return the Cluster as an API object names it (for Events about it)."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": "Cluster",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
 
 def hostname_for(claim: Claim, suffix: str | None) -> str:
-    """Return the claim's key in the external IPAM (DESIGN.md section 5).
+    """Return the claim's key in the external IPAM (its hostname there).
 
     ``<claim>.<namespace>``, plus ``.<suffix>`` when the pool sets ``hostnameSuffix``; the
     name survives restarts and ``clusterctl move`` (a UID would not).
@@ -373,7 +515,7 @@ def _merge(conditions: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> l
 
 
 def claim_status(
-    body: Mapping[str, Any],
+    claim: Claim,
     *,
     ready: bool,
     reason: str,
@@ -390,9 +532,9 @@ def claim_status(
     have no ``status.v1beta2``, and the API server prunes what is written there (structural
     schema pruning), so it is left out for them. Other conditions already present are kept.
     """
-    status = body.get("status") or {}
-    generation = (body.get("metadata") or {}).get("generation")
-    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+    status = claim.status
+    generation = claim.generation
+    version = claim.version
     patch: dict[str, Any] = {}
     if address_ref:
         patch["addressRef"] = {"name": address_ref}
@@ -438,6 +580,10 @@ def ready_of(body: Mapping[str, Any]) -> tuple[str | None, str | None]:
     conditions = status.get("conditions") or []
     if version == "v1beta1" and body.get("kind") == "IPAddressClaim":
         conditions = (status.get("v1beta2") or {}).get("conditions") or conditions
+    return _ready_in(conditions)
+
+
+def _ready_in(conditions: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
     for condition in conditions:
         if condition.get("type") == "Ready":
             return condition.get("status"), condition.get("reason")

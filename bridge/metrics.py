@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator (``/metrics`` on ``IPAM_BRIDGE_METRICS_PORT``).
 
-One `Metrics` object per operator, with its own registry (kept in the operator context, not
-in prometheus-client's global registry), so several operators can run in one process
-(tests, the demo). Labels carry pool and claim names, never credentials.
+One `Metrics` object per operator, with its own registry (kept in the
+`bridge.operator.Operator`, not in prometheus-client's global registry), so several
+operators can run in one process (tests, the demo). Labels carry pool and claim names,
+never credentials.
 """
 
 from __future__ import annotations
@@ -207,6 +208,21 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._claim_metrics()
+        self._backend_metrics()
+        self._audit_metrics()
+        self.leader = Gauge(
+            "ipam_bridge_leader",
+            "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
+            registry=self.registry,
+        )
+        self.last_success: float | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[str, str] = {}
+        self._server: tuple[WSGIServer, Thread] | None = None
+
+    def _claim_metrics(self) -> None:
+        """Register the claims' and pools' metrics."""
         self.allocations = Counter(
             "ipam_bridge_allocations",
             "Address allocations by pool and result.",
@@ -244,6 +260,9 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+
+    def _backend_metrics(self) -> None:
+        """Register the IPAM servers' metrics."""
         self.backend_last_success = Gauge(
             "ipam_bridge_backend_last_success_timestamp_seconds",
             "POSIX time of the last successful backend operation.",
@@ -268,6 +287,9 @@ class Metrics:
             ["endpoint", "result"],
             registry=self.registry,
         )
+
+    def _audit_metrics(self) -> None:
+        """Register the drift audit's metrics."""
         self.drift = Gauge(
             "ipam_bridge_drift",
             "Drift found by the last audit of each pool and left unresolved, by finding.",
@@ -280,15 +302,6 @@ class Metrics:
             ["pool", "kind"],
             registry=self.registry,
         )
-        self.leader = Gauge(
-            "ipam_bridge_leader",
-            "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
-            registry=self.registry,
-        )
-        self.last_success: float | None = None
-        self._lock = threading.Lock()
-        self._pending: dict[str, str] = {}
-        self._server: tuple[WSGIServer, Thread] | None = None
 
     @contextmanager
     def timed(self, backend: str, operation: str) -> Iterator[None]:

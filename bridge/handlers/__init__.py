@@ -1,12 +1,12 @@
 """kopf handlers of ipam-bridge, loaded by ``ipam-bridge run`` (or ``kopf run -m bridge.handlers``).
 
-Each handler is thin: it takes the operator context from ``memo.bridge``, calls a plain
-function of `claims` or `pool_backends`, and turns the result into status, events and
-kopf errors.
+Each handler is thin: it feeds the operator's cache and queues keys (`bridge.handlers.cache`,
+`bridge.handlers.claims`, `bridge.handlers.pools`), or starts and stops the operator
+(`bridge.handlers.lifecycle`, which runs the periodic `bridge.handlers.resync`); the
+decisions are the reconcilers' (`bridge.reconcilers`).
+One handler per resource and event, so the order of these imports does not matter.
 """
 
-# cache first: its event handlers run before the others of the same event (see its docstring).
-from bridge.handlers import cache  # isort: skip
-from bridge.handlers import claims, lifecycle, pools
+from bridge.handlers import cache, claims, lifecycle, pools
 
 __all__ = ["cache", "claims", "lifecycle", "pools"]

@@ -1,15 +1,13 @@
-"""Feed `bridge.runtime.cache` from the watches kopf runs: pools, Clusters and our IPAddresses.
+"""Feed the operator's cache (`bridge.objects.cache`) from the watches kopf runs.
 
-One event handler per resource puts every object kopf sees (its initial listing, additions,
-changes) into the operator's cache and drops deleted ones; a listing after a watch restart
-relists the cache (`Relists`). Claims are fed by
-`bridge.handlers.claims.claim_event`, which also decides whether the event needs a
-reconcile. The cache's initial list comes from the start-up handler (`bridge.runtime.cache.prime`).
-
-This module is imported before the other handler modules, so that its handlers run first for
-each event (kopf runs a resource's event handlers in registration order): a reconcile
-queued by another handler of the same event (a pool turning Ready wakes its claims) sees the
-cache updated.
+`cache_event` puts every object kopf sees (its initial listing, additions, changes) into
+the cache and drops deleted ones: it is the handler of our IPAddresses, and the first step
+of the handlers of pools (`bridge.handlers.pools.pool_event`) and Clusters
+(`bridge.handlers.claims.cluster_event`), so a reconcile they queue reads the cache as the
+event shows it. Claims are fed by `bridge.handlers.claims.claim_event`, which also decides
+whether the event needs a reconcile. A listing after a watch restart relists the cache
+(`Relists`). The cache's initial list comes from the start-up handler
+(`bridge.objects.cache.prime`).
 """
 
 from __future__ import annotations
@@ -18,22 +16,17 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Final, cast
 
 import kopf
 
 from bridge import capi
+from bridge.objects.cache import PARTS, Cache, Part, relist
+from bridge.objects.keys import claim_key, cluster_key, cluster_token, pool_key, pool_token
+from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
-from bridge.reconcilers.context import (
-    Context,
-    claim_key,
-    cluster_key,
-    cluster_token,
-    pool_key,
-    pool_token,
-)
-from bridge.runtime.cache import PARTS, Cache, ObjectCache, Relisted, relist
+from bridge.runtime.cache import ObjectCache, Relisted
 
 __all__ = ["Relists", "address_is_ours", "cache_event", "claim_seen", "queue_relisted"]
 
@@ -57,21 +50,26 @@ def address_is_ours(spec: kopf.Spec, **_: Any) -> bool:
 async def cache_event(
     type: str | None, body: kopf.Body, resource: kopf.Resource, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Put an IPAddress, pool or Cluster as seen into the cache; drop it when deleted."""
-    ctx: Context | None = memo.get("bridge")
-    if ctx is None:
+    """Put an IPAddress, pool or Cluster as seen into the cache; drop it when deleted.
+
+    The handler of IPAddresses; the handlers of pools and Clusters
+    (`bridge.handlers.pools.pool_event`, `bridge.handlers.claims.cluster_event`) call it
+    first, so what they queue or wake reads the cache as the event shows it.
+    """
+    op: Operator | None = memo.get("bridge")
+    if op is None:
         return
-    key: tuple[str, ...] = ctx.cache.key_of(body)
-    _relists(ctx).seen(resource.plural, type)
+    key: Hashable = op.cache.key_of(body)
+    _relists(op).seen(resource.plural, type)
     part: ObjectCache
     if resource.plural == "ipaddresses":
-        part = ctx.cache.addresses
+        part = op.cache.addresses
     elif resource.plural == "clusters":
-        part = ctx.cache.clusters
+        part = op.cache.clusters
         if type != "DELETED":
-            _relists(ctx).unpaused(part.get(key), body)
+            _relists(op).unpaused(part.get(key), body)
     else:
-        part, key = ctx.cache.pools, (str(body.get("kind")), *key)
+        part, key = op.cache.pools, op.cache.pool_key_of(body)
     part.apply(key, body, deleted=type == "DELETED")
 
 
@@ -89,19 +87,19 @@ class Relists:
 
     Parameters
     ----------
-    ctx:
-        The operator's context (its cache, its Kube, its queue).
+    op:
+        The operator (its cache, its Kubernetes client, its queue).
     clock:
         Monotonic seconds.
     """
 
-    def __init__(self, ctx: Context, clock: Callable[[], float] = time.monotonic) -> None:
-        self._ctx = ctx
+    def __init__(self, op: Operator, clock: Callable[[], float] = time.monotonic) -> None:
+        self._op = op
         self._clock = clock
         self._listing: dict[str, float] = {}  # resource -> when its last listing event came
         self._watched: set[str] = set()  # resources with a watch event since their listing
         self._task: asyncio.Task[None] | None = None
-        self._pending: list[str] = []  # parts to relist, in order
+        self._pending: list[Part] = []  # parts to relist, in order
 
     def seen(self, resource: str, type: str | None) -> None:
         """Record one event of ``resource`` (``type`` None: a listing); relist on a new listing."""
@@ -133,28 +131,28 @@ class Relists:
         if was and not now:
             self.request(("claims",))
 
-    def request(self, parts: tuple[str, ...]) -> None:
+    def request(self, parts: tuple[Part, ...]) -> None:
         """Make ``parts`` suspect at once and relist them (in the background, retried)."""
         for part in parts:
-            getattr(self._ctx.cache, part).suspect()
+            self._op.cache.part(part).suspect()
             if part not in self._pending:
                 self._pending.append(part)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._relist_all(), name="ipam-bridge relist")
 
     async def _relist_all(self) -> None:
-        ctx = self._ctx
+        op = self._op
         pending = self._pending
         while pending:
             part = pending[0]
             try:
                 result = await asyncio.to_thread(
                     relist,
-                    ctx.cache,
-                    ctx.kube,
+                    op.cache,
+                    op.kube,
                     part,
-                    version=ctx.address_version,
-                    namespaces=ctx.settings.namespaces,
+                    version=op.versions.address,
+                    namespaces=op.settings.namespaces,
                 )
             except Exception as exc:  # the API server still unreachable: try again
                 log.warning("relist of %s failed (%s): trying again", part, type(exc).__name__)
@@ -162,7 +160,7 @@ class Relists:
                 continue
             pending.pop(0)
             if result is not None:
-                count = queue_relisted(ctx, part, result)
+                count = queue_relisted(op, part, result)
                 log.info(
                     "%s relisted: %d gone, %d changed, %d queued",
                     part,
@@ -175,10 +173,10 @@ class Relists:
 _RELISTS: weakref.WeakKeyDictionary[Cache, Relists] = weakref.WeakKeyDictionary()
 
 
-def _relists(ctx: Context) -> Relists:
-    found = _RELISTS.get(ctx.cache)
+def _relists(op: Operator) -> Relists:
+    found = _RELISTS.get(op.cache)
     if found is None:
-        found = _RELISTS[ctx.cache] = Relists(ctx)
+        found = _RELISTS[op.cache] = Relists(op)
     return found
 
 
@@ -187,7 +185,7 @@ def _meta(body: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or ""), meta
 
 
-def queue_relisted(ctx: Context, part: str, result: Relisted) -> int:
+def queue_relisted(op: Operator, part: Part, result: Relisted) -> int:
     """Queue the keys a relist found gone or changed; return how many were queued or woken.
 
     Claims: the claim. IPAddresses: the claim of ``spec.claimRef``. Pools: the pool, and
@@ -201,30 +199,27 @@ def queue_relisted(ctx: Context, part: str, result: Relisted) -> int:
     ]:
         namespace, name, meta = _meta(body)
         if part == "claims":
-            ctx.enqueue(claim_key(namespace, name))
+            op.queue.add(claim_key(namespace, name))
         elif part == "addresses":
             ref = (body.get("spec") or {}).get("claimRef") or {}
-            ctx.enqueue(claim_key(namespace, str(ref.get("name") or name)))
+            op.queue.add(claim_key(namespace, str(ref.get("name") or name)))
         elif part == "pools":
-            kind = str(key[0])
+            kind = str(cast(tuple[str, ...], key)[0])
             pool_namespace = capi.pool_namespace(kind, namespace)
-            ctx.enqueue(pool_key(pool_namespace, kind, name))
-            ctx.wake(pool_token(pool_namespace, kind, name))
+            op.queue.add(pool_key(pool_namespace, kind, name))
+            op.queue.wake(pool_token(pool_namespace, kind, name))
         else:
             if gone or not capi.is_paused(meta.get("annotations"), body.get("spec")):
-                ctx.wake(cluster_token(namespace, name))
+                op.queue.wake(cluster_token(namespace, name))
             if endpoints.wants_endpoint(meta.get("annotations")):
-                ctx.enqueue(cluster_key(namespace, name))
+                op.queue.add(cluster_key(namespace, name))
         count += 1
     return count
 
 
-def claim_seen(ctx: Context, type: str | None) -> None:
+def claim_seen(op: Operator, type: str | None) -> None:
     """Record a claim's event for `Relists` (called by the claims' own event handler)."""
-    _relists(ctx).seen("ipaddressclaims", type)
+    _relists(op).seen("ipaddressclaims", type)
 
 
 kopf.on.event(capi.GROUP, "ipaddresses", id="cache", when=address_is_ours)(cache_event)
-for _plural in capi.POOL_KINDS.values():
-    kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="cache")(cache_event)
-kopf.on.event(capi.CLUSTER_GROUP, "clusters", id="cache")(cache_event)

@@ -4,7 +4,7 @@ kopf watches; `claims.reconcile_claim` decides from the claim's current state. U
 ``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
 last-handled-configuration or progress annotations): a claim that is not ours is never
 written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
-any other (``shared/reference/real-cluster.md``, items 1 and 2). The filter keeps claims of
+any other. The filter keeps claims of
 other providers out of the queue entirely.
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 import kopf
 
 from bridge import capi
-from bridge.handlers.cache import claim_seen
+from bridge.handlers.cache import cache_event, claim_seen
+from bridge.objects.keys import claim_key, cluster_key, cluster_token
+from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
-from bridge.reconcilers.context import Context, claim_key, cluster_key, cluster_token
 
 __all__ = ["claim_event", "claim_is_ours", "cluster_event"]
 
@@ -36,39 +37,47 @@ async def claim_event(
 ) -> None:
     """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
 
-    The claim goes into the operator's cache (`bridge.runtime.cache`) first; an event that tells the
-    cache nothing new (the echo of our own write, already written through) queues nothing.
+    The claim goes into the operator's cache (`bridge.objects.cache`) first; an event that
+    tells the cache nothing new (the echo of our own write, already written through) queues
+    nothing.
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
     deleted, the Cluster gets a new one.
     """
-    ctx: Context = memo.bridge
+    op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    claim_seen(ctx, type)  # a listing after a watch restart relists the cache
-    changed = ctx.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
+    claim_seen(op, type)  # a listing after a watch restart relists the cache
+    changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
     if changed or type in (None, "DELETED"):
-        ctx.enqueue(claim_key(namespace, name))
+        op.queue.add(claim_key(namespace, name))
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:
-        ctx.enqueue(cluster_key(namespace, str(cluster)))
+        op.queue.add(cluster_key(namespace, str(cluster)))
 
 
 @kopf.on.event(capi.CLUSTER_GROUP, "clusters")
 async def cluster_event(
-    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Wake the claims waiting for this Cluster when it is not paused (or is gone).
 
     Claims of a paused or missing Cluster are parked in the work queue under the Cluster's
     wake token; an unpause, a creation or a deletion ends their wait without any polling.
     A Cluster asking for a control-plane endpoint (`control_plane.POOL_ANNOTATION`) is
-    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not.
+    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not. The
+    Cluster goes into the operator's cache first (`bridge.handlers.cache.cache_event`).
     """
-    ctx: Context = memo.bridge
+    await cache_event(type, body, resource, memo)
+    op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     if type == "DELETED" or not capi.is_paused(meta.get("annotations"), body.get("spec")):
-        ctx.wake(cluster_token(namespace, name))
+        op.queue.wake(cluster_token(namespace, name))
     if endpoints.wants_endpoint(meta.get("annotations")):
-        ctx.enqueue(cluster_key(namespace, name))
+        op.queue.add(cluster_key(namespace, name))

@@ -1,4 +1,4 @@
-"""Start-up, clean-up, login and probe handlers: the operator context and kopf's settings."""
+"""Start-up, clean-up, login and probe handlers: the `bridge.operator.Operator`, kopf's settings."""
 
 from __future__ import annotations
 
@@ -13,17 +13,15 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
-from bridge.handlers.pools import purge_forever, resync_forever
+from bridge.handlers.resync import purge_forever, resync_forever
 from bridge.metrics import PortUnavailableError
+from bridge.objects.cache import Cache, prime
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
 from bridge.reconcilers.audit import audit_forever
-from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context
-from bridge.reconcilers.control_plane import reconcile_cluster
-from bridge.reconcilers.pools import reconcile_pool
-from bridge.runtime import logcontext
-from bridge.runtime.cache import prime
+from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.fence import Fence
-from bridge.runtime.gateway import Kube, NotServedError, access_denied, api_client
+from bridge.runtime.gateway import NotServedError, access_denied, api_client
 from bridge.runtime.kubeconfig import kopf_connection_info
 from bridge.runtime.leader import (
     LEASE_NAME,
@@ -36,7 +34,7 @@ from bridge.runtime.leader import (
     lease_fence,
     lease_namespace,
 )
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result, WorkQueue
 from bridge.settings import Settings
 
 __all__ = [
@@ -45,7 +43,6 @@ __all__ = [
     "election_lock",
     "login",
     "probe",
-    "reconcile",
     "start_work",
     "startup",
 ]
@@ -54,9 +51,8 @@ log = logging.getLogger(__name__)
 
 #: kopf's own bookkeeping names: private to ipam-bridge, never a contract name. The handlers
 #: use only ``kopf.on.event``, so kopf writes none of them on claims or pools; they are set
-#: so that nothing kopf might ever write collides with another controller's names (v0.1 used
-#: the contract's ``ReleaseAddress`` as kopf's finalizer: kopf then stripped it from other
-#: providers' claims, ``shared/reference/real-cluster.md`` item 1).
+#: so that nothing kopf might ever write collides with another controller's names (were it
+#: the contract's ``ReleaseAddress``, kopf would strip it from other providers' claims).
 KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
@@ -105,7 +101,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     )
     # The event handlers only queue keys; the work queue has its own worker threads.
     settings.execution.max_workers = max(2, min(bridge.workers, 4))
-    # kopf no longer turns log lines into Events; we post our own.
+    # kopf turns no log line into an Event; we post our own.
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup. A watch request asks the server to end
     # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later; kopf also drops a
@@ -119,7 +115,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # kopf keeps one task per object for this long after its last event (default 5 s); the
     # event handlers only queue keys, so a short idle time keeps memory low when the start-up
-    # listing brings every claim and IPAddress at once (issue 15: 10,000 bound claims).
+    # listing brings every claim and IPAddress at once (10,000 bound claims and more).
     settings.queueing.idle_timeout = 0.5
 
 
@@ -133,54 +129,17 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
     return kopf_connection_info()
 
 
-def reconcile(ctx: Context, key: Hashable) -> Decision:
-    """Route a work-queue key to its service.
-
-    `context.claim_key` to `bridge.reconcilers.claims.reconcile_claim`, ``pool_key`` to
-    `bridge.reconcilers.pools.reconcile_pool`, ``cluster_key`` to
-    `control_plane.reconcile_cluster`. The backend clients it takes are held until it
-    returns (`bridge.reconcilers.context.BackendCache.holding`): none is closed under it.
-
-    Raises
-    ------
-    ValueError
-        For a key of no known kind (a bug).
-    """
-    with ctx.backends.holding():
-        return _route(ctx, key)
-
-
-def _route(ctx: Context, key: Hashable) -> Decision:
-    """Run the service of ``key`` (`reconcile`); ValueError for an unknown key."""
-    match key:
-        case ("claim", str(namespace), str(name)):
-            with logcontext.about(
-                f"{GROUP}/{ctx.address_version}", "IPAddressClaim", namespace, name
-            ):
-                return reconcile_claim(ctx, namespace, name)
-        case ("pool", str(namespace), str(kind), str(name)):
-            with logcontext.about(f"{GROUP}/v1alpha1", kind, namespace, name):
-                return reconcile_pool(ctx, namespace, kind, name)
-        case ("cluster", str(namespace), str(name)):
-            with logcontext.about(
-                f"{CLUSTER_GROUP}/{ctx.cluster_version}", "Cluster", namespace, name
-            ):
-                return reconcile_cluster(ctx, namespace, name)
-    raise ValueError(f"unknown work-queue key {key!r}")
-
-
-def start_work(ctx: Context) -> list[asyncio.Task[None]]:
+def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
     """Start the work of the replica that handles objects: queue, resync, purge, drift audit.
 
     They run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
     """
-    assert ctx.queue is not None
     return [
-        asyncio.create_task(ctx.queue.run(), name="ipam-bridge work queue"),
-        asyncio.create_task(resync_forever(ctx), name="ipam-bridge resync"),
-        asyncio.create_task(purge_forever(ctx), name="ipam-bridge quarantine purge"),
+        asyncio.create_task(queue.run(), name="ipam-bridge work queue"),
+        asyncio.create_task(resync_forever(op), name="ipam-bridge resync"),
+        asyncio.create_task(purge_forever(op), name="ipam-bridge quarantine purge"),
         # Its own thread, not the work queue's workers (IPAM_BRIDGE_AUDIT_SECONDS; 0 = off).
-        asyncio.create_task(audit_forever(ctx), name="ipam-bridge drift audit"),
+        asyncio.create_task(audit_forever(op), name="ipam-bridge drift audit"),
     ]
 
 
@@ -192,17 +151,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     >= 1.11, else v1beta1; without Clusters, control-plane endpoints are off).
 
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
-    is 0; the `Context` (with its own metrics registry and the work queue) goes to
-    ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as tasks on
-    kopf's loop until the clean-up. The operator's cache (`bridge.runtime.cache`) gets its initial
-    list here (`bridge.runtime.cache.prime`), before kopf starts watching.
+    is 0; the `bridge.operator.Operator` (with its own metrics registry and the work queue)
+    goes to ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as
+    tasks on kopf's loop until the clean-up. The operator's cache (`bridge.objects.cache`)
+    gets its initial list here (`bridge.objects.cache.prime`), before kopf starts watching.
 
     With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
-    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then kopf's event
-    handlers only queue keys in memory. Losing the Lease cancels them and stops the operator
-    through ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`, given by ``ipam-bridge
-    run``): the process exits 1. Every Kubernetes write and IPAM write checks the replica's
-    `bridge.runtime.fence.Fence` first, in its own thread.
+    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then kopf's
+    event handlers only queue keys in memory. Losing the Lease cancels them and stops the
+    operator through ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`, given by
+    ``ipam-bridge run``): the process exits 1. Every Kubernetes write and IPAM write checks
+    the replica's `bridge.runtime.fence.Fence` first, in its own thread.
 
     Raises
     ------
@@ -216,11 +175,49 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # Loading the kubeconfig may run an exec plugin: never on the event loop.
     lock = await asyncio.to_thread(election_lock, bridge) if bridge.leader_election else None
     fence = Fence.open() if lock is None else lease_fence(lock)
-    kube = Kube(
+    cache = Cache()
+    kube = ObjectClient(
         await asyncio.to_thread(
             api_client, pool_size=bridge.workers, timeout=bridge.kube_timeout, fence=fence.check
-        )
+        ),
+        on_stored=cache.stored,
+        on_deleted=cache.deleted,
     )
+    versions = await _served_versions(kube, bridge)
+    op, queue = _build(bridge, kube, versions, cache, fence)
+    # The cache's initial list, before kopf's watches start (no API read on a claim's hot
+    # path).
+    await asyncio.to_thread(
+        prime, op.cache, kube, version=versions.address, namespaces=bridge.namespaces
+    )
+    _serve_metrics(op)
+    memo.bridge = op
+    memo.work_queue = queue
+    if lock is None:
+        op.metrics.leader.set(1)
+        memo.tasks = start_work(op, queue)
+        return
+    stop: OperatorStop | None = memo.get("operator_stop")
+    memo.leadership = Leadership(
+        lock,
+        start_work=lambda: start_work(op, queue),
+        metrics=op.metrics,
+        stop_operator=stop,
+        arm_exit=None if stop is None else stop.arm,
+        fence=fence,
+        kube=op.kube,
+    )
+    memo.leadership.start()
+
+
+async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersions:
+    """Detect the served IPAddress and Cluster versions; check that claims may be listed.
+
+    Raises
+    ------
+    kopf.PermanentError
+        When the CAPI IPAM CRDs are not served, or the API server refuses the operator.
+    """
     try:
         version = await asyncio.to_thread(
             kube.preferred_version, GROUP, "ipaddresses", SUPPORTED_VERSIONS
@@ -243,44 +240,53 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     except NotServedError:
         cluster_version = None
         log.warning("CAPI Clusters are not served: control-plane endpoints off")
-    ctx = Context(
-        settings=bridge,
-        kube=kube,
-        address_version=version,
-        cluster_version=cluster_version,
-        flow=bridge.flow_control(fence=fence.check),
-    )
-    # The cache's initial list, before kopf's watches start (bridge.runtime.cache: no API read on a
-    # claim's hot path).
-    await asyncio.to_thread(prime, ctx.cache, kube, version=version, namespaces=bridge.namespaces)
-    if bridge.metrics_port:
-        try:
-            port = ctx.metrics.serve(bridge.metrics_port, bridge.metrics_address)
-        except PortUnavailableError as exc:
-            raise kopf.PermanentError(str(exc)) from exc
-        log.info("serving metrics on :%d/metrics", port)
-    ctx.queue = WorkQueue(
-        lambda key: reconcile(ctx, key),
+    return ServedVersions(version, cluster_version)
+
+
+def _build(
+    bridge: Settings, kube: ObjectClient, versions: ServedVersions, cache: Cache, fence: Fence
+) -> tuple[Operator, WorkQueue]:
+    """Return the operator and its work queue, each knowing the other."""
+    op: Operator | None = None
+
+    def reconcile(key: Hashable) -> Result:
+        assert op is not None  # built below, before the queue runs
+        return op.reconcile(key)
+
+    queue = WorkQueue(
+        reconcile,
         workers=bridge.workers,
         error_delay=bridge.error_backoff_seconds,
         max_error_delay=bridge.error_backoff_max_seconds,
     )
-    memo.bridge = ctx
-    if lock is None:
-        ctx.metrics.leader.set(1)
-        memo.tasks = start_work(ctx)
-        return
-    stop: OperatorStop | None = memo.get("operator_stop")
-    memo.leadership = Leadership(
-        lock,
-        start_work=lambda: start_work(ctx),
-        metrics=ctx.metrics,
-        stop_operator=stop,
-        arm_exit=None if stop is None else stop.arm,
-        fence=fence,
-        kube=ctx.kube,
+    op = Operator(
+        settings=bridge,
+        kube=kube,
+        versions=versions,
+        queue=queue,
+        background_events=True,
+        cache=cache,
+        flow=bridge.flow_control(fence=fence.check),
     )
-    memo.leadership.start()
+    return op, queue
+
+
+def _serve_metrics(op: Operator) -> None:
+    """Serve ``/metrics`` on ``IPAM_BRIDGE_METRICS_PORT`` unless it is 0.
+
+    Raises
+    ------
+    kopf.PermanentError
+        When the port cannot be bound.
+    """
+    bridge = op.settings
+    if not bridge.metrics_port:
+        return
+    try:
+        port = op.metrics.serve(bridge.metrics_port, bridge.metrics_address)
+    except PortUnavailableError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
+    log.info("serving metrics on :%d/metrics", port)
 
 
 def election_lock(bridge: Settings) -> ElectionLock:
@@ -310,9 +316,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    ctx = memo.get("bridge")
-    if ctx is not None:
-        await asyncio.to_thread(ctx.close)
+    op = memo.get("bridge")
+    if op is not None:
+        await asyncio.to_thread(op.close)
 
 
 @kopf.on.probe(id="bridge")
@@ -327,7 +333,8 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     Parameters
     ----------
     memo:
-        kopf's operator memo; ``memo.bridge`` is the `Context` once start-up is done.
+        kopf's operator memo; ``memo.bridge`` is the `bridge.operator.Operator` once
+        start-up is done.
 
     Returns
     -------
@@ -346,23 +353,23 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         started or finished: kopf then answers the liveness probe with HTTP 500 and the
         kubelet restarts the pod.
     """
-    ctx: Context | None = memo.get("bridge")
-    if ctx is None:
+    op: Operator | None = memo.get("bridge")
+    if op is None:
         return {"started": False}
-    stalled = ctx.queue.stalled() if ctx.queue is not None else 0.0
-    limit = ctx.settings.stall_seconds
+    stalled = op.queue.stalled()
+    limit = op.settings.stall_seconds
     if limit and stalled > limit:
         raise RuntimeError(
             f"the work queue made no progress for {stalled:.0f}s while keys are due"
             " (hung workers or a blocked event loop)"
         )
-    last = ctx.metrics.last_success
+    last = op.metrics.last_success
     return {
         "started": True,
-        "capiVersion": ctx.address_version,
-        "pools": len(ctx.metrics.pools()),
-        "backends": len(ctx.backends),
-        "claimsPending": len(ctx.metrics.pending_claims()),
+        "capiVersion": op.versions.address,
+        "pools": len(op.metrics.pools()),
+        "backends": len(op.backends),
+        "claimsPending": len(op.metrics.pending_claims()),
         "lastBackendSuccess": None
         if last is None
         else datetime.datetime.fromtimestamp(last, datetime.UTC).isoformat(),

@@ -1,183 +1,57 @@
-"""kopf handlers of our pools, and the periodic refresh: they only queue keys.
+"""kopf handlers of our pools: they feed the cache and queue keys.
 
 `bridge.reconcilers.pools.reconcile_pool` checks a pool against its IPAM, writes its status and
 guards its deletion. A pool event queues the pool only when its state calls for it
 (`bridge.reconcilers.pools.needs_check`: found at start-up, new or moved without status, spec
-changed, being deleted), so the pool's own status writes do not loop. Every
-``IPAM_BRIDGE_POOL_REFRESH_SECONDS`` all pools are queued (usage, readiness). A Ready pool
-wakes the claims waiting for it.
+changed, being deleted), so the pool's own status writes do not loop. A Ready pool wakes
+the claims waiting for it; the periodic refresh is `bridge.handlers.resync`.
 
 Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: kopf
 watches them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces, and
-their work-queue keys carry the namespace ``""``. `purge_forever` deletes the IPAM entries
-whose reuse grace period ended (`bridge.reconcilers.pools.purge_quarantined`).
+their work-queue keys carry the namespace ``""``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any
 
 import kopf
 
-from backends.errors import BackendError
 from bridge import capi
-from bridge.reconcilers.context import Context, claim_key, cluster_key, pool_key, pool_token
-from bridge.reconcilers.control_plane import wants_endpoint
-from bridge.reconcilers.errors import PoolError
-from bridge.reconcilers.pool_backends import parse_pool
-from bridge.reconcilers.pools import needs_check, purge_quarantined
+from bridge.handlers.cache import cache_event
+from bridge.objects.keys import pool_key, pool_token
+from bridge.operator import Operator
+from bridge.reconcilers.pools import needs_check
 
-__all__ = ["pool_event", "purge_forever", "resync_forever"]
-
-log = logging.getLogger(__name__)
+__all__ = ["pool_event"]
 
 
 async def pool_event(
-    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Queue the pool when it needs a reconcile; wake its waiting claims when it was checked.
 
     The claims waiting for a pool are woken by its events once its current spec was checked
     (Ready True, or False for ``observedGeneration`` = ``generation``: they then show why
-    they wait) and when it is deleted. The event comes after the pool is in the operator's
-    cache (`bridge.handlers.cache`), so a woken claim reads what the event shows.
+    they wait) and when it is deleted. The pool goes into the operator's cache first
+    (`bridge.handlers.cache.cache_event`), so a woken claim reads what the event shows.
     """
-    ctx: Context = memo.bridge
+    await cache_event(type, body, resource, memo)
+    op: Operator = memo.bridge
     name, kind = str(meta.get("name")), str(body["kind"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
     if type == "DELETED" or needs_check(body, listing=type is None):
-        ctx.enqueue(pool_key(namespace, kind, name))
+        op.queue.add(pool_key(namespace, kind, name))
     ready = capi.ready_of(body)[0]
     checked = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
     if type == "DELETED" or ready == "True" or (ready == "False" and checked):
-        ctx.wake(pool_token(namespace, kind, name))
+        op.queue.wake(pool_token(namespace, kind, name))
 
 
 for _plural in capi.POOL_KINDS.values():
     kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="pool")(pool_event)
-
-
-def _pools(ctx: Context) -> list[tuple[str, str, dict[str, Any]]]:
-    """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
-    found = []
-    for kind in capi.POOL_KINDS:
-        for body in ctx.kube.list_pools(kind, ctx.settings.namespaces):
-            namespace = capi.pool_namespace(
-                kind, str((body.get("metadata") or {}).get("namespace") or "")
-            )
-            found.append((namespace, kind, body))
-    return found
-
-
-def _queue_pools(ctx: Context) -> int:
-    count = 0
-    for namespace, kind, body in _pools(ctx):
-        ctx.enqueue(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
-        count += 1
-    return count
-
-
-def _queue_claims(ctx: Context) -> int:
-    count = 0
-    for body in ctx.kube.list_claims(ctx.address_version, ctx.settings.namespaces):
-        ref = (body.get("spec") or {}).get("poolRef") or {}
-        if not capi.PoolRef(
-            str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-        ).is_ours:
-            continue
-        meta = body.get("metadata") or {}
-        ctx.enqueue(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
-        count += 1
-    return count
-
-
-def _queue_clusters(ctx: Context) -> int:
-    """Queue every Cluster that asks for a control-plane endpoint (none when not served)."""
-    if ctx.cluster_version is None:
-        return 0
-    count = 0
-    for body in ctx.kube.list_clusters(ctx.settings.namespaces) or []:
-        meta = body.get("metadata") or {}
-        if wants_endpoint(meta.get("annotations")):
-            ctx.enqueue(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
-            count += 1
-    return count
-
-
-async def resync_forever(ctx: Context) -> None:
-    """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
-
-    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
-    that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
-    the safety net of level-triggered handling: whatever an event missed, the next pass
-    decides again from the objects' state. A list that fails is logged and tried at the next
-    tick.
-    """
-    loop = asyncio.get_running_loop()
-    next_pools = loop.time() + ctx.settings.pool_refresh_seconds
-    resync = ctx.settings.resync_seconds
-    next_claims = loop.time() + resync if resync else None
-    while True:
-        due = min(t for t in (next_pools, next_claims) if t is not None)
-        await asyncio.sleep(max(due - loop.time(), 0.0))
-        now = loop.time()
-        try:
-            if now >= next_pools:
-                next_pools = now + ctx.settings.pool_refresh_seconds
-                await asyncio.to_thread(_queue_pools, ctx)
-            if next_claims is not None and now >= next_claims:
-                next_claims = now + resync
-                count = await asyncio.to_thread(_queue_claims, ctx)
-                clusters = await asyncio.to_thread(_queue_clusters, ctx)
-                log.debug("resync: %d claims and %d Clusters queued", count, clusters)
-        except Exception:
-            log.exception("periodic resync failed; trying again at the next tick")
-
-
-#: Every this many purge passes, the pools without a grace period are purged too.
-ALL_POOLS_EVERY = 10
-
-
-def _purge(ctx: Context, *, every_pool: bool) -> int:
-    """Purge ended quarantines of the pools with a grace period (``every_pool``: of all).
-
-    A pool whose grace period was set back to 0 may still hold quarantined entries: the
-    passes over every pool (one in `ALL_POOLS_EVERY`) delete those once their time came.
-    Returns the number of entries deleted; a pool that fails is logged and tried at the next
-    pass.
-    """
-    deleted = 0
-    for namespace, kind, body in _pools(ctx):
-        name = str((body.get("metadata") or {}).get("name"))
-        if not every_pool:
-            try:
-                if parse_pool(body).grace_period_seconds <= 0:
-                    continue
-            except PoolError:
-                continue
-        try:
-            deleted += len(purge_quarantined(ctx, namespace, kind, name))
-        except (PoolError, BackendError) as exc:
-            log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
-    return deleted
-
-
-async def purge_forever(ctx: Context) -> None:
-    """Delete the IPAM entries whose quarantine ended, at start and then periodically.
-
-    Runs on the leader only (started with the work queue, `bridge.handlers.lifecycle`), until
-    cancelled. The pools with ``addressReuseGracePeriodSeconds`` > 0 are purged at once and
-    then every ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` (default 30; one list request per
-    subnet each); every pool is purged one pass in `ALL_POOLS_EVERY` (not at start-up: a
-    restart costs no backend call for pools without a grace period).
-    """
-    passes = 0
-    while True:
-        passes += 1
-        try:
-            await asyncio.to_thread(_purge, ctx, every_pool=passes % ALL_POOLS_EVERY == 0)
-        except Exception:
-            log.exception("quarantine purge failed; trying again at the next tick")
-        await asyncio.sleep(ctx.settings.quarantine_purge_seconds)

@@ -2,7 +2,7 @@
 
 `reconcile_claim` is called by the work queue for every sight of a claim (a watch event, the
 start-up listing, the periodic resync, a wake-up) and makes the same decision from the
-claim's current state each time (DESIGN.md section 5):
+claim's current state each time (``docs/architecture.md``, "The flow of a claim"):
 
 - not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
 - being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
@@ -29,12 +29,13 @@ quarantine: the IPAM entry stays, marked until the grace period ends.
 
 Waiting is quiet: a claim that waits writes its status only when the condition it shows
 changes, and is parked in the work queue under what ends the wait (its Cluster, its pool)
-instead of being retried through kopf (``shared/reference/real-cluster.md``, item 3).
+instead of being retried through kopf (whose retries write progress annotations on the
+claim at every attempt).
 
-A claim's IPAM work is admitted per endpoint (`backends.flowcontrol.FlowControl`): when its
-pool's endpoint already has its limit of claims in flight, the claim parks under
-`backends.flowcontrol.endpoint_token` (no API request, no status change, no worker held) and
-is queued again when a place is kept for it.
+A claim's IPAM work is admitted per IPAM server (`flowcontrol`): when its pool's server
+already has its limit of claims in flight, the claim parks under
+`flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
+queued again when a place is kept for it.
 """
 
 from __future__ import annotations
@@ -44,18 +45,23 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
-from backends.flowcontrol import endpoint_key, endpoint_token
+from backends.flowcontrol import FlowControl, endpoint_key, endpoint_token
 from bridge import capi
-from bridge.capi import Claim, Reason
+from bridge.capi import Claim, Cluster, Reason
+from bridge.metrics import Metrics
 from bridge.models import IPAddress
-from bridge.reconcilers.context import Context, claim_key, cluster_token, pool_key, pool_token
+from bridge.objects.cache import Cache
+from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.reconcilers.backend_clients import PoolClients
+from bridge.reconcilers.context import Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
 from bridge.reconcilers.errors import (
     ClaimError,
@@ -71,20 +77,96 @@ from bridge.reconcilers.pool_backends import (
     parse_pool,
     with_location,
 )
-from bridge.reconcilers.pools import backend_for
 from bridge.runtime.cache import MISSING, ObjectCache
+from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Outcome, Write
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.holds import PendingHolds
+from bridge.runtime.workqueue import Result
+from bridge.settings import Settings
 
-__all__ = ["description_for", "reconcile_claim"]
+__all__ = ["ClaimApi", "ClaimDeps", "description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
+
+
+class ClaimApi(Protocol):
+    """The Kubernetes reads and writes of the claim reconciler (`bridge.objects.client`)."""
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a claim, or None."""
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an IPAddress, or None."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a CAPI Cluster, or None."""
+
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
+        """Add or remove a finalizer of the claim as read."""
+
+    def patch_claim_status(
+        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Write:
+        """Merge-patch the claim's status."""
+
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an IPAddress (a conflict carries the existing one)."""
+
+    def delete_ip_address(
+        self, version: str, namespace: str, name: str, current: Mapping[str, Any] | None = None
+    ) -> Write:
+        """Delete an IPAddress, our finalizer first."""
+
+
+@dataclass
+class ClaimDeps:
+    """What the claim reconciler uses (`reconcile_claim`).
+
+    Attributes
+    ----------
+    settings:
+        The operator settings (retry delays).
+    kube:
+        The Kubernetes objects (claims, IPAddresses; pools and Clusters the cache lacks).
+    versions:
+        The served CAPI versions (and whether v1beta1 claims keep ``status.v1beta2``).
+    cache:
+        The informer cache a claim is decided from.
+    queue:
+        Where keys go: a pool to look at again, a claim whose status write showed a change.
+    events:
+        Where Events about claims are told.
+    metrics:
+        The Prometheus metrics.
+    clients:
+        The pools' backend clients.
+    flow:
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): claims of a
+        pool found exhausted wait without an IPAM call; claims in flight per server.
+    holds:
+        Claims between their look at their pool and their finalizer write (counted by a
+        pool's deletion guard, `bridge.runtime.holds.PendingHolds`).
+    """
+
+    settings: Settings
+    kube: ClaimApi
+    versions: ServedVersions
+    cache: Cache
+    queue: Queue
+    events: EventSink
+    metrics: Metrics
+    clients: PoolClients
+    flow: FlowControl
+    holds: PendingHolds
 
 
 class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
     """The claim waits; ``decision`` says for what (and the status to show, if any)."""
 
-    def __init__(self, decision: Decision, error: ClaimError | None = None) -> None:
+    def __init__(self, decision: Result, error: ClaimError | None = None) -> None:
         super().__init__(error.message if error else "waiting")
         self.decision = decision
         self.error = error
@@ -104,19 +186,19 @@ def description_for(claim: Claim) -> str:
 # -- the decision --------------------------------------------------------------------------
 
 
-def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
+def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what one claim needs now (called by the work queue).
 
     Parameters
     ----------
-    ctx:
-        The operator context.
+    deps:
+        What the claim reconciler uses.
     namespace, name:
         The claim.
 
     Returns
     -------
-    Decision
+    Result
         Done, a retry after a delay (`errors.retry_delay`), or a wait parked under the
         claim's Cluster or pool.
 
@@ -127,88 +209,90 @@ def reconcile_claim(ctx: Context, namespace: str, name: str) -> Decision:
 
     Notes
     -----
-    Whatever the pass decides (or raises), the claim's place in an endpoint's line is settled
-    afterwards (`backends.flowcontrol.FlowControl.settle`): kept while it waits for that
-    endpoint, else given to the next waiting claim.
+    Whatever the pass decides (or raises), the claim's place in an IPAM server's line is
+    settled afterwards (`backends.flowcontrol.FlowControl.settle`): kept while it
+    waits for that server, else given to the next waiting claim.
     """
-    decision: Decision | None = None
+    decision: Result | None = None
     try:
-        decision = _decide(ctx, namespace, name)
+        decision = _reconcile(deps, namespace, name)
         return decision
     finally:
         waits_on = decision.wake_on if decision is not None else ()
-        ctx.flow.settle(claim_key(namespace, name), waits_on)
+        deps.flow.settle(claim_key(namespace, name), waits_on)
 
 
-def _decide(ctx: Context, namespace: str, name: str) -> Decision:
+def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
-    body = _claim_of(ctx, namespace, name)
-    if body is None:
-        ctx.metrics.pending(f"{namespace}/{name}", None)
-        return Decision.done()
+    found = _claim_of(deps, namespace, name)
+    if found is None:
+        deps.metrics.pending(f"{namespace}/{name}", None)
+        return Result.done()
     try:
-        claim = Claim.from_body(body)
+        claim = Claim.from_body(found)
     except ValueError:
-        return Decision.done()  # no poolRef kind/name: not a claim we can serve
+        return Result.done()  # no poolRef kind/name: not a claim we can serve
     if not claim.pool_ref.is_ours:
-        return Decision.done()
+        return Result.done()
     try:
         if claim.deleting:
-            return _release(ctx, body, claim)
-        return _ensure(ctx, body, claim)
+            return _release(deps, claim)
+        return _reconcile_live(deps, claim)
     except _Wait as wait:
         if wait.error is not None:
             reason, message = wait.error.reason, wait.error.message
-            _show(ctx, body, claim, ready=False, reason=reason, message=message)
-            ctx.metrics.pending(claim.key, reason)
+            _update_status(deps, claim, ready=False, reason=reason, message=message)
+            deps.metrics.pending(claim.key, reason)
         return wait.decision
     except ClaimError as error:
-        _show(ctx, body, claim, ready=False, reason=error.reason, message=error.message)
-        ctx.metrics.pending(claim.key, error.reason)
-        return Decision.retry(error.delay)
+        _update_status(deps, claim, ready=False, reason=error.reason, message=error.message)
+        deps.metrics.pending(claim.key, error.reason)
+        return Result.requeue_after(error.delay)
     except ApiException as exc:
         if exc.status == 409:  # the claim changed under us: its watch event queues it again
-            return Decision.retry(1.0)
+            return Result.requeue_after(1.0)
         raise
 
 
-def _paused(ctx: Context, claim: Claim) -> None:
+def _paused(deps: ClaimDeps, claim: Claim) -> None:
     """Raise `_Wait` while the claim or its Cluster is paused, or its Cluster is missing.
 
     The Cluster comes from ``spec.clusterName`` or the cluster-name label. A claim being
     deleted whose Cluster is gone proceeds, so a cluster teardown cannot deadlock
-    (in-cluster provider issue #289). A paused claim is woken by its own update (the
-    annotation removed), a claim of a paused or missing Cluster by that Cluster's watch.
+    (https://github.com/kubernetes-sigs/cluster-api-ipam-provider-in-cluster/issues/289).
+    A paused claim is woken by its own update (the annotation removed), a claim of a
+    paused or missing Cluster by that Cluster's watch.
     Exception: the live control-plane endpoint claim of a paused Cluster that has no
     endpoint yet is allocated (`control_plane.allocates_while_paused`); none is ever
     released while paused.
     """
     if capi.PAUSED_ANNOTATION in claim.annotations:
-        raise _Wait(Decision.done())
+        raise _Wait(Result.done())
     if not claim.cluster_name:
         return
     token = cluster_token(claim.namespace, claim.cluster_name)
     cluster_name = claim.cluster_name
-    cluster = _cached(
-        ctx.cache.clusters,
+    found = _cached(
+        deps.cache.clusters,
         (claim.namespace, cluster_name),
-        lambda: ctx.kube.get_cluster(claim.namespace, cluster_name),
+        lambda: deps.kube.get_cluster(claim.namespace, cluster_name),
     )
-    if cluster is None:
+    if found is None:
         if claim.deleting:
             return
         raise _Wait(
-            Decision.wait(token),
+            Result.wait(token),
             ClaimError(
                 Reason.ALLOCATION_FAILED,
                 f"Cluster {claim.namespace}/{claim.cluster_name} not found; waiting for it",
                 delay=0,
             ),
         )
-    if capi.is_paused((cluster.get("metadata") or {}).get("annotations"), cluster.get("spec")):
+    cluster = Cluster.from_body(found)
+    if cluster.is_paused:
         if allocates_while_paused(claim, cluster):
-            return  # a Cluster's endpoint claim: that Cluster waits for it (DESIGN 2, 11)
-        raise _Wait(Decision.wait(token))
+            return  # a Cluster's endpoint claim: that Cluster waits for it
+        raise _Wait(Result.wait(token))
 
 
 def _belongs_to(address: IPAddress, claim: Claim) -> bool:
@@ -236,7 +320,7 @@ def _cached(
     read: Callable[[], Mapping[str, Any] | None],
     version: str | None = None,
 ) -> Mapping[str, Any] | None:
-    """Return an object from the operator's cache (`bridge.runtime.cache`), or read it.
+    """Return an object from the operator's cache (`bridge.objects.cache`), or read it.
 
     The API is read only when the cache cannot tell: before its initial listing was seen,
     or when the object was watched in another served ``version`` than the one asked for.
@@ -254,18 +338,18 @@ def _cached(
     return found
 
 
-def _claim_of(ctx: Context, namespace: str, name: str) -> Mapping[str, Any] | None:
+def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> Mapping[str, Any] | None:
     """Return the claim as last seen (cache, else one GET), or None when it is gone."""
-    version = ctx.address_version
+    version = deps.versions.address
     return _cached(
-        ctx.cache.claims,
+        deps.cache.claims,
         (namespace, name),
-        lambda: ctx.kube.get_claim(version, namespace, name),
+        lambda: deps.kube.get_claim(version, namespace, name),
         version,
     )
 
 
-def _seen(address: IPAddress) -> dict[str, Any]:
+def _last_seen(address: IPAddress) -> dict[str, Any]:
     """Return the metadata of an IPAddress as last seen (`gateway.Kube.delete_ip_address`)."""
     meta = address.metadata
     return {
@@ -276,14 +360,14 @@ def _seen(address: IPAddress) -> dict[str, Any]:
     }
 
 
-def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
+def _address_of(deps: ClaimDeps, claim: Claim) -> IPAddress | None:
     """Return the claim's IPAddress when it exists and belongs to it, else None."""
-    version, name = ctx.address_version, claim.address_ref or claim.name
+    version, name = deps.versions.address, claim.address_ref or claim.name
     address = _parse_address(
         _cached(
-            ctx.cache.addresses,
+            deps.cache.addresses,
             (claim.namespace, name),
-            lambda: ctx.kube.get_ip_address(version, claim.namespace, name),
+            lambda: deps.kube.get_ip_address(version, claim.namespace, name),
             version,
         )
     )
@@ -292,8 +376,8 @@ def _address_of(ctx: Context, claim: Claim) -> IPAddress | None:
     return None
 
 
-def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | None]:
-    """Return the claim's pool (parsed and as read), or ``(None, None)`` when it is gone.
+def _pool_of(deps: ClaimDeps, claim: Claim) -> Pool | None:
+    """Return the claim's pool, or None when it is gone.
 
     Raises
     ------
@@ -302,63 +386,59 @@ def _pool_of(ctx: Context, claim: Claim) -> tuple[Pool | None, dict[str, Any] | 
     """
     ref = claim.pool_ref
     found = _cached(
-        ctx.cache.pools,
+        deps.cache.pools,
         (ref.kind, _pool_ns(claim), ref.name),
-        lambda: ctx.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
+        lambda: deps.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
     )
     if found is None:
-        return None, None
+        return None
     body = {**found, "kind": found.get("kind") or ref.kind}  # the cache's dict stays as it is
     try:
-        return parse_pool(body), body
+        return parse_pool(body)
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
 
 
-def _not_ready(ctx: Context, claim: Claim, exc: PoolError) -> ClaimError:
+def _not_ready(deps: ClaimDeps, claim: Claim, exc: PoolError) -> ClaimError:
     return ClaimError(
         Reason.POOL_NOT_READY,
         exc.message,
-        delay=retry_delay(ctx.settings, exc.reason if exc.needs_person else ""),
+        delay=retry_delay(deps.settings, exc.reason if exc.needs_person else ""),
     )
 
 
 @contextmanager
-def _admitted(ctx: Context, claim: Claim, pool: Pool) -> Iterator[None]:
-    """Run the enclosed IPAM work of ``claim`` once its pool's endpoint admits it.
+def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
+    """Run the enclosed IPAM work of ``claim`` once its pool's IPAM server admits it.
 
-    ``pool`` is where the work goes (for a release, the recorded location). The block's
-    outcome adapts the endpoint's limit (`backends.flowcontrol.FlowControl.finish`); its
-    exception propagates unchanged.
+    ``pool`` is where the work goes (for a release, the recorded location). The server is
+    ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
+    transport's registry keys it). The block's outcome adapts the server's limit
+    (`backends.flowcontrol.FlowControl.finish`); its exception propagates unchanged.
 
     Raises
     ------
     _Wait
-        Before the block runs, when the endpoint is full: the claim parks under
+        Before the block runs, when the server is full: the claim parks under
         `backends.flowcontrol.endpoint_token` without a status write.
     backends.errors.EndpointUnavailableError
-        Before the block runs, while the endpoint's circuit breaker is open.
+        Before the block runs, while the server's circuit breaker is open.
     """
-    endpoint = _endpoint(pool)
+    endpoint = endpoint_key(pool.endpoint)
     key = claim_key(claim.namespace, claim.name)
-    if not ctx.flow.try_admit(endpoint, key):
-        raise _Wait(Decision.wait(endpoint_token(endpoint)))
-    with ctx.flow.held(endpoint, key):
+    if not deps.flow.try_admit(endpoint, key):
+        raise _Wait(Result.wait(endpoint_token(endpoint)))
+    with deps.flow.held(endpoint, key):
         yield
 
 
-def _endpoint(pool: Pool) -> str:
-    """Return the IPAM endpoint of ``pool`` as ``scheme://host:port`` (of ``spec.endpoint``)."""
-    return endpoint_key(str(pool.spec.get("endpoint") or ""))
-
-
-def _backend_error(ctx: Context, exc: BackendError, pool: Pool) -> ClaimError:
+def _backend_error(deps: ClaimDeps, exc: BackendError, pool: Pool) -> ClaimError:
     return claim_error_from(
         exc,
         pool.display,
-        retry_seconds=ctx.settings.requeue_seconds,
-        config_error_seconds=ctx.settings.requeue_config_error_seconds,
-        exhausted_seconds=ctx.settings.requeue_exhausted_seconds,
+        retry_seconds=deps.settings.requeue_seconds,
+        config_error_seconds=deps.settings.requeue_config_error_seconds,
+        exhausted_seconds=deps.settings.requeue_exhausted_seconds,
     )
 
 
@@ -373,7 +453,7 @@ def _pool_display(claim: Claim) -> str:
     return f"{claim.pool_ref.kind} {claim.namespace}/{claim.pool_ref.name}"
 
 
-def _requested_address(ctx: Context, claim: Claim) -> str | None:
+def _requested_address(deps: ClaimDeps, claim: Claim) -> str | None:
     """Return the normalised address the claim's requested-address annotation asks for.
 
     Raises
@@ -391,11 +471,11 @@ def _requested_address(ctx: Context, claim: Claim) -> str | None:
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"annotation {capi.REQUESTED_ADDRESS_ANNOTATION} {raw!r} is not an IP address",
-            delay=ctx.settings.requeue_config_error_seconds,
+            delay=deps.settings.requeue_config_error_seconds,
         ) from None
 
 
-def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
+def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> ClaimError:
     """Return the error of an unavailable requested address: names the address and its holder.
 
     Nothing was registered; the claim waits (a person frees the address or changes the
@@ -406,34 +486,34 @@ def _unavailable(ctx: Context, exc: AddressUnavailableError, pool: Pool) -> Clai
     if exc.holder and exc.holder not in exc.message:
         message += f" (held by {exc.holder})"
     return ClaimError(
-        Reason.ALLOCATION_FAILED, message, delay=ctx.settings.requeue_config_error_seconds
+        Reason.ALLOCATION_FAILED, message, delay=deps.settings.requeue_config_error_seconds
     )
 
 
 # -- allocation ----------------------------------------------------------------------------
 
 
-def _ensure(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
-    From its look at its pool to its finalizer write the claim counts in ``ctx.holds``, so
+    From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
     a pool's deletion guard never lets go of a pool this claim is about to register in.
     """
-    address = _address_of(ctx, claim)
+    address = _address_of(deps, claim)
     if address is not None:
-        return _bound(ctx, body, claim, address)
+        return _update_bound(deps, claim, address)
 
-    _paused(ctx, claim)
+    _paused(deps, claim)
     ref = claim.pool_ref
-    with ctx.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
-        pool = _ready_pool(ctx, claim)
-        held = _hold(ctx, body, claim, pool)
-    if isinstance(held, Decision):
+    with deps.holds.holding((_pool_ns(claim), ref.kind, ref.name), claim.key):
+        pool = _ready_pool(deps, claim)
+        held = _add_finalizer(deps, claim, pool)
+    if isinstance(held, Result):
         return held
-    return _allocate(ctx, held, claim, pool)
+    return _allocate(deps, held, pool)
 
 
-def _ready_pool(ctx: Context, claim: Claim) -> Pool:
+def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
     """Return the claim's pool when it is Ready for its current spec and not being deleted.
 
     Raises
@@ -444,9 +524,9 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
         ``PoolNotReady`` when the pool's spec is invalid.
     """
     # Woken when the pool turns Ready (its reconcile) or is created; the resync is the net.
-    waiting = Decision.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
-    pool, pool_body = _pool_of(ctx, claim)
-    if pool is None or pool_body is None:
+    waiting = Result.wait(pool_token(_pool_ns(claim), claim.pool_ref.kind, claim.pool_ref.name))
+    pool = _pool_of(deps, claim)
+    if pool is None:
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{_pool_display(claim)} not found", delay=0),
@@ -456,24 +536,16 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is being deleted", delay=0),
         )
-    ready, _ = capi.ready_of(pool_body)
-    pool_status = pool_body.get("status") or {}
-    if ready != "True" or pool_status.get("observedGeneration") != pool.generation:
+    ready, _, message = pool.ready
+    checked = pool.observed_generation == pool.generation
+    if ready != "True" or not checked:
         # Only a pool whose current spec was checked Ready is asked for an address: claims of
         # a broken pool (credentials, subnet, IPAM down) wait for it instead of each asking
         # the IPAM (and each failing a login), and get no finalizer, so they never hold the
         # pool's deletion. A pool not checked yet (just created or changed) is waited for
         # without a status write: its check wakes the claim within moments.
-        if ready != "False" or pool_status.get("observedGeneration") != pool.generation:
+        if ready != "False" or not checked:
             raise _Wait(waiting)
-        message = next(
-            (
-                str(c.get("message") or "")
-                for c in pool_status.get("conditions") or []
-                if c.get("type") == "Ready"
-            ),
-            "",
-        )
         raise _Wait(
             waiting,
             ClaimError(Reason.POOL_NOT_READY, f"{pool.display} is not ready: {message}", delay=0),
@@ -481,89 +553,90 @@ def _ready_pool(ctx: Context, claim: Claim) -> Pool:
     return pool
 
 
-def _hold(
-    ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool
-) -> Mapping[str, Any] | Decision:
+def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     """Put ``ReleaseAddress`` on the claim before anything is allocated (the contract).
 
     Returns
     -------
-    Mapping or Decision
+    Claim or Result
         The claim as stored after the write (or as read when it carried the finalizer);
-        `Decision.done` when the claim is gone (nothing may be allocated for it), a retry
+        `Result.done` when the claim is gone (nothing may be allocated for it), a retry
         in one second when it changed since it was read (its watch event queues it too).
 
     Raises
     ------
     _Wait
-        When the pool's endpoint is full: parked before any write.
+        When the pool's IPAM server is full: parked before any write.
     """
     if capi.CLAIM_FINALIZER in claim.finalizers:
-        return body
-    endpoint = _endpoint(pool)
-    if ctx.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
-        # Its endpoint is busy: wait for a place before writing anything.
-        raise _Wait(Decision.wait(endpoint_token(endpoint)))
-    written = ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True)
-    return _written(ctx, claim, written, body)
+        return claim
+    endpoint = endpoint_key(pool.endpoint)
+    if deps.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+        # Its IPAM server is busy: wait for a place before writing anything.
+        raise _Wait(Result.wait(endpoint_token(endpoint)))
+    written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
+    return _after_finalizer_write(deps, claim, written)
 
 
-def _written(
-    ctx: Context, claim: Claim, written: Write, body: Mapping[str, Any]
-) -> Mapping[str, Any] | Decision:
-    """Return the claim after a write of its finalizer, or the decision that ends the pass.
+def _after_finalizer_write(deps: ClaimDeps, claim: Claim, written: Write) -> Claim | Result:
+    """Return the claim after a write of its finalizer, or the result that ends the pass.
 
     `Outcome.GONE`: done (the claim no longer exists; nothing is done for it).
-    `Outcome.CONFLICT`: retry in one second. Else the object as stored, or ``body``.
+    `Outcome.CONFLICT`: requeued after one second. Else the claim as stored, or ``claim``.
     """
     if written.outcome is Outcome.GONE:
-        ctx.metrics.pending(claim.key, None)
-        return Decision.done()
+        deps.metrics.pending(claim.key, None)
+        return Result.done()
     if written.outcome is Outcome.CONFLICT:
-        return Decision.retry(1.0)
-    return written.obj if written.obj is not None else body
+        return Result.requeue_after(1.0)
+    return _parsed(written.obj, claim)
 
 
-def _allocate(ctx: Context, body: Mapping[str, Any], claim: Claim, pool: Pool) -> Decision:
+def _parsed(stored: Mapping[str, Any] | None, claim: Claim) -> Claim:
+    """Return the claim as a write returned it (``stored``), or ``claim`` when there is none."""
+    return claim if stored is None else claim.updated(stored)
+
+
+def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
-    requested = _requested_address(ctx, claim)
-    if requested is None and ctx.flow.is_exhausted(_endpoint(pool), pool.key):
-        raise _wait_for_address(ctx, pool)
+    requested = _requested_address(deps, claim)
+    if requested is None and deps.flow.is_exhausted(endpoint_key(pool.endpoint), pool.key):
+        raise _wait_for_address(deps, pool)
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
-        with _admitted(ctx, claim, pool):
-            backend = backend_for(ctx, pool, reuse=True)
-            allocation = ctx.metrics.call(
+        with _admitted(deps, claim, pool):
+            backend = deps.clients.backend_for(pool, reuse=True)
+            allocation = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "allocate",
                 lambda: backend.allocate(hostname, description_for(claim), address=requested),
             )
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
     except AddressUnavailableError as exc:
-        ctx.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
-        raise _unavailable(ctx, exc, pool) from exc
+        deps.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
+        raise _unavailable(deps, exc, pool) from exc
     except BackendError as exc:
-        error = _backend_error(ctx, exc, pool)
-        ctx.metrics.allocations.labels(*labels, error.reason).inc()
+        error = _backend_error(deps, exc, pool)
+        deps.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED and requested is None:
-            ctx.flow.exhausted(_endpoint(pool), pool.key)
-            raise _wait_for_address(ctx, pool) from exc
+            deps.flow.exhausted(endpoint_key(pool.endpoint), pool.key)
+            raise _wait_for_address(deps, pool) from exc
         raise error from exc
-    ctx.flow.refilled(pool.key)
+    deps.flow.refilled(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
-    ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-    created = _register(ctx, claim, pool, allocation, hostname)
+    deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    created = _register(deps, claim, pool, allocation, hostname)
     if created is None:
-        return Decision.retry(1.0)  # deleted right after a 409: the next pass creates it
-    ctx.metrics.allocations.labels(*labels, "success").inc()
+        return Result.requeue_after(1.0)  # deleted right after a 409: the next pass creates it
+    deps.metrics.allocations.labels(*labels, "success").inc()
     log.info("claim %s: %s registered as %s", claim.key, allocation.address, hostname)
-    return _bound(ctx, body, claim, created, check_pause=False)
+    return _update_bound(deps, claim, created, check_pause=False)
 
 
 def _register(
-    ctx: Context, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
+    deps: ClaimDeps, claim: Claim, pool: Pool, allocation: Allocation, hostname: str
 ) -> IPAddress | None:
     """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
 
@@ -584,7 +657,7 @@ def _register(
     """
     new = capi.build_ip_address(
         claim,
-        version=ctx.address_version,
+        version=deps.versions.address,
         pool_uid=pool.uid,
         address=allocation.address,
         # The subnet's own: the backend folds the entry's and the pool's overrides in.
@@ -593,7 +666,7 @@ def _register(
         hostname=hostname,
         location=location_of(pool),
     )
-    written = ctx.kube.create_ip_address(ctx.address_version, new)
+    written = deps.kube.create_ip_address(deps.versions.address, new)
     found = _parse_address(written.obj)
     if written.outcome is Outcome.CONFLICT and written.obj is None:
         return None
@@ -606,13 +679,13 @@ def _register(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} already exists and does not belong "
             f"to this claim and pool; {allocation.address} stays registered as {hostname}",
-            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+            delay=retry_delay(deps.settings, Reason.POOL_NOT_READY),
         )
     if found is None:
         raise ClaimError(
             Reason.ALLOCATION_FAILED,
             f"IPAddress {claim.namespace}/{claim.name} as stored is not an IPAddress",
-            delay=retry_delay(ctx.settings, Reason.POOL_NOT_READY),
+            delay=retry_delay(deps.settings, Reason.POOL_NOT_READY),
         )
     return found
 
@@ -625,7 +698,7 @@ def _same_address(one: str, other: str) -> bool:
         return one == other
 
 
-def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
+def _wait_for_address(deps: ClaimDeps, pool: Pool) -> _Wait:
     """Park a claim of an exhausted pool until an address is freed; show ``PoolExhausted``.
 
     The claim is woken by a release in the pool, or by the pool's own probe of its IPAM
@@ -633,69 +706,68 @@ def _wait_for_address(ctx: Context, pool: Pool) -> _Wait:
     while claims wait, and wakes one when an address is free): waiting claims poll neither
     the API nor the IPAM.
     """
-    ctx.enqueue(
+    deps.queue.add(
         pool_key(pool.namespace, pool.kind, pool.name),
-        after=retry_delay(ctx.settings, Reason.POOL_EXHAUSTED),
+        after=retry_delay(deps.settings, Reason.POOL_EXHAUSTED),
     )
     return _Wait(
-        Decision.wait(pool_token(pool.namespace, pool.kind, pool.name)),
+        Result.wait(pool_token(pool.namespace, pool.kind, pool.name)),
         ClaimError(Reason.POOL_EXHAUSTED, exhausted_message(pool.display), delay=0),
     )
 
 
-def _bound(
-    ctx: Context,
-    body: Mapping[str, Any],
+def _update_bound(
+    deps: ClaimDeps,
     claim: Claim,
     address: IPAddress,
     *,
     check_pause: bool = True,
-) -> Decision:
+) -> Result:
     """Show a claim as bound to ``address``; no write (and no Cluster read) when it already is.
 
     A claim recreated without status (``clusterctl move``) is rebuilt from its IPAddress, once
     its Cluster is not paused. The ``ReleaseAddress`` finalizer is put back if missing.
     """
-    ctx.metrics.pending(claim.key, None)
+    deps.metrics.pending(claim.key, None)
     name = address.metadata.name
     message = f"address {address.spec.address}/{address.spec.prefix} from {_pool_display(claim)}"
-    status = _status(ctx, body, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    status = _status(deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
     missing_finalizer = capi.CLAIM_FINALIZER not in claim.finalizers
-    if not _changes(body, status) and not missing_finalizer:
-        return Decision.done()
+    if not _changes(claim, status) and not missing_finalizer:
+        return Result.done()
     if check_pause:
-        _paused(ctx, claim)
+        _paused(deps, claim)
     if missing_finalizer:
-        held = _written(
-            ctx, claim, ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, True), body
+        held = _after_finalizer_write(
+            deps, claim, deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
         )
-        if isinstance(held, Decision):
+        if isinstance(held, Result):
             return held
-        body = held
-    _show(ctx, body, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
-    return Decision.done()
+        claim = held
+    _update_status(deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    return Result.done()
 
 
 # -- release -------------------------------------------------------------------------------
 
 
-def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
+def _release(deps: ClaimDeps, claim: Claim) -> Result:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
     Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
-    IPAM cannot be reached (its endpoint and credentials went with it): the address is left in
+    IPAM cannot be reached (its server URL and credentials went with it): the address is left in
     the IPAM, a Warning says so, and the claim is let go. The same happens when a bound claim's
     IPAddress was removed with its ``ProtectAddress`` finalizer stripped (``clusterctl move``
     deletes the source objects so): the entry now belongs to the moved claim.
     """
     if capi.CLAIM_FINALIZER not in claim.finalizers:
-        return Decision.done()  # nothing of ours holds the claim
-    _paused(ctx, claim)
-    address = _address_of(ctx, claim)
+        return Result.done()  # nothing of ours holds the claim
+    _paused(deps, claim)
+    address = _address_of(deps, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
 
     if address is None and claim.address_ref:
-        finished = _released_before(ctx, body, claim, labels)
+        finished = _released_before(deps, claim, labels)
         if finished is not None:
             return finished
         message = (
@@ -703,31 +775,65 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
             "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
             f"{claim.key} is left as it is"
         )
-        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
-    pool, _ = _pool_of(ctx, claim)
+    pool = _pool_of(deps, claim)
     registered = address.spec.address if address is not None else None
     if pool is None:
         if address is not None:
-            _delete_address(ctx, claim, address)
+            _delete_address(deps, claim, address)
         message = (
             f"{_pool_display(claim)} is gone; address {registered or '(none)'} could "
             "not be released in the IPAM"
         )
-        return _let_go(ctx, body, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+        return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
+    hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
+    if address is not None:
+        _delete_address(deps, claim, address)
+    message = _released_message(pool, registered or hostname, hostname, released, until)
+    decision = _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
+    if until is None:
+        # An address was freed: the longest waiting claim of this pool may now get it.
+        deps.flow.refilled(pool.key)
+        deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+    return decision
+
+
+def _release_in_ipam(
+    deps: ClaimDeps,
+    claim: Claim,
+    pool: Pool,
+    address: IPAddress | None,
+    labels: tuple[str, str],
+) -> tuple[str, float | None, bool]:
+    """Release the claim's entry where its allocation went (the IPAddress's location).
+
+    With a grace period the entry stays in the IPAM, quarantined until then.
+
+    Returns
+    -------
+    tuple
+        The hostname released, the POSIX time its quarantine ends (None: released at
+        once), and whether the IPAM had it.
+
+    Raises
+    ------
+    ClaimError
+        When the pool's client cannot be built or the IPAM call fails (counted).
+    _Wait
+        When the pool's IPAM server is full.
+    """
     annotations = address.metadata.annotations if address is not None else {}
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
         claim, pool.hostname_suffix
     )
-    # Release where the allocation went: the location recorded on the IPAddress.
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
-    # With a grace period the entry stays in the IPAM, quarantined until then (DESIGN 6).
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
     try:
-        with _admitted(ctx, claim, where):
-            backend = backend_for(ctx, where, reuse=True)
-            released = ctx.metrics.call(
+        with _admitted(deps, claim, where):
+            backend = deps.clients.backend_for(where, reuse=True)
+            released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
                 lambda: (
@@ -737,33 +843,30 @@ def _release(ctx: Context, body: Mapping[str, Any], claim: Claim) -> Decision:
                 ),
             )
     except PoolError as exc:
-        ctx.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
-        raise _not_ready(ctx, claim, exc) from exc
+        deps.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
+        raise _not_ready(deps, claim, exc) from exc
     except BackendError as exc:
-        error = _backend_error(ctx, exc, pool)
-        ctx.metrics.releases.labels(*labels, error.reason).inc()
+        error = _backend_error(deps, exc, pool)
+        deps.metrics.releases.labels(*labels, error.reason).inc()
         raise error from exc
-    if address is not None:
-        _delete_address(ctx, claim, address)
-    what = registered or hostname
+    return hostname, until, bool(released)
+
+
+def _released_message(
+    pool: Pool, what: str, hostname: str, released: bool, until: float | None
+) -> str:
+    """Return what a release did, for the log."""
     if not released:
-        message = f"{hostname} was not registered in {pool.display}; nothing to release"
-    elif until is not None:
-        message = (
+        return f"{hostname} was not registered in {pool.display}; nothing to release"
+    if until is not None:
+        return (
             f"released {what} in {pool.display}; quarantined for "
             f"{pool.grace_period_seconds} s before it may be handed out again"
         )
-    else:
-        message = f"released {what} in {pool.display}"
-    decision = _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
-    if until is None:
-        # An address was freed: the longest waiting claim of this pool may now get it.
-        ctx.flow.refilled(pool.key)
-        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-    return decision
+    return f"released {what} in {pool.display}"
 
 
-def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
+def _delete_address(deps: ClaimDeps, claim: Claim, address: IPAddress) -> None:
     """Delete the claim's IPAddress (gone already is success).
 
     Raises
@@ -772,16 +875,14 @@ def _delete_address(ctx: Context, claim: Claim, address: IPAddress) -> None:
         A retry in one second when a 409 Conflict persists (the next pass decides again
         from the IPAM and the IPAddress).
     """
-    deleted = ctx.kube.delete_ip_address(
-        ctx.address_version, claim.namespace, address.metadata.name, _seen(address)
+    deleted = deps.kube.delete_ip_address(
+        deps.versions.address, claim.namespace, address.metadata.name, _last_seen(address)
     )
     if deleted.outcome is Outcome.CONFLICT:
-        raise _Wait(Decision.retry(1.0))
+        raise _Wait(Result.requeue_after(1.0))
 
 
-def _released_before(
-    ctx: Context, body: Mapping[str, Any], claim: Claim, labels: tuple[str, str]
-) -> Decision | None:
+def _released_before(deps: ClaimDeps, claim: Claim, labels: tuple[str, str]) -> Result | None:
     """Finish a release whose IPAM entry and IPAddress are both gone already.
 
     A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
@@ -792,7 +893,7 @@ def _released_before(
 
     Returns
     -------
-    Decision or None
+    Result or None
         The decision of letting the claim go as ``Released``; None when its pool is gone
         (nothing can be asked) or the IPAM still has the entry.
 
@@ -801,68 +902,67 @@ def _released_before(
     ClaimError
         When the IPAM cannot be asked (retried).
     _Wait
-        When the pool's endpoint is full.
+        When the pool's IPAM server is full.
     """
-    pool, _ = _pool_of(ctx, claim)
+    pool = _pool_of(deps, claim)
     if pool is None:
         return None
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     try:
-        with _admitted(ctx, claim, pool):
-            backend = backend_for(ctx, pool, reuse=True)
-            found = ctx.metrics.call(
+        with _admitted(deps, claim, pool):
+            backend = deps.clients.backend_for(pool, reuse=True)
+            found = deps.metrics.call(
                 BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
             )
     except PoolError as exc:
-        raise _not_ready(ctx, claim, exc) from exc
+        raise _not_ready(deps, claim, exc) from exc
     except BackendError as exc:
-        raise _backend_error(ctx, exc, pool) from exc
+        raise _backend_error(deps, exc, pool) from exc
     if found is not None:
         return None
     message = f"released {hostname} in {pool.display}"
-    return _let_go(ctx, body, claim, Reason.RELEASED, message, labels, "success")
+    return _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
 
 
-def _let_go(
-    ctx: Context,
-    body: Mapping[str, Any],
+def _finish_release(
+    deps: ClaimDeps,
     claim: Claim,
     reason: Reason,
     message: str,
     labels: tuple[str, str],
     result: str,
-) -> Decision:
+) -> Result:
     """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
 
     A 409 on the finalizer write counts nothing and retries in one second: the next pass
     decides again from the IPAM and the IPAddress (`_released_before`).
     """
-    if ctx.kube.set_claim_finalizer(body, capi.CLAIM_FINALIZER, False).outcome is (
+    if deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, False).outcome is (
         Outcome.CONFLICT
     ):
-        return Decision.retry(1.0)
-    ctx.metrics.releases.labels(*labels, result).inc()
-    ctx.metrics.pending(claim.key, None)
+        return Result.requeue_after(1.0)
+    deps.metrics.releases.labels(*labels, result).inc()
+    deps.metrics.pending(claim.key, None)
     if reason == Reason.RELEASE_SKIPPED:
         log.warning("claim %s: %s", claim.key, message)
-        ctx.event(body, "Warning", reason, message)
+        deps.events.post(claim.as_object(), "Warning", reason, message)
     else:  # a release that went as it should posts no Event: the claim is going away
         log.info("claim %s: %s", claim.key, message)
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
     # checked per release (its periodic refresh keeps its usage current).
     ref = claim.pool_ref
-    pool = ctx.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
+    pool = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
     if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
-        ctx.enqueue(pool_key(_pool_ns(claim), ref.kind, ref.name))
-    return Decision.done()
+        deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
+    return Result.done()
 
 
 # -- status --------------------------------------------------------------------------------
 
 
 def _status(
-    ctx: Context,
-    body: Mapping[str, Any],
+    deps: ClaimDeps,
+    claim: Claim,
     *,
     ready: bool,
     reason: Reason,
@@ -870,36 +970,37 @@ def _status(
     ref: str | None = None,
 ) -> dict[str, Any]:
     return capi.claim_status(
-        body,
+        claim,
         ready=ready,
         reason=reason,
         message=message,
         address_ref=ref,
-        v1beta2_kept=ctx.v1beta2_kept is not False,
+        v1beta2_kept=deps.versions.v1beta2_kept is not False,
     )
 
 
-def _changes(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+def _changes(claim: Claim, status: Mapping[str, Any]) -> dict[str, Any]:
     """Return the keys of ``status`` whose value differs from the claim's current status."""
-    current = body.get("status") or {}
+    current = claim.status
     return {key: value for key, value in status.items() if current.get(key) != value}
 
 
-def _changed_since(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+def _changed_since(before: Claim, after: Claim) -> bool:
     """Return True when ``after`` differs from ``before`` in what a claim's decision reads.
 
-    Compared: ``metadata`` deletionTimestamp, generation (the spec), annotations and labels
-    (not finalizers: a pass may have written its own). Both are claim bodies as read or
-    returned by a write.
+    Compared: the deletion, the generation (the spec), annotations and labels (not
+    finalizers: a pass may have written its own).
     """
-    fields = ("deletionTimestamp", "generation", "annotations", "labels")
-    old, new = before.get("metadata") or {}, after.get("metadata") or {}
-    return any((old.get(f) or None) != (new.get(f) or None) for f in fields)
+    return (
+        before.deleting != after.deleting
+        or before.generation != after.generation
+        or before.annotations != after.annotations
+        or before.labels != after.labels
+    )
 
 
-def _show(
-    ctx: Context,
-    body: Mapping[str, Any],
+def _update_status(
+    deps: ClaimDeps,
     claim: Claim,
     *,
     ready: bool,
@@ -913,30 +1014,32 @@ def _show(
     whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
     returns what it stored, and what it pruned is never written again.
     """
-    status = _status(ctx, body, ready=ready, reason=reason, message=message, ref=ref)
-    changed = _changes(body, status)
+    status = _status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
+    changed = _changes(claim, status)
     if not changed:
         return
-    written = ctx.kube.patch_claim_status(ctx.address_version, claim.namespace, claim.name, changed)
+    written = deps.kube.patch_claim_status(
+        deps.versions.address, claim.namespace, claim.name, changed
+    )
     if written.outcome is Outcome.GONE:
         return  # nobody is left to read its status or an Event about it
-    stored = written.obj
-    if stored is not None and _changed_since(body, stored):
+    stored = _parsed(written.obj, claim) if written.obj is not None else None
+    if stored is not None and _changed_since(claim, stored):
         # The write is not guarded by resourceVersion: what it returns may show a change
-        # made since ``body`` was read (a deletion, a new annotation). Its watch event is now
-        # an echo of the written-through claim and queues nothing: queue it here.
-        ctx.enqueue(claim_key(claim.namespace, claim.name))
+        # made since ``claim`` was read (a deletion, a new annotation). Its watch event is
+        # now an echo of the written-through claim and queues nothing: queue it here.
+        deps.queue.add(claim_key(claim.namespace, claim.name))
     if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
-        kept = "v1beta2" in (stored.get("status") or {})
-        if ctx.v1beta2_kept != kept:
-            ctx.v1beta2_kept = kept
+        kept = "v1beta2" in stored.status
+        if deps.versions.v1beta2_kept != kept:
+            deps.versions.v1beta2_kept = kept
             log.info(
                 "the served v1beta1 IPAddressClaim schema %s status.v1beta2",
                 "keeps" if kept else "prunes",
             )
-    before = capi.ready_of(body)
+    before = claim.ready
     # An Event tells a person what changed: a wait or a failure, and the end of one. The
     # plain success path (no condition before) posts none: its Ready condition says it all,
     # and an allocation stays at three API writes (finalizer, IPAddress, status).
     if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
-        ctx.event(body, "Normal" if ready else "Warning", reason, message)
+        deps.events.post(claim.as_object(), "Normal" if ready else "Warning", reason, message)

@@ -1,4 +1,4 @@
-"""Control-plane endpoints of workload clusters from the IPAM (DESIGN.md section 11).
+"""Control-plane endpoints of workload clusters from the IPAM.
 
 A CAPI ``Cluster`` (``cluster.x-k8s.io`` v1beta2 or v1beta1) opts in with annotations:
 
@@ -41,15 +41,26 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client import ApiException
+from pydantic import ValidationError
 
 from bridge import capi
-from bridge.capi import CLUSTER_GROUP, CLUSTER_NAME_LABEL, GROUP, POOL_KINDS, Claim, PoolRef
-from bridge.reconcilers.context import Context
-from bridge.runtime.gateway import api_status_message
-from bridge.runtime.workqueue import Decision
+from bridge.capi import (
+    CLUSTER_GROUP,
+    CLUSTER_NAME_LABEL,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+    Cluster,
+    PoolRef,
+)
+from bridge.models import IPAddress
+from bridge.reconcilers.context import Notices, ServedVersions
+from bridge.runtime.events import EventSink
+from bridge.runtime.gateway import Write, api_status_message
+from bridge.runtime.workqueue import Result
 
 __all__ = [
     "CLAIM_SUFFIX",
@@ -60,13 +71,14 @@ __all__ = [
     "UNPAUSE_ANNOTATION",
     "VARIABLES_ANNOTATION",
     "AnnotationError",
+    "ClusterApi",
+    "ClusterDeps",
     "EndpointReason",
     "EndpointRequest",
     "Plan",
     "allocates_while_paused",
     "build_claim",
     "endpoint_claim_name",
-    "endpoint_host",
     "is_endpoint_claim",
     "parse_request",
     "plan_patch",
@@ -226,13 +238,13 @@ def endpoint_claim_name(cluster: str) -> str:
     return f"{cluster[:keep].rstrip('-.')}-{digest}{CLAIM_SUFFIX}"
 
 
-def build_claim(cluster: Mapping[str, Any], pool: PoolRef, version: str) -> dict[str, Any]:
-    """Return the endpoint IPAddressClaim of ``cluster`` (as read from the API).
+def build_claim(cluster: Cluster, pool: PoolRef, version: str) -> dict[str, Any]:
+    """Return the endpoint IPAddressClaim of ``cluster``.
 
     Parameters
     ----------
     cluster:
-        The Cluster (``apiVersion``, ``metadata.name``, ``namespace``, ``uid``).
+        The Cluster (its apiVersion, name, namespace and uid are used).
     pool:
         Its ``spec.poolRef``.
     version:
@@ -244,21 +256,20 @@ def build_claim(cluster: Mapping[str, Any], pool: PoolRef, version: str) -> dict
     Enforcement) and only matters for foreground deletion; the garbage collector deletes the
     claim after its Cluster either way, and ``clusterctl move`` follows the reference.
     """
-    meta = cluster.get("metadata") or {}
-    name = str(meta["name"])
+    name = cluster.name
     return {
         "apiVersion": f"{GROUP}/{version}",
         "kind": "IPAddressClaim",
         "metadata": {
             "name": endpoint_claim_name(name),
-            "namespace": meta["namespace"],
+            "namespace": cluster.namespace,
             "labels": {CLUSTER_NAME_LABEL: name, ENDPOINT_LABEL: "true"},
             "ownerReferences": [
                 {
-                    "apiVersion": str(cluster.get("apiVersion") or f"{CLUSTER_GROUP}/v1beta2"),
+                    "apiVersion": cluster.api_version,
                     "kind": "Cluster",
                     "name": name,
-                    "uid": meta["uid"],
+                    "uid": cluster.uid,
                 }
             ],
         },
@@ -282,26 +293,19 @@ def is_endpoint_claim(claim: Claim) -> bool:
     )
 
 
-def endpoint_host(cluster: Mapping[str, Any]) -> str:
-    """Return the Cluster's ``spec.controlPlaneEndpoint.host`` ("" when not set)."""
-    endpoint = (cluster.get("spec") or {}).get("controlPlaneEndpoint") or {}
-    return str(endpoint.get("host") or "")
-
-
-def allocates_while_paused(claim: Claim, cluster: Mapping[str, Any]) -> bool:
-    """Return True when ``claim`` is allocated although its Cluster is paused (DESIGN 2).
+def allocates_while_paused(claim: Claim, cluster: Cluster) -> bool:
+    """Return True when ``claim`` is allocated although its Cluster is paused.
 
     Only a live endpoint claim of a Cluster that has no endpoint yet: that Cluster waits
     for it. A moved Cluster (``clusterctl move`` pauses it; its endpoint is set) follows
     the contract like every claim, so the target never allocates while the move copies the
     claim's IPAddress; and no claim is ever released while paused.
     """
-    name = (cluster.get("metadata") or {}).get("name")
     return (
         not claim.deleting
         and is_endpoint_claim(claim)
-        and claim.cluster_name == name
-        and not endpoint_host(cluster)
+        and claim.cluster_name == cluster.name
+        and not cluster.endpoint_host
     )
 
 
@@ -325,7 +329,7 @@ class Plan:
 
 
 def plan_patch(
-    cluster: Mapping[str, Any],
+    cluster: Cluster,
     *,
     host: str,
     address: str,
@@ -345,25 +349,21 @@ def plan_patch(
 
     An endpoint set to another host is a conflict: no patch at all.
     """
-    meta = cluster.get("metadata") or {}
-    spec = cluster.get("spec") or {}
-    current = spec.get("controlPlaneEndpoint") or {}
-    current_host = str(current.get("host") or "")
+    current_host = cluster.endpoint_host
     if current_host and current_host != host:
         return Plan(
             None,
             conflict=f"spec.controlPlaneEndpoint.host is {current_host}, not {host}; "
             "it is left as it is",
         )
-    port = int(current.get("port") or 0) or DEFAULT_PORT
+    port = cluster.endpoint_port or DEFAULT_PORT
     changes: list[str] = []
     wanted: dict[str, Any] = {}
-    if current_host != host or not current.get("port"):
+    if current_host != host or not cluster.endpoint_port:
         wanted["controlPlaneEndpoint"] = {"host": host, "port": port}
         changes.append(f"endpoint {host}:{port}")
-    topology = spec.get("topology")
-    if variables and isinstance(topology, Mapping):
-        items = [dict(item) for item in topology.get("variables") or []]
+    if variables and cluster.variables is not None:
+        items = [dict(item) for item in cluster.variables]
         changed = []
         for name in variables:
             item = next((i for i in items if i.get("name") == name), None)
@@ -377,28 +377,73 @@ def plan_patch(
         if changed:
             wanted["topology"] = {"variables": items}
             changes.append(f"variable{'s' if len(changed) > 1 else ''} {', '.join(changed)}")
-    if unpause and "controlPlaneEndpoint" in wanted and spec.get("paused") is True:
+    if unpause and "controlPlaneEndpoint" in wanted and cluster.paused:
         wanted["paused"] = False
         changes.append("unpaused")
     if not wanted:
         return Plan(None)
-    patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": wanted}
+    patch = {"metadata": {"resourceVersion": cluster.resource_version}, "spec": wanted}
     return Plan(patch, changes=tuple(changes))
 
 
 # -- the decision --------------------------------------------------------------------------
 
 
-def _warn(ctx: Context, cluster: Mapping[str, Any], reason: EndpointReason, message: str) -> None:
+class ClusterApi(Protocol):
+    """The Kubernetes reads and writes of the control-plane endpoint reconciler."""
+
+    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a CAPI Cluster as served in ``version``, or None."""
+
+    def patch_cluster(
+        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a Cluster; return it as stored, or None."""
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a claim, or None."""
+
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create a claim."""
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an IPAddress, or None."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+
+@dataclass
+class ClusterDeps:
+    """What the control-plane endpoint reconciler uses (`reconcile_cluster`).
+
+    Attributes
+    ----------
+    kube:
+        The Kubernetes objects (Clusters, their endpoint claims and IPAddresses, pools).
+    versions:
+        The served CAPI versions (claims, Clusters).
+    events:
+        Where Events about Clusters are told.
+    notices:
+        Warnings already told, so that a steady problem is told once.
+    """
+
+    kube: ClusterApi
+    versions: ServedVersions
+    events: EventSink
+    notices: Notices
+
+
+def _warn(deps: ClusterDeps, cluster: Cluster, reason: EndpointReason, message: str) -> None:
     """Log and post a Warning Event on the Cluster, once while the message stays the same."""
-    meta = cluster.get("metadata") or {}
-    subject = ("cluster-endpoint", meta.get("namespace"), meta.get("name"))
-    if ctx.notices.first(subject, f"{reason}: {message}"):
-        log.warning("Cluster %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
-        ctx.event(cluster, "Warning", reason, message)
+    subject = ("cluster-endpoint", cluster.namespace, cluster.name)
+    if deps.notices.first(subject, f"{reason}: {message}"):
+        log.warning("Cluster %s: %s", cluster.key, message)
+        deps.events.post(cluster.as_object(), "Warning", reason, message)
 
 
-def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: str) -> Decision:
+def _refused(deps: ClusterDeps, cluster: Cluster, exc: ApiException, what: str) -> Result:
     """Tell a write the API server refused for good (400, 403, 422); re-raise any other error.
 
     Such a refusal is fixed by a person, not by retrying: CAPI's Cluster webhook refusing a
@@ -408,32 +453,32 @@ def _refused(ctx: Context, cluster: Mapping[str, Any], exc: ApiException, what: 
     if exc.status not in (400, 403, 422):
         raise exc
     _warn(
-        ctx,
+        deps,
         cluster,
         EndpointReason.REFUSED,
         f"the API server refused {what}: {api_status_message(exc)}",
     )
-    return Decision.done()
+    return Result.done()
 
 
-def _settled(ctx: Context, namespace: str, name: str) -> None:
-    ctx.notices.forget(("cluster-endpoint", namespace, name))
+def _forget_notice(deps: ClusterDeps, namespace: str, name: str) -> None:
+    deps.notices.forget(("cluster-endpoint", namespace, name))
 
 
-def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
+def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
     """Decide and do what a Cluster's control-plane endpoint needs now (the work queue's).
 
     Parameters
     ----------
-    ctx:
-        The operator context (``ctx.cluster_version``: the served Cluster version; None
-        turns endpoints off).
+    deps:
+        What it uses (``deps.versions.cluster``: the served Cluster version; None turns
+        endpoints off).
     namespace, name:
         The Cluster.
 
     Returns
     -------
-    Decision
+    Result
         Done (the claim's events queue the Cluster again: `bridge.handlers.claims`), or a
         retry after a second when the Cluster changed between read and write (409).
 
@@ -444,72 +489,98 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
         claim create or the Cluster patch (400, 403, 422: a Warning Event, `_refused`); the
         queue logs them and retries.
     """
-    version = ctx.cluster_version
+    version = deps.versions.cluster
     if version is None:
-        return Decision.done()
-    cluster = ctx.kube.read_cluster(version, namespace, name)
-    if cluster is None:
-        _settled(ctx, namespace, name)
-        return Decision.done()
-    meta = cluster.get("metadata") or {}
+        return Result.done()
+    found = deps.kube.read_cluster(version, namespace, name)
+    if found is None:
+        _forget_notice(deps, namespace, name)
+        return Result.done()
+    cluster = Cluster.from_body(found)
     try:
-        request = parse_request(meta.get("annotations"))
+        request = parse_request(cluster.annotations)
     except AnnotationError as exc:
-        _warn(ctx, cluster, EndpointReason.INVALID, str(exc))
-        return Decision.done()
+        _warn(deps, cluster, EndpointReason.INVALID, str(exc))
+        return Result.done()
     if request is None:
-        _settled(ctx, namespace, name)
-        return Decision.done()
-
-    claim_name = endpoint_claim_name(name)
-    body = ctx.kube.get_claim(ctx.address_version, namespace, claim_name)
+        _forget_notice(deps, namespace, name)
+        return Result.done()
+    body = deps.kube.get_claim(deps.versions.address, namespace, endpoint_claim_name(name))
     if body is None:
-        if meta.get("deletionTimestamp"):
-            return Decision.done()
-        if host := endpoint_host(cluster):
-            # Never claim an address that could not be used. A paused Cluster with an
-            # endpoint is most likely being moved (clusterctl creates it before its claim):
-            # it waits quietly for the claim to arrive.
-            if not capi.is_paused(meta.get("annotations"), cluster.get("spec")):
-                _warn(
-                    ctx,
-                    cluster,
-                    EndpointReason.CONFLICT,
-                    f"spec.controlPlaneEndpoint.host is already {host}; no address is "
-                    f"claimed from {request.pool.kind} {request.pool.name}",
-                )
-            return Decision.done()
-        try:
-            created = ctx.kube.create_claim(
-                ctx.address_version, build_claim(cluster, request.pool, ctx.address_version)
+        return _create_claim(deps, cluster, request)
+    claim = _endpoint_claim(deps, cluster, request, body)
+    if claim is None or claim.deleting:
+        return Result.done()  # a deletion's event queues the Cluster: a new claim then
+    address = _bound_address(deps, claim)
+    if address is None:
+        _tell_pending(deps, cluster, claim)
+        return Result.done()
+    return _write_endpoint(deps, cluster, request, claim, address)
+
+
+def _create_claim(deps: ClusterDeps, cluster: Cluster, request: EndpointRequest) -> Result:
+    """Create the Cluster's endpoint claim, unless its endpoint is set or it is deleted."""
+    namespace, claim_name = cluster.namespace, endpoint_claim_name(cluster.name)
+    if cluster.deleting:
+        return Result.done()
+    if host := cluster.endpoint_host:
+        # Never claim an address that could not be used. A paused Cluster with an endpoint
+        # is most likely being moved (clusterctl creates it before its claim): it waits
+        # quietly for the claim to arrive.
+        if not cluster.is_paused:
+            _warn(
+                deps,
+                cluster,
+                EndpointReason.CONFLICT,
+                f"spec.controlPlaneEndpoint.host is already {host}; no address is "
+                f"claimed from {request.pool.kind} {request.pool.name}",
             )
-        except ApiException as exc:
-            return _refused(ctx, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
-        if not created.written:  # made meanwhile (its event queues the Cluster again)
-            return Decision.retry(1.0)
-        message = (
-            f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
-            f"from {request.pool.kind} {request.pool.name}"
-        )
-        log.info("Cluster %s/%s: %s", namespace, name, message)
-        ctx.event(cluster, "Normal", EndpointReason.CLAIMED, message)
-        return Decision.done()
+        return Result.done()
+    version = deps.versions.address
     try:
-        claim = Claim.from_body(body)
+        created = deps.kube.create_claim(version, build_claim(cluster, request.pool, version))
+    except ApiException as exc:
+        return _refused(deps, cluster, exc, f"IPAddressClaim {namespace}/{claim_name}")
+    if not created.written:  # made meanwhile (its event queues the Cluster again)
+        return Result.requeue_after(1.0)
+    message = (
+        f"IPAddressClaim {namespace}/{claim_name} created for the control-plane endpoint "
+        f"from {request.pool.kind} {request.pool.name}"
+    )
+    log.info("Cluster %s: %s", cluster.key, message)
+    deps.events.post(cluster.as_object(), "Normal", EndpointReason.CLAIMED, message)
+    return Result.done()
+
+
+def _endpoint_claim(
+    deps: ClusterDeps,
+    cluster: Cluster,
+    request: EndpointRequest,
+    body: Mapping[str, Any],
+) -> Claim | None:
+    """Return the claim of the endpoint's name when it is this Cluster's, from its pool.
+
+    Else None, with a Warning saying why (not an endpoint claim, another Cluster's, or
+    from another pool than the annotation names).
+    """
+    namespace, name = cluster.namespace, cluster.name
+    claim_name = endpoint_claim_name(name)
+    try:
+        claim: Claim | None = Claim.from_body(body)
     except ValueError:
         claim = None
     if claim is None or not is_endpoint_claim(claim) or claim.cluster_name != name:
         _warn(
-            ctx,
+            deps,
             cluster,
             EndpointReason.CLAIM_MISMATCH,
             f"IPAddressClaim {namespace}/{claim_name} exists and is not this Cluster's "
             "control-plane endpoint claim; nothing is done",
         )
-        return Decision.done()
+        return None
     if claim.pool_ref != request.pool:
         _warn(
-            ctx,
+            deps,
             cluster,
             EndpointReason.CLAIM_MISMATCH,
             f"IPAddressClaim {namespace}/{claim_name} claims from {claim.pool_ref.kind} "
@@ -517,87 +588,89 @@ def reconcile_cluster(ctx: Context, namespace: str, name: str) -> Decision:
             f"{request.pool.name}; a claim's pool cannot change: delete the claim to claim "
             "from the new pool",
         )
-        return Decision.done()
-    if claim.deleting:
-        return Decision.done()  # its deletion event queues the Cluster: a new claim then
+        return None
+    return claim
 
-    address = _bound_address(ctx, claim)
-    if address is None:
-        ready, reason = capi.ready_of(body)
-        if ready == "False":
-            text = next(
-                (
-                    str(c.get("message") or "")
-                    for c in _conditions(body)
-                    if c.get("type") == "Ready"
-                ),
-                "",
-            )
-            _warn(
-                ctx,
-                cluster,
-                EndpointReason.PENDING,
-                f"IPAddressClaim {namespace}/{claim_name} waits: {reason}: {text}",
-            )
-        return Decision.done()
 
+def _tell_pending(deps: ClusterDeps, cluster: Cluster, claim: Claim) -> None:
+    """Warn on the Cluster while its endpoint claim shows Ready False (why it waits)."""
+    ready, reason = claim.ready
+    if ready != "False":
+        return
+    text = next(
+        (str(c.get("message") or "") for c in _conditions(claim) if c.get("type") == "Ready"),
+        "",
+    )
+    _warn(
+        deps,
+        cluster,
+        EndpointReason.PENDING,
+        f"IPAddressClaim {claim.key} waits: {reason}: {text}",
+    )
+
+
+def _write_endpoint(
+    deps: ClusterDeps,
+    cluster: Cluster,
+    request: EndpointRequest,
+    claim: Claim,
+    address: tuple[str, str],
+) -> Result:
+    """Patch the Cluster with the endpoint (and variables, unpause) of its bound claim."""
+    namespace, name = cluster.namespace, cluster.name
     ip, hostname = address
     host = ip
     if request.host_dns:
-        fqdn = _fqdn(ctx, claim, hostname)
+        fqdn = _fqdn(deps, claim, hostname)
         if fqdn is None:
             _warn(
-                ctx,
+                deps,
                 cluster,
                 EndpointReason.INVALID,
                 f'{HOST_ANNOTATION}: "dns" needs an InfobloxIPPool of host records with a '
                 f"dnsZone; {claim.pool_ref.kind} {claim.pool_ref.name} has none; the "
                 "endpoint is not written",
             )
-            return Decision.done()
+            return Result.done()
         host = fqdn
     plan = plan_patch(
-        cluster,
-        host=host,
-        address=ip,
-        variables=request.variables,
-        unpause=request.unpause,
+        cluster, host=host, address=ip, variables=request.variables, unpause=request.unpause
     )
     if plan.conflict is not None:
-        _warn(ctx, cluster, EndpointReason.CONFLICT, plan.conflict)
-        return Decision.done()
+        _warn(deps, cluster, EndpointReason.CONFLICT, plan.conflict)
+        return Result.done()
     if plan.patch is None:
-        _settled(ctx, namespace, name)
-        return Decision.done()
+        _forget_notice(deps, namespace, name)
+        return Result.done()
     try:
-        stored = ctx.kube.patch_cluster(version, namespace, name, plan.patch)
+        stored = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
         if exc.status == 409:  # changed since read: decide again on what it is now
-            return Decision.retry(1.0)
-        return _refused(ctx, cluster, exc, "the Cluster patch")
+            return Result.requeue_after(1.0)
+        return _refused(deps, cluster, exc, "the Cluster patch")
     if stored is None:
-        return Decision.done()
-    _settled(ctx, namespace, name)
+        return Result.done()
+    _forget_notice(deps, namespace, name)
     message = (
         f"{', '.join(plan.changes)}: address {ip} from {claim.pool_ref.kind} "
-        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim_name})"
+        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim.name})"
     )
     log.info("Cluster %s/%s: %s", namespace, name, message)
-    ctx.event(stored, "Normal", EndpointReason.SET, message)
-    return Decision.done()
+    deps.events.post(Cluster.from_body(stored).as_object(), "Normal", EndpointReason.SET, message)
+    return Result.done()
 
 
-def _conditions(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = body.get("status") or {}
-    version = str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
-    if version == "v1beta1":
+def _conditions(claim: Claim) -> list[Mapping[str, Any]]:
+    """Return the claim's conditions in the served shape (v1beta2 ones first on v1beta1)."""
+    status = claim.status
+    if claim.version == "v1beta1":
         return list((status.get("v1beta2") or {}).get("conditions") or []) or list(
             status.get("conditions") or []
         )
     return list(status.get("conditions") or [])
 
 
-def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
+def _bound_address(deps: ClusterDeps, claim: Claim) -> tuple[str, str] | None:
     """Return ``(address, hostname)`` of a bound claim's IPAddress, else None.
 
     Bound: ``status.addressRef`` names an IPAddress whose ``spec.claimRef`` is the claim.
@@ -606,26 +679,27 @@ def _bound_address(ctx: Context, claim: Claim) -> tuple[str, str] | None:
     """
     if not claim.address_ref:
         return None
-    body = ctx.kube.get_ip_address(ctx.address_version, claim.namespace, claim.address_ref)
-    if body is None:
+    body = deps.kube.get_ip_address(deps.versions.address, claim.namespace, claim.address_ref)
+    try:
+        address = None if body is None else IPAddress.model_validate(body)
+    except ValidationError:
+        address = None
+    if address is None or address.spec.claim_ref.name != claim.name or not address.spec.address:
         return None
-    spec = body.get("spec") or {}
-    if (spec.get("claimRef") or {}).get("name") != claim.name or not spec.get("address"):
-        return None
-    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    annotations = address.metadata.annotations
     hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(claim, None)
-    return str(spec["address"]), str(hostname)
+    return str(address.spec.address), str(hostname)
 
 
-def _fqdn(ctx: Context, claim: Claim, hostname: str) -> str | None:
+def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
     """Return ``<hostname>.<zone>`` for an Infoblox pool of host records with ``dnsZone``.
 
-    The host record the Infoblox backend creates in DNS has that name (DESIGN.md section 3);
+    The host record the Infoblox backend creates in DNS has that name (`backends.infoblox`);
     None for any other pool (phpIPAM, fixed addresses, no zone, pool gone).
     """
     if not claim.pool_ref.kind.endswith("InfobloxIPPool"):
         return None
-    pool = ctx.kube.get_pool(
+    pool = deps.kube.get_pool(
         capi.pool_namespace(claim.pool_ref.kind, claim.namespace),
         claim.pool_ref.kind,
         claim.pool_ref.name,

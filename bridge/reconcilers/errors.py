@@ -28,7 +28,7 @@ __all__ = [
     "retry_delay",
 ]
 
-#: What to do about an IPAM endpoint whose certificate is not trusted (DESIGN.md section 3).
+#: What to do about an IPAM server whose certificate is not trusted.
 TLS_HINT = (
     "set spec.tls.caSecretRef to a Secret holding the CA bundle (PEM) that signed the "
     "endpoint's certificate"

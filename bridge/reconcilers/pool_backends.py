@@ -162,6 +162,11 @@ class Pool:
         The raw ``spec`` mapping.
     deleting:
         True once ``metadata.deletionTimestamp`` is set.
+    ready:
+        ``(status, reason, message)`` of the pool's Ready condition as read (``(None, None,
+        "")`` without one).
+    observed_generation:
+        ``status.observedGeneration``: the generation the pool's check last saw (None: none).
     """
 
     kind: str
@@ -179,11 +184,18 @@ class Pool:
     deleting: bool = False
     secret_namespace: str = ""
     grace_period_seconds: int = 0
+    ready: tuple[str | None, str | None, str] = field(default=(None, None, ""), compare=False)
+    observed_generation: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str, str]:
         """``(namespace, kind, name)``: identifies the pool within the operator."""
         return (self.namespace, self.kind, self.name)
+
+    @property
+    def endpoint(self) -> str:
+        """``spec.endpoint``: the URL of the pool's IPAM server."""
+        return str(self.spec.get("endpoint") or "")
 
     @property
     def is_global(self) -> bool:
@@ -307,7 +319,26 @@ def parse_pool(body: Mapping[str, Any]) -> Pool:
         deleting=meta.deleting,
         secret_namespace=spec.credentials_ref.namespace or namespace,
         grace_period_seconds=spec.address_reuse_grace_period_seconds,
+        ready=_ready(body.get("status") or {}),
+        observed_generation=_observed_generation(body.get("status") or {}),
     )
+
+
+def _ready(status: Mapping[str, Any]) -> tuple[str | None, str | None, str]:
+    """Return ``(status, reason, message)`` of the Ready condition in a pool's ``status``."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return (
+                condition.get("status"),
+                condition.get("reason"),
+                str(condition.get("message") or ""),
+            )
+    return None, None, ""
+
+
+def _observed_generation(status: Mapping[str, Any]) -> int | None:
+    value = status.get("observedGeneration")
+    return value if isinstance(value, int) else None
 
 
 @dataclass(frozen=True)
@@ -428,8 +459,8 @@ def build_backend(
     retry:
         The retry policy; its ``total_seconds`` bounds every backend operation.
     endpoints:
-        The operator's `backends.flowcontrol.FlowControl` (``Context.flow``): breaker,
-        slots and login budget per IPAM endpoint, shared by every pool's client. None gives
+        The operator's `backends.flowcontrol.FlowControl` (``Operator.flow``): breaker,
+        slots and login budget per IPAM server, shared by every pool's client. None gives
         the client one of its own.
 
     Raises

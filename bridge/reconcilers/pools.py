@@ -3,7 +3,7 @@
 `bridge.reconcilers.pool_backends` parses and computes; this module does the I/O around it through
 `bridge.runtime.gateway` and the pool's backend:
 
-- `backend_for`: reads the pool's Secret(s) and returns its cached backend client;
+- `bridge.reconcilers.backend_clients.PoolClients.backend_for`: the pool's backend client;
 - `check_pool`: asks the IPAM about the pool's subnets and returns the Ready status;
 - `reconcile_pool`: what one pool needs now (the work queue calls it for every pool event
   that needs it and for the periodic refresh): status, the ``ProtectPool`` finalizer on the
@@ -15,7 +15,7 @@ Global pools (cluster-scoped, namespace ``""``) read their Secrets in the namesp
 ``credentialsRef``/``tls.caSecretRef`` name, and their users are the claims and IPAddresses
 of every watched namespace.
 
-Credentials outlive the claims that need them (DESIGN.md section 6): a namespace deletion
+Credentials outlive the claims that need them: a namespace deletion
 removes Secrets, pools and claims in no order, so a Secret that a pool reads carries
 ``ipam.cluster.x-k8s.io/credentials-in-use`` while such a pool exists; the pool keeps it until
 its last claim is released, then both go.
@@ -26,34 +26,44 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 
-from backends.base import IPAMBackend
 from backends.errors import BackendError
+from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers.context import Context, pool_key, pool_token
+from bridge.metrics import Metrics
+from bridge.objects.cache import Cache
+from bridge.objects.keys import pool_key, pool_token
+from bridge.reconcilers.backend_clients import PoolClients, SecretReader
+from bridge.reconcilers.context import (
+    NamespaceLocks,
+    Queue,
+    ServedVersions,
+)
 from bridge.reconcilers.errors import PoolError, pool_error_from, retry_delay
 from bridge.reconcilers.pool_backends import (
     BACKEND_NAMES,
     Pool,
-    build_backend,
-    fingerprint,
-    location_of,
     parse_pool,
     pool_conditions,
     pool_failed_status,
     pool_status,
 )
-from bridge.runtime.gateway import Outcome
-from bridge.runtime.workqueue import Decision
+from bridge.runtime.events import EventSink
+from bridge.runtime.gateway import Outcome, Write
+from bridge.runtime.holds import PendingHolds
+from bridge.runtime.workqueue import Result
+from bridge.settings import Settings
 
 __all__ = [
     "CREDENTIALS_FINALIZER",
     "SECRETS_ANNOTATION",
-    "backend_for",
+    "PoolApi",
+    "PoolDeps",
     "check_pool",
     "needs_check",
     "purge_quarantined",
@@ -63,7 +73,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Finalizer on a Secret that a pool reads (DESIGN.md section 6).
+#: Finalizer on a Secret that a pool reads (it outlives the claims that need it).
 CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
 #: Annotation on a pool naming (comma-separated) the Secrets it put `CREDENTIALS_FINALIZER`
 #: on: a Secret it stopped reading, or the Secrets of a pool whose spec no longer parses, are
@@ -73,73 +83,91 @@ CREDENTIALS_FINALIZER = "ipam.cluster.x-k8s.io/credentials-in-use"
 SECRETS_ANNOTATION = "ipam-bridge.io/secrets-in-use"
 
 
-def backend_for(ctx: Context, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
-    """Return the pool's backend client, built from its Secret(s) or taken from the cache.
+class PoolApi(SecretReader, Protocol):
+    """The Kubernetes reads and writes of the pool reconciler (`bridge.objects.client`)."""
 
-    Reads the credentials Secret (and the CA Secret when ``spec.tls.caSecretRef`` is set)
-    on every call, so a fixed Secret takes effect at once: in the pool's own namespace, or
-    for a Global pool in the namespace its reference names. A Secret being deleted is still
-    read (it is kept by `CREDENTIALS_FINALIZER` for releases).
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
 
-    With ``reuse`` (claims: allocations and releases) a client already built from this very
-    pool spec is returned without reading any Secret: Secrets are not watched (that would
-    need list/watch on every Secret), so the pool's check (`check_pool`, at every pool change
-    and every ``IPAM_BRIDGE_POOL_REFRESH_SECONDS``) is what reads them and rebuilds the
-    client when they changed. Without such a client the Secrets are read as above.
+    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return the pools of ``kind`` in ``namespaces``."""
 
-    Parameters
+    def list_claims(
+        self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the claims of ``namespaces``."""
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Return the IPAddresses of a namespace (None: all)."""
+
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+        """Add or remove a finalizer of the pool as read."""
+
+    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
+        """Set or remove one annotation of a pool."""
+
+    def patch_pool_status(
+        self,
+        namespace: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge-patch a pool's status."""
+
+    def set_secret_finalizer(
+        self, namespace: str, name: str, finalizer: str, present: bool
+    ) -> bool:
+        """Add or remove a finalizer of a Secret; False when it does not exist."""
+
+
+@dataclass
+class PoolDeps:
+    """What the pool reconciler uses (`reconcile_pool`, `purge_quarantined`).
+
+    Attributes
     ----------
-    ctx:
-        The operator context.
-    pool:
-        The pool (possibly with a recorded location, `pool_backends.with_location`): the cache
-        key includes its spec, so another location gets its own client.
-
-    Raises
-    ------
-    PoolError
-        ``CredentialsNotFound`` when a Secret or one of its keys is missing; ``InvalidSpec``
-        when the client refuses the configuration.
+    settings:
+        The operator settings.
+    kube:
+        The Kubernetes objects (pools, claims, IPAddresses, Secrets).
+    versions:
+        The served CAPI versions.
+    cache:
+        The informer cache (a pool's deletion waits until it shows there).
+    queue:
+        Where pool keys go, and the claims parked under a pool's token are woken.
+    events:
+        Where Events about pools are told.
+    metrics:
+        The Prometheus metrics.
+    clients:
+        The pools' backend clients.
+    flow:
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): a pool's
+        exhaustion is forgotten when it has a free address.
+    holds:
+        Claims about to hold a pool (its deletion guard counts them).
+    locks:
+        Per-namespace locks of the decisions about Secrets.
     """
-    key = (*pool.key, location_of(pool))
-    if reuse and (cached := ctx.backends.reuse(key, pool.spec)) is not None:
-        return cached
-    secret_namespace = pool.secret_namespace or pool.namespace
-    secret = ctx.kube.read_secret(secret_namespace, pool.credentials_secret)
-    if secret is None:
-        raise PoolError(
-            Reason.CREDENTIALS_NOT_FOUND,
-            f"Secret {secret_namespace}/{pool.credentials_secret} not found",
-            needs_person=True,
-        )
-    ca_pem: str | None = None
-    if pool.tls.ca_secret_name and not pool.tls.insecure_skip_verify:
-        ca_namespace = pool.tls.ca_secret_namespace or pool.namespace
-        ca = ctx.kube.read_secret(ca_namespace, pool.tls.ca_secret_name)
-        ca_pem = (ca or {}).get(pool.tls.ca_secret_key)
-        if not ca_pem:
-            raise PoolError(
-                Reason.CREDENTIALS_NOT_FOUND,
-                f"CA bundle: Secret {ca_namespace}/{pool.tls.ca_secret_name} or its key "
-                f"{pool.tls.ca_secret_key!r} not found",
-                needs_person=True,
-            )
-    return ctx.backends.get(
-        key,
-        fingerprint(pool, secret, ca_pem),
-        lambda: build_backend(
-            pool,
-            secret,
-            ca_pem,
-            timeout_seconds=ctx.settings.backend_timeout_seconds,
-            retry=ctx.settings.retry_policy(),
-            endpoints=ctx.flow,
-        ),
-        spec=pool.spec,
-    )
+
+    settings: Settings
+    kube: PoolApi
+    versions: ServedVersions
+    cache: Cache
+    queue: Queue
+    events: EventSink
+    metrics: Metrics
+    clients: PoolClients
+    flow: FlowControl
+    holds: PendingHolds
+    locks: NamespaceLocks
 
 
-def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, Any]:
+def check_pool(deps: PoolDeps, pool: Pool, body: Mapping[str, Any]) -> dict[str, Any]:
     """Check a pool against its IPAM and return its Ready status.
 
     Returns
@@ -155,24 +183,24 @@ def check_pool(ctx: Context, pool: Pool, body: Mapping[str, Any]) -> dict[str, A
         ``AuthenticationFailed``, ``SubnetNotFound``, ``TLSVerificationFailed`` or
         ``BackendUnavailable``.
     """
-    backend = backend_for(ctx, pool)
+    backend = deps.clients.backend_for(pool)
     try:
-        infos = ctx.metrics.call(
+        infos = deps.metrics.call(
             BACKEND_NAMES[pool.kind], "describe_subnets", backend.describe_subnets
         )
     except BackendError as exc:
         raise pool_error_from(exc, pool.display) from exc
     free = sum(info.free for info in infos)
-    ctx.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(free)
+    deps.metrics.pool_free.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(free)
     total = sum(info.total for info in infos)
-    ctx.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
+    deps.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
-        ctx.flow.refilled(pool.key)
+        deps.flow.refilled(pool.key)
     previous = (body.get("status") or {}).get("conditions") or []
     return pool_status(pool, infos, previous)
 
 
-def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
+def users_of(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:
     """Return what may still hold an entry in a pool: its claims and IPAddresses (sorted).
 
     A claim counts while it carries the ``ReleaseAddress`` finalizer (added before anything
@@ -187,16 +215,16 @@ def users_of(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
         ``IPAddressClaim <name>`` and ``IPAddress <name>`` entries (``<namespace>/<name>``
         for a Global pool).
     """
-    version = ctx.address_version
+    version = deps.versions.address
     found: set[str] = set()
     if namespace:
-        claims = ctx.kube.list_claims(version, (namespace,))
-        addresses = ctx.kube.list_ip_addresses(version, namespace)
+        claims = deps.kube.list_claims(version, (namespace,))
+        addresses = deps.kube.list_ip_addresses(version, namespace)
     else:
-        watched = ctx.settings.namespaces
-        claims = ctx.kube.list_claims(version, watched)
+        watched = deps.settings.namespaces
+        claims = deps.kube.list_claims(version, watched)
         addresses = [
-            item for ns in watched or (None,) for item in ctx.kube.list_ip_addresses(version, ns)
+            item for ns in watched or (None,) for item in deps.kube.list_ip_addresses(version, ns)
         ]
 
     def shown(meta: Mapping[str, Any]) -> str:
@@ -269,7 +297,7 @@ def _secrets_of(body: Mapping[str, Any]) -> set[SecretId]:
         return _recorded_secrets(body)  # unreadable spec: keep what it held
 
 
-def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str, str]) -> set[str]:
+def _read_by_pools(deps: PoolDeps, namespace: str, *, besides: tuple[str, str, str]) -> set[str]:
     """Return the Secrets of ``namespace`` that pools read, but pool ``(namespace, kind, name)``.
 
     The namespaced pools of ``namespace`` and every Global pool may read them.
@@ -277,7 +305,7 @@ def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str, str
     read: set[str] = set()
     for kind in capi.POOL_KINDS:
         is_global = kind in capi.GLOBAL_POOL_KINDS
-        for other in ctx.kube.list_pools(kind, () if is_global else (namespace,)):
+        for other in deps.kube.list_pools(kind, () if is_global else (namespace,)):
             other.setdefault("kind", kind)
             meta = other.get("metadata") or {}
             key = ("" if is_global else str(meta.get("namespace") or ""), kind, meta.get("name"))
@@ -287,19 +315,19 @@ def _read_by_pools(ctx: Context, namespace: str, *, besides: tuple[str, str, str
     return read
 
 
-def _free_secrets(ctx: Context, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
+def _release_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
     """Remove `CREDENTIALS_FINALIZER` from the Secrets ``refs`` that no pool but ``besides`` reads.
 
-    Takes `Context.namespace_lock` of each Secret's namespace.
+    Takes the lock of each Secret's namespace (`PoolDeps.locks`).
     """
     for namespace in sorted({ns for ns, _ in refs}):
         names = {name for ns, name in refs if ns == namespace}
-        with ctx.namespace_lock(namespace):
-            for name in sorted(names - _read_by_pools(ctx, namespace, besides=besides)):
-                ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
+        with deps.locks.holding(namespace):
+            for name in sorted(names - _read_by_pools(deps, namespace, besides=besides)):
+                deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
 
 
-def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
+def _protect_secrets(deps: PoolDeps, body: Mapping[str, Any], pool: Pool) -> None:
     """Protect the Secrets the pool reads; let go of those it read before and no longer does.
 
     The pool's `SECRETS_ANNOTATION` names every Secret it put `CREDENTIALS_FINALIZER` on; it
@@ -308,15 +336,15 @@ def _keep_secrets(ctx: Context, body: Mapping[str, Any], pool: Pool) -> None:
     """
     wanted, recorded = set(pool.secret_refs), _recorded_secrets(body)
     if not wanted <= recorded:
-        ctx.kube.annotate_pool(
+        deps.kube.annotate_pool(
             body, SECRETS_ANNOTATION, _annotation(wanted | recorded, pool.namespace)
         )
     for namespace, name in pool.secret_refs:
-        ctx.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
+        deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
     stale = recorded - wanted
     if stale:
-        _free_secrets(ctx, stale, besides=pool.key)
-        ctx.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
+        _release_secrets(deps, stale, besides=pool.key)
+        deps.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
 
 
 #: The condition type the pool's check owns (`bridge.capi.ready_condition`).
@@ -343,8 +371,8 @@ def _status_patch(current: Mapping[str, Any], status: Mapping[str, Any]) -> dict
     return patch
 
 
-def _write(
-    ctx: Context,
+def _update_status(
+    deps: PoolDeps,
     body: Mapping[str, Any],
     status: Mapping[str, Any],
     *,
@@ -376,12 +404,12 @@ def _write(
         version = (current.get("metadata") or {}).get("resourceVersion")
         guard = str(version) if "conditions" in patch and version else None
         try:
-            ctx.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
+            deps.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
             break
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        reread = ctx.kube.get_pool(namespace, kind, name)
+        reread = deps.kube.get_pool(namespace, kind, name)
         if reread is None:
             return
         current = reread
@@ -389,24 +417,24 @@ def _write(
         log.info("pool %s/%s: status not written (it kept changing)", namespace, name)
     if capi.ready_of(body) != ("True" if ready else "False", reason):
         log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
-        ctx.event(body, "Normal" if ready else "Warning", reason, message)
+        deps.events.post(body, "Normal" if ready else "Warning", reason, message)
 
 
-def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decision:
+def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Result:
     """Decide and do what one pool needs now (called by the work queue).
 
     A live pool: ``ProtectPool`` and the Secrets' `CREDENTIALS_FINALIZER` are ensured, the
     pool is checked against its IPAM, the status written where it changed (an Event when
     Ready changes), and when Ready the claims waiting for it are woken. A pool being deleted
     keeps ``ProtectPool`` while `users_of` finds anything, or a claim is about to hold it
-    (``ctx.holds``, between its look at the pool and its finalizer write): ``DeletionBlocked``
+    (``deps.holds``, between its look at the pool and its finalizer write): ``DeletionBlocked``
     naming them;
     then the finalizer goes, the Secrets are let go when no other pool reads them, and its
     backend client is closed.
 
     Returns
     -------
-    Decision
+    Result
         Retry after `errors.retry_delay` of the failure's reason while not Ready or
         blocked; done otherwise (the periodic refresh queues every pool again).
 
@@ -417,13 +445,13 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
     kubernetes.client.ApiException
         On API failures other than "not found" (the queue logs and retries).
     """
-    body = ctx.kube.get_pool(namespace, kind, name)
+    body = deps.kube.get_pool(namespace, kind, name)
     if body is None:
-        ctx.backends.drop((namespace, kind, name))
-        ctx.flow.refilled((namespace, kind, name))  # forgotten: the pool is gone
-        ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
-        ctx.wake(pool_token(namespace, kind, name))
-        return Decision.done()
+        deps.clients.backends.drop((namespace, kind, name))
+        deps.flow.refilled((namespace, kind, name))  # forgotten: the pool is gone
+        deps.metrics.forget_pool(f"{namespace}/{name}", kind)
+        deps.queue.wake(pool_token(namespace, kind, name))
+        return Result.done()
     body.setdefault("kind", kind)
     meta = body.get("metadata") or {}
     pool: Pool | None = None
@@ -434,66 +462,70 @@ def reconcile_pool(ctx: Context, namespace: str, kind: str, name: str) -> Decisi
         error = exc
 
     if meta.get("deletionTimestamp"):
-        return _reconcile_deleting(ctx, body, pool)
+        return _reconcile_deleting(deps, body, pool)
 
     if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
-        outcome = ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
+        outcome = deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
         if outcome is Outcome.CONFLICT:
-            return Decision.retry(1.0)  # changed since read: its watch event queues it too
+            return Result.requeue_after(1.0)  # changed since read: its watch event queues it too
         if outcome is Outcome.GONE:
-            return Decision.done()
+            return Result.done()
     try:
         if pool is None:
             raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
-        _keep_secrets(ctx, body, pool)
-        status = check_pool(ctx, pool, body)
+        _protect_secrets(deps, body, pool)
+        status = check_pool(deps, pool, body)
     except PoolError as failure:
         if capi.ready_of(body) != ("False", failure.reason):
             # A new failure: claims that waited for the pool's check learn what it found.
-            ctx.wake(pool_token(namespace, kind, name))
-        _write_failure(ctx, body, failure)
-        return Decision.retry(retry_delay(ctx.settings, failure.reason))
+            deps.queue.wake(pool_token(namespace, kind, name))
+        _update_failed_status(deps, body, failure)
+        return Result.requeue_after(retry_delay(deps.settings, failure.reason))
     condition = status["conditions"][0]
     was_ready = capi.ready_of(body)[0] == "True"
-    _write(ctx, body, status, ready=True, reason=condition["reason"], message=condition["message"])
+    _update_status(
+        deps, body, status, ready=True, reason=condition["reason"], message=condition["message"]
+    )
     token = pool_token(namespace, kind, name)
     if not was_ready:
-        ctx.wake(token)  # the claims that waited for the pool to turn Ready
+        deps.queue.wake(token)  # the claims that waited for the pool to turn Ready
     elif status["ipAddresses"]["free"] > 0:
-        ctx.wake(token, count=1)  # a claim waiting for an address tries; success wakes the next
-    if ctx.waiting(token):
+        deps.queue.wake(
+            token, count=1
+        )  # a claim waiting for an address tries; success wakes the next
+    if deps.queue.parked(token):
         # Claims wait for an address: look again soon (one IPAM request per pool, not one
         # per claim), until they are served.
-        return Decision.retry(retry_delay(ctx.settings, Reason.POOL_EXHAUSTED))
-    return Decision.done()
+        return Result.requeue_after(retry_delay(deps.settings, Reason.POOL_EXHAUSTED))
+    return Result.done()
 
 
-def _write_failure(ctx: Context, body: Mapping[str, Any], error: PoolError) -> None:
-    """Write Ready False with the error's reason and message (see `_write`)."""
+def _update_failed_status(deps: PoolDeps, body: Mapping[str, Any], error: PoolError) -> None:
+    """Write Ready False with the error's reason and message (see `_update_status`)."""
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     previous = (body.get("status") or {}).get("conditions") or []
     status = pool_failed_status(generation, error, previous)
-    _write(ctx, body, status, ready=False, reason=error.reason, message=error.message)
+    _update_status(deps, body, status, ready=False, reason=error.reason, message=error.message)
 
 
 #: How soon a pool being deleted looks again while the cache does not show its deletion yet,
-#: or while a claim is about to hold it (``ctx.holds``).
+#: or while a claim is about to hold it (``deps.holds``).
 CACHE_LAG_SECONDS = 0.5
 
 
-def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None) -> Decision:
+def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | None) -> Result:
     """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
     meta = body.get("metadata") or {}
     kind, name = str(body["kind"]), str(meta["name"])
     namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
-    ctx.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
-    cached = ctx.cache.pools.get((kind, namespace, name))
+    deps.queue.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
+    cached = deps.cache.pools.get((kind, namespace, name))
     if cached is not None and not (cached.get("metadata") or {}).get("deletionTimestamp"):
         # Claims decide from the cache: until it shows the deletion, a claim may still see
         # the pool live and register in it. Its watch event queues the pool again.
-        return Decision.retry(CACHE_LAG_SECONDS)
-    pending = ctx.holds.of((namespace, kind, name))
-    users = users_of(ctx, namespace, kind, name) + [f"IPAddressClaim {key}" for key in pending]
+        return Result.requeue_after(CACHE_LAG_SECONDS)
+    pending = deps.holds.of((namespace, kind, name))
+    users = users_of(deps, namespace, kind, name) + [f"IPAddressClaim {key}" for key in pending]
     if users:
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
         error = PoolError(
@@ -502,30 +534,30 @@ def _reconcile_deleting(ctx: Context, body: Mapping[str, Any], pool: Pool | None
             f"it: {shown}; it goes once their claims are released",
             needs_person=False,
         )
-        _write_failure(ctx, body, error)
+        _update_failed_status(deps, body, error)
         if pending:  # claims in flight settle within moments: look again soon
-            return Decision.retry(CACHE_LAG_SECONDS)
+            return Result.requeue_after(CACHE_LAG_SECONDS)
         # Each release queues the pool again; this retry is only the safety net.
-        return Decision.retry(ctx.settings.requeue_config_error_seconds)
+        return Result.requeue_after(deps.settings.requeue_config_error_seconds)
     held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())
-    # Under the namespace locks (see Context.namespace_lock): two pools reading one Secret,
+    # Under the namespace locks (`PoolDeps.locks`): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
-    _free_secrets(ctx, held, besides=(namespace, kind, name))
-    if ctx.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
-        return Decision.retry(1.0)  # changed since read: decided again from what it is now
-    ctx.backends.drop((namespace, kind, name))
-    ctx.flow.refilled((namespace, kind, name))
-    ctx.metrics.forget_pool(f"{namespace}/{name}", kind)
+    _release_secrets(deps, held, besides=(namespace, kind, name))
+    if deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
+        return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
+    deps.clients.backends.drop((namespace, kind, name))
+    deps.flow.refilled((namespace, kind, name))
+    deps.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
-    return Decision.done()
+    return Result.done()
 
 
-def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> list[str]:
-    """Delete a pool's IPAM entries whose reuse grace period ended (DESIGN.md section 6).
+def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:
+    """Delete a pool's IPAM entries whose reuse grace period ended.
 
     Run by the leader for every pool at start-up, then every
     ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` for the pools with
-    ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.pools.purge_forever`). The
+    ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.resync.purge_forever`). The
     quarantine mark lives in the IPAM (`backends.base.quarantine_mark`), so nothing here
     depends on memory: a restart or a new leader purges what is due. When entries were
     deleted, one claim waiting for an address in the pool is woken.
@@ -543,7 +575,7 @@ def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> lis
     backends.errors.BackendError
         When the IPAM call fails (the caller logs it and tries at the next pass).
     """
-    body = ctx.kube.get_pool(namespace, kind, name)
+    body = deps.kube.get_pool(namespace, kind, name)
     if body is None:
         return []
     body.setdefault("kind", kind)
@@ -553,8 +585,8 @@ def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> lis
         return []
     if pool.deleting:
         return []
-    backend = backend_for(ctx, pool)
-    purged = ctx.metrics.call(
+    backend = deps.clients.backend_for(pool)
+    purged = deps.metrics.call(
         BACKEND_NAMES[pool.kind],
         "purge_quarantined",
         lambda: backend.purge_quarantined(time.time()),
@@ -563,7 +595,7 @@ def purge_quarantined(ctx: Context, namespace: str, kind: str, name: str) -> lis
         log.info(
             "pool %s: quarantine ended for %s; entries deleted", pool.display, ", ".join(purged)
         )
-        ctx.flow.refilled(pool.key)
-        ctx.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-        ctx.enqueue(pool_key(pool.namespace, pool.kind, pool.name))
+        deps.flow.refilled(pool.key)
+        deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
+        deps.queue.add(pool_key(pool.namespace, pool.kind, pool.name))
     return list(purged)

@@ -1,46 +1,36 @@
-"""An informer-style cache of the objects a claim's decision reads: no API read on the hot path.
+"""An informer-style cache of one resource's objects: no API read on the hot path.
 
-kopf already watches claims, pools, Clusters and (for this cache) our IPAddresses; every
-object it sees comes here (`bridge.handlers.cache`, `bridge.handlers.claims`: event
-handlers, which kopf calls for the objects of its initial listing too). A claim's reconcile
-then reads its claim, its IPAddress, its pool and its Cluster from memory
-(`bridge.reconcilers.claims`), as controller-runtime's cached client does.
+Watch events (`ObjectCache.apply`), lists (`ObjectCache.fill`, `ObjectCache.replace`) and
+our own writes (`ObjectCache.put`, `ObjectCache.forget`) feed it; reconciles read from it
+(`ObjectCache.lookup`), as controller-runtime's cached client does
+(https://pkg.go.dev/sigs.k8s.io/controller-runtime/pkg/cache). Which resources are cached,
+and under which keys, is the caller's (`bridge.objects.cache`).
 
 What this relies on, and how each risk is closed:
 
-- **Initial listing.** kopf does not tell when its initial listing of a resource is over
-  (only its indexes see that, and they do not scale: kopf wakes every waiting object's
-  worker at each indexed object, quadratic in the objects; 1,500 claims took 50 s to
-  start). So the start-up handler lists pools, Clusters and our IPAddresses once itself
-  (`prime`, as an informer's initial list) before kopf's watches start; each part is
-  `ObjectCache.synced` once listed. Absence is only trusted once synced: before that, or
-  when the list failed, a lookup that finds nothing answers `MISSING_UNKNOWN` and the caller
-  reads the API (`ObjectCache.lookup`). Claims are queued by their own event, which puts
-  them here first: a claim absent from the cache was deleted.
+- **Initial listing.** Absence is only trusted once the part is `ObjectCache.synced` (its
+  initial list seen): before that, or when the list failed, a lookup that finds nothing
+  answers `MISSING_UNKNOWN` and the caller reads the API.
 - **Our own writes.** The result of each of our writes (the object the API server returns)
   is put into the cache at once (`ObjectCache.put`), and a deletion leaves a tombstone
   (`ObjectCache.forget`): the next reconcile of the key sees what we wrote even before the
   watch event comes back.
-- **Order.** resourceVersions are opaque: only compared for equality. The watch tells the
-  order: the event that arrives last is the latest, except for the watch echoes of our own
-  writes, already written through: those, and events older than them, change nothing
-  (`ObjectCache.put` keeps the written versions until their echo). `ObjectCache.apply`
-  says whether an event changed anything, so an echo of our own write queues no reconcile.
-- **Watch restarts** (API server restart, 410 Gone, connection loss): kopf lists again but
-  never tells of objects deleted meanwhile. `bridge.handlers.cache.Relists` sees that
-  listing, makes every part suspect (lookups read the API meanwhile) and replaces
-  each part with a fresh list of its own (`relist`, `ObjectCache.replace`): objects gone
-  are dropped and their keys queued, objects changed are queued. Tombstones and pending
-  write-throughs are dropped by a relist or after `HOLD_SECONDS`: memory stays bounded.
-- **Stale entries** left by a watch that resumed late: writes stay guarded (resourceVersion
-  on finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
-  create). A Cluster turning unpaused wakes claims that may have waited for hours while
-  the claims' watch, another stream, may lag behind: the claims part is suspect until it
-  is relisted. An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``
-  finalizer.
+- **Order.** resourceVersions are opaque: only compared for equality
+  (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions). The
+  watch tells the order: the event that arrives last is the latest, except for the watch
+  echoes of our own writes, already written through: those, and events older than them,
+  change nothing (`ObjectCache.put` keeps the written versions until their echo).
+  `ObjectCache.apply` says whether an event changed anything, so an echo of our own write
+  queues no reconcile.
+- **Watch restarts** (API server restart, 410 Gone, connection loss): a watch that lists
+  again never tells of objects deleted meanwhile. The caller makes the part suspect
+  (`ObjectCache.suspect`: lookups read the API meanwhile) and replaces it with a fresh
+  list (`ObjectCache.begin_relist`, `ObjectCache.replace`): objects gone and changed are
+  returned (`Relisted`). Tombstones and pending write-throughs are dropped by a relist or
+  after `HOLD_SECONDS`: memory stays bounded.
 
 The stored bodies are shared, read-only dicts (``metadata.managedFields`` dropped): callers
-never modify them in place. Thread-safe: kopf's loop writes, worker threads read.
+never modify them in place. Thread-safe: the event loop writes, worker threads read.
 """
 
 from __future__ import annotations
@@ -48,31 +38,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-
-from kubernetes.client import ApiException
-
-from bridge import capi
-from bridge.runtime.gateway import Kube
 
 __all__ = [
     "HOLD_SECONDS",
     "MISSING",
     "MISSING_UNKNOWN",
-    "PARTS",
-    "Cache",
+    "Key",
     "ObjectCache",
     "Relisted",
     "newer",
-    "prime",
-    "relist",
 ]
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, ...]
+#: A cached object's key, chosen by the caller (e.g. ``(namespace, name)``).
+Key = Hashable
 
 #: `ObjectCache.lookup`: the object is absent, and the initial listing was seen.
 MISSING: Final = "missing"
@@ -394,149 +377,3 @@ class ObjectCache:
         """Return how many tombstones and pending write-throughs are kept (bounded memory)."""
         with self._lock:
             return len(self._tombstones) + len(self._pending)
-
-
-class Cache:
-    """The operator's caches of claims, IPAddresses, pools and Clusters.
-
-    Keys: ``(namespace, name)``; pools ``(kind, namespace, name)`` (``namespace`` empty for
-    Global pools). Lives on the `bridge.reconcilers.context.Context` (``ctx.cache``); fed by
-    `bridge.handlers.cache`.
-    """
-
-    def __init__(self) -> None:
-        self.claims = ObjectCache("ipaddressclaims")
-        self.addresses = ObjectCache("ipaddresses")
-        self.pools = ObjectCache("pools", trust_absence=False)
-        self.clusters = ObjectCache("clusters", trust_absence=False)
-
-    def stored(self, plural: str, body: Mapping[str, Any]) -> None:
-        """Write-through of one of our writes (`bridge.runtime.gateway.Kube.on_stored`)."""
-        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
-        if part is not None:
-            part.put(self.key_of(body), body)
-
-    def deleted(self, plural: str, namespace: str, name: str) -> None:
-        """Write-through of one of our deletions (`bridge.runtime.gateway.Kube.on_deleted`)."""
-        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
-        if part is not None:
-            part.forget((namespace, name))
-
-    @staticmethod
-    def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
-        """Return ``(namespace, name)`` of an object (namespace empty when cluster-scoped)."""
-        meta = body.get("metadata") or {}
-        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def _ours(body: Mapping[str, Any]) -> bool:
-    ref = (body.get("spec") or {}).get("poolRef") or {}
-    return capi.PoolRef(
-        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-    ).is_ours
-
-
-def prime(cache: Cache, kube: Kube, *, version: str, namespaces: tuple[str, ...]) -> None:
-    """List pools, Clusters and our IPAddresses once into ``cache`` (the informer's list).
-
-    Called by the start-up handler before kopf's watches start; the watches keep the cache
-    current from then on. Claims need no list (see the module docstring): they are marked
-    synced. A list that fails (no permission, Clusters not served) leaves its part
-    unsynced: lookups there read the API instead (logged, never raised).
-
-    Parameters
-    ----------
-    version:
-        The served IPAddress version (the one the operator reads and writes).
-    namespaces:
-        The watched namespaces (empty: all); Global pools are listed cluster-wide.
-    """
-    cache.claims.mark_synced()
-    try:
-        addresses: list[dict[str, Any]] = []
-        for namespace in namespaces or (None,):
-            addresses += kube.list_ip_addresses(version, namespace)
-        for item in addresses:
-            item.setdefault("apiVersion", f"{capi.GROUP}/{version}")
-        count = cache.addresses.fill(
-            (Cache.key_of(item), item) for item in addresses if _ours(item)
-        )
-        pools = cache.pools.fill(
-            ((kind, *Cache.key_of(item)), item)
-            for kind in capi.POOL_KINDS
-            for item in kube.list_pools(kind, namespaces)
-        )
-        log.info("cache primed: %d IPAddresses of ours, %d pools", count, pools)
-    except ApiException as exc:
-        log.warning("cache not primed (%s %s): reading the API instead", exc.status, exc.reason)
-    try:
-        clusters = kube.list_clusters(namespaces)
-    except ApiException as exc:
-        log.warning("Clusters not listed (%s %s): reading them instead", exc.status, exc.reason)
-        return
-    cache.clusters.fill((Cache.key_of(item), item) for item in clusters or [])
-
-
-#: The parts of `Cache` a relist can refresh, by the attribute's name.
-PARTS: Final = ("claims", "addresses", "pools", "clusters")
-
-
-def _listing(
-    kube: Kube, part: str, *, version: str, namespaces: tuple[str, ...]
-) -> list[tuple[Key, dict[str, Any]]] | None:
-    """List one part's objects afresh as ``(key, body)``; None when Clusters are not served."""
-    if part == "pools":
-        return [
-            ((kind, *Cache.key_of(item)), item)
-            for kind in capi.POOL_KINDS
-            for item in kube.list_pools(kind, namespaces)
-        ]
-    if part == "clusters":
-        clusters = kube.list_clusters(namespaces)
-        return None if clusters is None else [(Cache.key_of(c), c) for c in clusters]
-    if part == "claims":
-        items = kube.list_claims(version, namespaces)
-    else:
-        items = [a for ns in namespaces or (None,) for a in kube.list_ip_addresses(version, ns)]
-    for item in items:
-        item.setdefault("apiVersion", f"{capi.GROUP}/{version}")
-    return [(Cache.key_of(item), item) for item in items if _ours(item)]
-
-
-def relist(
-    cache: Cache, kube: Kube, part: str, *, version: str, namespaces: tuple[str, ...]
-) -> Relisted | None:
-    """Refresh one part of ``cache`` from a fresh list (what an informer does on a relist).
-
-    Parameters
-    ----------
-    part:
-        One of `PARTS`.
-    version:
-        The served IPAddressClaim/IPAddress version.
-    namespaces:
-        The watched namespaces (empty: all); Global pools are listed cluster-wide.
-
-    Returns
-    -------
-    Relisted or None
-        What the list changed; None when Clusters are not served (nothing to list).
-
-    Raises
-    ------
-    kubernetes.client.ApiException
-        When the list fails (the part stays as it was, absence not trusted after `suspect`).
-    urllib3.exceptions.HTTPError
-        When the API server cannot be reached.
-    """
-    target: ObjectCache = getattr(cache, part)
-    target.begin_relist()
-    try:
-        items = _listing(kube, part, version=version, namespaces=namespaces)
-    except BaseException:
-        target.end_relist()
-        raise
-    if items is None:
-        target.end_relist()
-        return None
-    return target.replace(items)

@@ -1,11 +1,14 @@
 """The only module that talks to the Kubernetes API (the official ``kubernetes`` client).
 
-Reads pools, Secrets and Clusters; creates, updates and deletes IPAddresses; patches
-pool status; creates control-plane endpoint claims and patches their Clusters. Calls are
-synchronous: handlers run in kopf's thread pool. "Not found" is a value (None) for reads; a
-write of a claim, an IPAddress or a pool answers a `Write` (written, unchanged, gone,
-conflict) that its caller handles case by case. Every other API failure propagates as
-``kubernetes.client.ApiException``.
+A generic gateway (`Kube`): get, list, create, merge-patch, patch status, set a finalizer,
+delete and post Events, for any resource named by group, version and plural (`Resource`);
+which resources the operator uses is said outside the runtime (`bridge.objects.client`).
+Calls are synchronous: the work queue's worker threads make them. "Not found" is a value
+(None) for reads; a write answers a `Write` (written, unchanged, gone, conflict) that its
+caller handles case by case. Every other API failure propagates as
+``kubernetes.client.ApiException``. Also here: the ``ApiClient`` every request goes through
+(`OperatorApiClient`: a timeout on each request, a fence before each write) and the
+API server's refusals (`AccessDeniedError`, `NotServedError`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from kubernetes.client import (
     V1ObjectReference,
 )
 
-from bridge.capi import ADDRESS_FINALIZER, CLUSTER_GROUP, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
 from bridge.runtime.kubeconfig import load_configuration
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "NotServedError",
     "OperatorApiClient",
     "Outcome",
+    "Resource",
     "Write",
     "access_denied",
     "api_client",
@@ -48,8 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-POOL_VERSION = "v1alpha1"
 
 
 class Outcome(Enum):
@@ -286,25 +287,79 @@ def _missing(exc: ApiException) -> bool:
     return bool(exc.status == 404)
 
 
+@dataclass(frozen=True)
+class Resource:
+    """A resource of the Kubernetes API: where its objects live.
+
+    Attributes
+    ----------
+    group:
+        The API group (``""`` for the core group).
+    version:
+        The version to read and write in (``v1``, ``v1beta2``...).
+    plural:
+        The resource's plural name in the URL (``ipaddressclaims``...).
+    kind:
+        The objects' kind; a list's items that lack ``kind`` and ``apiVersion`` get them.
+        Empty: items are returned as listed.
+    namespaced:
+        False for a cluster-scoped resource (its objects have no namespace; a namespace
+        given with one is ignored).
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str = ""
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        """``group/version`` (``version`` alone for the core group)."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
 class Kube:
-    """Typed access to the objects the operator reads and writes.
+    """The Kubernetes gateway: get, list, create, patch and delete objects of any resource.
+
+    Knows no resource of its own: callers say which (`Resource`). "Not found" is a value
+    (None for reads, `Outcome.GONE` for writes); a write answers a `Write`. Every other API
+    failure propagates as ``kubernetes.client.ApiException``. Calls are synchronous (the
+    work queue's worker threads make them) and thread-safe.
 
     Parameters
     ----------
     client:
         An ``ApiClient`` (see `api_client`); shared by every worker thread.
+    on_stored:
+        Write-through: called with the plural and the object as the API server returned it
+        after each successful write that returned one (a cache sees our own write at once).
+    on_deleted:
+        Called with ``(plural, namespace, name)`` after an object was deleted (or found
+        gone) by `delete`.
     """
 
-    def __init__(self, client: ApiClient) -> None:
+    def __init__(
+        self,
+        client: ApiClient,
+        *,
+        on_stored: Callable[[str, Mapping[str, Any]], None] | None = None,
+        on_deleted: Callable[[str, str, str], None] | None = None,
+    ) -> None:
         self.client = client
         self.core = CoreV1Api(client)
         self.custom = CustomObjectsApi(client)
-        #: Write-through to the operator's cache (`bridge.runtime.cache`): called with the plural
-        #: (``ipaddressclaims``, ``ipaddresses``) and the object as the API server returned
-        #: it after each successful write of a claim or an IPAddress.
-        self.on_stored: Callable[[str, Mapping[str, Any]], None] | None = None
-        #: Called with ``(plural, namespace, name)`` after an IPAddress was deleted.
-        self.on_deleted: Callable[[str, str, str], None] | None = None
+        self.on_stored = on_stored
+        self.on_deleted = on_deleted
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.client.close()
 
     def _stored(self, plural: str, body: Any) -> Any:
         """Pass a write's result to `on_stored` (when it is an object); return it unchanged."""
@@ -312,40 +367,9 @@ class Kube:
             self.on_stored(plural, body)
         return body
 
-    def _create(
-        self, version: str, plural: str, body: Mapping[str, Any], *, write_through: bool = True
-    ) -> Write:
-        """Create a namespaced object of our API group.
-
-        With ``write_through`` the stored object goes to `on_stored` (the cache sees our own
-        write at once, and the echo of its watch event queues nothing).
-
-        Returns
-        -------
-        Write
-            `Outcome.WRITTEN` with the stored object, or `Outcome.CONFLICT` (no object) on
-            409 AlreadyExists.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            Any failure but 409 (e.g. 403 in a terminating namespace).
-        """
-        namespace = body["metadata"]["namespace"]
-        try:
-            created = self.custom.create_namespaced_custom_object(
-                GROUP, version, namespace, plural, dict(body)
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return CONFLICT
-            raise
-        stored = self._stored(plural, created) if write_through else created
-        return Write(Outcome.WRITTEN, cast(dict[str, Any], stored))
-
-    def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self.client.close()
+    def _gone(self, plural: str, namespace: str, name: str) -> None:
+        if self.on_deleted is not None:
+            self.on_deleted(plural, namespace, name)
 
     # -- discovery ------------------------------------------------------------------
 
@@ -353,7 +377,8 @@ class Kube:
         """Return the version of ``group/plural`` to use.
 
         The server's preferred version if we support it, else the first of ``supported``
-        that serves ``plural`` (API discovery: ``/apis`` and ``/apis/<group>/<version>``).
+        that serves ``plural`` (API discovery: ``/apis`` and ``/apis/<group>/<version>``,
+        https://kubernetes.io/docs/concepts/overview/kubernetes-api/#discovery-api).
 
         Raises
         ------
@@ -379,36 +404,70 @@ class Kube:
 
     # -- reads ----------------------------------------------------------------------
 
-    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
-        """Return a pool object of one of our kinds, or None when it does not exist.
+    def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return one object, or None when it (or its resource) is not found.
 
-        A Global kind is cluster-scoped: ``namespace`` is ignored (pass ``""``).
+        ``namespace`` is ignored for a cluster-scoped resource.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404.
         """
-        if kind in GLOBAL_POOL_KINDS:
-            try:
-                return cast(
-                    dict[str, Any],
-                    self.custom.get_cluster_custom_object(
-                        GROUP, POOL_VERSION, POOL_KINDS[kind], name
-                    ),
+        r = resource
+        try:
+            if r.namespaced:
+                found = self.custom.get_namespaced_custom_object(
+                    r.group, r.version, namespace, r.plural, name
                 )
-            except ApiException as exc:
-                if _missing(exc):
-                    return None
-                raise
-        return self._get(GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name)
+            else:
+                found = self.custom.get_cluster_custom_object(r.group, r.version, r.plural, name)
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+        return cast(dict[str, Any], found)
 
-    def _patch_pool(self, pool: Mapping[str, Any], body: Mapping[str, Any]) -> Any:
-        """Merge-patch a pool object (namespaced or Global); errors propagate."""
-        meta = pool.get("metadata") or {}
-        kind = str(pool["kind"])
-        if kind in GLOBAL_POOL_KINDS:
-            return self.custom.patch_cluster_custom_object(
-                GROUP, POOL_VERSION, POOL_KINDS[kind], meta["name"], dict(body)
-            )
-        return self.custom.patch_namespaced_custom_object(
-            GROUP, POOL_VERSION, meta["namespace"], POOL_KINDS[kind], meta["name"], dict(body)
-        )
+    def list(
+        self,
+        resource: Resource,
+        namespaces: Sequence[str | None] = (),
+        *,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Return the objects of ``resource`` in ``namespaces`` (empty, or None: all).
+
+        A cluster-scoped resource is listed whole, whatever ``namespaces``. Items lacking
+        ``kind`` and ``apiVersion`` get the resource's (when `Resource.kind` is set).
+        ``limit`` asks the API server for at most that many per namespace.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure (404 when the resource is not served).
+        """
+        r = resource
+        extra: dict[str, Any] = {"limit": limit} if limit else {}
+        wanted = [ns for ns in namespaces if ns] if r.namespaced else []
+        if wanted:
+            results = [
+                self.custom.list_namespaced_custom_object(r.group, r.version, ns, r.plural, **extra)
+                for ns in wanted
+            ]
+        else:
+            results = [
+                self.custom.list_cluster_custom_object(r.group, r.version, r.plural, **extra)
+            ]
+        items = [
+            dict(item)
+            for result in results
+            for item in cast(dict[str, Any], result).get("items") or []
+        ]
+        if r.kind:
+            for item in items:
+                item.setdefault("kind", r.kind)
+                item.setdefault("apiVersion", r.api_version)
+        return items
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """Return a Secret's data decoded to text (``data`` and ``stringData``), or None."""
@@ -425,192 +484,248 @@ class Kube:
             data[key] = value
         return data
 
-    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return the CAPI ``Cluster`` object, or None when it (or the Cluster CRD) is absent."""
-        for version in ("v1beta2", "v1beta1"):
-            cluster = self._get(CLUSTER_GROUP, version, namespace, "clusters", name)
-            if cluster is not None:
-                return cluster
-        return None
+    # -- writes ---------------------------------------------------------------------
 
-    def list_clusters(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
-        """Return the CAPI ``Cluster`` objects of ``namespaces`` (empty: all namespaces).
-
-        In the first served version of ``v1beta2``, ``v1beta1``; None when Clusters are not
-        served at all (a management cluster without CAPI core).
-        """
-        for version in ("v1beta2", "v1beta1"):
-            try:
-                if namespaces:
-                    results = [
-                        cast(
-                            dict[str, Any],
-                            self.custom.list_namespaced_custom_object(
-                                CLUSTER_GROUP, version, ns, "clusters"
-                            ),
-                        )
-                        for ns in namespaces
-                    ]
-                else:
-                    results = [
-                        cast(
-                            dict[str, Any],
-                            self.custom.list_cluster_custom_object(
-                                CLUSTER_GROUP, version, "clusters"
-                            ),
-                        )
-                    ]
-            except ApiException as exc:
-                if _missing(exc):
-                    continue
-                raise
-            items = [dict(item) for result in results for item in result.get("items") or []]
-            for item in items:
-                item.setdefault("apiVersion", f"{CLUSTER_GROUP}/{version}")
-                item.setdefault("kind", "Cluster")
-            return items
-        return None
-
-    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return the CAPI ``Cluster`` as served in ``version`` (``v1beta2``/``v1beta1``), or None.
-
-        For control-plane endpoints (`control_plane`): one GET in the version detected at
-        start-up, so the patch that follows speaks the same schema.
-        """
-        return self._get(CLUSTER_GROUP, version, namespace, "clusters", name)
-
-    def patch_cluster(
-        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch (RFC 7386) a CAPI ``Cluster``; return it as stored (None when it is gone).
-
-        The caller puts the ``metadata.resourceVersion`` it read into ``patch``: the API server
-        then answers 409 Conflict when the Cluster changed since (propagated), so nothing read
-        earlier is ever overwritten. Lists in the patch (``spec.topology.variables``) replace
-        the stored ones whole: custom resources take no strategic merge.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            409 when the resourceVersion is stale; 422 when the Cluster's schema refuses the
-            result; any other failure but 404.
-        """
-        try:
-            return cast(
-                dict[str, Any],
-                self.custom.patch_namespaced_custom_object(
-                    CLUSTER_GROUP, version, namespace, "clusters", name, dict(patch)
-                ),
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
-
-    def _get(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> dict[str, Any] | None:
-        """Return a namespaced custom object, or None when it (or its resource) is not found."""
-        try:
-            return cast(
-                dict[str, Any],
-                self.custom.get_namespaced_custom_object(group, version, namespace, plural, name),
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
-
-    # -- claims -------------------------------------------------------------------
-
-    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return an ``IPAddressClaim`` as served in ``version``, or None when it does not exist."""
-        return self._get(GROUP, version, namespace, "ipaddressclaims", name)
-
-    def list_claims(
-        self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Return the ``IPAddressClaim`` objects of ``namespaces`` (empty: all namespaces).
-
-        ``limit`` asks the API server for at most that many per namespace (a cheap check
-        that the operator may list claims at all).
-        """
-        extra: dict[str, Any] = {"limit": limit} if limit else {}
-        if namespaces:
-            results = [
-                cast(
-                    dict[str, Any],
-                    self.custom.list_namespaced_custom_object(
-                        GROUP, version, ns, "ipaddressclaims", **extra
-                    ),
-                )
-                for ns in namespaces
-            ]
-        else:
-            results = [
-                cast(
-                    dict[str, Any],
-                    self.custom.list_cluster_custom_object(
-                        GROUP, version, "ipaddressclaims", **extra
-                    ),
-                )
-            ]
-        return [dict(item) for result in results for item in result.get("items") or []]
-
-    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
-        """Create an ``IPAddressClaim`` (a control-plane endpoint's).
-
-        Returns `Outcome.WRITTEN` with the claim, or `Outcome.CONFLICT` when the name exists.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
-        """
-        # Not written through to the cache: the claim's own watch event must queue it.
-        return self._create(version, "ipaddressclaims", body, write_through=False)
-
-    def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    def create(
+        self, resource: Resource, body: Mapping[str, Any], *, write_through: bool = True
     ) -> Write:
-        """Merge-patch a claim's status subresource.
+        """Create a namespaced object.
 
-        What the served schema does not know is pruned by the API server (e.g.
-        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        With ``write_through`` the stored object goes to `on_stored`.
 
         Returns
         -------
         Write
-            `Outcome.WRITTEN` with the claim as stored, or `Outcome.GONE` (404).
+            `Outcome.WRITTEN` with the stored object, or `Outcome.CONFLICT` (no object) on
+            409 AlreadyExists.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 (e.g. 403 in a terminating namespace).
+        """
+        r = resource
+        namespace = body["metadata"]["namespace"]
+        try:
+            created = self.custom.create_namespaced_custom_object(
+                r.group, r.version, namespace, r.plural, dict(body)
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return CONFLICT
+            raise
+        stored = self._stored(r.plural, created) if write_through else created
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], stored))
+
+    def patch(
+        self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch (RFC 7386) an object; return it as stored, or None when it is gone.
+
+        Custom resources take no strategic merge: lists in ``patch`` replace the stored
+        ones whole. A ``metadata.resourceVersion`` in ``patch`` makes the API server answer
+        409 Conflict when the object changed since
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 for a stale resourceVersion, 422 when the schema refuses the result; any
+            other failure but 404.
+        """
+        r = resource
+        try:
+            if r.namespaced:
+                stored = self.custom.patch_namespaced_custom_object(
+                    r.group, r.version, namespace, r.plural, name, dict(patch)
+                )
+            else:
+                stored = self.custom.patch_cluster_custom_object(
+                    r.group, r.version, r.plural, name, dict(patch)
+                )
+        except ApiException as exc:
+            if _missing(exc):
+                return None
+            raise
+        return cast(dict[str, Any], self._stored(r.plural, stored))
+
+    def patch_status(
+        self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> Write:
+        """Merge-patch an object's status subresource (``patch`` holds ``status``).
+
+        What the served schema does not know is pruned by the API server: the returned
+        object shows what was kept. A ``metadata.resourceVersion`` in ``patch`` guards the
+        write (409 when the object changed since).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the object as stored, or `Outcome.GONE` (404).
 
         Raises
         ------
         kubernetes.client.ApiException
             Any failure but 404.
         """
+        r = resource
         try:
-            stored = self.custom.patch_namespaced_custom_object_status(
-                GROUP, version, namespace, "ipaddressclaims", name, {"status": dict(status)}
-            )
+            if r.namespaced:
+                stored = self.custom.patch_namespaced_custom_object_status(
+                    r.group, r.version, namespace, r.plural, name, dict(patch)
+                )
+            else:
+                stored = self.custom.patch_cluster_custom_object_status(
+                    r.group, r.version, r.plural, name, dict(patch)
+                )
         except ApiException as exc:
             if _missing(exc):
                 return GONE
             raise
-        return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored("ipaddressclaims", stored)))
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], self._stored(r.plural, stored)))
 
-    def set_claim_finalizer(self, claim: Mapping[str, Any], finalizer: str, present: bool) -> Write:
-        """Add or remove ``finalizer`` on a claim; the outcome as `set_finalizer` gives it."""
-        version = str(claim.get("apiVersion") or "").rsplit("/", 1)[-1]
-        result = self.set_finalizer(
-            claim,
+    def set_finalizer(
+        self, resource: Resource, obj: Mapping[str, Any], finalizer: str, present: bool
+    ) -> Write:
+        """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
+
+        Only ``finalizer`` changes: the others are written back as they were read, and a
+        concurrent change of the object makes the API answer 409 (the caller reads again
+        and retries). Nothing is written when the finalizer is already as asked.
+
+        Parameters
+        ----------
+        obj:
+            The object as last read (``metadata.name``, ``namespace``, ``finalizers``,
+            ``resourceVersion``).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the object as stored; `Outcome.UNCHANGED` when nothing
+            had to change (no request); `Outcome.GONE` on 404; `Outcome.CONFLICT` on 409.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
+        """
+        meta = _meta(obj)
+        return _finalizer_patch(
+            meta,
             finalizer,
             present,
-            lambda name, namespace, body: self.custom.patch_namespaced_custom_object(
-                GROUP, version, namespace, "ipaddressclaims", name, body
+            lambda patch: self._patch_or_raise(
+                resource, str(meta.get("namespace") or ""), meta["name"], patch
             ),
         )
-        self._stored("ipaddressclaims", result.obj)
-        return result
+
+    def _patch_or_raise(
+        self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> Any:
+        """Merge-patch like `patch`, but let 404 propagate (`set_finalizer` maps it)."""
+        r = resource
+        if r.namespaced:
+            stored = self.custom.patch_namespaced_custom_object(
+                r.group, r.version, namespace, r.plural, name, dict(patch)
+            )
+        else:
+            stored = self.custom.patch_cluster_custom_object(
+                r.group, r.version, r.plural, name, dict(patch)
+            )
+        return self._stored(r.plural, stored)
+
+    def delete(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        *,
+        finalizer: str | None = None,
+        current: Mapping[str, Any] | None = None,
+    ) -> Write:
+        """Delete a namespaced object, removing ``finalizer`` from it first (when it has it).
+
+        The finalizer list is written with the object's resourceVersion, so a concurrent
+        change makes the API answer 409. A missing object is success. `on_deleted` is told.
+
+        Parameters
+        ----------
+        finalizer:
+            The finalizer of ours that protects the object (None: none).
+        current:
+            The object as last seen (``metadata.finalizers`` and ``resourceVersion``, e.g.
+            from a cache): no read is sent. When it is stale (409 Conflict), or not given,
+            the object is read once and the write tried again with what was read.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` when this call deleted it; `Outcome.GONE` when it did not exist
+            (any more); `Outcome.CONFLICT` when a 409 persists after that one read.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
+        """
+        if current is not None:
+            try:
+                return self._delete(resource, namespace, name, finalizer, current)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        current = self.get(resource, namespace, name)
+        if current is None:
+            self._gone(resource.plural, namespace, name)
+            return GONE
+        try:
+            return self._delete(resource, namespace, name, finalizer, current)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return CONFLICT
+
+    def _delete(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        finalizer: str | None,
+        current: Mapping[str, Any],
+    ) -> Write:
+        """Remove ``finalizer`` (guarded by resourceVersion), then delete; 409 propagates."""
+        r = resource
+        meta = _meta(current)
+        finalizers = list(meta.get("finalizers") or [])
+        if finalizer is not None and finalizer in finalizers:
+            finalizers.remove(finalizer)
+            patch = {
+                "metadata": {
+                    "finalizers": finalizers,
+                    "resourceVersion": meta.get("resourceVersion"),
+                }
+            }
+            try:
+                self.custom.patch_namespaced_custom_object(
+                    r.group, r.version, namespace, r.plural, name, patch
+                )
+            except ApiException as exc:
+                if _missing(exc):
+                    self._gone(r.plural, namespace, name)
+                    return GONE
+                raise
+        try:
+            self.custom.delete_namespaced_custom_object(
+                r.group, r.version, namespace, r.plural, name
+            )
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+            self._gone(r.plural, namespace, name)
+            return GONE
+        self._gone(r.plural, namespace, name)
+        return Write(Outcome.WRITTEN)
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
@@ -635,374 +750,42 @@ class Kube:
         meta = secret.metadata
         if meta is None:
             return True
-        body = {
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "finalizers": list(meta.finalizers or []),
-                "resourceVersion": meta.resource_version,
-            }
-        }
         if (
             present
             and meta.deletion_timestamp is not None
             and finalizer not in (meta.finalizers or [])
         ):
             return True
-        written = self.set_finalizer(
-            body,
+        seen = {"finalizers": list(meta.finalizers or []), "resourceVersion": meta.resource_version}
+        written = _finalizer_patch(
+            seen,
             finalizer,
             present,
             # A merge patch (RFC 7386) replaces the list; the client's default for built-in
             # kinds is a strategic merge patch, which merges ObjectMeta.finalizers
             # (patchStrategy "merge") and so could never remove one.
-            lambda n, ns, patch: self.core.patch_namespaced_secret(
-                n, ns, patch, _content_type="application/merge-patch+json"
+            lambda patch: self.core.patch_namespaced_secret(
+                name, namespace, patch, _content_type="application/merge-patch+json"
             ),
         )
         if written.outcome is Outcome.CONFLICT:
             raise ApiException(status=409, reason="Conflict")
         return written.outcome is not Outcome.GONE
 
-    @staticmethod
-    def set_finalizer(
-        obj: Mapping[str, Any],
-        finalizer: str,
-        present: bool,
-        patch: Any,
-    ) -> Write:
-        """Add or remove one finalizer of ``obj`` with a merge patch guarded by resourceVersion.
-
-        Only ``finalizer`` changes: the others are written back as they were read, and a
-        concurrent change of the object makes the API answer 409 (the caller reads again
-        and retries). Nothing is written when the finalizer is already as asked.
-
-        Parameters
-        ----------
-        obj:
-            The object as last read (``metadata.name``, ``namespace``, ``finalizers``,
-            ``resourceVersion``).
-        patch:
-            ``patch(name, namespace, body)``: the client call that merge-patches the object.
-
-        Returns
-        -------
-        Write
-            `Outcome.WRITTEN` with the object as the patch returned it; `Outcome.UNCHANGED`
-            when nothing had to change (no request); `Outcome.GONE` on 404;
-            `Outcome.CONFLICT` on 409 (a stale resourceVersion).
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            Any failure but 404 and 409.
-        """
-        meta = obj.get("metadata") or {}
-        current = list(meta.get("finalizers") or [])
-        wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
-        if wanted == current:
-            return UNCHANGED
-        try:
-            result = patch(
-                meta["name"],
-                meta.get("namespace"),
-                {
-                    "metadata": {
-                        "finalizers": wanted,
-                        "resourceVersion": meta.get("resourceVersion"),
-                    }
-                },
-            )
-        except ApiException as exc:
-            if _missing(exc):
-                return GONE
-            if exc.status == 409:
-                return CONFLICT
-            raise
-        return Write(Outcome.WRITTEN, result if isinstance(result, dict) else None)
-
-    # -- IPAddresses --------------------------------------------------------------
-
-    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return an ``IPAddress``, or None when it does not exist."""
-        return self._get(GROUP, version, namespace, "ipaddresses", name)
-
-    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
-        """Create an ``IPAddress``.
-
-        Returns
-        -------
-        Write
-            `Outcome.WRITTEN` with the stored IPAddress; on 409 AlreadyExists the one of that
-            name is read: `Outcome.CONFLICT` with it (None when it was deleted meanwhile), so
-            the caller can tell its own from a foreign one.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            Any failure but 409 of the create, any failure but 404 of the read.
-        """
-        created = self._create(version, "ipaddresses", body)
-        if created.outcome is not Outcome.CONFLICT:
-            return created
-        meta = body["metadata"]
-        return Write(
-            Outcome.CONFLICT, self.get_ip_address(version, meta["namespace"], meta["name"])
-        )
-
-    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
-        """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""
-        if namespace is None:
-            result = cast(
-                dict[str, Any],
-                self.custom.list_cluster_custom_object(GROUP, version, "ipaddresses"),
-            )
-        else:
-            result = cast(
-                dict[str, Any],
-                self.custom.list_namespaced_custom_object(GROUP, version, namespace, "ipaddresses"),
-            )
-        return list(result.get("items") or [])
-
-    def delete_ip_address(
-        self,
-        version: str,
-        namespace: str,
-        name: str,
-        current: Mapping[str, Any] | None = None,
-    ) -> Write:
-        """Remove our ``ProtectAddress`` finalizer from an ``IPAddress`` and delete it.
-
-        The finalizer goes first (the contract: an IPAddress must not outlive its claim's
-        finalizer); a missing object is success. The finalizer list is written with the
-        object's resourceVersion, so a concurrent change makes the API answer 409.
-
-        Parameters
-        ----------
-        current:
-            The IPAddress as last seen (``metadata.finalizers`` and ``resourceVersion``, e.g.
-            from the operator's cache): no read is sent. When it is stale (409 Conflict), or
-            not given, the object is read once and the write tried again with what was read.
-
-        Returns
-        -------
-        Write
-            `Outcome.WRITTEN` when this call deleted it; `Outcome.GONE` when it did not exist
-            (any more); `Outcome.CONFLICT` when a 409 persists after that one read.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            Any failure but 404 and 409.
-        """
-        if current is not None:
-            try:
-                return self._delete_ip_address(version, namespace, name, current)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        current = self.get_ip_address(version, namespace, name)
-        if current is None:
-            self._gone("ipaddresses", namespace, name)
-            return GONE
-        try:
-            return self._delete_ip_address(version, namespace, name, current)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            return CONFLICT
-
-    def _delete_ip_address(
-        self, version: str, namespace: str, name: str, current: Mapping[str, Any]
-    ) -> Write:
-        meta = current.get("metadata") or {}
-        finalizers = list(meta.get("finalizers") or [])
-        if ADDRESS_FINALIZER in finalizers:
-            finalizers.remove(ADDRESS_FINALIZER)
-            try:
-                self.custom.patch_namespaced_custom_object(
-                    GROUP,
-                    version,
-                    namespace,
-                    "ipaddresses",
-                    name,
-                    {
-                        "metadata": {
-                            "finalizers": finalizers,
-                            "resourceVersion": meta.get("resourceVersion"),
-                        }
-                    },
-                )
-            except ApiException as exc:
-                if _missing(exc):
-                    self._gone("ipaddresses", namespace, name)
-                    return GONE
-                raise
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, version, namespace, "ipaddresses", name
-            )
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
-            self._gone("ipaddresses", namespace, name)
-            return GONE
-        self._gone("ipaddresses", namespace, name)
-        return Write(Outcome.WRITTEN)
-
-    def _gone(self, plural: str, namespace: str, name: str) -> None:
-        if self.on_deleted is not None:
-            self.on_deleted(plural, namespace, name)
-
-    # -- pools ----------------------------------------------------------------------
-
-    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-        """Return every pool of ``kind`` in ``namespaces`` (empty: all namespaces).
-
-        A Global kind is cluster-scoped: all of them, whatever ``namespaces``. Lists from the
-        API are ``kind``-less; each item gets its ``kind`` back.
-        """
-        plural = POOL_KINDS[kind]
-        if namespaces and kind not in GLOBAL_POOL_KINDS:
-            results = [
-                cast(
-                    dict[str, Any],
-                    self.custom.list_namespaced_custom_object(GROUP, POOL_VERSION, ns, plural),
-                )
-                for ns in namespaces
-            ]
-        else:
-            results = [
-                cast(
-                    dict[str, Any],
-                    self.custom.list_cluster_custom_object(GROUP, POOL_VERSION, plural),
-                )
-            ]
-        items = [dict(item) for result in results for item in result.get("items") or []]
-        for item in items:
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", f"{GROUP}/{POOL_VERSION}")
-        return items
-
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
-        """Add or remove ``finalizer`` on a pool, guarded by its resourceVersion.
-
-        Namespaced and Global (cluster-scoped) kinds alike; the outcome as `set_finalizer`
-        gives it (a stale resourceVersion is `Outcome.CONFLICT`, a missing pool
-        `Outcome.GONE`).
-        """
-        return self.set_finalizer(
-            pool, finalizer, present, lambda _name, _namespace, body: self._patch_pool(pool, body)
-        )
-
-    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
-        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored."""
-        meta = pool.get("metadata") or {}
-        if (meta.get("annotations") or {}).get(key) == value:
-            return
-        try:
-            self._patch_pool(pool, {"metadata": {"annotations": {key: value}}})
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
-
-    def patch_pool_status(
-        self,
-        namespace: str,
-        kind: str,
-        name: str,
-        status: Mapping[str, Any],
-        *,
-        resource_version: str | None = None,
-    ) -> None:
-        """Merge-patch a pool's status subresource (a missing pool is ignored).
-
-        A Global kind is cluster-scoped: ``namespace`` is ignored. With
-        ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
-        applies it only to that version of the pool and answers 409 Conflict otherwise
-        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts). A writer
-        of a list (``status.conditions``: a merge patch replaces lists whole) passes the
-        version it merged into, so a condition written by another writer since is never
-        dropped.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            409 when ``resource_version`` is given and the pool changed since; any other
-            failure but 404.
-        """
-        body: dict[str, Any] = {"status": dict(status)}
-        if resource_version is not None:
-            body["metadata"] = {"resourceVersion": resource_version}
-        try:
-            if kind in GLOBAL_POOL_KINDS:
-                self.custom.patch_cluster_custom_object_status(
-                    GROUP, POOL_VERSION, POOL_KINDS[kind], name, body
-                )
-                return
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, POOL_VERSION, namespace, POOL_KINDS[kind], name, body
-            )
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
-
-    def patch_pool_conditions(
-        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
-    ) -> None:
-        """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
-
-        For a writer that owns one condition type among others (the drift audit's
-        ``InSync``): it reads the pool, merges its condition into the list and writes the
-        list back with ``metadata.resourceVersion`` (a merge patch replaces lists whole), so
-        a status written by someone else since makes the API answer 409 Conflict instead of
-        being overwritten. A missing pool is ignored. Namespaced and Global kinds alike.
-
-        Parameters
-        ----------
-        pool:
-            The pool as read (``kind``, ``metadata.name``, ``namespace``,
-            ``resourceVersion``).
-        conditions:
-            The whole new list of conditions.
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            409 when the pool changed since it was read; any other failure but 404.
-        """
-        meta = pool.get("metadata") or {}
-        kind = str(pool["kind"])
-        body = {
-            "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"conditions": [dict(c) for c in conditions]},
-        }
-        try:
-            if kind in GLOBAL_POOL_KINDS:
-                self.custom.patch_cluster_custom_object_status(
-                    GROUP, POOL_VERSION, POOL_KINDS[kind], meta["name"], body
-                )
-            else:
-                self.custom.patch_namespaced_custom_object_status(
-                    GROUP, POOL_VERSION, meta["namespace"], POOL_KINDS[kind], meta["name"], body
-                )
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
-
     # -- events ---------------------------------------------------------------------
 
     def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
-        """Create a core/v1 Event about ``obj`` (for code running outside kopf handlers).
+        """Create a core/v1 Event about ``obj``.
+
+        Events about a cluster-scoped object live in ``default``, as client-go's recorder
+        puts them (https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/).
 
         Raises
         ------
         kubernetes.client.ApiException
             When the API refuses the Event.
         """
-        meta = obj.get("metadata") or {}
-        # Events about a cluster-scoped object (a Global pool) live in "default", as
-        # client-go's recorder puts them.
+        meta = _meta(obj)
         namespace = str(meta.get("namespace") or "default")
         now = datetime.datetime.now(datetime.UTC)
         event = CoreV1Event(
@@ -1024,3 +807,29 @@ class Kube:
             count=1,
         )
         self.core.create_namespaced_event(namespace, event)
+
+
+def _finalizer_patch(
+    meta: Mapping[str, Any],
+    finalizer: str,
+    present: bool,
+    patch: Callable[[dict[str, Any]], Any],
+) -> Write:
+    """Send the merge patch that adds or removes ``finalizer`` (see `Kube.set_finalizer`).
+
+    ``meta`` is the object's metadata as read; ``patch(body)`` sends the request.
+    """
+    current = list(meta.get("finalizers") or [])
+    wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
+    if wanted == current:
+        return UNCHANGED
+    body = {"metadata": {"finalizers": wanted, "resourceVersion": meta.get("resourceVersion")}}
+    try:
+        result = patch(body)
+    except ApiException as exc:
+        if _missing(exc):
+            return GONE
+        if exc.status == 409:
+            return CONFLICT
+        raise
+    return Write(Outcome.WRITTEN, result if isinstance(result, dict) else None)

@@ -451,7 +451,8 @@ class Leadership:
         Half the time between giving up (retry period + renew deadline after the last renew)
         and the earliest takeover by a standby (the lease duration after it): in-flight
         reconciles that do not finish by then are abandoned, as controller-runtime abandons
-        them (they are safe to redo, DESIGN section 5). At least 0.5 s.
+        them (every reconcile is level-triggered and safe to redo, ``docs/architecture.md``).
+        At least 0.5 s.
         """
         t = self.timings
         return max(0.5, (t.lease_seconds - t.renew_deadline_seconds - t.retry_seconds) / 2)

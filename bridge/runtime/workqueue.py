@@ -2,8 +2,8 @@
 
 kopf watches claims, pools and Clusters; its handlers only *add keys* here. Workers take a
 key, read the object as it is now and decide what it needs (`bridge.reconcilers.claims`,
-`bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue that kopf lacks
-(``shared/reference/real-cluster.md``, items 2 and 3):
+`bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue
+(https://pkg.go.dev/k8s.io/client-go/util/workqueue) that kopf lacks:
 
 - **one worker per key at a time**: a key added while it is being processed runs once more
   afterwards, never twice in parallel;
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from bridge.runtime.fence import LeadershipLostError
 
-__all__ = ["Decision", "WorkQueue"]
+__all__ = ["Decision", "Result", "WorkQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,11 @@ Token = Hashable
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What a reconcile wants to happen next to its key.
+class Result:
+    """What a reconcile wants to happen next to its key (controller-runtime's ``Result``).
+
+    As ``reconcile.Result`` (https://pkg.go.dev/sigs.k8s.io/controller-runtime/pkg/reconcile#Result),
+    plus parking: a key may wait for wake tokens instead of a timer.
 
     Attributes
     ----------
@@ -63,19 +66,23 @@ class Decision:
     wake_on: tuple[Token, ...] = field(default=())
 
     @classmethod
-    def done(cls) -> Decision:
+    def done(cls) -> Result:
         """Nothing more to do until the object changes."""
         return cls()
 
     @classmethod
-    def retry(cls, after: float) -> Decision:
-        """Look again after ``after`` seconds."""
-        return cls(after=after)
+    def requeue_after(cls, seconds: float) -> Result:
+        """Reconcile the key again after ``seconds``."""
+        return cls(after=seconds)
 
     @classmethod
-    def wait(cls, *tokens: Token, at_most: float | None = None) -> Decision:
+    def wait(cls, *tokens: Token, at_most: float | None = None) -> Result:
         """Wait until woken by one of ``tokens`` (or after ``at_most`` seconds, if given)."""
         return cls(after=at_most, wake_on=tokens)
+
+
+#: `Result` under the name flow control's docstrings use.
+Decision = Result
 
 
 class WorkQueue:
@@ -84,7 +91,7 @@ class WorkQueue:
     Parameters
     ----------
     reconcile:
-        Called in a worker thread with a key; returns a `Decision`. An exception is logged and
+        Called in a worker thread with a key; returns a `Result`. An exception is logged and
         the key is retried after its backoff (`backoff`).
     workers:
         How many keys are reconciled at the same time (threads).
@@ -97,7 +104,7 @@ class WorkQueue:
 
     def __init__(
         self,
-        reconcile: Callable[[Key], Decision],
+        reconcile: Callable[[Key], Result],
         *,
         workers: int,
         error_delay: float = 0.005,
@@ -343,16 +350,16 @@ class WorkQueue:
 
     async def _process(self, key: Key, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
-        decision: Decision
+        decision: Result
         try:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
         except asyncio.CancelledError:
             raise
         except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
             log.warning("%s not reconciled: %s", key, exc)
-            decision = Decision.retry(1.0)
+            decision = Result.requeue_after(1.0)
         except Exception as exc:
-            decision = Decision.retry(self._failed(key, exc))
+            decision = Result.requeue_after(self._failed(key, exc))
         else:
             with self._lock:
                 self._failures.pop(key, None)

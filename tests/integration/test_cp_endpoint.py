@@ -19,6 +19,7 @@ from integration_env import CREDENTIALS, NAMESPACE
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_NAME_LABEL, GROUP
+from bridge.objects.client import ObjectClient
 from bridge.reconcilers.control_plane import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
@@ -26,7 +27,6 @@ from bridge.reconcilers.control_plane import (
     UNPAUSE_ANNOTATION,
     VARIABLES_ANNOTATION,
 )
-from bridge.runtime.gateway import Kube
 from mock_infoblox.server import MockInfobloxServer
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
@@ -283,11 +283,11 @@ def refused_cluster_patches(monkeypatch: pytest.MonkeyPatch) -> Iterator[threadi
     """Make every Cluster patch of the operator fail (as a crash before it would)."""
     reached = threading.Event()
 
-    def refuse(self: Kube, *args: Any, **kwargs: Any) -> Any:
+    def refuse(self: ObjectClient, *args: Any, **kwargs: Any) -> Any:
         reached.set()
         raise ApiException(status=503, reason="stopped before the Cluster patch")
 
-    monkeypatch.setattr(Kube, "patch_cluster", refuse)
+    monkeypatch.setattr(ObjectClient, "patch_cluster", refuse)
     yield reached
 
 

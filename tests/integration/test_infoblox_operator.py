@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-import bridge.handlers.lifecycle as lifecycle
+import bridge.operator as operator_module
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -21,9 +21,8 @@ from bridge.capi import (
     GROUP,
     HOSTNAME_ANNOTATION,
 )
-from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context
-from bridge.runtime.workqueue import Decision
+from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
+from bridge.runtime.workqueue import Result
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import NON_DNS_VIEW, InfobloxStore, SearchFilter
 from mock_kubernetes.sandbox import Sandbox, wait_for
@@ -651,12 +650,12 @@ def test_restart_costs_no_backend_call_for_bound_claims(
     seen: list[str] = []
     original = reconcile_claim
 
-    def spy(ctx: Context, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision
 
-    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
+    monkeypatch.setattr(operator_module, "reconcile_claim", spy)
     sandbox.start_operator()
     wait_for(
         lambda: set(seen) >= set(names),
@@ -706,12 +705,12 @@ def test_restart_writes_nothing_to_bound_claims(
     seen: list[str] = []
     original = reconcile_claim
 
-    def spy(ctx: Context, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision
 
-    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
+    monkeypatch.setattr(operator_module, "reconcile_claim", spy)
     sandbox.start_operator()
     wait_for(lambda: set(seen) >= set(names), timeout=20, message="start-up reconciles")
     # A bound claim is answered from its IPAddress: nothing to write back.

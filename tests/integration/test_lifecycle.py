@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
-import bridge.handlers.lifecycle as lifecycle
+import bridge.operator as operator_module
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX, KOPF_FINALIZER
+from bridge.objects.client import ObjectClient
 from bridge.reconcilers.pools import CREDENTIALS_FINALIZER
-from bridge.runtime.gateway import Kube
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
@@ -405,22 +405,22 @@ def test_upgrade_from_v0_1_keeps_every_address_and_reads_no_cluster(
     phpipam.store.clear_journal()
 
     cluster_reads: list[str] = []
-    original = Kube.get_cluster
+    original = ObjectClient.get_cluster
 
-    def counting(self: Kube, namespace: str, name: str) -> Any:
+    def counting(self: ObjectClient, namespace: str, name: str) -> Any:
         cluster_reads.append(name)
         return original(self, namespace, name)
 
-    monkeypatch.setattr(Kube, "get_cluster", counting)
+    monkeypatch.setattr(ObjectClient, "get_cluster", counting)
     seen: list[str] = []
-    reconcile = lifecycle.reconcile_claim
+    reconcile = operator_module.reconcile_claim
 
     def spy(ctx: Any, namespace: str, name: str) -> Any:
         decision = reconcile(ctx, namespace, name)
         seen.append(name)
         return decision
 
-    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
+    monkeypatch.setattr(operator_module, "reconcile_claim", spy)
     with claim_writes(sandbox) as writes:
         sandbox.start_operator()
         wait_for(lambda: set(names) <= set(seen), message="every claim looked at")

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-import bridge.handlers.lifecycle as lifecycle
+import bridge.operator as operator_module
 from bridge.handlers.lifecycle import KOPF_ANNOTATION_PREFIX
-from bridge.reconcilers.context import Context
-from bridge.runtime.workqueue import Decision
+from bridge.reconcilers.claims import ClaimDeps
+from bridge.runtime.workqueue import Result
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
@@ -648,14 +648,14 @@ def test_restart_costs_no_backend_write(
     sandbox.stop_operator()
     phpipam.store.clear_journal()
     seen: list[str] = []
-    original = lifecycle.reconcile_claim
+    original = operator_module.reconcile_claim
 
-    def spy(ctx: Context, namespace: str, name: str) -> Decision:
+    def spy(ctx: ClaimDeps, namespace: str, name: str) -> Result:
         decision = original(ctx, namespace, name)
         seen.append(name)
         return decision
 
-    monkeypatch.setattr(lifecycle, "reconcile_claim", spy)
+    monkeypatch.setattr(operator_module, "reconcile_claim", spy)
     sandbox.start_operator()
 
     wait_for(

@@ -9,7 +9,8 @@ in `FakeKube.writes` (and every read in `FakeKube.reads`); `FakeKube.timeline` i
 writes with the calls of any `FakeBackend` given the same list.
 
 `FakeBackend` implements `backends.base.IPAMBackend` over a small subnet; `install_backend`
-makes `bridge.reconcilers.pools.backend_for` build it, one client per pool location.
+makes `bridge.reconcilers.backend_clients.PoolClients.backend_for` build it, one client per
+pool location.
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ from kubernetes.client import ApiException
 
 from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
 from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
-from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GLOBAL_POOL_KINDS, GROUP, POOL_KINDS
-from bridge.reconcilers import pools as pool_service
+from bridge.capi import (
+    ADDRESS_FINALIZER,
+    CLAIM_FINALIZER,
+    GLOBAL_POOL_KINDS,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+)
+from bridge.reconcilers import backend_clients
 from bridge.reconcilers.pool_backends import Pool, location_of
 from bridge.runtime.gateway import Outcome
 from bridge.runtime.gateway import Write as KubeWrite
@@ -269,13 +277,12 @@ class FakeKube:
             del store[key]
         return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
-    def set_claim_finalizer(
-        self, claim: Mapping[str, Any], finalizer: str, present: bool
-    ) -> KubeWrite:
-        meta = claim.get("metadata") or {}
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> KubeWrite:
+        obj = claim.as_object()
+        meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
         return self._set_finalizers(
-            self.claims, key, claim, finalizer, present, "claim.finalizer", "/".join(key)
+            self.claims, key, obj, finalizer, present, "claim.finalizer", "/".join(key)
         )
 
     def create_claim(self, version: str, body: Mapping[str, Any]) -> KubeWrite:
@@ -587,7 +594,7 @@ class FakeBackend:
 
 
 def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[FakeBackend]:
-    """Make `bridge.reconcilers.pools.backend_for` build `FakeBackend` clients of ``ipam``.
+    """Make `bridge.reconcilers.backend_clients.PoolClients.backend_for` build them.
 
     Returns the list of clients built, in order (each knows the location it was built for).
     """
@@ -597,7 +604,7 @@ def install_backend(monkeypatch: pytest.MonkeyPatch, ipam: FakeIPAM) -> list[Fak
         built.append(FakeBackend(ipam, location_of(pool)))
         return built[-1]
 
-    monkeypatch.setattr(pool_service, "build_backend", build)
+    monkeypatch.setattr(backend_clients, "build_backend", build)
     return built
 
 
@@ -621,6 +628,12 @@ class FakeQueue:
 
     def parked(self, token: Any) -> frozenset[Any]:
         return frozenset(self.parked_keys.get(token, ()))
+
+    def sizes(self) -> dict[str, int]:
+        return {}
+
+    def stalled(self) -> float:
+        return 0.0
 
 
 # -- object builders --------------------------------------------------------------------------

@@ -15,10 +15,12 @@ from fakes import pool_condition as pool_ready
 
 from backends import errors as be
 from backends.flowcontrol import FlowControl, endpoint_token
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import claim_key
+from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context, claim_key
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 EP = "https://a.example.com:443"
@@ -157,12 +159,12 @@ class Ctx:
         self.ipam = FakeIPAM(cidr="10.0.0.0/28")
         self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2"),
             flow=FlowControl(max_concurrent=1),
-            queue=cast(WorkQueue, self.queue),
+            queue=self.queue,
         )
         self.kube.add_secret("ns", "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=pool_ready()))
@@ -179,17 +181,17 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
     # c1 is in its IPAM call (admitted) when c2 comes.
     assert ctx.flow.try_admit(endpoint, claim_key("ns", "c1"))
     world.kube.writes.clear()
-    decision = reconcile_claim(ctx, "ns", "c2")
-    assert decision == Decision.wait(endpoint_token(endpoint))  # parked, no timer
+    decision = reconcile_claim(ctx.claims, "ns", "c2")
+    assert decision == Result.wait(endpoint_token(endpoint))  # parked, no timer
     assert world.ipam.calls == []  # the IPAM was not asked
     assert world.kube.writes == []  # parked before its finalizer: no write at all
     world.kube.writes.clear()
-    assert reconcile_claim(ctx, "ns", "c2") == decision  # a resync: still nothing written
+    assert reconcile_claim(ctx.claims, "ns", "c2") == decision  # a resync: still nothing written
     assert world.kube.writes == []
     # c1 ends: c2 (and only c2) is queued, and its pass is admitted and binds it.
     ctx.flow.finish(endpoint, claim_key("ns", "c1"))
     assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
-    assert reconcile_claim(ctx, "ns", "c2") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     assert ("ns", "c2") in world.kube.addresses
     assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
     assert ctx.flow.in_flight(endpoint) == 0
@@ -206,7 +208,7 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
 
     def during() -> None:  # c2 comes while c1 is in its IPAM call
         seen.append(ctx.flow.in_flight(endpoint))
-        assert reconcile_claim(ctx, "ns", "c2") == Decision.wait(endpoint_token(endpoint))
+        assert reconcile_claim(ctx.claims, "ns", "c2") == Result.wait(endpoint_token(endpoint))
 
     real_call = ctx.metrics.call
 
@@ -216,15 +218,15 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
         return real_call(backend, operation, fn)
 
     monkeypatch.setattr(ctx.metrics, "call", call)
-    assert reconcile_claim(ctx, "ns", "c1") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c1") == Result.done()
     assert seen == [1]
     assert world.queue.added[-1] == (claim_key("ns", "c2"), 0.0)  # woken once c1 ended
-    assert reconcile_claim(ctx, "ns", "c2") == Decision.done()
+    assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     # A failing call (the endpoint unreachable) frees its place too, and halves nothing
     # below 1.
     world.kube.add_claim(claim("c3"))
     world.ipam.error = be.BackendUnavailableError("no answer")
-    reconcile_claim(ctx, "ns", "c3")
+    reconcile_claim(ctx.claims, "ns", "c3")
     assert ctx.flow.in_flight(endpoint) == 0 and ctx.flow.limit(endpoint) == 1
 
 
@@ -236,8 +238,8 @@ def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
     world.kube.add_claim(claim("c1"))
     for _ in range(ctx.flow.failure_threshold):  # requests without an answer open the breaker
         ctx.flow.endpoint(endpoint).unreachable()
-    decision = reconcile_claim(ctx, "ns", "c1")
-    assert decision == Decision.retry(ctx.settings.requeue_seconds)  # not parked: retried
+    decision = reconcile_claim(ctx.claims, "ns", "c1")
+    assert decision == Result.requeue_after(ctx.settings.requeue_seconds)  # not parked: retried
     assert world.ipam.calls == [] and world.built == []  # no client built, the IPAM not asked
     (ready,) = [
         c for c in world.kube.claims[("ns", "c1")]["status"]["conditions"] if c["type"] == "Ready"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
+import importlib.util
 import io
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -19,20 +22,20 @@ from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers import audit
-from bridge.reconcilers import pools as pool_service
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
+from bridge.reconcilers import audit, backend_clients
 from bridge.reconcilers.audit import (
     IN_SYNC,
     Auditor,
     Finding,
     FindingKind,
-    compare,
     in_sync_condition,
+    typed_addresses,
+    typed_claims,
 )
-from bridge.reconcilers.context import Context
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import WorkQueue
 from bridge.settings import Settings
 
 NS = "ns"
@@ -92,6 +95,17 @@ def ip_address(
             "poolRef": {"apiGroup": capi.GROUP, "kind": kind, "name": pool},
         },
     }
+
+
+def compare(
+    pool: Pool,
+    entries: Sequence[Allocation],
+    addresses: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    **options: Any,
+) -> list[Finding]:
+    """`audit.compare` of objects as the API returns them (typed at the edge, as the survey)."""
+    return audit.compare(pool, entries, typed_addresses(addresses), typed_claims(claims), **options)
 
 
 def the_pool(**spec: Any) -> Pool:
@@ -360,13 +374,13 @@ class World:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, entries: Sequence[Allocation] = ()) -> None:
         self.kube = AuditKube()
         self.ipam = AuditIPAM(entries)
-        monkeypatch.setattr(pool_service, "build_backend", lambda *a, **k: self.ipam)
-        self.ctx = Context(
+        monkeypatch.setattr(backend_clients, "build_backend", lambda *a, **k: self.ipam)
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2"),
             flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
-            queue=cast(WorkQueue, FakeQueue()),
+            queue=FakeQueue(),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=READY))
@@ -676,3 +690,22 @@ def test_entries_of_many_namespaces_cost_one_claim_list_of_all(
     [result] = world.run()
     assert sorted(f.claim for f in result.findings) == [f"ns{i}/c" for i in range(6) if i != 3]
     assert world.kube.read("list_claims") == [""]  # all namespaces, once
+
+
+def test_the_comparison_module_does_no_io() -> None:
+    # compare.py is pure: it imports neither the Kubernetes client, the operator's context,
+    # the backends' clients nor the survey, service or CLI of the audit.
+    spec = importlib.util.find_spec("bridge.reconcilers.audit.compare")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    forbidden = (
+        "kubernetes",
+        "requests",
+        "bridge.reconcilers.context",
+        "bridge.reconcilers.pools",
+        "bridge.runtime",
+        "bridge.reconcilers.audit.",
+    )
+    assert not [m for m in imported if m.startswith(forbidden)], imported

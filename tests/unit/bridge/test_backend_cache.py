@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from backends.base import IPAMBackend
-from bridge.reconcilers.context import BackendCache
+from bridge.reconcilers.backend_clients import BackendCache
 
 KEY = ("ns", "PHPIPAMIPPool", "pool", "")
 WAIT = 10.0  # generous: the machine is loaded

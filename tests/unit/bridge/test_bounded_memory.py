@@ -5,15 +5,18 @@ from __future__ import annotations
 import threading
 from typing import cast
 
-from bridge.reconcilers.context import Context, Notices
-from bridge.runtime.gateway import Kube
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
+from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.settings import Settings
 
 WAIT = 10.0
 
 
-def context() -> Context:
-    return Context(settings=Settings(), kube=cast(Kube, object()), address_version="v1beta2")
+def context() -> Operator:
+    return Operator(
+        settings=Settings(), kube=cast(ObjectClient, object()), versions=ServedVersions("v1beta2")
+    )
 
 
 def test_notices_keep_at_most_their_limit_least_recently_told_first() -> None:
@@ -30,7 +33,7 @@ def test_notices_keep_at_most_their_limit_least_recently_told_first() -> None:
 def test_namespace_locks_go_when_no_thread_holds_or_waits() -> None:
     ctx = context()
     for i in range(100):
-        with ctx.namespace_lock(f"ns-{i}"):
+        with ctx.locks.holding(f"ns-{i}"):
             pass
     assert ctx.sizes()["namespace_locks"] == 0
 
@@ -42,14 +45,14 @@ def test_a_namespace_lock_still_excludes_while_another_thread_waits() -> None:
     order: list[str] = []
 
     def first() -> None:
-        with ctx.namespace_lock("ns"):
+        with ctx.locks.holding("ns"):
             order.append("first in")
             inside.set()
             assert release.wait(WAIT)
             order.append("first out")
 
     def second() -> None:
-        with ctx.namespace_lock("ns"):
+        with ctx.locks.holding("ns"):
             order.append("second in")
 
     one = threading.Thread(target=first)

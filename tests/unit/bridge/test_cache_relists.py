@@ -8,7 +8,10 @@ from typing import Any
 
 from bridge.capi import GROUP
 from bridge.handlers.cache import Relists
-from bridge.runtime.cache import MISSING_UNKNOWN, Cache
+from bridge.objects.cache import Cache
+from bridge.objects.keys import claim_key, cluster_key
+from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.cache import MISSING_UNKNOWN
 
 OURS = {"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool", "name": "p"}}
 
@@ -49,19 +52,32 @@ class Settings:
 
 
 @dataclass
+class Queue:
+    queued: list[Any] = field(default_factory=list)
+    woken: list[Any] = field(default_factory=list)
+
+    def add(self, key: Any, after: float = 0.0) -> None:
+        self.queued.append(key)
+
+    def wake(self, token: Any, count: int | None = None) -> None:
+        self.woken.append(token)
+
+
+@dataclass
 class Ctx:
     kube: Kube
     cache: Cache = field(default_factory=Cache)
     settings: Settings = field(default_factory=Settings)
-    address_version: str = "v1beta2"
-    queued: list[tuple[str, ...]] = field(default_factory=list)
-    woken: list[tuple[str, ...]] = field(default_factory=list)
+    versions: ServedVersions = field(default_factory=lambda: ServedVersions("v1beta2"))
+    queue: Queue = field(default_factory=Queue)
 
-    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
-        self.queued.append(key)
+    @property
+    def queued(self) -> list[Any]:
+        return self.queue.queued
 
-    def wake(self, token: tuple[str, ...], count: int | None = None) -> None:
-        self.woken.append(token)
+    @property
+    def woken(self) -> list[Any]:
+        return self.queue.woken
 
 
 class Clock:
@@ -107,11 +123,11 @@ def test_a_second_listing_drops_deleted_claims_and_queues_them() -> None:
     assert ctx.kube.lists == 1
     assert ctx.cache.claims.get(("ns", "deleted")) is None
     assert ctx.cache.claims.lookup(("ns", "deleted")) == "missing"
-    assert ("claim", "ns", "deleted") in ctx.queued
-    assert ("claim", "ns", "live") in ctx.queued  # another version than cached
-    assert ("cluster", "ns", "c1") not in ctx.queued  # asks for no endpoint
+    assert claim_key("ns", "deleted") in ctx.queued
+    assert claim_key("ns", "live") in ctx.queued  # another version than cached
+    assert cluster_key("ns", "c1") not in ctx.queued  # asks for no endpoint
     assert ctx.cache.key_of(ctx.kube.clusters[0]) == ("ns", "c1")
-    assert any(token[-1] == "c1" for token in ctx.woken)  # not paused: its waiters woken
+    assert any(token.name == "c1" for token in ctx.woken)  # not paused: its waiters woken
 
 
 def test_a_listing_long_after_the_last_one_is_a_new_one_and_a_failed_relist_is_retried(
@@ -132,7 +148,7 @@ def test_a_listing_long_after_the_last_one_is_a_new_one_and_a_failed_relist_is_r
 
     ctx = asyncio.run(scenario())
     assert ctx.kube.lists == 3
-    assert ("claim", "ns", "deleted") in ctx.queued
+    assert claim_key("ns", "deleted") in ctx.queued
     assert ctx.cache.claims.get(("ns", "deleted")) is None
 
 
@@ -157,4 +173,4 @@ def test_a_cluster_turning_unpaused_relists_the_claims_its_event_wakes() -> None
     assert seen == [False, True]
     assert ctx.kube.lists == 1
     assert ctx.cache.claims.lookup(("ns", "deleted")) == "missing"
-    assert ("claim", "ns", "deleted") in ctx.queued
+    assert claim_key("ns", "deleted") in ctx.queued

@@ -145,7 +145,7 @@ def test_build_ip_address_omits_unknown_gateway_and_label():
 
 def test_claim_status_v1beta2_has_every_required_condition_field():
     status = capi.claim_status(
-        claim_body(),
+        capi.Claim.from_body(claim_body()),
         ready=True,
         reason="AddressAllocated",
         message="ok",
@@ -187,14 +187,22 @@ def test_claim_status_keeps_transition_time_and_other_conditions():
         }
     )
     status = capi.claim_status(
-        body, ready=False, reason="PoolExhausted", message="still full", now="2026-01-01T00:00:00Z"
+        capi.Claim.from_body(body),
+        ready=False,
+        reason="PoolExhausted",
+        message="still full",
+        now="2026-01-01T00:00:00Z",
     )
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Ready"]["lastTransitionTime"] == "2025-01-01T00:00:00Z"
     assert by_type["Ready"]["message"] == "still full"
     assert by_type["Other"]["reason"] == "X"
     status = capi.claim_status(
-        body, ready=True, reason="AddressAllocated", message="ok", now="2026-01-01T00:00:00Z"
+        capi.Claim.from_body(body),
+        ready=True,
+        reason="AddressAllocated",
+        message="ok",
+        now="2026-01-01T00:00:00Z",
     )
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
@@ -202,7 +210,7 @@ def test_claim_status_keeps_transition_time_and_other_conditions():
 
 def test_claim_status_v1beta1_writes_both_condition_flavours():
     status = capi.claim_status(
-        claim_body("v1beta1"),
+        capi.Claim.from_body(claim_body("v1beta1")),
         ready=False,
         reason="PoolNotReady",
         message="pool missing",
@@ -311,7 +319,10 @@ def test_reasons_are_one_str_enum_written_as_plain_strings():
     for reason in Reason:
         assert re.fullmatch(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", reason)
     status = capi.claim_status(
-        claim_body("v1beta1"), ready=False, reason=Reason.POOL_EXHAUSTED, message="m"
+        capi.Claim.from_body(claim_body("v1beta1")),
+        ready=False,
+        reason=Reason.POOL_EXHAUSTED,
+        message="m",
     )
     written = json.loads(json.dumps(status))
     assert written["conditions"][0]["reason"] == "PoolExhausted"

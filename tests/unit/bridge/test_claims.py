@@ -29,19 +29,15 @@ from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.operator import Operator
 from bridge.reconcilers import pools as pool_service
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import (
-    Context,
-    claim_key,
-    cluster_token,
-    pool_key,
-    pool_token,
-)
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 NS = "ns"
@@ -61,17 +57,17 @@ class World:
         self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
         self.now = 1000.0
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version=version,
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions(version),
             flow=FlowControl(exhausted_seconds=5.0, clock=lambda: self.now),
-            queue=cast(WorkQueue, self.queue),
+            queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
 
-    def reconcile(self, name: str = "c1") -> Decision:
-        return reconcile_claim(self.ctx, NS, name)
+    def reconcile(self, name: str = "c1") -> Result:
+        return reconcile_claim(self.ctx.claims, NS, name)
 
     def stored(self, name: str = "c1") -> dict[str, Any]:
         return self.kube.claims[(NS, name)]
@@ -105,7 +101,7 @@ def bind(world: World, name: str = "c1", **kwargs: Any) -> None:
     if (NS, KIND, POOL) not in world.kube.pools:
         world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(claim(name, **kwargs))
-    assert world.reconcile(name) == Decision.done()
+    assert world.reconcile(name) == Result.done()
     assert (NS, name) in world.kube.addresses
     world.reset()
 
@@ -211,14 +207,18 @@ def test_with_location_keeps_the_pool_unless_a_different_location_was_recorded()
 def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:
     body = claim(version="v1beta1")
     failed = capi.claim_status(
-        body, ready=False, reason=Reason.POOL_NOT_READY, message="m", v1beta2_kept=False
+        capi.Claim.from_body(body),
+        ready=False,
+        reason=Reason.POOL_NOT_READY,
+        message="m",
+        v1beta2_kept=False,
     )
     assert set(failed) == {"conditions"}
     (condition,) = failed["conditions"]
     assert condition["status"] == "False" and condition["severity"] == "Warning"
     assert "observedGeneration" not in condition  # CAPI v1beta1 conditions have none
     bound = capi.claim_status(
-        body,
+        capi.Claim.from_body(body),
         ready=True,
         reason=Reason.ALLOCATED,
         message="m",
@@ -227,7 +227,9 @@ def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:
     )
     assert set(bound) == {"addressRef", "conditions"}
     assert "severity" not in bound["conditions"][0]
-    kept = capi.claim_status(body, ready=True, reason=Reason.ALLOCATED, message="m")
+    kept = capi.claim_status(
+        capi.Claim.from_body(body), ready=True, reason=Reason.ALLOCATED, message="m"
+    )
     assert kept["v1beta2"]["conditions"][0]["observedGeneration"] == 1
 
 
@@ -264,7 +266,7 @@ def test_a_claim_that_is_not_ours_is_never_written(world: World, body: dict[str,
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_cluster(NS, "c")
     world.kube.add_claim(body)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert world.kube.reads == [("get_claim", "ns/c1")]
     assert world.ipam.calls == []
@@ -272,11 +274,11 @@ def test_a_claim_that_is_not_ours_is_never_written(world: World, body: dict[str,
 
 
 def test_a_claim_that_is_gone_or_names_no_pool_is_done(world: World) -> None:
-    assert world.reconcile("missing") == Decision.done()
+    assert world.reconcile("missing") == Result.done()
     body = claim()
     del body["spec"]["poolRef"]["kind"]
     world.kube.add_claim(body)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == [] and world.ipam.calls == []
 
 
@@ -287,7 +289,7 @@ def test_a_paused_claim_writes_nothing_and_reads_no_cluster(world: World) -> Non
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(claim(cluster="c", annotations={capi.PAUSED_ANNOTATION: ""}))
     # Woken by its own update (the annotation removed): not parked, no timer.
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert world.kube.read("get_cluster") == [] and world.kube.read("get_pool") == []
     assert world.ipam.calls == []
@@ -305,13 +307,13 @@ def test_a_claim_of_a_paused_cluster_is_parked_under_the_cluster(
     world.kube.add_cluster(NS, "c", **cluster)
     world.kube.add_claim(claim(cluster="c"))
     decision = world.reconcile()
-    assert decision == Decision.wait(cluster_token(NS, "c"))
+    assert decision == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == []
     assert world.kube.read("get_pool") == [] and world.ipam.calls == []
     # The Cluster named by the label counts as well.
     world.kube.add_claim(claim("c2", status={}))
     world.stored("c2")["metadata"]["labels"] = {capi.CLUSTER_NAME_LABEL: "c"}
-    assert world.reconcile("c2") == Decision.wait(cluster_token(NS, "c"))
+    assert world.reconcile("c2") == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == []
 
 
@@ -319,7 +321,7 @@ def test_a_missing_cluster_is_shown_once(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(claim(cluster="c"))
     decision = world.reconcile()
-    assert decision == Decision.wait(cluster_token(NS, "c"))
+    assert decision == Result.wait(cluster_token(NS, "c"))
     assert world.kube.ops() == ["claim.status", "event"]
     condition = ready(world.stored())
     assert (condition["status"], condition["reason"]) == ("False", Reason.ALLOCATION_FAILED)
@@ -335,7 +337,7 @@ def test_a_missing_cluster_is_shown_once(world: World) -> None:
     assert world.kube.writes == []
     # The Cluster appears: the claim is bound.
     world.kube.add_cluster(NS, "c")
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert ready(world.stored())["reason"] == Reason.ALLOCATED
     assert world.ctx.metrics.pending_claims() == {}
 
@@ -397,12 +399,12 @@ def test_a_pool_not_checked_for_its_current_spec_is_waited_for_quietly(
     world.kube.add_pool(phpipam_pool(generation=2, status=status))
     world.kube.add_claim(claim())
     decision = world.reconcile()
-    assert decision == Decision.wait(POOL_TOKEN)
+    assert decision == Result.wait(POOL_TOKEN)
     # Its check wakes the claim within moments: nothing to show meanwhile.
     assert world.kube.writes == [] and world.ipam.calls == [] and world.built == []
     # Checked Ready for the current spec: the claim is bound.
     world.kube.pools[(NS, KIND, POOL)]["status"] = pool_condition(generation=2)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert [call[0] for call in world.ipam.calls] == ["allocate"]
 
 
@@ -414,7 +416,7 @@ def test_the_finalizer_goes_on_before_the_ipam_is_asked(world: World) -> None:
     world.kube.add_pool(pool)
     world.kube.add_cluster(NS, "c")
     world.kube.add_claim(claim(cluster="c"))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert [step for step in world.kube.timeline if step[0] != "read"] == [
         ("kube", "claim.finalizer", "ns/c1"),
         ("backend", "allocate", "c1.ns.lab.example"),
@@ -449,7 +451,7 @@ def test_a_bound_claim_costs_no_write_no_backend_call_and_no_cluster_read(world:
     # Even a paused Cluster is not read: nothing needs doing.
     world.kube.add_cluster(NS, "c", spec={"paused": True})
     for _ in range(2):
-        assert world.reconcile() == Decision.done()
+        assert world.reconcile() == Result.done()
     assert world.kube.writes == [] and world.ipam.calls == [] and world.built == []
     assert world.kube.read("get_cluster") == [] and world.kube.read("get_pool") == []
 
@@ -461,7 +463,11 @@ def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
     body = ours(cluster="c", address_ref="c1")
     message = f"address 10.0.0.5/29 from {DISPLAY}"
     body["status"] = capi.claim_status(
-        body, ready=True, reason=Reason.ALLOCATED, message=message, address_ref="c1"
+        capi.Claim.from_body(body),
+        ready=True,
+        reason=Reason.ALLOCATED,
+        message=message,
+        address_ref="c1",
     )
     world.kube.add_claim(body)
     address = capi.build_ip_address(
@@ -474,7 +480,7 @@ def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
         hostname="c1.ns",
     )
     world.kube.add_address(address)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == [] and world.ipam.calls == []
     assert world.kube.reads == [("get_claim", "ns/c1"), ("get_ip_address", "ns/c1")]
 
@@ -492,11 +498,11 @@ def moved(world: World, *, finalizer: bool = True) -> None:
 def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world: World) -> None:
     moved(world)
     world.kube.add_cluster(NS, "c", spec={"paused": True})
-    assert world.reconcile() == Decision.wait(cluster_token(NS, "c"))
+    assert world.reconcile() == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == [] and world.ipam.calls == []
     world.reset()
     world.kube.add_cluster(NS, "c")
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert len(world.kube.of("claim.status")) == 1
     # The pause was checked before the write.
     timeline = world.kube.timeline
@@ -509,13 +515,13 @@ def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world
     assert world.ipam.calls == [] and world.built == []
     assert world.kube.of("address.create") == []
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
 
 
 def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
     moved(world, finalizer=False)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.ops()[:2] == ["claim.finalizer", "claim.status"]
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
     assert world.ipam.calls == []
@@ -560,20 +566,20 @@ def test_backend_failures_are_shown_and_retried(
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(claim())
     world.ipam.error = error
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     condition = ready(world.stored())
     assert (condition["reason"], condition["message"]) == (reason, f"{DISPLAY}: {error.message}")
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
     assert world.kube.addresses == {}
     world.reset()
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     assert world.kube.writes == []  # the same failure is not written again
 
 
 def test_a_missing_secret_keeps_the_claim_waiting_with_pool_not_ready(world: World) -> None:
     world.kube.add_pool(phpipam_pool(secret="nope", status=pool_condition()))
     world.kube.add_claim(claim())
-    assert world.reconcile() == Decision.retry(60)
+    assert world.reconcile() == Result.requeue_after(60)
     condition = ready(world.stored())
     assert condition["reason"] == Reason.POOL_NOT_READY
     assert "Secret ns/nope not found" in condition["message"]
@@ -585,7 +591,7 @@ def test_an_exhausted_pool_is_asked_once_per_hold_and_shown_once(world: World) -
     world.ipam.cidr = "10.0.0.0/30"  # hosts .1 (the gateway) and .2
     world.ipam.entries["someone.else"] = "10.0.0.2"
     world.kube.add_claim(claim())
-    parked = Decision.wait(POOL_TOKEN)
+    parked = Result.wait(POOL_TOKEN)
     probe = (pool_key(NS, KIND, POOL), world.ctx.settings.requeue_exhausted_seconds)
     assert world.reconcile() == parked  # parked under the pool: no timer of its own
     assert world.queue.added == [probe]  # the pool probes its IPAM for the waiting claims
@@ -615,7 +621,7 @@ def test_an_exhausted_pool_is_asked_once_per_hold_and_shown_once(world: World) -
     # An address is freed: the next look binds the claim.
     world.ipam.entries.clear()
     world.now += 6
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert ready(world.stored())["reason"] == Reason.ALLOCATED
 
 
@@ -629,7 +635,7 @@ def test_a_conflict_on_the_claim_is_retried_soon_without_a_status_write(
         raise ApiException(status=409, reason="Conflict")
 
     monkeypatch.setattr(world.kube, "set_claim_finalizer", conflict)
-    assert world.reconcile() == Decision.retry(1.0)
+    assert world.reconcile() == Result.requeue_after(1.0)
     assert world.kube.writes == [] and world.ipam.calls == []
 
 
@@ -645,7 +651,7 @@ def test_a_v1beta1_claim_is_written_once_whatever_the_schema_keeps(
     world.kube.add_claim(claim(version="v1beta1"))  # its pool is missing
     decision = world.reconcile()
     assert decision.wake_on == (POOL_TOKEN,)
-    assert world.ctx.v1beta2_kept is (not prunes)
+    assert world.ctx.versions.v1beta2_kept is (not prunes)
     (write,) = world.kube.of("claim.status")
     assert "v1beta2" in write.detail  # the first write tells what the schema keeps
     assert ("v1beta2" in world.stored()["status"]) is not prunes
@@ -661,11 +667,11 @@ def test_a_v1beta1_claim_is_written_once_whatever_the_schema_keeps(
     assert ("v1beta2" in write.detail) is not prunes
     # Bound, then looked at again: no write either.
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.addresses[(NS, "c1")]["apiVersion"] == f"{capi.GROUP}/v1beta1"
     assert capi.ready_of(world.stored()) == ("True", Reason.ALLOCATED)
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
 
 
@@ -683,7 +689,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     # An exhausted gate is opened by a release.
     world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ipam.calls == [("release", "c1.ns.old.example", recorded)]
     assert world.ipam.entries == {}
     assert world.kube.ops() == [
@@ -705,7 +711,7 @@ def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> Non
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.ipam.entries["c1.ns"] = "10.0.0.3"
     world.kube.add_claim(ours(deleting=True))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     pool = parse_pool(world.kube.pools[(NS, KIND, POOL)])
     assert world.ipam.calls == [("release", "c1.ns", location_of(pool))]
     assert world.ipam.entries == {}
@@ -718,7 +724,7 @@ def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> Non
 def test_an_unbound_claim_never_registered_is_let_go(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(ours(deleting=True))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert [c[0] for c in world.ipam.calls] == ["release"]
     assert world.kube.events == []  # nothing to release is a release that went well
     assert (NS, "c1") not in world.kube.claims
@@ -730,7 +736,7 @@ def test_a_bound_claim_whose_ipaddress_was_force_removed_is_let_go_leaving_the_i
     bind(world)
     del world.kube.addresses[(NS, "c1")]  # clusterctl move: finalizers stripped, deleted
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     # The IPAM is asked (a read): the entry is there, so this is a move, not a release.
     assert [c[0] for c in world.ipam.calls] == ["find"]
     assert world.kube.ops() == ["claim.finalizer", "event"]
@@ -748,7 +754,7 @@ def test_a_force_removed_address_still_waits_while_the_cluster_is_paused(world: 
     del world.kube.addresses[(NS, "c1")]
     world.kube.add_cluster(NS, "c", spec={"paused": True})
     world.delete()
-    assert world.reconcile() == Decision.wait(cluster_token(NS, "c"))
+    assert world.reconcile() == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == [] and world.ipam.calls == []
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
 
@@ -757,7 +763,7 @@ def test_a_paused_claim_is_not_released(world: World) -> None:
     bind(world)
     world.stored()["metadata"]["annotations"] = {capi.PAUSED_ANNOTATION: ""}
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == [] and world.ipam.calls == []
     assert (NS, "c1") in world.kube.addresses
 
@@ -767,7 +773,7 @@ def test_a_claim_whose_cluster_is_gone_is_still_released(world: World) -> None:
     bind(world, cluster="c")
     del world.kube.clusters[(NS, "c")]
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert [c[0] for c in world.ipam.calls] == ["release"]
     assert (NS, "c1") not in world.kube.claims
 
@@ -776,7 +782,7 @@ def test_release_is_skipped_when_the_pool_is_gone(world: World) -> None:
     bind(world)
     del world.kube.pools[(NS, KIND, POOL)]
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ipam.calls == [] and world.built == []
     assert world.kube.ops() == ["address.finalizer", "address.delete", "claim.finalizer", "event"]
     kind, reason, message = world.kube.events[0]
@@ -790,7 +796,7 @@ def test_release_is_skipped_when_the_pool_is_gone(world: World) -> None:
 def test_a_claim_being_deleted_without_our_finalizer_is_left_alone(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.kube.add_claim(claim(deleting=True, finalizers=("someone.else/keep",)))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == [] and world.ipam.calls == []
 
 
@@ -798,7 +804,7 @@ def test_a_failed_release_keeps_the_claim_and_says_why(world: World) -> None:
     bind(world)
     world.delete()
     world.ipam.error = be.BackendUnavailableError("IPAM down")
-    assert world.reconcile() == Decision.retry(10)
+    assert world.reconcile() == Result.requeue_after(10)
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
     assert (NS, "c1") in world.kube.addresses
     condition = ready(world.stored())
@@ -806,7 +812,7 @@ def test_a_failed_release_keeps_the_claim_and_says_why(world: World) -> None:
     assert world.queue.woken == [] and world.queue.added == []
     world.ipam.error = None
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, "c1") not in world.kube.claims
 
 
@@ -814,7 +820,7 @@ def test_a_refused_event_never_stops_a_release(world: World) -> None:
     bind(world)
     world.delete()
     world.kube.event_error = ApiException(status=403, reason="Forbidden")
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, "c1") not in world.kube.claims and world.kube.addresses == {}
 
 
@@ -823,7 +829,7 @@ def test_a_refused_event_never_stops_a_release(world: World) -> None:
 REQUESTED = capi.REQUESTED_ADDRESS_ANNOTATION
 
 
-def requesting(world: World, address: str, name: str = "c1") -> Decision:
+def requesting(world: World, address: str, name: str = "c1") -> Result:
     """Add a ready pool (when missing) and a claim asking for ``address``; reconcile it."""
     if (NS, KIND, POOL) not in world.kube.pools:
         world.kube.add_pool(phpipam_pool(status=pool_condition()))
@@ -832,7 +838,7 @@ def requesting(world: World, address: str, name: str = "c1") -> Decision:
 
 
 def test_a_requested_address_is_registered_under_the_claims_hostname(world: World) -> None:
-    assert requesting(world, "10.0.0.5") == Decision.done()
+    assert requesting(world, "10.0.0.5") == Result.done()
     assert world.ipam.entries == {"c1.ns": "10.0.0.5"}
     assert world.kube.addresses[(NS, "c1")]["spec"]["address"] == "10.0.0.5"
     assert ready(world.stored())["reason"] == Reason.ALLOCATED
@@ -841,7 +847,7 @@ def test_a_requested_address_is_registered_under_the_claims_hostname(world: Worl
 def test_a_requested_address_held_by_another_fails_naming_it_and_waits(world: World) -> None:
     world.ipam.entries["db-1.infra"] = "10.0.0.5"
     decision = requesting(world, "10.0.0.5")
-    assert decision == Decision.retry(world.ctx.settings.requeue_config_error_seconds)
+    assert decision == Result.requeue_after(world.ctx.settings.requeue_config_error_seconds)
     condition = ready(world.stored())
     assert condition["reason"] == Reason.ALLOCATION_FAILED
     assert "10.0.0.5" in condition["message"] and "db-1.infra" in condition["message"]
@@ -858,7 +864,7 @@ def test_a_requested_address_outside_the_pool_or_malformed_fails(
     world: World, address: str
 ) -> None:
     decision = requesting(world, address)
-    assert decision == Decision.retry(world.ctx.settings.requeue_config_error_seconds)
+    assert decision == Result.requeue_after(world.ctx.settings.requeue_config_error_seconds)
     condition = ready(world.stored())
     assert condition["reason"] == Reason.ALLOCATION_FAILED and address in condition["message"]
     assert world.ipam.entries == {}
@@ -870,7 +876,7 @@ def test_a_requested_address_is_tried_even_behind_the_exhaustion_gate(world: Wor
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
     world.kube.add_claim(claim(annotations={REQUESTED: "10.0.0.6"}))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ipam.entries == {"c1.ns": "10.0.0.6"}
 
 
@@ -882,7 +888,7 @@ def test_claims_fill_the_first_subnet_then_the_second_with_its_prefix_and_gatewa
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
     for name in ("c1", "c2"):
         world.kube.add_claim(claim(name))
-        assert world.reconcile(name) == Decision.done()
+        assert world.reconcile(name) == Result.done()
     first, second = (world.kube.addresses[(NS, n)]["spec"] for n in ("c1", "c2"))
     assert (first["address"], first["prefix"], first["gateway"]) == ("10.0.0.2", 30, "10.0.0.1")
     assert (second["address"], second["prefix"], second["gateway"]) == ("10.0.1.1", 29, "10.0.1.6")
@@ -894,7 +900,7 @@ def test_release_with_a_grace_period_quarantines_the_entry(world: World) -> None
     world.reconcile()
     world.reset()
     world.delete()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, "c1") not in world.kube.claims and (NS, "c1") not in world.kube.addresses
     assert world.ipam.entries == {}
     hostname, until = world.ipam.quarantined["10.0.0.2"]
@@ -919,7 +925,7 @@ def test_a_global_pool_serves_claims_of_two_namespaces(world: World) -> None:
     world.kube.add_pool(body)
     for namespace in ("team-a", "team-b"):
         world.kube.add_claim(claim("m1", namespace, kind=GLOBAL, pool="shared"))
-        assert reconcile_claim(world.ctx, namespace, "m1") == Decision.done()
+        assert reconcile_claim(world.ctx.claims, namespace, "m1") == Result.done()
     assert world.ipam.entries == {"m1.team-a": "10.0.0.2", "m1.team-b": "10.0.0.3"}
     address = world.kube.addresses[("team-b", "m1")]
     owner = address["metadata"]["ownerReferences"][1]
@@ -930,7 +936,7 @@ def test_a_global_pool_serves_claims_of_two_namespaces(world: World) -> None:
 
 def test_a_claim_of_a_missing_global_pool_waits_under_the_pools_token(world: World) -> None:
     world.kube.add_claim(claim(kind=GLOBAL, pool="shared"))
-    assert world.reconcile() == Decision.wait(pool_token("", GLOBAL, "shared"))
+    assert world.reconcile() == Result.wait(pool_token("", GLOBAL, "shared"))
     assert ready(world.stored())["message"] == f"{GLOBAL} shared not found"
 
 
@@ -949,7 +955,7 @@ def test_a_claim_found_gone_at_its_finalizer_write_stops_before_the_ipam(
         return original(body, finalizer, present)
 
     monkeypatch.setattr(world.kube, "set_claim_finalizer", deleted_meanwhile)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ipam.calls == [] and world.ipam.entries == {}
     assert world.kube.addresses == {}
 
@@ -962,7 +968,7 @@ def test_an_ipaddress_create_answering_409_adopts_the_claims_own(
     world.stored()["status"] = {}  # e.g. its status write was lost before a restart
     # A lagging view: the claim's IPAddress is not seen, so the create answers 409.
     monkeypatch.setattr(world.kube, "get_ip_address", lambda *_: None)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert ready(world.stored())["reason"] == Reason.ALLOCATED
     assert world.stored()["status"]["addressRef"]["name"] == "c1"
     assert world.kube.addresses[(NS, "c1")] == address  # adopted as it is
@@ -978,7 +984,7 @@ def test_an_ipaddress_create_answering_409_with_a_foreign_one_is_an_error(
     world.kube.addresses[(NS, "c1")]["spec"]["address"] = "10.0.0.7"  # not what the IPAM gave
     world.stored()["status"] = {}
     monkeypatch.setattr(world.kube, "get_ip_address", lambda *_: None)
-    assert world.reconcile() != Decision.done()
+    assert world.reconcile() != Result.done()
     assert ready(world.stored())["reason"] == Reason.ALLOCATION_FAILED
     assert "does not belong" in ready(world.stored())["message"]
 
@@ -999,10 +1005,10 @@ def test_a_release_whose_finalizer_write_met_a_conflict_is_finished_as_released(
     try:
         first = world.reconcile()
     except ApiException as exc:  # a 409 raised through
-        first = Decision.retry(1.0) if exc.status == 409 else Decision.done()
-    assert first == Decision.retry(1.0)
+        first = Result.requeue_after(1.0) if exc.status == 409 else Result.done()
+    assert first == Result.requeue_after(1.0)
     assert (NS, "c1") in world.kube.claims and world.ipam.entries == {}
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, "c1") not in world.kube.claims
     assert world.kube.events == []  # no ReleaseSkipped: the release happened
     assert [c[0] for c in world.ipam.calls] == ["release", "find"]
@@ -1017,17 +1023,17 @@ def test_a_pool_deleted_between_a_claims_look_and_its_finalizer_write_is_kept(
     world.kube.add_pool(phpipam_pool(status=pool_condition(), finalizers=(capi.POOL_FINALIZER,)))
     world.kube.add_claim(claim())
     original = world.kube.set_claim_finalizer
-    guard: list[Decision] = []
+    guard: list[Result] = []
 
     def pool_deleted_meanwhile(body: Any, finalizer: str, present: bool) -> Any:
         # The pool's deletion arrives and its guard runs while the claim is about to write.
         world.kube.pools[(NS, KIND, POOL)]["metadata"]["deletionTimestamp"] = DELETED_AT
-        guard.append(pool_service.reconcile_pool(world.ctx, NS, KIND, POOL))
+        guard.append(pool_service.reconcile_pool(world.ctx.pools, NS, KIND, POOL))
         return original(body, finalizer, present)
 
     monkeypatch.setattr(world.kube, "set_claim_finalizer", pool_deleted_meanwhile)
     world.reconcile()
-    assert guard and guard[0] != Decision.done()  # the guard waited for the claim
+    assert guard and guard[0] != Result.done()  # the guard waited for the claim
     stored = world.kube.pools[(NS, KIND, POOL)]
     assert capi.POOL_FINALIZER in stored["metadata"]["finalizers"]
     assert "c1" in ready(stored)["message"]
@@ -1040,9 +1046,9 @@ def test_a_pool_deleted_before_the_cache_shows_it_waits_for_the_cache(world: Wor
     # What claims decide from: the pool as it was before its deletion (its event not seen yet).
     world.ctx.cache.pools.fill([((KIND, NS, POOL), copy.deepcopy(stored))])
     stored["metadata"]["deletionTimestamp"] = DELETED_AT
-    guard = pool_service.reconcile_pool(world.ctx, NS, KIND, POOL)  # e.g. queued by a release
+    guard = pool_service.reconcile_pool(world.ctx.pools, NS, KIND, POOL)  # e.g. queued by a release
     world.reconcile()  # the claim still sees the pool live, and registers in it
-    assert guard != Decision.done()
+    assert guard != Result.done()
     if world.ipam.entries:  # never an entry in a pool that let go
         assert capi.POOL_FINALIZER in world.kube.pools[(NS, KIND, POOL)]["metadata"]["finalizers"]
 
@@ -1061,10 +1067,10 @@ def test_a_claim_deleted_while_its_status_is_written_is_queued_again(
         return original(*args)
 
     monkeypatch.setattr(world.kube, "patch_claim_status", deleted_meanwhile)
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (claim_key(NS, "c1"), 0.0) in world.queue.added
     monkeypatch.setattr(world.kube, "patch_claim_status", original)
-    assert world.reconcile() == Decision.done()  # the pass the queue runs again releases it
+    assert world.reconcile() == Result.done()  # the pass the queue runs again releases it
     assert (NS, "c1") not in world.kube.claims and world.ipam.entries == {}
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from backends import errors as be
 from backends.flowcontrol import FlowControl
-from bridge.reconcilers.context import BackendCache
+from bridge.reconcilers.backend_clients import BackendCache
 from bridge.reconcilers.errors import claim_error_from, pool_error_from
 
 

@@ -25,10 +25,13 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from bridge import capi
-from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, PoolRef
-from bridge.handlers.pools import _queue_clusters
+from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, Cluster, PoolRef
+from bridge.handlers.resync import _queue_clusters
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import cluster_key
+from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
-from bridge.reconcilers.context import Context, cluster_key
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.control_plane import (
     ENDPOINT_LABEL,
     HOST_ANNOTATION,
@@ -45,8 +48,7 @@ from bridge.reconcilers.control_plane import (
     plan_patch,
     reconcile_cluster,
 )
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 NS = "ns"
@@ -138,7 +140,7 @@ def cluster(
 
 
 def test_claim_body_is_owned_by_the_cluster_and_recognised() -> None:
-    body = build_claim(cluster(), POOL, "v1beta2")
+    body = build_claim(Cluster.from_body(cluster()), POOL, "v1beta2")
     assert body["metadata"]["name"] == "wl1-control-plane-endpoint"
     assert body["metadata"]["labels"] == {CLUSTER_NAME_LABEL: "wl1", ENDPOINT_LABEL: "true"}
     assert body["metadata"]["ownerReferences"] == [
@@ -152,18 +154,22 @@ def test_claim_body_is_owned_by_the_cluster_and_recognised() -> None:
     assert body["spec"] == {"clusterName": "wl1", "poolRef": POOL.as_dict()}
     body["metadata"]["uid"] = "uid-claim"
     claim = Claim.from_body(body)
-    assert allocates_while_paused(claim, cluster(paused=True))
+    assert allocates_while_paused(claim, Cluster.from_body(cluster(paused=True)))
     # A moved Cluster (its endpoint set) and a claim being deleted follow the contract.
     moved = cluster(paused=True, controlPlaneEndpoint={"host": "10.0.0.2", "port": 6443})
-    assert not allocates_while_paused(claim, moved)
+    assert not allocates_while_paused(claim, Cluster.from_body(moved))
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert not allocates_while_paused(Claim.from_body(body), cluster(paused=True))
+    assert not allocates_while_paused(
+        Claim.from_body(body), Cluster.from_body(cluster(paused=True))
+    )
     # Without the label, or without the owner reference, it is any claim.
     for drop in ("labels", "ownerReferences"):
-        other = build_claim(cluster(), POOL, "v1beta2")
+        other = build_claim(Cluster.from_body(cluster()), POOL, "v1beta2")
         other["metadata"]["uid"] = "u"
         other["metadata"][drop] = {CLUSTER_NAME_LABEL: "wl1"} if drop == "labels" else []
-        assert not allocates_while_paused(Claim.from_body(other), cluster(paused=True))
+        assert not allocates_while_paused(
+            Claim.from_body(other), Cluster.from_body(cluster(paused=True))
+        )
 
 
 # -- the patch -------------------------------------------------------------------------------
@@ -182,7 +188,7 @@ def test_plan_sets_endpoint_variables_and_unpause_in_one_patch() -> None:
         },
     )
     plan = plan_patch(
-        body,
+        Cluster.from_body(body),
         host="10.0.0.5",
         address="10.0.0.5",
         variables=("controlPlaneIpAddr", "kubeVip"),
@@ -212,29 +218,42 @@ def test_plan_sets_endpoint_variables_and_unpause_in_one_patch() -> None:
 
 def test_plan_keeps_the_port_and_writes_nothing_when_all_is_set() -> None:
     body = cluster(controlPlaneEndpoint={"host": "", "port": 443})
-    plan = plan_patch(body, host="10.0.0.5", address="10.0.0.5")
+    plan = plan_patch(Cluster.from_body(body), host="10.0.0.5", address="10.0.0.5")
     assert plan.patch is not None
     assert plan.patch["spec"] == {"controlPlaneEndpoint": {"host": "10.0.0.5", "port": 443}}
     done = cluster(controlPlaneEndpoint={"host": "10.0.0.5", "port": 443}, paused=True)
-    assert plan_patch(done, host="10.0.0.5", address="10.0.0.5", unpause=True).patch is None
+    assert (
+        plan_patch(Cluster.from_body(done), host="10.0.0.5", address="10.0.0.5", unpause=True).patch
+        is None
+    )
 
 
 def test_plan_never_overwrites_another_endpoint() -> None:
     body = cluster(controlPlaneEndpoint={"host": "192.0.2.1", "port": 6443}, paused=True)
-    plan = plan_patch(body, host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True)
+    plan = plan_patch(
+        Cluster.from_body(body), host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True
+    )
     assert plan.patch is None
     assert plan.conflict is not None and "192.0.2.1" in plan.conflict
 
 
 def test_plan_without_topology_sets_only_the_endpoint_and_v1beta1_items_keep_fields() -> None:
-    plan = plan_patch(cluster(), host="10.0.0.5", address="10.0.0.5", variables=("v",))
+    plan = plan_patch(
+        Cluster.from_body(cluster()), host="10.0.0.5", address="10.0.0.5", variables=("v",)
+    )
     assert plan.patch is not None and set(plan.patch["spec"]) == {"controlPlaneEndpoint"}
     v1beta1 = cluster(
         version="v1beta1",
         controlPlaneEndpoint={"host": "10.0.0.5", "port": 6443},
         topology={"class": "c", "variables": [{"name": "v", "value": "x", "definitionFrom": "p"}]},
     )
-    plan = plan_patch(v1beta1, host="10.0.0.5", address="10.0.0.5", variables=("v",), unpause=True)
+    plan = plan_patch(
+        Cluster.from_body(v1beta1),
+        host="10.0.0.5",
+        address="10.0.0.5",
+        variables=("v",),
+        unpause=True,
+    )
     assert plan.patch is not None
     assert plan.patch["spec"] == {
         "topology": {"variables": [{"name": "v", "value": "10.0.0.5", "definitionFrom": "p"}]}
@@ -258,12 +277,11 @@ class World:
                 return original(backend, hostname, description)
 
             monkeypatch.setattr(FakeBackend, "allocate", allocate)
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
-            cluster_version="v1beta2",
-            queue=cast(WorkQueue, FakeQueue()),
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2", "v1beta2"),
+            queue=FakeQueue(),
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=pool_condition()))
@@ -277,11 +295,11 @@ class World:
     def cluster(self) -> dict[str, Any]:
         return self.kube.clusters[(NS, "wl1")]
 
-    def reconcile(self) -> Decision:
-        return reconcile_cluster(self.ctx, NS, "wl1")
+    def reconcile(self) -> Result:
+        return reconcile_cluster(self.ctx.clusters, NS, "wl1")
 
     def bind(self) -> None:
-        assert reconcile_claim(self.ctx, NS, "wl1-control-plane-endpoint") == Decision.done()
+        assert reconcile_claim(self.ctx.claims, NS, "wl1-control-plane-endpoint") == Result.done()
 
 
 @pytest.fixture
@@ -299,15 +317,15 @@ def test_paused_cluster_gets_claim_address_and_one_patch(world: World) -> None:
         },
         topology={"classRef": {"name": "c"}, "version": "v1.33.0"},
     )
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     (create,) = world.kube.of("claim.create")
     assert create.target == f"{NS}/wl1-control-plane-endpoint"
-    assert world.reconcile() == Decision.done()  # the claim exists, unbound: nothing more
+    assert world.reconcile() == Result.done()  # the claim exists, unbound: nothing more
     assert world.kube.ops() == ["claim.create", "event"]
 
     world.bind()  # allocated although the Cluster is paused
     assert world.ipam.entries == {"wl1-control-plane-endpoint.ns": "10.0.0.2"}
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     (patch,) = world.kube.of("cluster.patch")
     assert patch.detail["spec"] == {
         "controlPlaneEndpoint": {"host": "10.0.0.2", "port": 6443},
@@ -317,17 +335,17 @@ def test_paused_cluster_gets_claim_address_and_one_patch(world: World) -> None:
     assert world.kube.events[-1][:2] == ("Normal", EndpointReason.SET)
     assert "10.0.0.2 from PHPIPAMIPPool pool" in world.kube.events[-1][2]
     writes = len(world.kube.writes)
-    assert world.reconcile() == Decision.done()  # a resync: the same state, no write
+    assert world.reconcile() == Result.done()  # a resync: the same state, no write
     assert len(world.kube.writes) == writes
 
 
 def test_an_ordinary_claim_of_a_paused_cluster_still_waits(world: World) -> None:
     world.add_cluster(paused=True)
-    body = build_claim(world.cluster(), POOL, "v1beta2")
+    body = build_claim(Cluster.from_body(world.cluster()), POOL, "v1beta2")
     body["metadata"]["labels"].pop(ENDPOINT_LABEL)
     body["metadata"]["uid"] = "u"
     world.kube.add_claim(body)
-    decision = reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")
+    decision = reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")
     assert decision.wake_on and not world.ipam.entries
 
 
@@ -336,7 +354,7 @@ def test_endpoint_claim_is_not_released_while_paused(world: World) -> None:
     world.reconcile()
     world.bind()
     world.kube.claims[(NS, "wl1-control-plane-endpoint")]["metadata"]["deletionTimestamp"] = "x"
-    decision = reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")
+    decision = reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")
     assert decision.wake_on
     assert world.ipam.entries  # still registered
     assert (
@@ -378,7 +396,7 @@ def test_malformed_annotation_is_a_warning_and_nothing_else(world: World) -> Non
 def test_a_waiting_claim_is_told_on_the_cluster(world: World) -> None:
     world.add_cluster(annotations={POOL_ANNOTATION: "PHPIPAMIPPool/missing"})
     world.reconcile()
-    reconcile_claim(world.ctx, NS, "wl1-control-plane-endpoint")  # PoolNotReady
+    reconcile_claim(world.ctx.claims, NS, "wl1-control-plane-endpoint")  # PoolNotReady
     world.reconcile()
     world.reconcile()
     pending = [e for e in world.kube.events if e[1] == EndpointReason.PENDING]
@@ -426,7 +444,7 @@ def test_a_stale_cluster_is_retried_not_overwritten(world: World) -> None:
         return body
 
     world.kube.read_cluster = stale  # type: ignore[method-assign]
-    assert world.reconcile() == Decision.retry(1.0)
+    assert world.reconcile() == Result.requeue_after(1.0)
     assert not world.kube.of("cluster.patch")
 
 
@@ -441,8 +459,8 @@ def test_a_refused_patch_is_told_not_retried(world: World) -> None:
         raise ApiException(status=422, reason="Invalid")
 
     world.kube.patch_cluster = refuse  # type: ignore[method-assign,assignment]
-    assert world.reconcile() == Decision.done()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
+    assert world.reconcile() == Result.done()
     refused = [e for e in world.kube.events if e[1] == EndpointReason.REFUSED]
     assert len(refused) == 1 and "the Cluster patch" in refused[0][2]
 
@@ -476,12 +494,13 @@ class _ResyncKube:
 class _ResyncContext:
     def __init__(self, kube: _ResyncKube, cluster_version: str | None) -> None:
         self.kube = kube
-        self.cluster_version = cluster_version
+        self.versions = ServedVersions("v1beta2", cluster_version)
         self.settings = SimpleNamespace(namespaces=("team-a",))
-        self.queued: list[tuple[str, ...]] = []
+        self.queue = FakeQueue()
 
-    def enqueue(self, key: tuple[str, ...], after: float = 0.0) -> None:
-        self.queued.append(key)
+    @property
+    def queued(self) -> list[Any]:
+        return [key for key, _ in self.queue.added]
 
 
 def _cluster_body(name: str, annotations: dict[str, str]) -> dict[str, Any]:

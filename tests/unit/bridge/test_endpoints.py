@@ -8,9 +8,10 @@ from backends.flowcontrol import EndpointState, RequestRecord
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
 from bridge.metrics import Metrics
-from bridge.reconcilers.context import Context
+from bridge.objects.client import ObjectClient
+from bridge.operator import Operator
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import build_backend, parse_pool
-from bridge.runtime.gateway import Kube
 from bridge.settings import Settings
 
 
@@ -51,10 +52,10 @@ def test_endpoint_state_and_requests_are_exported() -> None:
 
 
 def test_context_feeds_the_metrics_and_backends_share_its_registry() -> None:
-    ctx = Context(
+    ctx = Operator(
         settings=Settings(),
-        kube=cast(Kube, object()),
-        address_version="v1beta2",
+        kube=cast(ObjectClient, object()),
+        versions=ServedVersions("v1beta2"),
         flow=Settings(workers=4).flow_control(),
     )
     assert ctx.flow.max_concurrent == 2

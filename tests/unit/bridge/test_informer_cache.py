@@ -1,4 +1,4 @@
-"""`bridge.runtime.cache`: the informer-style cache claims are decided from (issue 15)."""
+"""`bridge.runtime.cache` and `bridge.objects.cache`: the informer cache claims are decided from."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from bridge.capi import GROUP
-from bridge.runtime.cache import (
-    HOLD_SECONDS,
-    MISSING,
-    MISSING_UNKNOWN,
-    Cache,
-    ObjectCache,
-    newer,
-    prime,
-    relist,
-)
+from bridge.objects.cache import Cache, prime, relist
+from bridge.runtime.cache import HOLD_SECONDS, MISSING, MISSING_UNKNOWN, ObjectCache, newer
 
 
 def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`gateway.Kube`: write-through to the cache, and deleting an IPAddress without a read."""
+"""`ObjectClient` over `gateway.Kube`: write-through, and deleting an IPAddress without a read."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from kubernetes.client import ApiException
 
 from bridge.capi import ADDRESS_FINALIZER
-from bridge.runtime.gateway import Kube, Outcome, Write
+from bridge.objects.client import ObjectClient as Kube
+from bridge.runtime.gateway import Outcome, Write, _finalizer_patch
 
 
 class FakeCustom:
@@ -98,17 +99,25 @@ def claim_meta(finalizers: list[str]) -> dict[str, Any]:
     }
 
 
+def set_finalizer(obj: dict[str, Any], finalizer: str, present: bool, patch: Any) -> Write:
+    """`Kube.set_finalizer`'s patch, sent through ``patch(name, namespace, body)``."""
+    meta = obj["metadata"]
+    return _finalizer_patch(
+        meta, finalizer, present, lambda body: patch(meta["name"], meta["namespace"], body)
+    )
+
+
 def test_a_finalizer_write_tells_written_unchanged_gone_and_conflict_apart() -> None:
-    written = Kube.set_finalizer(claim_meta([]), "f", True, _answering(None))
+    written = set_finalizer(claim_meta([]), "f", True, _answering(None))
     assert written.outcome is Outcome.WRITTEN and written.written
     assert written.obj is not None and written.obj["metadata"]["finalizers"] == ["f"]
-    unchanged = Kube.set_finalizer(claim_meta(["f"]), "f", True, _answering(500))
+    unchanged = set_finalizer(claim_meta(["f"]), "f", True, _answering(500))
     assert unchanged == Write(Outcome.UNCHANGED)  # no request: the 500 is never met
-    assert Kube.set_finalizer(claim_meta([]), "f", True, _answering(404)).outcome is Outcome.GONE
-    conflict = Kube.set_finalizer(claim_meta([]), "f", True, _answering(409))
+    assert set_finalizer(claim_meta([]), "f", True, _answering(404)).outcome is Outcome.GONE
+    conflict = set_finalizer(claim_meta([]), "f", True, _answering(409))
     assert conflict.outcome is Outcome.CONFLICT
     with pytest.raises(ApiException):
-        Kube.set_finalizer(claim_meta([]), "f", True, _answering(422))
+        set_finalizer(claim_meta([]), "f", True, _answering(422))
 
 
 class Existing(FakeCustom):

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.base import IPAMBackend
 from bridge.handlers.lifecycle import probe
 from bridge.metrics import Metrics
-from bridge.reconcilers.context import Context
+from bridge.operator import Operator
+from bridge.reconcilers.context import ServedVersions
 from bridge.settings import Settings
 
 
@@ -190,7 +191,7 @@ def test_probe_before_start_up() -> None:
 
 
 def test_probe_reports_in_memory_facts_only() -> None:
-    ctx = Context(settings=Settings(), kube=_Kube(), address_version="v1beta1")  # type: ignore[arg-type]
+    ctx = Operator(settings=Settings(), kube=_Kube(), versions=ServedVersions("v1beta1"))  # type: ignore[arg-type]
     memo = kopf.Memo()
     memo.bridge = ctx
     facts: dict[str, Any] = probe(memo=memo)
@@ -227,7 +228,9 @@ class _StalledQueue:
 
 
 def test_probe_fails_when_the_work_queue_makes_no_progress_while_keys_are_due() -> None:
-    ctx = Context(settings=Settings(stall_seconds=60), kube=_Kube(), address_version="v1beta2")  # type: ignore[arg-type]
+    ctx = Operator(
+        settings=Settings(stall_seconds=60), kube=_Kube(), versions=ServedVersions("v1beta2")
+    )  # type: ignore[arg-type]
     memo = kopf.Memo()
     memo.bridge = ctx
     ctx.queue = _StalledQueue(59.0)  # type: ignore[assignment]

@@ -24,19 +24,20 @@ from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
-from bridge.reconcilers.context import Context, pool_token
+from bridge.objects.client import ObjectClient
+from bridge.objects.keys import pool_token
+from bridge.operator import Operator
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool, with_location
 from bridge.reconcilers.pools import (
     CREDENTIALS_FINALIZER,
-    backend_for,
     needs_check,
     purge_quarantined,
     reconcile_pool,
     users_of,
 )
-from bridge.runtime.gateway import Kube
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 NS = "ns"
@@ -52,17 +53,17 @@ class World:
         self.ipam = FakeIPAM(timeline=self.kube.timeline)
         self.built = install_backend(monkeypatch, self.ipam)
         self.queue = FakeQueue()
-        self.ctx = Context(
+        self.ctx = Operator(
             settings=Settings(),
-            kube=cast(Kube, self.kube),
-            address_version="v1beta2",
+            kube=cast(ObjectClient, self.kube),
+            versions=ServedVersions("v1beta2"),
             flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
-            queue=cast(WorkQueue, self.queue),
+            queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
 
-    def reconcile(self, name: str = "pool", kind: str = KIND, namespace: str = NS) -> Decision:
-        return reconcile_pool(self.ctx, namespace, kind, name)
+    def reconcile(self, name: str = "pool", kind: str = KIND, namespace: str = NS) -> Result:
+        return reconcile_pool(self.ctx.pools, namespace, kind, name)
 
     def stored(self, name: str = "pool", kind: str = KIND) -> dict[str, Any]:
         return self.kube.pools[(NS, kind, name)]
@@ -131,50 +132,50 @@ def test_our_own_status_write_needs_no_check(world: World) -> None:
 
 def test_backend_for_reuses_the_client_until_spec_or_secret_change(world: World) -> None:
     pool = parse_pool(phpipam_pool())
-    first = backend_for(world.ctx, pool)
-    assert backend_for(world.ctx, pool) is first
+    first = world.ctx.clients.backend_for(pool)
+    assert world.ctx.clients.backend_for(pool) is first
     assert len(world.built) == 1
     assert world.kube.read("read_secret") == ["ns/creds", "ns/creds"]  # read every time
     world.kube.secrets[(NS, "creds")]["data"]["password"] = "rotated"
-    second = backend_for(world.ctx, pool)
+    second = world.ctx.clients.backend_for(pool)
     assert second is not first and world.built == [first, second]
     assert world.built[0].closed and not world.built[1].closed
 
 
 def test_backend_for_names_the_missing_secret_or_ca_key(world: World) -> None:
     with pytest.raises(PoolError) as missing:
-        backend_for(world.ctx, parse_pool(phpipam_pool(secret="nope")))
+        world.ctx.clients.backend_for(parse_pool(phpipam_pool(secret="nope")))
     assert missing.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert missing.value.needs_person
     assert "Secret ns/nope not found" in missing.value.message
     world.kube.add_secret(NS, "ca", {"other.pem": "x"})
     with_ca = parse_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca", "key": "bundle.pem"}}))
     with pytest.raises(PoolError) as no_key:
-        backend_for(world.ctx, with_ca)
+        world.ctx.clients.backend_for(with_ca)
     assert no_key.value.reason == Reason.CREDENTIALS_NOT_FOUND
     assert "ns/ca" in no_key.value.message and "'bundle.pem'" in no_key.value.message
     assert world.built == []
     world.kube.secrets[(NS, "ca")]["data"]["bundle.pem"] = "PEM"
-    assert backend_for(world.ctx, with_ca) is world.built[0]
+    assert world.ctx.clients.backend_for(with_ca) is world.built[0]
 
 
 def test_backend_for_a_secret_being_deleted_still_works(world: World) -> None:
     world.kube.add_secret(
         NS, "creds", {"token": "t"}, finalizers=(CREDENTIALS_FINALIZER,), deleting=True
     )
-    assert backend_for(world.ctx, parse_pool(phpipam_pool())) is world.built[0]
+    assert world.ctx.clients.backend_for(parse_pool(phpipam_pool())) is world.built[0]
 
 
 def test_a_recorded_location_gets_its_own_client(world: World) -> None:
     pool = parse_pool(phpipam_pool())
-    current = cast(FakeBackend, backend_for(world.ctx, pool))
+    current = cast(FakeBackend, world.ctx.clients.backend_for(pool))
     old = with_location(pool, json.dumps({"endpoint": "https://old.example.com", "appId": "a"}))
-    elsewhere = cast(FakeBackend, backend_for(world.ctx, old))
+    elsewhere = cast(FakeBackend, world.ctx.clients.backend_for(old))
     assert elsewhere.location != current.location
     # The docstring: "the cache key includes its spec, so another location gets its own
     # client". The current client must stay open (another worker may be using it).
     assert not current.closed
-    assert backend_for(world.ctx, pool) is current
+    assert world.ctx.clients.backend_for(pool) is current
 
 
 # -- live pools -----------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     world.kube.add_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca"}}))
     world.ipam.entries["someone"] = "10.0.0.2"
     world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.ops() == [
         "pool.finalizer",
         "pool.annotate",  # the Secrets it protects, remembered before they are protected
@@ -214,7 +215,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
     # The periodic refresh of a pool that did not change writes nothing.
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # Still Ready, with free addresses: one claim waiting for an address (if any) tries.
@@ -312,7 +313,7 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
 ) -> None:
     world.kube.add_pool(phpipam_pool(secret=secret))
     world.ipam.error = error
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     assert world.kube.ops()[0] == "pool.finalizer"
     assert world.kube.ops()[-2:] == ["pool.status", "event"]
     condition = world.ready()
@@ -322,13 +323,13 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
     # Claims that waited for the pool's first check learn what it found (PoolNotReady).
     assert world.queue.woken == [TOKEN]
     world.reset()
-    assert world.reconcile() == Decision.retry(delay)
+    assert world.reconcile() == Result.requeue_after(delay)
     assert world.kube.writes == []
     assert world.queue.woken == []  # the same failure again: nobody to tell
     # Fixed: Ready, one Event, the waiting claims are woken.
     world.kube.add_secret(NS, secret, {"username": "u", "password": "p"})
     world.ipam.error = None
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.ready()["status"] == "True"
     assert [e[:2] for e in world.kube.events] == [("Normal", Reason.POOL_READY)]
     assert world.queue.woken == [TOKEN]
@@ -336,7 +337,7 @@ def test_a_failing_pool_is_shown_once_and_wakes_its_claims_once(
 
 def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
     world.kube.add_pool(phpipam_pool(endpoint="ftp://nowhere"))
-    assert world.reconcile() == Decision.retry(60)
+    assert world.reconcile() == Result.requeue_after(60)
     assert world.ready()["reason"] == Reason.INVALID_SPEC
     assert world.ipam.calls == [] and world.kube.of("secret.finalizer") == []
 
@@ -347,7 +348,7 @@ def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World)
     world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
@@ -377,14 +378,14 @@ def test_users_of_counts_claims_carrying_release_address_and_ipaddresses(world: 
                 hostname=f"{name}.ns",
             )
         )
-    assert users_of(world.ctx, NS, KIND, "pool") == [
+    assert users_of(world.ctx.pools, NS, KIND, "pool") == [
         "IPAddress bound",
         "IPAddress orphan",
         "IPAddressClaim bound",
         "IPAddressClaim holding",
     ]
-    assert users_of(world.ctx, NS, "InfobloxIPPool", "pool") == ["IPAddressClaim other-kind"]
-    assert users_of(world.ctx, NS, KIND, "nothing") == []
+    assert users_of(world.ctx.pools, NS, "InfobloxIPPool", "pool") == ["IPAddressClaim other-kind"]
+    assert users_of(world.ctx.pools, NS, KIND, "nothing") == []
 
 
 def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> None:
@@ -395,7 +396,7 @@ def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> 
     world.delete()
     world.reset()
     decision = world.reconcile()
-    assert decision == Decision.retry(world.ctx.settings.requeue_config_error_seconds)
+    assert decision == Result.requeue_after(world.ctx.settings.requeue_config_error_seconds)
     assert world.kube.ops() == ["pool.status", "event"]
     condition = world.ready()
     assert (condition["status"], condition["reason"]) == ("False", Reason.DELETION_BLOCKED)
@@ -413,7 +414,7 @@ def test_a_pool_being_deleted_waits_for_what_may_hold_an_entry(world: World) -> 
     # The claim is released: the pool goes, its Secret is let go, its client closed.
     del world.kube.claims[(NS, "holding")]
     world.reset()
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert world.kube.ops() == ["secret.finalizer", "pool.finalizer"]
     assert world.kube.of("pool.finalizer")[0].detail == (capi.POOL_FINALIZER, False)
     assert (NS, KIND, "pool") not in world.kube.pools
@@ -453,7 +454,7 @@ def test_a_deleted_pools_secrets_are_let_go_only_when_no_other_pool_reads_them(
         assert kube.secret_finalizers(NS, name) == [CREDENTIALS_FINALIZER], name
     world.delete("a")
     world.reset()
-    assert world.reconcile("a") == Decision.done()
+    assert world.reconcile("a") == Result.done()
     assert [w.target for w in kube.of("secret.finalizer")] == ["ns/ca-a"]
     assert kube.secret_finalizers(NS, "shared") == [CREDENTIALS_FINALIZER]
     assert kube.secret_finalizers(NS, "ca-a") == []
@@ -519,7 +520,7 @@ def test_a_pool_being_deleted_with_an_invalid_spec_still_goes(world: World) -> N
     world.kube.add_pool(
         phpipam_pool(endpoint="ftp://x", deleting=True, finalizers=(capi.POOL_FINALIZER,))
     )
-    assert world.reconcile() == Decision.done()
+    assert world.reconcile() == Result.done()
     assert (NS, KIND, "pool") not in world.kube.pools
 
 
@@ -532,7 +533,7 @@ def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_ar
     world.ipam.entries.update({"a.ns": "10.0.0.2"})  # .1 is the gateway: full
     world.queue.parked_keys[TOKEN] = {("claim", NS, "waiting")}
     world.reset()
-    probe = Decision.retry(world.ctx.settings.requeue_exhausted_seconds)
+    probe = Result.requeue_after(world.ctx.settings.requeue_exhausted_seconds)
     assert world.reconcile() == probe  # full, claims wait: look again soon
     assert world.queue.woken == []
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
@@ -541,7 +542,7 @@ def test_a_pool_with_claims_waiting_for_an_address_probes_its_ipam_until_they_ar
     assert world.reconcile() == probe
     assert world.queue.woken == [(TOKEN, 1)]  # one waiting claim tries; its success wakes the next
     world.queue.parked_keys.clear()
-    assert world.reconcile() == Decision.done()  # nobody waits: the periodic refresh is enough
+    assert world.reconcile() == Result.done()  # nobody waits: the periodic refresh is enough
 
 
 # -- Global pools, quarantine purge (issue 12) ----------------------------------------------
@@ -560,7 +561,7 @@ def global_pool(name: str = "shared", **kwargs: Any) -> dict[str, Any]:
 def test_a_global_pool_protects_the_secret_of_the_namespace_it_names(world: World) -> None:
     world.kube.add_secret("ipam", "creds", {"username": "u", "password": "p"})
     world.kube.add_pool(global_pool())
-    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    assert world.reconcile("shared", GLOBAL, "") == Result.done()
     stored = world.kube.pools[("", GLOBAL, "shared")]
     assert CREDENTIALS_FINALIZER in world.kube.secret_finalizers("ipam", "creds")
     assert world.kube.secret_finalizers(NS, "creds") == []
@@ -578,7 +579,7 @@ def test_a_global_pool_is_held_by_claims_of_every_namespace(world: World) -> Non
     world.kube.add_claim(ours(name="a", namespace="team-a", kind=GLOBAL, pool="shared"))
     world.kube.add_claim(ours(name="b", namespace="team-b", kind=GLOBAL, pool="shared"))
     world.kube.add_claim(ours(name="c", namespace="team-b", pool="shared"))  # namespaced kind
-    assert users_of(world.ctx, "", GLOBAL, "shared") == [
+    assert users_of(world.ctx.pools, "", GLOBAL, "shared") == [
         "IPAddressClaim team-a/a",
         "IPAddressClaim team-b/b",
     ]
@@ -587,7 +588,7 @@ def test_a_global_pool_is_held_by_claims_of_every_namespace(world: World) -> Non
     assert capi.ready_of(world.kube.pools[("", GLOBAL, "shared")])[1] == "DeletionBlocked"
     for key in [("team-a", "a"), ("team-b", "b")]:
         del world.kube.claims[key]
-    assert world.reconcile("shared", GLOBAL, "") == Decision.done()
+    assert world.reconcile("shared", GLOBAL, "") == Result.done()
     assert ("", GLOBAL, "shared") not in world.kube.pools
     assert world.kube.secret_finalizers("ipam", "creds") == []
 
@@ -638,10 +639,10 @@ def test_the_status_shows_each_subnet(world: World) -> None:
 def test_purge_deletes_ended_quarantines_and_wakes_a_waiting_claim(world: World) -> None:
     world.kube.add_pool(phpipam_pool(addressReuseGracePeriodSeconds=60))
     world.ipam.quarantined = {"10.0.0.2": ("quarantined.a.ns", 0.0), "10.0.0.3": ("q", 9e12)}
-    assert purge_quarantined(world.ctx, NS, KIND, "pool") == ["10.0.0.2"]
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "pool") == ["10.0.0.2"]
     assert list(world.ipam.quarantined) == ["10.0.0.3"]
     assert (TOKEN, 1) in world.queue.woken
     world.reset()
-    assert purge_quarantined(world.ctx, NS, KIND, "pool") == []
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "pool") == []
     assert world.queue.woken == []
-    assert purge_quarantined(world.ctx, NS, KIND, "gone") == []
+    assert purge_quarantined(world.ctx.pools, NS, KIND, "gone") == []

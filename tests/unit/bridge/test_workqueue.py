@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable
 import pytest
 
 from bridge.runtime.fence import LeadershipLostError
-from bridge.runtime.workqueue import Decision, WorkQueue
+from bridge.runtime.workqueue import Result, WorkQueue
 
 pytestmark = pytest.mark.asyncio
 
@@ -20,15 +20,15 @@ pytestmark = pytest.mark.asyncio
 class Recorder:
     """A reconcile function that records calls and answers from a script."""
 
-    def __init__(self, answer: Callable[[Hashable, int], Decision] | None = None) -> None:
+    def __init__(self, answer: Callable[[Hashable, int], Result] | None = None) -> None:
         self.calls: list[tuple[Hashable, float]] = []
         self.running: dict[Hashable, int] = {}
         self.overlaps = 0
         self.lock = threading.Lock()
-        self.answer = answer or (lambda key, n: Decision.done())
+        self.answer = answer or (lambda key, n: Result.done())
         self.hold = 0.0
 
-    def __call__(self, key: Hashable) -> Decision:
+    def __call__(self, key: Hashable) -> Result:
         with self.lock:
             self.running[key] = self.running.get(key, 0) + 1
             if self.running[key] > 1:
@@ -92,7 +92,7 @@ async def test_a_key_never_runs_twice_at_once_and_runs_again_after_an_add_while_
 
 
 async def test_retry_after_delay_is_honoured() -> None:
-    rec = Recorder(lambda key, n: Decision.retry(0.2) if n == 0 else Decision.done())
+    rec = Recorder(lambda key, n: Result.requeue_after(0.2) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     queue.add("k")
     await run_for(queue, 0.5)
@@ -102,7 +102,7 @@ async def test_retry_after_delay_is_honoured() -> None:
 
 
 async def test_an_earlier_add_supersedes_a_later_due_time() -> None:
-    rec = Recorder(lambda key, n: Decision.retry(10.0) if n == 0 else Decision.done())
+    rec = Recorder(lambda key, n: Result.requeue_after(10.0) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     task = asyncio.create_task(queue.run())
     queue.add("k")
@@ -116,7 +116,7 @@ async def test_an_earlier_add_supersedes_a_later_due_time() -> None:
 
 
 async def test_parked_keys_wait_for_their_token_without_running() -> None:
-    rec = Recorder(lambda key, n: Decision.wait(("pool", "p")) if n == 0 else Decision.done())
+    rec = Recorder(lambda key, n: Result.wait(("pool", "p")) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=2)
     task = asyncio.create_task(queue.run())
     for key in ("a", "b", "c"):
@@ -138,11 +138,11 @@ async def test_parked_keys_wait_for_their_token_without_running() -> None:
 async def test_a_wake_during_processing_is_not_lost() -> None:
     woke = threading.Event()
 
-    def answer(key: Hashable, n: int) -> Decision:
+    def answer(key: Hashable, n: int) -> Result:
         if n == 0:
             woke.wait(1.0)  # the wake happens while this reconcile still runs
-            return Decision.wait("token")
-        return Decision.done()
+            return Result.wait("token")
+        return Result.done()
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1)
@@ -158,7 +158,7 @@ async def test_a_wake_during_processing_is_not_lost() -> None:
 
 
 async def test_a_parked_key_with_a_deadline_runs_after_it() -> None:
-    rec = Recorder(lambda key, n: Decision.wait("t", at_most=0.2) if n == 0 else Decision.done())
+    rec = Recorder(lambda key, n: Result.wait("t", at_most=0.2) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     queue.add("k")
     await run_for(queue, 0.5)
@@ -167,10 +167,10 @@ async def test_a_parked_key_with_a_deadline_runs_after_it() -> None:
 
 
 async def test_a_failing_reconcile_is_retried_after_the_error_delay() -> None:
-    def answer(key: Hashable, n: int) -> Decision:
+    def answer(key: Hashable, n: int) -> Result:
         if n == 0:
             raise RuntimeError("boom")
-        return Decision.done()
+        return Result.done()
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.1)
@@ -203,7 +203,7 @@ async def test_workers_bound_the_parallelism() -> None:
 
 
 async def test_wake_with_a_count_wakes_the_longest_parked_first() -> None:
-    rec = Recorder(lambda key, n: Decision.wait("t") if n == 0 else Decision.done())
+    rec = Recorder(lambda key, n: Result.wait("t") if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     task = asyncio.create_task(queue.run())
     for key in ("first", "second", "third"):
@@ -223,10 +223,10 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
 ) -> None:
     """5 ms doubling: a key failing for 0.5 s runs at most 8 times, not 100."""
 
-    def answer(key: Hashable, n: int) -> Decision:
+    def answer(key: Hashable, n: int) -> Result:
         if key == "bad":
             raise RuntimeError("still broken")
-        return Decision.retry(0.05)
+        return Result.requeue_after(0.05)
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=2, error_delay=0.005, max_error_delay=1000.0)
@@ -251,10 +251,10 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
 
 
 async def test_a_success_resets_the_backoff() -> None:
-    def answer(key: Hashable, n: int) -> Decision:
+    def answer(key: Hashable, n: int) -> Result:
         if n < 3:
             raise RuntimeError("transient")
-        return Decision.done()
+        return Result.done()
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.01, max_error_delay=0.02)
@@ -266,7 +266,7 @@ async def test_a_success_resets_the_backoff() -> None:
 
 
 async def test_wake_history_is_dropped_once_no_key_in_process_can_miss_it() -> None:
-    rec = Recorder(lambda key, n: Decision.done())
+    rec = Recorder(lambda key, n: Result.done())
     queue = WorkQueue(rec, workers=1)
     task = asyncio.create_task(queue.run())
     for i in range(500):
@@ -282,7 +282,7 @@ async def test_wake_history_is_dropped_once_no_key_in_process_can_miss_it() -> N
 async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_retry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def answer(key: Hashable, n: int) -> Decision:
+    def answer(key: Hashable, n: int) -> Result:
         raise LeadershipLostError("the leader Lease is not renewed within 10 s")
 
     rec = Recorder(answer)
@@ -307,13 +307,13 @@ async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 async def test_stalled_counts_while_due_keys_wait_and_not_for_parked_or_idle_queues() -> None:
     release, hanging = threading.Event(), threading.Event()
 
-    def reconcile(key: Hashable) -> Decision:
+    def reconcile(key: Hashable) -> Result:
         if key == "parked":
-            return Decision.wait("token")
+            return Result.wait("token")
         if key == "hung":
             hanging.set()
             release.wait(30)
-        return Decision.done()
+        return Result.done()
 
     queue = WorkQueue(reconcile, workers=1)
     assert queue.stalled() == 0.0  # not running (a standby replica's queue)

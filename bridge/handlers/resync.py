@@ -1,0 +1,151 @@
+"""The periodic work of the leader: resync of pools, claims and Clusters, quarantine purge.
+
+Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
+and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
+ours periodically: the safety net of level-triggered handling. `purge_forever` deletes the
+IPAM entries whose reuse grace period ended
+(`bridge.reconcilers.pools.purge_quarantined`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from backends.errors import BackendError
+from bridge import capi
+from bridge.objects.keys import claim_key, cluster_key, pool_key
+from bridge.operator import Operator
+from bridge.reconcilers.control_plane import wants_endpoint
+from bridge.reconcilers.errors import PoolError
+from bridge.reconcilers.pool_backends import parse_pool
+from bridge.reconcilers.pools import purge_quarantined
+
+__all__ = ["purge_forever", "resync_forever"]
+
+log = logging.getLogger(__name__)
+
+
+def _pools(op: Operator) -> list[tuple[str, str, dict[str, Any]]]:
+    """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
+    found = []
+    for kind in capi.POOL_KINDS:
+        for body in op.kube.list_pools(kind, op.settings.namespaces):
+            namespace = capi.pool_namespace(
+                kind, str((body.get("metadata") or {}).get("namespace") or "")
+            )
+            found.append((namespace, kind, body))
+    return found
+
+
+def _queue_pools(op: Operator) -> int:
+    count = 0
+    for namespace, kind, body in _pools(op):
+        op.queue.add(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
+        count += 1
+    return count
+
+
+def _queue_claims(op: Operator) -> int:
+    count = 0
+    for body in op.kube.list_claims(op.versions.address, op.settings.namespaces):
+        ref = (body.get("spec") or {}).get("poolRef") or {}
+        if not capi.PoolRef(
+            str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
+        ).is_ours:
+            continue
+        meta = body.get("metadata") or {}
+        op.queue.add(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        count += 1
+    return count
+
+
+def _queue_clusters(op: Operator) -> int:
+    """Queue every Cluster that asks for a control-plane endpoint (none when not served)."""
+    if op.versions.cluster is None:
+        return 0
+    count = 0
+    for body in op.kube.list_clusters(op.settings.namespaces) or []:
+        meta = body.get("metadata") or {}
+        if wants_endpoint(meta.get("annotations")):
+            op.queue.add(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
+            count += 1
+    return count
+
+
+async def resync_forever(op: Operator) -> None:
+    """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
+
+    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
+    that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
+    the safety net of level-triggered handling: whatever an event missed, the next pass
+    decides again from the objects' state. A list that fails is logged and tried at the next
+    tick.
+    """
+    loop = asyncio.get_running_loop()
+    next_pools = loop.time() + op.settings.pool_refresh_seconds
+    resync = op.settings.resync_seconds
+    next_claims = loop.time() + resync if resync else None
+    while True:
+        due = min(t for t in (next_pools, next_claims) if t is not None)
+        await asyncio.sleep(max(due - loop.time(), 0.0))
+        now = loop.time()
+        try:
+            if now >= next_pools:
+                next_pools = now + op.settings.pool_refresh_seconds
+                await asyncio.to_thread(_queue_pools, op)
+            if next_claims is not None and now >= next_claims:
+                next_claims = now + resync
+                count = await asyncio.to_thread(_queue_claims, op)
+                clusters = await asyncio.to_thread(_queue_clusters, op)
+                log.debug("resync: %d claims and %d Clusters queued", count, clusters)
+        except Exception:
+            log.exception("periodic resync failed; trying again at the next tick")
+
+
+#: Every this many purge passes, the pools without a grace period are purged too.
+ALL_POOLS_EVERY = 10
+
+
+def _purge(op: Operator, *, every_pool: bool) -> int:
+    """Purge ended quarantines of the pools with a grace period (``every_pool``: of all).
+
+    A pool whose grace period was set back to 0 may still hold quarantined entries: the
+    passes over every pool (one in `ALL_POOLS_EVERY`) delete those once their time came.
+    Returns the number of entries deleted; a pool that fails is logged and tried at the next
+    pass.
+    """
+    deleted = 0
+    for namespace, kind, body in _pools(op):
+        name = str((body.get("metadata") or {}).get("name"))
+        if not every_pool:
+            try:
+                if parse_pool(body).grace_period_seconds <= 0:
+                    continue
+            except PoolError:
+                continue
+        try:
+            deleted += len(purge_quarantined(op.pools, namespace, kind, name))
+        except (PoolError, BackendError) as exc:
+            log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
+    return deleted
+
+
+async def purge_forever(op: Operator) -> None:
+    """Delete the IPAM entries whose quarantine ended, at start and then periodically.
+
+    Runs on the leader only (started with the work queue, `bridge.handlers.lifecycle`), until
+    cancelled. The pools with ``addressReuseGracePeriodSeconds`` > 0 are purged at once and
+    then every ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` (default 30; one list request per
+    subnet each); every pool is purged one pass in `ALL_POOLS_EVERY` (not at start-up: a
+    restart costs no backend call for pools without a grace period).
+    """
+    passes = 0
+    while True:
+        passes += 1
+        try:
+            await asyncio.to_thread(_purge, op, every_pool=passes % ALL_POOLS_EVERY == 0)
+        except Exception:
+            log.exception("quarantine purge failed; trying again at the next tick")
+        await asyncio.sleep(op.settings.quarantine_purge_seconds)

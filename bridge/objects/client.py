@@ -1,0 +1,322 @@
+"""Where the operator's objects live on the Kubernetes API, and how each is read and written.
+
+`ObjectClient` is the generic gateway (`bridge.runtime.gateway.Kube`) plus the resources
+the operator uses: IPAddressClaims and IPAddresses (``ipam.cluster.x-k8s.io``, the served
+CAPI version), our pools (``v1alpha1``, namespaced and Global kinds), CAPI Clusters
+(``cluster.x-k8s.io``) and Secrets. Write outcomes are the gateway's `Write`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from bridge.capi import (
+    ADDRESS_FINALIZER,
+    CLUSTER_GROUP,
+    GLOBAL_POOL_KINDS,
+    GROUP,
+    POOL_KINDS,
+    Claim,
+)
+from bridge.runtime.gateway import Kube, Outcome, Resource, Write
+
+__all__ = [
+    "CLUSTER_VERSIONS",
+    "POOL_VERSION",
+    "ObjectClient",
+    "address_resource",
+    "claim_resource",
+    "cluster_resource",
+    "pool_resource",
+]
+
+#: The version of our pool kinds.
+POOL_VERSION = "v1alpha1"
+#: The CAPI ``Cluster`` versions read, in order of preference.
+CLUSTER_VERSIONS = ("v1beta2", "v1beta1")
+
+
+def claim_resource(version: str) -> Resource:
+    """Return the ``IPAddressClaim`` resource in ``version`` (``v1beta2``/``v1beta1``)."""
+    return Resource(GROUP, version, "ipaddressclaims", "IPAddressClaim")
+
+
+def address_resource(version: str) -> Resource:
+    """Return the ``IPAddress`` resource in ``version`` (``v1beta2``/``v1beta1``)."""
+    return Resource(GROUP, version, "ipaddresses", "IPAddress")
+
+
+def pool_resource(kind: str) -> Resource:
+    """Return the resource of one of our pool kinds (`bridge.capi.POOL_KINDS`).
+
+    Raises
+    ------
+    KeyError
+        For a kind that is not ours.
+    """
+    return Resource(
+        GROUP, POOL_VERSION, POOL_KINDS[kind], kind, namespaced=kind not in GLOBAL_POOL_KINDS
+    )
+
+
+def cluster_resource(version: str) -> Resource:
+    """Return the CAPI ``Cluster`` resource in ``version`` (``v1beta2``/``v1beta1``)."""
+    return Resource(CLUSTER_GROUP, version, "clusters", "Cluster")
+
+
+class ObjectClient(Kube):
+    """The gateway with the operator's resources: claims, IPAddresses, pools, Clusters.
+
+    Parameters are those of `bridge.runtime.gateway.Kube`. "Not found" is None for reads
+    and `Outcome.GONE` for writes; any other API failure propagates as
+    ``kubernetes.client.ApiException``.
+    """
+
+    # -- claims -------------------------------------------------------------------
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an ``IPAddressClaim`` as served in ``version``, or None when it does not exist."""
+        return self.get(claim_resource(version), namespace, name)
+
+    def list_claims(
+        self, version: str, namespaces: tuple[str, ...] = (), *, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Return the ``IPAddressClaim`` objects of ``namespaces`` (empty: all namespaces).
+
+        ``limit`` asks the API server for at most that many per namespace (a cheap check
+        that the operator may list claims at all).
+        """
+        return self.list(Resource(GROUP, version, "ipaddressclaims"), namespaces, limit=limit)
+
+    def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddressClaim`` (a control-plane endpoint's).
+
+        Not written through (`Kube.on_stored`): the claim's own watch event queues it.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the claim, or `Outcome.CONFLICT` when the name exists.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
+        """
+        return self.create(claim_resource(version), body, write_through=False)
+
+    def patch_claim_status(
+        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Write:
+        """Merge-patch a claim's status subresource (`Kube.patch_status`).
+
+        What the served schema does not know is pruned by the API server (e.g.
+        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        """
+        return self.patch_status(claim_resource(version), namespace, name, {"status": dict(status)})
+
+    def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a claim as read (`Kube.set_finalizer`).
+
+        Guarded by the claim's resourceVersion: a claim changed since it was read answers
+        `Outcome.CONFLICT`.
+        """
+        return self.set_finalizer(
+            claim_resource(claim.version), claim.as_object(), finalizer, present
+        )
+
+    # -- IPAddresses --------------------------------------------------------------
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an ``IPAddress``, or None when it does not exist."""
+        return self.get(address_resource(version), namespace, name)
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Return every ``IPAddress`` of a namespace (None: of all namespaces)."""
+        return self.list(Resource(GROUP, version, "ipaddresses"), (namespace,))
+
+    def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
+        """Create an ``IPAddress``, written through to `Kube.on_stored`.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the stored IPAddress; on 409 AlreadyExists the one of that
+            name is read: `Outcome.CONFLICT` with it (None when it was deleted meanwhile), so
+            the caller can tell its own from a foreign one.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 409 of the create, any failure but 404 of the read.
+        """
+        created = self.create(address_resource(version), body)
+        if created.outcome is not Outcome.CONFLICT:
+            return created
+        meta = body["metadata"]
+        return Write(
+            Outcome.CONFLICT, self.get_ip_address(version, meta["namespace"], meta["name"])
+        )
+
+    def delete_ip_address(
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        current: Mapping[str, Any] | None = None,
+    ) -> Write:
+        """Remove our ``ProtectAddress`` finalizer from an ``IPAddress`` and delete it.
+
+        The finalizer goes first (the contract: an IPAddress must not outlive its claim's
+        finalizer); a missing object is success; ``current`` is the IPAddress as last seen
+        (see `Kube.delete`, which gives the outcome).
+        """
+        return self.delete(
+            address_resource(version), namespace, name, finalizer=ADDRESS_FINALIZER, current=current
+        )
+
+    # -- pools ----------------------------------------------------------------------
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool object of one of our kinds, or None when it does not exist.
+
+        A Global kind is cluster-scoped: ``namespace`` is ignored (pass ``""``).
+        """
+        return self.get(pool_resource(kind), namespace, name)
+
+    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return every pool of ``kind`` in ``namespaces`` (empty: all namespaces).
+
+        A Global kind is cluster-scoped: all of them, whatever ``namespaces``. Each item
+        carries its ``kind`` and ``apiVersion``.
+        """
+        return self.list(pool_resource(kind), namespaces)
+
+    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a pool (`Kube.set_finalizer`)."""
+        return self.set_finalizer(pool_resource(str(pool["kind"])), pool, finalizer, present)
+
+    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored."""
+        meta = pool.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(key) == value:
+            return
+        self.patch(
+            pool_resource(str(pool["kind"])),
+            str(meta.get("namespace") or ""),
+            meta["name"],
+            {"metadata": {"annotations": {key: value}}},
+        )
+
+    def patch_pool_status(
+        self,
+        namespace: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge-patch a pool's status subresource (a missing pool is ignored).
+
+        A Global kind is cluster-scoped: ``namespace`` is ignored. With
+        ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
+        applies it only to that version of the pool and answers 409 Conflict otherwise
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts). A writer
+        of a list (``status.conditions``: a merge patch replaces lists whole) passes the
+        version it merged into, so a condition written by another writer since is never
+        dropped.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when ``resource_version`` is given and the pool changed since; any other
+            failure but 404.
+        """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self.patch_status(pool_resource(kind), namespace, name, body)
+
+    def patch_pool_conditions(
+        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
+
+        For a writer that owns one condition type among others (the drift audit's
+        ``InSync``): a status written by someone else since makes the API answer 409
+        Conflict instead of being overwritten. A missing pool is ignored.
+
+        Parameters
+        ----------
+        pool:
+            The pool as read (``kind``, ``metadata.name``, ``namespace``,
+            ``resourceVersion``).
+        conditions:
+            The whole new list of conditions.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when the pool changed since it was read; any other failure but 404.
+        """
+        meta = pool.get("metadata") or {}
+        self.patch_pool_status(
+            str(meta.get("namespace") or ""),
+            str(pool["kind"]),
+            meta["name"],
+            {"conditions": [dict(c) for c in conditions]},
+            resource_version=meta.get("resourceVersion"),
+        )
+
+    # -- Clusters -------------------------------------------------------------------
+
+    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return the CAPI ``Cluster`` object, or None when it (or the Cluster CRD) is absent."""
+        for version in CLUSTER_VERSIONS:
+            cluster = self.get(cluster_resource(version), namespace, name)
+            if cluster is not None:
+                return cluster
+        return None
+
+    def list_clusters(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
+        """Return the CAPI ``Cluster`` objects of ``namespaces`` (empty: all namespaces).
+
+        In the first served version of ``v1beta2``, ``v1beta1``; None when Clusters are not
+        served at all (a management cluster without CAPI core).
+        """
+        for version in CLUSTER_VERSIONS:
+            try:
+                return self.list(cluster_resource(version), namespaces)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return None
+
+    def read_cluster(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return the CAPI ``Cluster`` as served in ``version``, or None.
+
+        For control-plane endpoints (`bridge.reconcilers.control_plane`): one GET in the
+        version detected at start-up, so the patch that follows speaks the same schema.
+        """
+        return self.get(cluster_resource(version), namespace, name)
+
+    def patch_cluster(
+        self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a CAPI ``Cluster``; return it as stored (None when it is gone).
+
+        The caller puts the ``metadata.resourceVersion`` it read into ``patch`` (see
+        `Kube.patch`); lists in the patch (``spec.topology.variables``) replace the stored
+        ones whole.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            409 when the resourceVersion is stale; 422 when the Cluster's schema refuses the
+            result; any other failure but 404.
+        """
+        return self.patch(cluster_resource(version), namespace, name, patch)

@@ -1,0 +1,519 @@
+"""The leader's drift audit: survey each pool, repair what it may, report the rest.
+
+`Auditor` audits every Ready pool (`bridge.reconcilers.audit.survey.survey`), registers
+missing entries again at their address when it is free, posts Events for new findings, sets
+the metric ``ipam_bridge_drift{pool,kind,finding}`` and writes the pool's ``InSync``
+condition. `audit_forever` runs it every ``IPAM_BRIDGE_AUDIT_SECONDS`` in a thread of its
+own, never in the claim work queue's worker slots. A backend error during an audit is
+logged and retried at the next round, never a finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from kubernetes.client import ApiException
+
+from backends.base import Allocation, IPAMBackend
+from backends.errors import AddressUnavailableError, BackendError
+from bridge import capi
+from bridge.capi import Claim, Reason
+from bridge.operator import Operator
+from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
+from bridge.reconcilers.audit.survey import Survey, survey
+from bridge.reconcilers.claims import description_for
+from bridge.reconcilers.errors import PoolError
+from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool, parse_pool
+
+__all__ = ["IN_SYNC", "Auditor", "PoolAudit", "audit_forever", "in_sync_condition"]
+
+log = logging.getLogger(__name__)
+
+#: The pool condition type the audit writes.
+IN_SYNC = "InSync"
+
+#: How often the ``InSync`` write is tried against concurrent status writes (409).
+_CONDITION_ATTEMPTS = 5
+
+#: What `Auditor._restore` did with a missing entry: registered it again.
+_RESTORED: Literal["restored"] = "restored"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _metric_pool(pool: Pool) -> str:
+    """Return the ``pool`` label of the metrics: ``<namespace>/<name>`` as elsewhere."""
+    return f"{pool.namespace}/{pool.name}"
+
+
+def in_sync_condition(
+    findings: Sequence[Finding],
+    *,
+    observed_generation: int | None = None,
+    previous: Sequence[Mapping[str, Any]] = (),
+    now: str | None = None,
+) -> dict[str, Any]:
+    """Return the pool's metav1 ``InSync`` condition after an audit.
+
+    True (reason ``NoDrift``) without findings, else False (reason ``DriftFound``) with the
+    count of each finding in the message. ``lastTransitionTime`` (``now``, else the current
+    UTC time) is kept from ``previous`` while the status stays the same. Restored entries
+    are not mentioned (their Events and ``ipam_bridge_drift_restored_total`` tell them): the
+    condition changes only with the drift.
+    """
+    if findings:
+        n = counts(findings)
+        message = (
+            f"{n[FindingKind.MISSING]} missing, {n[FindingKind.CONFLICT]} conflict, "
+            f"{n[FindingKind.ORPHAN]} orphan: see the Events of the pool and its claims, or "
+            "run `ipam-bridge audit`"
+        )
+        reason = Reason.DRIFT_FOUND
+    else:
+        message = "the pool's IPAddresses match its IPAM entries"
+        reason = Reason.NO_DRIFT
+    status = "False" if findings else "True"
+    transition = now or _now()
+    for old in previous:
+        if old.get("type") == IN_SYNC and old.get("status") == status:
+            transition = str(old.get("lastTransitionTime") or transition)
+    condition: dict[str, Any] = {
+        "type": IN_SYNC,
+        "status": status,
+        "reason": str(reason),
+        "message": message,
+        "lastTransitionTime": transition,
+    }
+    if observed_generation is not None:
+        condition["observedGeneration"] = observed_generation
+    return condition
+
+
+@dataclass
+class PoolAudit:
+    """The outcome of one audit of a pool by the operator.
+
+    Attributes
+    ----------
+    pool:
+        The pool.
+    findings:
+        What is still wrong after the repairs (the condition and the metric show these).
+    restored:
+        Missing entries registered again at their address.
+    """
+
+    pool: Pool
+    findings: list[Finding]
+    restored: list[Finding] = field(default_factory=list)
+
+
+def _conflict_from(finding: Finding, message: str, hostname: str) -> Finding:
+    """Return a missing finding turned into a conflict with ``hostname`` holding the address."""
+    return Finding(
+        pool=finding.pool,
+        kind=finding.kind,
+        claim=finding.claim,
+        address=finding.address,
+        hostname=hostname,
+        finding=FindingKind.CONFLICT,
+        message=message,
+        ip_address=finding.ip_address,
+        expected=finding.expected,
+    )
+
+
+def _auditable(body: Mapping[str, Any], pool: Pool) -> bool:
+    """Return True when a pool is audited: not being deleted, Ready for its generation."""
+    if pool.deleting:
+        return False
+    status = body.get("status") or {}
+    return capi.ready_of(body)[0] == "True" and status.get("observedGeneration") == pool.generation
+
+
+class Auditor:
+    """The drift audit of the leader: compares, repairs what it may, reports the rest.
+
+    Keeps, in memory, the findings of each pool's last audit, so that a Warning Event is
+    posted when a finding appears, not at every round (after a restart they are posted once
+    more). Thread-safe for one round at a time (`audit_forever` runs one thread).
+
+    Races with claims being allocated or released at the same time are ruled out by the
+    order of the survey's reads (`bridge.reconcilers.audit.survey.survey`) and by checks
+    before anything is written: a repair re-reads the claim and its IPAddress and looks the
+    hostname up first, and undoes itself when the claim's release started meanwhile.
+
+    Parameters
+    ----------
+    ctx:
+        The operator context (Kubernetes, backends, metrics, settings).
+    """
+
+    def __init__(self, ctx: Operator) -> None:
+        self.ctx = ctx
+        self._seen: dict[tuple[str, str, str], frozenset[tuple[str, str, str, str]]] = {}
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Make a running round stop before its next pool or repair (leadership lost)."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        """True once `stop` was called."""
+        return self._stop.is_set()
+
+    # -- a round ------------------------------------------------------------------------
+
+    def run_round(self) -> list[PoolAudit]:
+        """Audit every pool that is Ready (current generation) and not being deleted.
+
+        Pool by pool; a pool whose audit fails (IPAM unreachable, Secret missing, API
+        error) is logged and left as it was (condition, metric), to be audited at the next
+        round: an error is never a finding.
+
+        Returns
+        -------
+        list of PoolAudit
+            The pools audited.
+        """
+        done: list[PoolAudit] = []
+        present: set[tuple[str, str, str]] = set()
+        for kind in capi.POOL_KINDS:
+            try:
+                bodies = self.ctx.kube.list_pools(kind, self.ctx.settings.namespaces)
+            except ApiException as exc:
+                log.warning("drift audit: cannot list %s: %s %s", kind, exc.status, exc.reason)
+                return done
+            for body in bodies:
+                if self.stopped:
+                    return done
+                body.setdefault("kind", kind)
+                try:
+                    pool = parse_pool(body)
+                except PoolError:
+                    continue
+                present.add(pool.key)
+                if not _auditable(body, pool):
+                    continue
+                result = self._audit_logged(pool, body)
+                if result is not None:
+                    done.append(result)
+        for key in set(self._seen) - present:
+            del self._seen[key]
+        return done
+
+    def _audit_logged(self, pool: Pool, body: Mapping[str, Any]) -> PoolAudit | None:
+        """Return `audit_pool`'s outcome, or None after logging why the pool was skipped."""
+        try:
+            return self.audit_pool(pool, body)
+        except BackendError as exc:
+            log.warning(
+                "drift audit of %s skipped: %s (trying again at the next round)",
+                pool.display,
+                exc.message,
+            )
+        except PoolError as exc:
+            log.warning("drift audit of %s skipped: %s", pool.display, exc.message)
+        except ApiException as exc:
+            log.warning(
+                "drift audit of %s skipped: API error %s %s", pool.display, exc.status, exc.reason
+            )
+        except Exception:
+            log.exception("drift audit of %s failed (trying again at the next round)", pool.display)
+        return None
+
+    def audit_pool(self, pool: Pool, body: Mapping[str, Any]) -> PoolAudit:
+        """Audit one pool: survey, repair missing entries, post Events, write status, metric.
+
+        Parameters
+        ----------
+        pool, body:
+            The pool, parsed and as read.
+
+        Raises
+        ------
+        PoolError, backends.errors.BackendError, kubernetes.client.ApiException
+            From `survey` (nothing is written then). Errors of single repairs are logged and
+            leave that finding as it was.
+        """
+        backend = self.ctx.clients.backend_for(pool)
+        seen = survey(self.ctx, pool, backend)
+        findings: list[Finding] = []
+        restored: list[Finding] = []
+        for finding in seen.findings:
+            if finding.finding != FindingKind.MISSING or self.stopped:
+                findings.append(finding)
+                continue
+            outcome = self._restore(pool, backend, finding)
+            if outcome == _RESTORED:
+                restored.append(finding)
+            elif isinstance(outcome, Finding):
+                findings.append(outcome)
+        self._report(pool, body, seen, findings)
+        return PoolAudit(pool, findings, restored)
+
+    # -- repair -------------------------------------------------------------------------
+
+    def _restore(
+        self, pool: Pool, backend: IPAMBackend, finding: Finding
+    ) -> Finding | Literal["restored"] | None:
+        """Register a missing entry again at its address under the claim's hostname.
+
+        Returns ``"restored"``, None when the finding does not hold any more (the claim or
+        its IPAddress changed, or the entry is back), the finding itself while the claim is
+        paused, or a conflict (the address or the hostname is held).
+        """
+        checked = self._still_missing(finding)
+        if checked is None:
+            return None
+        if self._paused(checked):
+            message = finding.message + "; not registered again while paused"
+            return Finding(**{**asdict(finding), "message": message})
+        registered = self._register_again(pool, backend, finding, checked)
+        if not isinstance(registered, Allocation):
+            return registered
+        address = normal_address(registered.address) or registered.address
+        if address != finding.address:
+            return _conflict_from(
+                finding,
+                f"'{finding.expected}' (claim {finding.claim}) is registered at "
+                f"{registered.address} instead of {finding.address}; nothing was changed",
+                finding.expected,
+            )
+        body = self._undo_if_released(pool, backend, finding)
+        if body is None:
+            return None
+        self._restored(pool, finding, body)
+        return _RESTORED
+
+    def _still_missing(self, finding: Finding) -> Claim | None:
+        """Read the claim and its IPAddress again; return the claim while the finding holds."""
+        ctx, version = self.ctx, self.ctx.versions.address
+        namespace, name = finding.claim.split("/", 1)
+        body = ctx.kube.get_claim(version, namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        address = ctx.kube.get_ip_address(version, namespace, finding.ip_address)
+        if (
+            address is None
+            or (address.get("metadata") or {}).get("deletionTimestamp")
+            or normal_address((address.get("spec") or {}).get("address")) != finding.address
+        ):
+            return None
+        try:
+            return Claim.from_body(body)
+        except ValueError:
+            return None
+
+    def _register_again(
+        self, pool: Pool, backend: IPAMBackend, finding: Finding, claim: Claim
+    ) -> Allocation | Finding | None:
+        """Look the hostname up, then register it at the finding's address.
+
+        Returns the new entry; None when it is registered there already (an allocation in
+        flight); the finding itself when the IPAM failed or the auditor was stopped; a
+        conflict when the hostname or the address is held.
+        """
+        ctx, hostname = self.ctx, finding.expected
+        backend_name = BACKEND_NAMES[pool.kind]
+        try:
+            found = ctx.metrics.call(backend_name, "find", lambda: backend.find(hostname))
+            if found is not None:
+                if (normal_address(found.address) or found.address) == finding.address:
+                    return None  # registered meanwhile (an allocation in flight)
+                return _conflict_from(
+                    finding,
+                    f"'{hostname}' (claim {finding.claim}) is registered at {found.address} "
+                    f"instead of {finding.address}; nothing was changed",
+                    hostname,
+                )
+            if self.stopped:
+                return finding
+            return ctx.metrics.call(
+                backend_name,
+                "allocate",
+                lambda: backend.allocate(hostname, description_for(claim), address=finding.address),
+            )
+        except AddressUnavailableError as exc:
+            return _held(finding, exc)
+        except BackendError as exc:
+            log.warning(
+                "drift audit of %s: %s not registered again: %s (trying at the next round)",
+                pool.display,
+                finding.address,
+                exc.message,
+            )
+            return finding
+
+    def _undo_if_released(
+        self, pool: Pool, backend: IPAMBackend, finding: Finding
+    ) -> dict[str, Any] | None:
+        """Return the claim as read after a repair; release the entry if the claim is going.
+
+        A release that started meanwhile must not find the entry back: it is released again
+        (a failure is logged) and None is returned.
+        """
+        namespace, name = finding.claim.split("/", 1)
+        after = self.ctx.kube.get_claim(self.ctx.versions.address, namespace, name)
+        if after is not None and not (after.get("metadata") or {}).get("deletionTimestamp"):
+            return after
+        try:
+            backend.release(finding.expected)
+        except BackendError as exc:
+            log.warning(
+                "drift audit of %s: could not undo %s of released claim %s: %s",
+                pool.display,
+                finding.address,
+                finding.claim,
+                exc.message,
+            )
+        return None
+
+    def _restored(self, pool: Pool, finding: Finding, claim: Mapping[str, Any]) -> None:
+        """Tell of a repair: a log line, a Normal Event on the claim, the restored counter."""
+        message = (
+            f"{finding.address} was gone from the IPAM ({pool.display}); registered again as "
+            f"'{finding.expected}' at the same address"
+        )
+        log.info("drift audit: claim %s: %s", finding.claim, message)
+        self.ctx.events.post(claim, "Normal", Reason.ADDRESS_RESTORED, message)
+        self.ctx.metrics.drift_restored.labels(_metric_pool(pool), pool.kind).inc()
+
+    def _paused(self, claim: Claim) -> bool:
+        """Return True when the claim or its Cluster is paused (no IPAM write then)."""
+        if capi.PAUSED_ANNOTATION in claim.annotations:
+            return True
+        if not claim.cluster_name:
+            return False
+        cluster = self.ctx.kube.get_cluster(claim.namespace, claim.cluster_name)
+        if cluster is None:
+            return False
+        annotations = (cluster.get("metadata") or {}).get("annotations")
+        return capi.is_paused(annotations, cluster.get("spec"))
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def _report(
+        self,
+        pool: Pool,
+        body: Mapping[str, Any],
+        seen: Survey,
+        findings: Sequence[Finding],
+    ) -> None:
+        """Post Events for new findings, set the metric, write ``InSync`` where it changed."""
+        ctx = self.ctx
+        before = self._seen.get(pool.key, frozenset())
+        for finding in findings:
+            if finding.key in before:
+                continue
+            if finding.finding == FindingKind.ORPHAN:
+                ctx.events.post(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
+            else:
+                namespace, name = finding.claim.split("/", 1)
+                claim = seen.claims.get((namespace, name))
+                reason = (
+                    Reason.ADDRESS_MISSING
+                    if finding.finding == FindingKind.MISSING
+                    else Reason.ADDRESS_CONFLICT
+                )
+                ctx.events.post(claim or body, "Warning", reason, finding.message)
+            log.warning("drift audit of %s: %s: %s", pool.display, finding.finding, finding.message)
+        self._seen[pool.key] = frozenset(f.key for f in findings)
+        for kind, count in counts(findings).items():
+            ctx.metrics.drift.labels(_metric_pool(pool), pool.kind, kind.value).set(count)
+        self._write_condition(pool, findings)
+
+    def _write_condition(self, pool: Pool, findings: Sequence[Finding]) -> None:
+        """Write the pool's ``InSync`` condition when it changed, keeping every other one.
+
+        Read, merged and written with the pool's resourceVersion: a concurrent status write
+        (the pool check's Ready) makes the API answer 409 and this reads again, so neither
+        writer ever drops the other's condition.
+        """
+        ctx = self.ctx
+        for _ in range(_CONDITION_ATTEMPTS):
+            current = ctx.kube.get_pool(pool.namespace, pool.kind, pool.name)
+            if current is None:
+                return
+            current.setdefault("kind", pool.kind)
+            conditions = list((current.get("status") or {}).get("conditions") or [])
+            old = next((c for c in conditions if c.get("type") == IN_SYNC), None)
+            new = in_sync_condition(
+                findings,
+                observed_generation=int((current.get("metadata") or {}).get("generation") or 0)
+                or None,
+                previous=conditions,
+            )
+            if old is not None and all(
+                old.get(k) == new.get(k) for k in ("status", "reason", "message")
+            ):
+                return
+            merged = [c for c in conditions if c.get("type") != IN_SYNC] + [new]
+            try:
+                ctx.kube.patch_pool_conditions(current, merged)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        log.info("drift audit of %s: InSync not written (the pool kept changing)", pool.display)
+
+
+def _held(finding: Finding, exc: AddressUnavailableError) -> Finding:
+    """Return the conflict of a missing entry whose address the IPAM refused to give again."""
+    holder = exc.holder or ""
+    why = f"it is held as '{holder}'" if holder else exc.message
+    namespace = finding.claim.split("/", 1)[0]
+    return _conflict_from(
+        finding,
+        f"{finding.address} (IPAddress {namespace}/{finding.ip_address} of claim "
+        f"{finding.claim}) is gone from the IPAM and cannot be registered again as "
+        f"'{finding.expected}': {why}; nothing was changed",
+        holder or finding.expected,
+    )
+
+
+async def audit_forever(ctx: Operator) -> None:
+    """Audit every pool every ``IPAM_BRIDGE_AUDIT_SECONDS`` until cancelled (0: never).
+
+    Runs on the leader (`bridge.handlers.lifecycle.start_work`). Each round runs in a
+    thread of its own (one, named ``ipam-bridge-audit``), never in the work queue's worker
+    threads, so an audit never delays claim handling. The first round starts one interval
+    after the start. Cancelling (clean-up, lost leadership) stops a running round before
+    its next pool or repair.
+    """
+    interval = ctx.settings.audit_seconds
+    if not interval:
+        return
+    auditor = Auditor(ctx)
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="ipam-bridge-audit"
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                audited = await loop.run_in_executor(executor, _held_round, ctx, auditor)
+            except Exception:
+                log.exception("drift audit round failed; trying again at the next round")
+                continue
+            log.debug("drift audit: %d pools audited", len(audited))
+    finally:
+        auditor.stop()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _held_round(ctx: Operator, auditor: Auditor) -> list[PoolAudit]:
+    """Run one audit round holding the backend clients it takes (`BackendCache.holding`)."""
+    with ctx.backends.holding():
+        return auditor.run_round()

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,16 +1,21 @@
-"""``python -m benchmarks``: operator throughput/latency, backend calls per claim, client ops/s,
-API writes per allocation, per release and per waiting claim-minute, the hot path of a claim
-(``--only hot``: API requests by verb per allocation and release, rate vs the raw IPAM, a
-profile), a restart with 10,000 bound claims (``--only restart``) and the drift audit of a
-10,000-address pool (``--only audit``: wall and CPU seconds, IPAM requests) and a soak, a
-compressed day of churn (``--only soak``: RSS and the size of every in-memory structure of
-the operator at start and end).
+"""``python -m benchmarks``: the operator's throughput and latency, and what each claim costs.
 
-Everything runs on 127.0.0.1 in this process: the emulated Kubernetes API, mock_phpipam, the
-real kopf operator (the hot-path and restart parts run the operator in a process of its own,
-as in a pod: `benchmarks.operator_process`). Figures only; nothing passes or fails. Defaults
-finish in about three minutes on 2 cores (the API-writes part watches waiting claims for a
-minute); ``--quick`` shortens that watch to 10 s, ``--only writes`` runs that part alone.
+Parts (``--only NAME`` runs one): ``operator`` (throughput/latency, backend calls per
+claim), ``client`` (the IPAM client's ops/s), ``writes`` (API writes per allocation, per
+release and per waiting claim-minute), ``hot`` (the hot path of a claim: the operator's CPU
+seconds per allocation and per release next to a bare client's sending the same requests,
+rates vs the raw IPAM and the bare client, API requests by verb, a yappi CPU profile of the
+operator), ``restart`` (10,000 bound claims), ``audit`` (the drift audit of a 10,000-address
+pool: wall and CPU seconds, IPAM requests), ``soak`` (a compressed day of churn: RSS and
+the size of every in-memory structure of the operator at start and end) and ``scale``
+(100 pools x 100 claims: allocation rate, a restart with all bound, release rate, the
+operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run).
+
+Everything runs on 127.0.0.1: the emulated Kubernetes API and mock_phpipam in this process,
+the real kopf operator (the hot-path, restart and scale parts run it in a process of its
+own, as in a pod: `benchmarks.operator_process`). Figures only; nothing passes or fails.
+Without ``scale``, the defaults finish in a few minutes on 2 cores (the API-writes part
+watches waiting claims for a minute); ``--quick`` shortens every part.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.api_writes import RESOURCES, WritesResult, run_writes_bench
 from benchmarks.audit_bench import format_result as format_audit
@@ -32,6 +38,8 @@ from benchmarks.hot_path import READ_VERBS, WRITE_VERBS, HotPathResult, run_hot_
 from benchmarks.operator_bench import OperatorResult, run_operator_bench
 from benchmarks.restart_bench import format_result as format_restart
 from benchmarks.restart_bench import run_restart_bench
+from benchmarks.scale_bench import format_result as format_scale
+from benchmarks.scale_bench import run_scale_bench
 from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
 
@@ -115,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("operator", "client", "writes", "hot", "restart", "audit", "soak"),
+        choices=("operator", "client", "writes", "hot", "restart", "audit", "soak", "scale"),
         default=None,
         help="run one part only",
     )
@@ -131,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
         default=16,
         help="IPAM_BRIDGE_WORKERS of the hot-path run (default 16: 8 endpoint slots, the raw "
         "IPAM client's threads)",
+    )
+    parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="skip the hot path's profiled operator run (yappi)",
     )
     parser.add_argument(
         "--audit-addresses",
@@ -158,6 +171,18 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="rounds (hours of churn) of the soak (default 24, 6 with --quick)",
+    )
+    parser.add_argument(
+        "--scale-pools",
+        type=int,
+        default=None,
+        help="pools of the scale run (default 100, 10 with --quick)",
+    )
+    parser.add_argument(
+        "--scale-per-pool",
+        type=int,
+        default=100,
+        help="claims per pool of the scale run (default 100)",
     )
     parser.add_argument(
         "--timeout",
@@ -300,25 +325,37 @@ def _writes_tables(result: WritesResult) -> str:
     )
 
 
+def _profile_lines(label: str, found: dict[str, Any]) -> str:
+    if not found:
+        return f"  {label}: no profile (yappi not installed? pip install -e '.[bench]')"
+
+    def rows(key: str) -> str:
+        return table(
+            ["function", "package", "calls", "cumulative s", "own s"],
+            [
+                [place, package, calls, total, own]
+                for place, package, calls, total, own in found[key]
+            ],
+        )
+
+    packages = ", ".join(f"{name} {seconds:.2f}" for name, seconds in found["packages"])
+    return (
+        f"  {label}: {found['cpu']:.2f} CPU s under the profiler; own CPU s by package: "
+        f"{packages}\n  top by cumulative CPU:\n"
+        + _indent(rows("cumulative"))
+        + "\n  top by own CPU:\n"
+        + _indent(rows("own"))
+    )
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
 def _hot_tables(result: HotPathResult) -> str:
     raw = result.raw
     assert raw is not None
     rates = {"allocation": raw.alloc_per_second, "release": raw.release_per_second}
-    rows = [
-        [
-            p.label,
-            p.claims,
-            p.seconds,
-            p.per_second,
-            rates[p.label],
-            p.per_second / rates[p.label],
-            p.per_claim(READ_VERBS - {"watch"}),
-            p.per_claim(frozenset({"watch"})),
-            p.per_claim(WRITE_VERBS),
-            p.ipam_per_claim,
-        ]
-        for p in result.phases
-    ]
     figures = table(
         [
             "phase",
@@ -327,31 +364,65 @@ def _hot_tables(result: HotPathResult) -> str:
             "claims/s",
             "raw IPAM/s",
             "ratio",
-            "API reads/claim",
-            "watches/claim",
-            "API writes/claim",
-            "IPAM req/claim",
+            "bare/s",
+            "ratio",
+            "CPU ms/claim",
+            "bare CPU ms/claim",
+            "CPU ratio",
         ],
-        rows,
+        [
+            [
+                p.label,
+                p.claims,
+                p.seconds,
+                p.per_second,
+                rates[p.label],
+                p.per_second / rates[p.label],
+                result.bare[p.label].per_second,
+                p.per_second / result.bare[p.label].per_second,
+                p.cpu_ms,
+                result.bare[p.label].cpu_ms,
+                p.cpu_ms / result.bare[p.label].cpu_ms,
+            ]
+            for p in result.phases
+        ],
+    )
+    requests = table(
+        ["phase", "API reads/claim", "watches/claim", "API writes/claim", "IPAM req/claim"],
+        [
+            [
+                p.label,
+                p.per_claim(READ_VERBS - {"watch"}),
+                p.per_claim(frozenset({"watch"})),
+                p.per_claim(WRITE_VERBS),
+                p.ipam_per_claim,
+            ]
+            for p in result.phases
+        ],
     )
     detail = "\n".join(
         f"  {p.label}: API {_breakdown(p.api, p.claims) or 'none'}\n"
         f"  {' ' * len(p.label)}  IPAM {_breakdown(p.ipam, p.claims) or 'none'}"
         for p in result.phases
     )
-    profile = "\n".join(f"  {share * 100:5.1f}%  {label}" for label, share in result.profile)
+    profiles = "\n".join(_profile_lines(p.label, p.profile) for p in result.profiled)
     return (
         f"(e) hot path: {result.claims} claims, IPAM_BRIDGE_WORKERS={result.workers}, IPAM "
         f"latency {result.latency_ms:g} ms per request, API latency {result.api_ms[0]:g} ms "
-        f"per read and {result.api_ms[1]:g} ms per write; raw IPAM = "
-        f"PHPIPAMBackend with {result.parallelism} threads (= the operator's endpoint slots) "
-        "against its own mock (search + "
-        "first-free; release: search + delete)\n"
+        f"per read and {result.api_ms[1]:g} ms per write; raw IPAM = PHPIPAMBackend with "
+        f"{result.parallelism} threads (= the operator's endpoint slots) against its own mock "
+        "(search + first-free; release: search + delete); bare = a client of its own process "
+        "sending the same phpIPAM requests and the 3 API writes per claim (urllib3, "
+        f"{result.parallelism} threads); CPU = user + system seconds of the process (the "
+        "operator's from its first create to its last write settled; the operator logs at "
+        f"INFO to a file; idle it uses {result.idle_cpu_ms_per_s:.1f} ms CPU per second)\n"
         + figures
+        + "\n"
+        + requests
         + "\nrequests per claim by verb and resource:\n"
         + detail
-        + "\nwhere the operator's threads spend their time while binding (wall-clock samples "
-        "of workers and event loop; innermost project frame [library it waits in]):\n" + profile
+        + "\nprofile of the operator's process (yappi, CPU clock, every thread; a run of its "
+        "own, slowed by the profiler):\n" + (profiles or "  (not profiled)")
     )
 
 
@@ -407,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency_ms=ipam_ms,
                 api_ms=(read_ms, write_ms),
                 timeout=args.timeout,
+                profile=not args.no_profile,
             )
             print("\n" + _hot_tables(hot), flush=True)
     if args.only in (None, "restart"):
@@ -420,6 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds = args.soak_rounds or (6 if args.quick else 24)
         print(f"  soak: {rounds} rounds of churn ...", flush=True)
         print("\n" + format_soak(run_soak_bench(rounds)), flush=True)
+    if args.only in (None, "scale"):
+        pools = args.scale_pools or (10 if args.quick else 100)
+        print(f"  scale: {pools} pools x {args.scale_per_pool} claims ...", flush=True)
+        print("\n" + format_scale(run_scale_bench(pools, args.scale_per_pool)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

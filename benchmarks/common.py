@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from mock_phpipam.store import JournalEntry
 
-__all__ = ["CREDENTIALS", "SUBNET_ID", "classify", "percentile", "seed_for", "table"]
+__all__ = [
+    "CREDENTIALS",
+    "SUBNET_ID",
+    "classify",
+    "cpu_seconds",
+    "memory_kib",
+    "percentile",
+    "seed_for",
+    "table",
+]
 
 CREDENTIALS = {"username": "bench", "password": "bench-password-not-secret"}
 SUBNET_ID = 7
@@ -42,6 +53,29 @@ def seed_for(hosts: int) -> dict[str, Any]:
             }
         ],
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return the CPU seconds (user + system) a process has used so far, from ``/proc``.
+
+    Fields 14 and 15 (``utime``, ``stime``, in clock ticks) of ``/proc/<pid>/stat``
+    (https://man7.org/linux/man-pages/man5/proc.5.html); the threads of the process are
+    counted, its children are not. Resolution: one clock tick (usually 10 ms).
+    """
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)", which may contain spaces
+    ticks = int(fields[11]) + int(fields[12])  # fields 14 and 15 of the whole line
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """Return ``VmRSS`` and ``VmHWM`` (peak RSS) of a process in KiB (Linux ``/proc``)."""
+    found: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(value.split()[0])
+    return found
 
 
 def percentile(values: Sequence[float], share: float) -> float:

@@ -94,7 +94,9 @@ def _configure_logging(settings: Settings) -> None:
     claim or pool. ``json``: one JSON object per line (python-json-logger via kopf's
     ``ObjectJsonFormatter``) with ``message``, ``severity``, ``timestamp``, and, on the lines
     of a claim or pool, ``object`` (its apiVersion, kind, namespace, name, uid).
-    Libraries that could print request details stay at WARNING.
+    Libraries that could print request details stay at WARNING, and so do kopf's
+    per-object lines (one "succeeded" line per handler and watch event) unless the level is
+    DEBUG.
     """
     json_logs = settings.log_format == "json"
     kopf.configure(
@@ -115,6 +117,12 @@ def _configure_logging(settings: Settings) -> None:
     # The official leader election logs every try at INFO; `bridge.runtime.leader` logs the changes.
     for name in ("urllib3", "client", "aiohttp.access", "kopf.activities.probe", "leaderelection"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # kopf logs "Handler '...' succeeded." at INFO for every watch event of every claim,
+    # IPAddress, pool and Cluster (kopf/_core/actions/execution.py): per-event CPU on the
+    # hot path and no news. Its per-object lines stay visible from WARNING up, all at DEBUG.
+    logging.getLogger("kopf.objects").setLevel(
+        logging.NOTSET if settings.log_level == "DEBUG" else logging.WARNING
+    )
 
 
 #: The message logged (once per process) when a deprecated peering option is given.

@@ -284,6 +284,8 @@ class ObjectStore:
         self._expired_rv: dict[_Key, int] = {}
         self._watchers: dict[_Key, set[_Watcher]] = {}
         self._uids: dict[str, tuple[_Key, _ObjKey]] = {}
+        # owner uid -> the objects naming it in ownerReferences (garbage collection).
+        self._dependents: dict[str, set[tuple[_Key, _ObjKey]]] = {}
         self._rv = 0
         self._history_limit = history_limit
         self._gc = garbage_collection
@@ -574,6 +576,7 @@ class ObjectStore:
         meta["resourceVersion"] = self._next_rv()
         self._objects[defn.key][(namespace, name)] = obj
         self._uids[meta["uid"]] = (defn.key, (namespace, name))
+        self._index_owners(defn.key, (namespace, name), None, obj)
         rv = int(meta["resourceVersion"])
         self._emit(defn, WatchEvent(rv, "ADDED", copy.deepcopy(obj), None))
         return self._render(defn, obj, version)
@@ -922,6 +925,7 @@ class ObjectStore:
         if meta.get("deletionTimestamp") and not _held(defn, new):
             return self._remove(defn, key, new, old, version)
         self._objects[defn.key][key] = new
+        self._index_owners(defn.key, key, old, new)
         self._emit(
             defn,
             WatchEvent(
@@ -933,7 +937,8 @@ class ObjectStore:
     def _remove(
         self, defn: ResourceDef, key: _ObjKey, last: Obj, old: Obj | None, version: str | None
     ) -> Obj:
-        self._objects[defn.key].pop(key, None)
+        gone = self._objects[defn.key].pop(key, None)
+        self._index_owners(defn.key, key, gone, None)
         uid = last["metadata"]["uid"]
         self._uids.pop(uid, None)
         self._emit(
@@ -1148,17 +1153,35 @@ class ObjectStore:
         if new != old:
             self._store(defn, old, new, None)
 
+    def _index_owners(self, key: _Key, obj_key: _ObjKey, old: Obj | None, new: Obj | None) -> None:
+        """Keep `_dependents` in step with one object's ``ownerReferences`` (old -> new)."""
+
+        def owners(obj: Obj | None) -> set[str]:
+            refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
+            return {str(ref.get("uid")) for ref in refs if ref.get("uid")}
+
+        before, after = owners(old), owners(new)
+        entry = (key, obj_key)
+        for uid in before - after:
+            dependents = self._dependents.get(uid)
+            if dependents is not None:
+                dependents.discard(entry)
+                if not dependents:
+                    del self._dependents[uid]
+        for uid in after - before:
+            self._dependents.setdefault(uid, set()).add(entry)
+
     def _collect_dependents(self, owner_uid: str) -> None:
         """Delete objects whose every owner is gone (background propagation, simplified)."""
-        for key, objects in self._objects.items():
-            for obj in list(objects.values()):
-                refs = obj["metadata"].get("ownerReferences") or []
-                uids = {ref.get("uid") for ref in refs}
-                if owner_uid in uids and not any(u in self._uids for u in uids):
-                    defn = self._defs[key]
-                    meta = obj["metadata"]
-                    if (meta.get("namespace"), meta["name"]) in objects:
-                        self.delete(defn, meta.get("namespace"), meta["name"])
+        for key, obj_key in list(self._dependents.get(owner_uid, ())):
+            obj = self._objects[key].get(obj_key)
+            if obj is None:
+                continue
+            refs = obj["metadata"].get("ownerReferences") or []
+            uids = {ref.get("uid") for ref in refs}
+            if owner_uid in uids and not any(u in self._uids for u in uids):
+                meta = obj["metadata"]
+                self.delete(self._defs[key], meta.get("namespace"), meta["name"])
 
     # -- watches --------------------------------------------------------------------------------
 

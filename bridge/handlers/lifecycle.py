@@ -6,7 +6,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import kopf
@@ -57,6 +57,25 @@ KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
 
+class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff-base storage for an operator whose handlers are all event handlers.
+
+    For every watch event, kopf builds the object's "essence" (a deep copy of the whole
+    body, then trimmed) to tell what changed for change handlers (``kopf.on.create``,
+    ``on.update``, ``on.field``...; the diff-base storage of
+    https://kopf.readthedocs.io/en/stable/configuration/). ipam-bridge registers event
+    handlers only (``kopf.on.event``), which never read it: `build` returns an empty
+    essence, and the per-event deep copy is saved. Reading and storing stay those of
+    ``kopf.AnnotationsDiffBaseStorage``.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        """Return an empty essence (no handler compares essences)."""
+        return kopf.BodyEssence()
+
+
 #: Seconds a watch request asks the API server to serve it (``timeoutSeconds``).
 WATCH_SERVER_TIMEOUT = 300
 #: Seconds to connect for a watch request.
@@ -77,7 +96,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=KOPF_ANNOTATION_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = EventsOnlyDiffBase(
         prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     # The event handlers only queue keys; the work queue has its own worker threads.

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import kopf
 import kubernetes
@@ -72,22 +74,49 @@ def _strip_api_keys(configuration: kubernetes.client.Configuration) -> None:
             configuration.api_key[key] = value.strip()
 
 
+#: Seconds between two runs of the client configuration's token refresh hook.
+REFRESH_EVERY_SECONDS: Final = 1.0
+
+
 def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
-    """Strip the whitespace around the token the client sends, now and on every refresh.
+    """Strip the whitespace around the token the client sends; refresh it at most once a second.
 
     The kubernetes package reads ``tokenFile`` and the service account token without
     stripping them (``kube_config.py`` ``_load_user_token``, ``incluster_config.py``
     ``_read_token_file``): a file ending in a newline makes every request fail with
     ``Invalid header value``. client-go (kubectl) trims them, and so does this. The
     configuration's ``refresh_api_key_hook`` writes the untrimmed value back before each
-    request, so it is wrapped.
+    request, so it is wrapped (again after each refresh: the loaders install their hook
+    anew each time).
+
+    That hook runs before every request and writes every connection setting back into the
+    shared configuration, the ``host`` setter scanning the whole environment for proxy
+    variables each time: a large share of a request's CPU. The loaders only load a token
+    again once it expired (the service account token is read again after a minute, an
+    exec plugin's or auth provider's after its expiry), so the wrapper runs it at most
+    once every `REFRESH_EVERY_SECONDS`: a new token is sent at most that much later.
     """
     refresh = configuration.refresh_api_key_hook
     if refresh is not None:
+        lock = threading.Lock()
+        last: list[float] = []  # when the hook last ran (monotonic seconds)
 
         def refresh_and_trim(target: kubernetes.client.Configuration) -> None:
-            refresh(target)
-            _strip_api_keys(target)
+            nonlocal refresh
+            if last and time.monotonic() - last[0] < REFRESH_EVERY_SECONDS:
+                return  # the common case, without the lock
+            with lock:
+                now = time.monotonic()
+                if last and now - last[0] < REFRESH_EVERY_SECONDS:
+                    return
+                last[:] = [now]
+                refresh(target)
+                # The loaders install their hook again at each refresh: keep ours in front.
+                again = target.refresh_api_key_hook
+                if again is not None and again is not refresh_and_trim:
+                    refresh = again
+                    target.refresh_api_key_hook = refresh_and_trim
+                _strip_api_keys(target)
 
         configuration.refresh_api_key_hook = refresh_and_trim
     _strip_api_keys(configuration)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -461,3 +462,25 @@ def test_the_fence_is_asked_before_every_request_but_reads_and_can_stop_it(
     assert len(rsps.calls) == 2  # nothing sent
     get(t)  # reads go on
     assert len(rsps.calls) == 3
+
+
+# ------------------------------------------------------------------ environment
+
+
+def test_proxies_and_ca_bundle_come_from_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch, rsps: responses.RequestsMock
+) -> None:
+    for name in ("NO_PROXY", "no_proxy", "http_proxy", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corporate.pem")
+    rsps.add("GET", f"{URL}/x", json={})
+    t = transport()
+    monkeypatch.setenv("HTTP_PROXY", "http://changed.invalid:3128")
+    get(t)
+    request = rsps.calls[0].request  # type: ignore[attr-defined]
+    assert request.req_kwargs["proxies"]["http"] == "http://proxy.invalid:3128"
+    assert request.req_kwargs["verify"] == "/etc/ssl/corporate.pem"
+
+    monkeypatch.setenv("NO_PROXY", urlsplit(URL).hostname or "")
+    assert "http" not in transport().session.proxies

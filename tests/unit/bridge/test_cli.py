@@ -378,7 +378,7 @@ def object_logger() -> logging.LoggerAdapter[logging.Logger]:
 
 
 def test_json_lines_carry_the_object_and_the_logger(capsys: pytest.CaptureFixture[str]) -> None:
-    configure(log_format="json")
+    configure(log_format="json", log_level="DEBUG")  # kopf's INFO object lines need DEBUG
     object_logger().info("Handler 'allocate' succeeded.")
     logging.getLogger("bridge.handlers.lifecycle").info("serving CAPI IPAM v1beta2")
     lines = capsys.readouterr().err.strip().splitlines()
@@ -432,3 +432,18 @@ def test_configuring_twice_keeps_one_handler(capsys: pytest.CaptureFixture[str])
     configure(log_format="json")
     logging.getLogger("bridge.reconcilers.claims").warning("once")
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_kopfs_per_event_lines_only_at_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    configure(log_format="text")
+    object_logger().info("Handler 'claim_event' succeeded.")
+    object_logger().warning("Handler 'claim_event' failed temporarily")
+    logging.getLogger("bridge.reconcilers.claims").info("claim capi/m1: 10.0.0.2 registered")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.rsplit("] ", 1)[-1] for line in lines] == [
+        "Handler 'claim_event' failed temporarily",
+        "claim capi/m1: 10.0.0.2 registered",
+    ]
+    configure(log_format="text", log_level="DEBUG")
+    object_logger().info("Handler 'claim_event' succeeded.")
+    assert "succeeded" in capsys.readouterr().err

@@ -554,3 +554,31 @@ def test_access_denied_only_for_401_and_403(
         assert denied is not None and str(denied) == message
     if status == 500:
         assert api_status_message(exc) == "etcdserver: request timed out"
+
+
+def test_the_token_refresh_hook_runs_at_most_once_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(kube.time, "monotonic", lambda: now[0])
+    runs: list[str] = []
+
+    def refresh(target: kubernetes.client.Configuration) -> None:
+        token = f"t{len(runs)}\n"
+        runs.append(token)
+        target.api_key["BearerToken"] = token
+        target.refresh_api_key_hook = refresh  # as the kubeconfig loaders do
+
+    configuration = kubernetes.client.Configuration()
+    configuration.api_key["BearerToken"] = "t\n"
+    configuration.refresh_api_key_hook = refresh
+    kube._trim_tokens(configuration)
+
+    assert configuration.get_api_key_with_prefix("BearerToken") == "t0"
+    now[0] += 0.5
+    assert configuration.get_api_key_with_prefix("BearerToken") == "t0"
+    assert len(runs) == 1
+    now[0] += kube.REFRESH_EVERY_SECONDS
+    assert configuration.get_api_key_with_prefix("BearerToken") == "t1"
+    assert configuration.get_api_key_with_prefix("BearerToken") == "t1"
+    assert len(runs) == 2

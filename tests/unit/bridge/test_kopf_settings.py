@@ -1,0 +1,29 @@
+"""kopf's settings of the operator: no per-event work that no handler needs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kopf
+
+from bridge.handlers import lifecycle
+from bridge.settings import Settings
+
+HANDLERS = Path(lifecycle.__file__).parent
+
+
+def test_no_essence_is_built_for_event_handlers() -> None:
+    settings = kopf.OperatorSettings()
+    lifecycle.configure(settings, Settings())
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, lifecycle.EventsOnlyDiffBase)
+    body = kopf.Body({"metadata": {"name": "c", "labels": {"a": "b"}}, "spec": {"x": 1}})
+    assert storage.build(body=body) == {}
+
+
+def test_every_resource_handler_is_an_event_handler() -> None:
+    # The empty essence is right only while no change handler reads it.
+    changing = re.compile(r"kopf\.on\.(create|update|delete|resume|field)\(")
+    for path in HANDLERS.glob("*.py"):
+        assert not changing.search(path.read_text(encoding="utf-8")), path.name

@@ -1,12 +1,15 @@
 """Process-wide state every test must leave as it found it.
 
-The operator reads its settings from the environment, and kopf keeps a default handler
-registry for the whole process (its CLI, and so ``KopfRunner``, replaces it for good). A
-test that changed either would silently reconfigure every operator started after it.
+The operator reads its settings from the environment, kopf keeps a default handler
+registry for the whole process (its CLI, and so ``KopfRunner``, replaces it for good), and
+``ipam-bridge run`` configures the root logger (``kopf.configure``) with a handler on the
+``sys.stderr`` of its moment, which pytest closes after that test. A test that changed any of
+them would silently reconfigure every operator started after it in the same process.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -18,7 +21,19 @@ import pytest
 def _isolate_process_state() -> Iterator[None]:
     environment = dict(os.environ)
     registry = kopf.get_default_registry()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {
+        name: logger.level
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
     yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger):
+            logger.setLevel(levels.get(name, logging.NOTSET))
     if dict(os.environ) != environment:
         os.environ.clear()
         os.environ.update(environment)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from bridge.runtime.fence import LeadershipLostError
 
-__all__ = ["Decision", "Result", "WorkQueue"]
+__all__ = ["Result", "WorkQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,6 @@ class Result:
     def wait(cls, *tokens: Token, at_most: float | None = None) -> Result:
         """Wait until woken by one of ``tokens`` (or after ``at_most`` seconds, if given)."""
         return cls(after=at_most, wake_on=tokens)
-
-
-#: `Result` under the name flow control's docstrings use.
-Decision = Result
 
 
 class WorkQueue:

@@ -45,7 +45,35 @@ def _where(frame: FrameType | None) -> tuple[str, str]:
     return "", library
 
 
-class Sampler:
+class _Periodic:
+    """A daemon thread that runs ``_run`` from ``with`` to the end of the block."""
+
+    def __init__(self, name: str, interval: float) -> None:
+        self._name = name
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Sampler(_Periodic):
     """Sample the stacks of the threads ``select`` accepts (by name) every ``interval`` s.
 
     Use as a context manager around the measured phase; `top` returns the figures.
@@ -60,26 +88,9 @@ class Sampler:
 
     def __init__(self, select: Callable[[str], bool], interval: float = 0.005) -> None:
         self._select = select
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__("bench-sampler", interval)
         self.samples: Counter[str] = Counter()
         self.thread_samples = 0
-
-    def __enter__(self) -> Self:
-        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
     def _run(self) -> None:
         me = threading.get_ident()
@@ -107,7 +118,7 @@ class Sampler:
         return idle / total
 
 
-class CpuSampler:
+class CpuSampler(_Periodic):
     """Sample every thread's stack, weighted by the CPU time it used since the last sample.
 
     A statistical CPU profile without a profiler's per-call cost (which inflates code made of
@@ -118,27 +129,10 @@ class CpuSampler:
     """
 
     def __init__(self, interval: float = 0.002) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__("bench-cpu-sampler", interval)
         self.own: dict[str, float] = {}
         self.cumulative: dict[str, float] = {}
         self.total = 0.0
-
-    def __enter__(self) -> Self:
-        self._thread = threading.Thread(target=self._run, name="bench-cpu-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
     @staticmethod
     def _label(frame: FrameType) -> str:

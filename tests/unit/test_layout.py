@@ -90,6 +90,23 @@ def test_the_decisions_import_neither_the_composition_root_nor_kopf(path: Path) 
     assert found == [], f"{relative} imports {', '.join(found)}"
 
 
+#: The IPAM client classes: the operator holds `backends.base.IPAMBackend` values, made by
+#: one factory, and never asks which implementation it got.
+BACKEND_CLASSES = ("backends.infoblox.InfobloxBackend", "backends.phpipam.PHPIPAMBackend")
+#: The factory of the IPAM clients (pool spec -> client).
+BACKEND_FACTORY = "bridge/reconcilers/pool_backends.py"
+
+
+def test_only_the_factory_names_the_ipam_client_classes() -> None:
+    found = {
+        str(path.relative_to(ROOT)): name
+        for path in _modules("bridge")
+        for name in _imports(path)
+        if name in BACKEND_CLASSES
+    }
+    assert set(found) <= {BACKEND_FACTORY}, found
+
+
 @pytest.mark.parametrize(
     "path", _modules("bridge", "backends"), ids=lambda p: str(p.relative_to(ROOT))
 )

@@ -39,8 +39,9 @@ OPERATOR_REQUIREMENTS = {
     "pyyaml",
     "prometheus-client",
 }
-#: Distributions only the sandbox needs (kmock: what mock_kubernetes must not come back to).
-DEMO_ONLY = ("aiohttp", "jsonpatch", "jsonpointer", "kmock", "attrs")
+#: Distributions only the demo needs: the sandbox and its own (kmock: what mock_kubernetes must
+#: not come back to).
+DEMO_ONLY = ("ipam-bridge-sandbox", "aiohttp", "jsonpatch", "jsonpointer", "kmock", "attrs")
 #: The one place of `bridge` that imports the sandbox: the demo command, when it runs.
 DEMO_ENTRY = ("bridge/demo.py", "run_demo")
 

@@ -79,7 +79,9 @@ class _Model(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_omitted(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
+        # Copied only when a value is null: most bodies have none, and the audit validates
+        # tens of thousands of them per pass (``dict`` first: the ABC check costs more).
+        if (type(data) is dict or isinstance(data, Mapping)) and None in data.values():
             return {key: value for key, value in data.items() if value is not None}
         return data
 

@@ -24,6 +24,7 @@ from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
+from bridge.models import IPPool
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import pool_token
 from bridge.operator import Operator
@@ -118,13 +119,13 @@ def infoblox_pool(name: str, secret: str, namespace: str = NS, **meta: Any) -> d
     ids=["steady", "steady-failing", "listing", "deleting", "no-status", "no-ready", "spec"],
 )
 def test_needs_check(body: dict[str, Any], listing: bool, expected: bool) -> None:
-    assert needs_check(body, listing=listing) is expected
+    assert needs_check(IPPool.from_body(body), listing=listing) is expected
 
 
 def test_our_own_status_write_needs_no_check(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
-    assert needs_check(world.stored(), listing=False) is False
+    assert needs_check(IPPool.from_body(world.stored()), listing=False) is False
 
 
 # -- backend_for ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from backends.base import SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
+from bridge.models import Condition, PoolStatus, wire
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import (
     build_backend,
@@ -19,6 +20,15 @@ from bridge.reconcilers.pool_backends import (
     subnet_refs,
     with_location,
 )
+
+
+def shown(status: PoolStatus) -> dict:
+    """A status as the API shows it, ``gateway`` None when it holds none."""
+    return {"gateway": None, **wire(status)}
+
+
+def wire_all(conditions) -> list:
+    return [wire(c) for c in conditions]
 
 
 def php_pool(**spec):
@@ -155,26 +165,27 @@ def test_pool_status_uses_overrides_and_saturates_ipv6_counts():
     info = SubnetInfo(
         cidr="10.0.0.0/24", prefix=24, gateway="10.0.0.1", total=254, used=4, free=250
     )
-    status = pool_status(parse_pool(php_pool()), [info])
+    status = shown(pool_status(parse_pool(php_pool()), [info]))
     assert status["subnet"] == "10.0.0.0/24" and status["prefix"] == 24
     assert status["gateway"] == "10.0.0.1"
     assert status["ipAddresses"] == {"total": 254, "used": 4, "free": 250}
     assert status["observedGeneration"] == 2
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "PoolReady")
-    override = pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), [info])
+    override = shown(pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), [info]))
     assert (override["gateway"], override["prefix"]) == ("10.0.0.254", 23)
     v6 = SubnetInfo(
         cidr="2001:db8::/64", prefix=64, gateway=None, total=2**64, used=3, free=2**64 - 3
     )
-    status = pool_status(parse_pool(php_pool()), [v6])
+    status = shown(pool_status(parse_pool(php_pool()), [v6]))
     assert status["ipAddresses"]["total"] == 2**63 - 1
     assert status["gateway"] is None
 
 
 def test_pool_failed_status():
     error = PoolError("AuthenticationFailed", "wrong password", needs_person=True)
-    status = pool_failed_status(4, error)
+    pool = parse_pool({**php_pool(), "metadata": {"name": "p", "namespace": "ns", "generation": 4}})
+    status = shown(pool_failed_status(pool, error))
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"], ready["message"]) == (
         "False",
@@ -222,7 +233,7 @@ def test_pool_null_and_empty_fields_read_as_unset():
     )
     assert (pool.gateway, pool.hostname_suffix, pool.prefix) == (None, None, None)
     assert (pool.tls.ca_secret_name, pool.tls.ca_secret_key) == (None, "ca.crt")
-    assert pool.spec["gateway"] == ""  # the raw spec is kept as read
+    assert pool.spec.gateway is None
     assert parse_pool(ib_pool(recordType="", tls=None)).secret_refs == (("ns", "creds"),)
 
 
@@ -236,13 +247,13 @@ SUBNETS = [
 
 def test_subnets_fold_the_pool_overrides_under_each_entrys_own():
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254", prefix=23))
-    assert pool.subnets == (
+    assert subnet_refs(pool) == (
         SubnetRef(subnet_id=7, gateway="10.0.0.254", prefix=23),
         SubnetRef(cidr="10.1.0.0/29", gateway="10.1.0.6", prefix=28),
     )
     single = parse_pool(php_pool(gateway="10.0.0.254"))
-    assert single.subnets == (SubnetRef(subnet_id=7, gateway="10.0.0.254"),)
-    assert subnet_refs({"subnet": "10.30.0.0/24"}) == (SubnetRef(cidr="10.30.0.0/24"),)
+    assert subnet_refs(single) == (SubnetRef(subnet_id=7, gateway="10.0.0.254"),)
+    assert subnet_refs(parse_pool(ib_pool())) == (SubnetRef(cidr="10.30.0.0/24"),)
 
 
 def test_grace_period_is_parsed_and_checked():
@@ -305,7 +316,7 @@ def test_build_backend_gives_the_client_every_subnet():
     retry = RetryPolicy(sleep=lambda _: None)
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254"))
     backend = build_backend(pool, {"token": "t"}, None, timeout_seconds=3, retry=retry)
-    assert tuple(backend.config.subnets) == pool.subnets
+    assert tuple(backend.config.subnets) == subnet_refs(pool)
     ib = parse_pool(ib_pool(subnet=None, subnets=[{"subnet": "10.30.0.0/24"}]))
     backend = build_backend(
         ib, {"username": "u", "password": "p"}, None, timeout_seconds=3, retry=retry
@@ -317,7 +328,7 @@ def test_a_recorded_location_brings_its_subnets():
     old = parse_pool(php_pool(subnetId=None, subnets=SUBNETS[:1]))
     grown = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
     assert json.loads(location_of(old))["subnets"] == SUBNETS[:1]
-    assert with_location(grown, location_of(old)).subnets == old.subnets
+    assert subnet_refs(with_location(grown, location_of(old))) == subnet_refs(old)
     assert with_location(grown, location_of(grown)) is grown
 
 
@@ -334,8 +345,10 @@ def info(cidr, total, used, gateway=None, prefix=None):
 
 def test_pool_status_per_subnet_and_summed():
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
-    status = pool_status(
-        pool, [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1, "10.1.0.1")]
+    status = shown(
+        pool_status(
+            pool, [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1, "10.1.0.1")]
+        )
     )
     assert status["subnets"] == [
         {
@@ -362,7 +375,7 @@ def test_pool_status_per_subnet_and_summed():
     assert ready["message"] == (
         "2 subnets found (10.0.0.0/29, 10.1.0.0/29); usage in status.subnets"
     )
-    no_gateway = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)])
+    no_gateway = shown(pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)]))
     assert "gateway" not in no_gateway["subnets"][0] and no_gateway["gateway"] is None
 
 
@@ -370,13 +383,17 @@ def test_pool_status_keeps_conditions_of_other_types_in_place():
     in_sync = {"type": "InSync", "status": "True", "reason": "NoDrift", "message": ""}
     old_ready = {"type": "Ready", "status": "False", "reason": "X", "message": "m"}
     previous = [old_ready, in_sync]
-    status = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)], previous)
+    pool = parse_pool({**php_pool(), "status": {"conditions": previous}})
+    status = shown(pool_status(pool, [info("10.0.0.0/29", 6, 0)]))
     assert [c["type"] for c in status["conditions"]] == ["Ready", "InSync"]
     assert status["conditions"][1] == in_sync
-    failed = pool_failed_status(
-        4, PoolError("SubnetNotFound", "gone", needs_person=True), [in_sync]
+    failed = shown(
+        pool_failed_status(
+            parse_pool({**php_pool(), "status": {"conditions": [in_sync]}}),
+            PoolError("SubnetNotFound", "gone", needs_person=True),
+        )
     )
     assert [c["type"] for c in failed["conditions"]] == ["InSync", "Ready"]
-    assert pool_conditions([in_sync], {"type": "InSync", "status": "False"}) == [
-        {"type": "InSync", "status": "False"}
-    ]
+    assert wire_all(
+        pool_conditions([Condition(**in_sync)], Condition(type="InSync", status="False"))
+    ) == [{"type": "InSync", "status": "False"}]

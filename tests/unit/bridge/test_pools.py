@@ -1,7 +1,9 @@
 import json
+from pathlib import Path
 
 import pytest
 import trustme
+import yaml
 
 from backends.base import SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend
@@ -10,6 +12,7 @@ from backends.retry import RetryPolicy
 from bridge.models import Condition, PoolStatus, wire
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import (
+    LOCATION_FIELDS,
     build_backend,
     fingerprint,
     location_of,
@@ -17,6 +20,7 @@ from bridge.reconcilers.pool_backends import (
     pool_conditions,
     pool_failed_status,
     pool_status,
+    status_patch,
     subnet_refs,
     with_location,
 )
@@ -397,3 +401,132 @@ def test_pool_status_keeps_conditions_of_other_types_in_place():
     assert wire_all(
         pool_conditions([Condition(**in_sync)], Condition(type="InSync", status="False"))
     ) == [{"type": "InSync", "status": "False"}]
+
+
+# -- what the typed pool writes stays as it was -----------------------------------------------
+
+
+def _location_as_written_before(kind, spec):
+    """The IPAM-location annotation as earlier releases wrote it: raw spec fields, compact."""
+    fields = LOCATION_FIELDS[kind]
+    return json.dumps(
+        {k: spec[k] for k in fields if k in spec}, sort_keys=True, separators=(",", ":")
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        php_pool(),
+        php_pool(sectionId=3, hostnameSuffix="lab", gateway="10.0.0.1", prefix=24),
+        php_pool(subnetId=None, subnet="10.9.0.0/24", endpoint="https://ipam.example.com/api/"),
+        php_pool(subnetId=None, subnets=[*SUBNETS, {"subnet": "10.2.0.0/24", "gateway": ""}]),
+        {**php_pool(), "spec": {**php_pool()["spec"], "sectionId": None}},
+        ib_pool(),
+        ib_pool(recordType="", dnsZone="", dnsView="", networkView="corp"),
+        ib_pool(recordType="fixedaddress", dnsZone="lab.example.com.", wapiVersion="2.13"),
+        ib_pool(subnet=None, subnets=[{"subnet": "10.30.0.0/24", "prefix": 25}]),
+        {**ib_pool(), "kind": "GlobalInfobloxIPPool", "metadata": {"name": "g"}},
+    ],
+)
+def test_the_location_annotation_is_written_as_before(body):
+    spec = {**body["spec"]}
+    if body["kind"].startswith("Global"):
+        spec["credentialsRef"] = {"name": "creds", "namespace": "ipam"}
+    body = {**body, "spec": spec}
+    pool = parse_pool(body)
+    assert location_of(pool) == _location_as_written_before(body["kind"], spec)
+    # A recorded location is written back as it was recorded.
+    recorded = json.dumps({**json.loads(location_of(pool)), "endpoint": "https://old.example"})
+    moved = with_location(pool, recorded)
+    assert location_of(moved) == _location_as_written_before(body["kind"], json.loads(recorded))
+
+
+def test_the_location_annotation_text_is_pinned():
+    pool = parse_pool(php_pool(sectionId=3, hostnameSuffix="lab"))
+    assert location_of(pool) == (
+        '{"appId":"capi","endpoint":"https://ipam.example.com/api","sectionId":3,"subnetId":7}'
+    )
+    ib = parse_pool(
+        ib_pool(recordType="", dnsZone="lab.", subnet=None, subnets=[{"subnet": "10.30.0.0/24"}])
+    )
+    assert location_of(ib) == (
+        # As read: the empty recordType and the null subnet too.
+        '{"dnsZone":"lab.","endpoint":"https://gm.example.com","recordType":"",'
+        '"subnet":null,"subnets":[{"subnet":"10.30.0.0/24"}]}'
+    )
+
+
+def _schema_paths(schema, prefix=""):
+    """Every property path a CRD's structural schema knows (``subnets[].cidr``...)."""
+    paths = set()
+    for name, sub in (schema.get("properties") or {}).items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        paths |= _schema_paths(sub, f"{path}.")
+        if "items" in sub:
+            paths |= _schema_paths(sub["items"], f"{path}[].")
+    return paths
+
+
+def _paths(value, prefix=""):
+    paths = set()
+    for name, sub in value.items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        if isinstance(sub, dict):
+            paths |= _paths(sub, f"{path}.")
+        elif isinstance(sub, list):
+            for item in sub:
+                if isinstance(item, dict):
+                    paths |= _paths(item, f"{path}[].")
+    return paths
+
+
+@pytest.mark.parametrize(
+    "crd",
+    sorted((Path(__file__).resolve().parents[3] / "crds").glob("ipam.cluster.x-k8s.io_*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_the_status_written_holds_only_fields_of_the_crd_schema(crd):
+    document = yaml.safe_load(crd.read_text())
+    (version,) = document["spec"]["versions"]
+    known = _schema_paths(version["schema"]["openAPIV3Schema"]["properties"]["status"])
+    pool = parse_pool(
+        php_pool(subnetId=None, subnets=SUBNETS, status={"conditions": [{"type": "InSync"}]})
+    )
+    infos = [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1)]
+    status = pool_status(pool, infos)
+    failed = pool_failed_status(pool, PoolError("SubnetNotFound", "gone", needs_person=True))
+    for written in (
+        wire(status),
+        status_patch(pool.status, status),
+        status_patch(pool.status, failed),
+    ):
+        assert _paths(written) <= known, _paths(written) - known
+
+
+def test_the_status_patch_is_a_minimal_diff():
+    body = php_pool(gateway="10.0.0.254")
+    first = pool_status(parse_pool(body), [info("10.0.0.0/29", 6, 1)])
+    written = {**body, "status": wire(first)}
+    pool = parse_pool(written)
+    assert status_patch(pool.status, pool_status(pool, [info("10.0.0.0/29", 6, 1)])) == {}
+    assert status_patch(pool.status, pool_status(pool, [info("10.0.0.0/29", 6, 2)])) == {
+        "subnets": [
+            {
+                "cidr": "10.0.0.0/29",
+                "prefix": 29,
+                "gateway": "10.0.0.254",
+                "ipAddresses": {"total": 6, "used": 2, "free": 4},
+            }
+        ],
+        "ipAddresses": {"total": 6, "used": 2, "free": 4},
+    }
+    # A gateway the pool no longer has is removed (null in the merge patch).
+    without = parse_pool({**written, "spec": {**body["spec"], "gateway": None}})
+    patch = status_patch(without.status, pool_status(without, [info("10.0.0.0/29", 6, 1)]))
+    assert patch["gateway"] is None and "gateway" not in patch["subnets"][0]
+    assert "conditions" not in patch  # the Ready condition did not change
+    failed = pool_failed_status(pool, PoolError("SubnetNotFound", "gone", needs_person=True))
+    assert set(status_patch(pool.status, failed)) == {"conditions"}

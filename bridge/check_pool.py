@@ -22,8 +22,9 @@ import yaml
 from backends.base import IPAMBackend
 from backends.errors import BackendError
 from bridge.capi import POOL_KINDS
+from bridge.models import PoolStatus, wire
 from bridge.reconcilers.errors import PoolError, pool_error_from
-from bridge.reconcilers.pool_backends import build_backend, parse_pool, pool_status
+from bridge.reconcilers.pool_backends import Pool, build_backend, parse_pool, pool_status
 from bridge.settings import Settings
 
 __all__ = [
@@ -63,7 +64,7 @@ class CheckResult:
     ready: bool
     reason: str
     message: str
-    status: Mapping[str, Any] | None = None
+    status: PoolStatus | None = None
     first_free: str | None = None
 
 
@@ -136,13 +137,13 @@ def _pick_secret(docs: Iterable[Mapping[str, Any]], name: str | None, where: str
     return secret_values(chosen[0])
 
 
-def _describe(backend: IPAMBackend, body: Mapping[str, Any]) -> CheckResult:
-    pool = parse_pool(body)
+def _describe(backend: IPAMBackend, pool: Pool) -> CheckResult:
     infos = backend.describe_subnets()
     status = pool_status(pool, infos)
-    ready = status["conditions"][-1]
-    free = backend.first_free() if status["ipAddresses"]["free"] else None
-    return CheckResult(True, str(ready["reason"]), str(ready["message"]), status, free)
+    ready = status.conditions[-1]
+    usage = status.ip_addresses
+    free = backend.first_free() if usage is not None and usage.free else None
+    return CheckResult(True, ready.reason, ready.message, status, free)
 
 
 def check_pool(
@@ -186,12 +187,19 @@ def check_pool(
     except PoolError as exc:
         return CheckResult(False, str(exc.reason), exc.message)
     try:
-        return _describe(backend, body)
+        return _describe(backend, pool)
     except BackendError as exc:
         error = pool_error_from(exc, pool.display)
         return CheckResult(False, str(error.reason), error.message)
     finally:
         backend.close()
+
+
+def _shown(status: PoolStatus) -> dict[str, Any]:
+    """Return a Ready status as shown: as written, ``gateway`` null when the IPAM has none."""
+    written = wire(status)
+    names = [info.alias or name for name, info in PoolStatus.model_fields.items()]
+    return {k: written.get(k) for k in names if k in written or k == "gateway"}
 
 
 def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None:
@@ -201,7 +209,7 @@ def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None
             "ready": result.ready,
             "reason": result.reason,
             "message": result.message,
-            "status": result.status,
+            "status": None if result.status is None else _shown(result.status),
             "firstFree": result.first_free,
         }
         out.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -210,7 +218,9 @@ def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None
     if result.status is None:
         return
     shown = {
-        k: v for k, v in result.status.items() if k not in ("conditions", "observedGeneration")
+        k: v
+        for k, v in _shown(result.status).items()
+        if k not in ("conditions", "observedGeneration")
     }
     out.write(yaml.safe_dump({"status": shown}, sort_keys=False))
     taken = result.first_free or "none (no subnet has a free address)"

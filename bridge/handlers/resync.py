@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.models import IPPool
 from bridge.objects.keys import claim_key, cluster_key, pool_key
 from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
-from bridge.reconcilers.pool_backends import parse_pool
 from bridge.reconcilers.pools import purge_quarantined
 
 __all__ = ["purge_forever", "resync_forever"]
@@ -27,22 +26,19 @@ __all__ = ["purge_forever", "resync_forever"]
 log = logging.getLogger(__name__)
 
 
-def _pools(op: Operator) -> list[tuple[str, str, dict[str, Any]]]:
-    """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
-    found = []
-    for kind in capi.POOL_KINDS:
-        for body in op.kube.list_pools(kind, op.settings.namespaces):
-            namespace = capi.pool_namespace(
-                kind, str((body.get("metadata") or {}).get("namespace") or "")
-            )
-            found.append((namespace, kind, body))
-    return found
+def _pools(op: Operator) -> list[IPPool]:
+    """Return every pool served, typed (Global ones with the namespace ``""``)."""
+    return [
+        IPPool.from_body(body, kind)
+        for kind in capi.POOL_KINDS
+        for body in op.kube.list_pools(kind, op.settings.namespaces)
+    ]
 
 
 def _queue_pools(op: Operator) -> int:
     count = 0
-    for namespace, kind, body in _pools(op):
-        op.queue.add(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
+    for pool in _pools(op):
+        op.queue.add(pool_key(*pool.key))
         count += 1
     return count
 
@@ -117,18 +113,13 @@ def _purge(op: Operator, *, every_pool: bool) -> int:
     pass.
     """
     deleted = 0
-    for namespace, kind, body in _pools(op):
-        name = str((body.get("metadata") or {}).get("name"))
-        if not every_pool:
-            try:
-                if parse_pool(body).grace_period_seconds <= 0:
-                    continue
-            except PoolError:
-                continue
+    for pool in _pools(op):
+        if not every_pool and (pool.spec is None or pool.grace_period_seconds <= 0):
+            continue
         try:
-            deleted += len(purge_quarantined(op.pools, namespace, kind, name))
+            deleted += len(purge_quarantined(op.pools, *pool.key))
         except (PoolError, BackendError) as exc:
-            log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
+            log.warning("pool %s %s: quarantine purge failed: %s", pool.kind, pool.name, exc)
     return deleted
 
 

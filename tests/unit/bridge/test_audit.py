@@ -23,6 +23,7 @@ from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
+from bridge.models import Condition, IPPool, wire
 from bridge.reconcilers import audit
 from bridge.reconcilers.audit import (
     IN_SYNC,
@@ -304,18 +305,17 @@ class AuditKube(FakeKube):
             if namespace is None or ns == namespace
         ]
 
-    def patch_pool_conditions(
-        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
-    ) -> None:
-        meta = pool["metadata"]
-        stored = self.pools[(meta.get("namespace", ""), pool["kind"], meta["name"])]
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+        meta = pool.as_object()["metadata"]
+        written = [wire(c) for c in conditions]
+        stored = self.pools[(meta.get("namespace", ""), pool.kind, meta["name"])]
         if self.conflicts or meta["resourceVersion"] != stored["metadata"]["resourceVersion"]:
             self.conflicts = max(self.conflicts - 1, 0)
             stored["metadata"]["resourceVersion"] = self._rv()
             raise ApiException(status=409, reason="Conflict")
         target = f"{meta.get('namespace', '')}/{meta['name']}"
-        self._record("pool.conditions", target, list(conditions))
-        stored.setdefault("status", {})["conditions"] = copy.deepcopy(list(conditions))
+        self._record("pool.conditions", target, written)
+        stored.setdefault("status", {})["conditions"] = copy.deepcopy(written)
         stored["metadata"]["resourceVersion"] = self._rv()
 
 

@@ -2,7 +2,8 @@
 
 Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
 and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically: the safety net of level-triggered handling. `purge_forever` deletes the
+ours periodically: the safety net of level-triggered handling (bound claims in the work
+queue's background lane, behind new work). `purge_forever` deletes the
 IPAM entries whose reuse grace period ended
 (`bridge.reconcilers.pools.purge_quarantined`).
 """
@@ -56,7 +57,8 @@ def _queue_claims(op: Operator) -> int:
         ).is_ours:
             continue
         meta = body.get("metadata") or {}
-        op.queue.add(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        key = claim_key(str(meta.get("namespace")), str(meta.get("name")))
+        op.queue.add(key, background=op.cache.settled(body))
         count += 1
     return count
 

@@ -75,6 +75,25 @@ class Cache:
         if part is not None:
             part.forget((namespace, name))
 
+    def settled(self, claim: Mapping[str, Any]) -> bool:
+        """Tell whether ``claim`` (a claim's body) looks bound, with nothing left to do.
+
+        True when it is not being deleted, carries the ``ReleaseAddress`` finalizer, and its
+        ``status.addressRef`` names an IPAddress this cache holds: a start-up listing or a
+        resync queues such a claim in the work queue's background lane
+        (`bridge.runtime.workqueue.WorkQueue.add`), behind every claim that needs work. Its
+        reconcile still decides (level-triggered); this only orders the queue.
+        """
+        meta = claim.get("metadata") or {}
+        if meta.get("deletionTimestamp") or capi.CLAIM_FINALIZER not in (
+            meta.get("finalizers") or ()
+        ):
+            return False
+        ref = ((claim.get("status") or {}).get("addressRef") or {}).get("name")
+        if not ref:
+            return False
+        return self.addresses.get((str(meta.get("namespace") or ""), str(ref))) is not None
+
     def sizes(self) -> dict[str, int]:
         """Return how many objects each part holds, by ``cache.<part>``."""
         return {f"cache.{name}": len(self.part(name)) for name in PARTS}

@@ -264,3 +264,20 @@ def test_relist_lists_each_part_afresh_and_keeps_only_ours() -> None:
     # The failed relist recorded nothing more: a later relist drops what is gone.
     again = relist(cache, kube, "addresses", version="v1beta2", namespaces=())  # type: ignore[arg-type]
     assert again is not None and [key for key, _ in again.gone] == [("ns", "later")]
+
+
+def test_a_claim_is_settled_only_when_bound_to_a_cached_address_with_our_finalizer() -> None:
+    cache = Cache()
+    cache.addresses.apply(("ns", "c1"), {"metadata": {"namespace": "ns", "name": "c1"}})
+    meta = {
+        "namespace": "ns",
+        "name": "c1",
+        "finalizers": ["ipam.cluster.x-k8s.io/ReleaseAddress"],
+    }
+    bound: dict[str, Any] = {"metadata": meta, "status": {"addressRef": {"name": "c1"}}}
+    assert cache.settled(bound)
+    assert not cache.settled({**bound, "status": {}})  # not bound yet
+    assert not cache.settled({**bound, "status": {"addressRef": {"name": "other"}}})
+    assert not cache.settled({**bound, "metadata": {**meta, "finalizers": []}})
+    deleting = {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}
+    assert not cache.settled({**bound, "metadata": deleting})

@@ -53,8 +53,8 @@ class Cache:
     """
 
     def __init__(self) -> None:
-        self.claims = ObjectCache("ipaddressclaims")
-        self.addresses = ObjectCache("ipaddresses")
+        self.claims = ObjectCache("ipaddressclaims", compact=True)
+        self.addresses = ObjectCache("ipaddresses", compact=True)
         self.pools = ObjectCache("pools", trust_absence=False)
         self.clusters = ObjectCache("clusters", trust_absence=False)
 
@@ -92,7 +92,7 @@ class Cache:
         ref = ((claim.get("status") or {}).get("addressRef") or {}).get("name")
         if not ref:
             return False
-        return self.addresses.get((str(meta.get("namespace") or ""), str(ref))) is not None
+        return (str(meta.get("namespace") or ""), str(ref)) in self.addresses
 
     def sizes(self) -> dict[str, int]:
         """Return how many objects each part holds, by ``cache.<part>``."""

@@ -281,3 +281,26 @@ def test_a_claim_is_settled_only_when_bound_to_a_cached_address_with_our_finaliz
     assert not cache.settled({**bound, "metadata": {**meta, "finalizers": []}})
     deleting = {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}
     assert not cache.settled({**bound, "metadata": deleting})
+
+
+def test_a_compact_part_keeps_json_and_answers_as_a_dict_part_does() -> None:
+    part, plain = ObjectCache("ipaddressclaims", compact=True), ObjectCache("ipaddressclaims")
+    for p in (part, plain):
+        assert p.apply(("ns", "a"), obj("a", "1"))
+        assert not p.apply(("ns", "a"), obj("a", "1"))  # the version cached already
+        p.put(("ns", "a"), obj("a", "2"))
+        assert not p.apply(("ns", "a"), obj("a", "2"))  # the echo of our write
+        p.apply(("ns", "b"), obj("b", "1"))
+    assert part.get(("ns", "a")) == plain.get(("ns", "a")) == obj("a", "2")
+    assert ("ns", "b") in part and ("ns", "c") not in part
+    found = part.get(("ns", "a"))
+    assert found is not None
+    found["metadata"]["name"] = "changed"  # a fresh dict: the cache is untouched
+    assert part.lookup(("ns", "a")) == obj("a", "2")
+    part.forget(("ns", "a"))
+    assert not part.apply(("ns", "a"), obj("a", "3"))  # tombstone (same uid)
+    part.begin_relist()
+    result = part.replace([(("ns", "c"), obj("c", "1"))])
+    assert result.gone == [(("ns", "b"), obj("b", "1"))]
+    assert result.changed == [(("ns", "c"), obj("c", "1"))]
+    assert list(part.values()) == [obj("c", "1")]

@@ -11,7 +11,8 @@ key, read the object as it is now and decide what it needs (`bridge.reconcilers.
 - **two lanes**: a key added as ``background`` (a settled object seen again by a start-up
   listing or a resync) runs only when no other key is due, so new work never waits behind
   thousands of checks that will find nothing to do; added again normally, it moves to the
-  front lane;
+  front lane. At most ``background_workers`` background keys run at once, so that the
+  checks leave the CPU (and the GIL) to the watch events and the front lane;
 - **delays without API writes**: a retry is an in-memory timer (kopf's retries write progress
   annotations and a "touch" patch on every attempt);
 - **parking**: a key that waits for something (its Cluster unpaused, its pool Ready) is parked
@@ -100,6 +101,9 @@ class WorkQueue:
         again; each further failure in a row doubles it.
     max_error_delay:
         The cap of that doubling, in seconds.
+    background_workers:
+        How many keys of the background lane run at once at most (default: one eighth of
+        ``workers``, at least 1).
     """
 
     def __init__(
@@ -109,9 +113,12 @@ class WorkQueue:
         workers: int,
         error_delay: float = 0.005,
         max_error_delay: float = 1000.0,
+        background_workers: int | None = None,
     ) -> None:
         self._reconcile = reconcile
         self._workers = workers
+        self._background_workers = max(1, background_workers or workers // 8)
+        self._background_running: set[Key] = set()
         self._error_delay = error_delay
         self._max_error_delay = max(max_error_delay, error_delay)
         self._failures: dict[Key, int] = {}  # keys whose last passes raised: how many in a row
@@ -355,6 +362,8 @@ class WorkQueue:
             now = self._now()
             waits: list[float] = []
             for lane, background in ((self._heap, False), (self._background, True)):
+                if background and len(self._background_running) >= self._background_workers:
+                    continue  # woken again when one of them ends (`_process` notifies)
                 due = self._head(lane, background)
                 if due is None:
                     continue
@@ -363,6 +372,8 @@ class WorkQueue:
                     continue
                 _, _, key = heapq.heappop(lane)
                 del self._due[key]
+                if background:
+                    self._background_running.add(key)
                 self._unpark(key)
                 self._processing.add(key)
                 self._progress_at = now
@@ -390,6 +401,7 @@ class WorkQueue:
         with self._lock:
             self._progress_at = loop.time()
             self._processing.discard(key)
+            self._background_running.discard(key)
             started = self._started_at.pop(key, 0)
             again = self._again.pop(key, None)
             missed = any(self._last_wake.get(token, 0) > started for token in decision.wake_on)

@@ -50,7 +50,9 @@ async def claim_event(
     claim_seen(op, type)  # a listing after a watch restart relists the cache
     changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
     if changed or type in (None, "DELETED"):
-        op.queue.add(claim_key(namespace, name))
+        # A bound claim seen by a listing (start-up, watch restart) waits behind new work.
+        settled = type is None and op.cache.settled(body)
+        op.queue.add(claim_key(namespace, name), background=settled)
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:

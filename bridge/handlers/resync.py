@@ -2,8 +2,9 @@
 
 Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
 and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically: the safety net of level-triggered handling. `purge_forever` deletes the
-IPAM entries whose reuse grace period ended
+ours periodically: the safety net of level-triggered handling (claims from the informer
+cache, bound ones in the work queue's background lane, behind new work). `purge_forever`
+deletes the IPAM entries whose reuse grace period ended
 (`bridge.reconcilers.pools.purge_quarantined`).
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 from backends.errors import BackendError
 from bridge import capi
@@ -43,16 +46,32 @@ def _queue_pools(op: Operator) -> int:
     return count
 
 
+def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
+    """Return the claims to resync: the informer cache's, or a list while it is not trusted.
+
+    As client-go's resync, which replays the informer's cache rather than listing again
+    (``resyncPeriod`` of https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer):
+    the watch keeps the cache current, and a watch restart relists it
+    (`bridge.handlers.cache.Relists`). While the claims part is not synced or is suspect,
+    the API is listed instead.
+    """
+    claims = op.cache.claims
+    if claims.synced and not claims.suspected:
+        return claims.values()
+    return iter(op.kube.list_claims(op.versions.address, op.settings.namespaces))
+
+
 def _queue_claims(op: Operator) -> int:
     count = 0
-    for body in op.kube.list_claims(op.versions.address, op.settings.namespaces):
+    for body in _claim_bodies(op):
         ref = (body.get("spec") or {}).get("poolRef") or {}
         if not capi.PoolRef(
             str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
         ).is_ours:
             continue
         meta = body.get("metadata") or {}
-        op.queue.add(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        key = claim_key(str(meta.get("namespace")), str(meta.get("name")))
+        op.queue.add(key, background=op.cache.settled(body))
         count += 1
     return count
 
@@ -75,9 +94,9 @@ async def resync_forever(op: Operator) -> None:
 
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
     that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
-    the safety net of level-triggered handling: whatever an event missed, the next pass
-    decides again from the objects' state. A list that fails is logged and tried at the next
-    tick.
+    the safety net of level-triggered handling: whatever a reconcile left to a later event,
+    the next pass decides again from the objects' state (claims from the informer cache,
+    `_claim_bodies`). A list that fails is logged and tried at the next tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds

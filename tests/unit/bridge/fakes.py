@@ -629,6 +629,9 @@ class FakeQueue:
     def parked(self, token: Any) -> frozenset[Any]:
         return frozenset(self.parked_keys.get(token, ()))
 
+    def is_parked(self, key: Any) -> bool:
+        return any(key in keys for keys in self.parked_keys.values())
+
     def sizes(self) -> dict[str, int]:
         return {}
 

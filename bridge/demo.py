@@ -1,9 +1,11 @@
 """``ipam-bridge demo``: the whole flow on one machine, with no cluster and no IPAM.
 
 The demo runs the real operator against the in-memory Kubernetes API and a mock IPAM
-(``mock_kubernetes.demo``: what it shows is described there). Those come with the ``demo``
-extra (``pip install 'ipam-bridge[demo]'``), not with the operator, so this module imports
-them when the command runs and nowhere else: the only import of the sandbox in ``bridge``.
+(``mock_kubernetes.demo``: what it shows is described there). Those are the sandbox, a
+distribution of their own (``ipam-bridge-sandbox``, of the same version) that the ``demo``
+extra requires (``pip install 'ipam-bridge[demo]'``), not the operator, so this module imports
+them when the command runs and nowhere else: the only import of the sandbox in ``bridge``
+(``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ __all__ = ["DEMO_EXTRA", "SANDBOX_MODULES", "run_demo"]
 
 #: The command that installs what the demo needs.
 DEMO_EXTRA = "pip install 'ipam-bridge[demo]'"
-#: Top-level modules of the ``demo`` extra: the sandbox packages and their own dependencies.
+#: Top-level modules of the ``demo`` extra: the sandbox's packages and their own dependencies.
 SANDBOX_MODULES = frozenset(
     {"mock_kubernetes", "mock_phpipam", "mock_infoblox", "aiohttp", "jsonpatch", "jsonpointer"}
 )

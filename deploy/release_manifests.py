@@ -18,8 +18,8 @@ The kustomization is rendered by kustomize itself, as the other CAPI providers d
 ``deploy/fetch_tools.py`` installs from npm) or ``kustomize build`` (``--kustomize PATH``;
 default ``$KUSTOMIZE``, ``$KUBECTL``, else ``kustomize`` or ``kubectl`` on ``PATH``).
 :func:`render_kustomization` also renders ``deploy/`` for the in-memory Kubernetes API of the
-tests (``mock_kubernetes/rbac.py``: the operator's RBAC). Only the standard library and PyYAML
-are used.
+tests (``sandbox/mock_kubernetes/rbac.py``: the operator's RBAC). Only the standard library and
+PyYAML are used.
 """
 
 from __future__ import annotations

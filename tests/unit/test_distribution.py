@@ -1,15 +1,17 @@
 """The operator is the product, the sandbox is not.
 
-``pip install ipam-bridge`` brings the operator's dependencies only; the in-memory Kubernetes
-API and the IPAM mocks (``mock_kubernetes``, ``mock_phpipam``, ``mock_infoblox``) and what
-they need come with the ``demo`` extra, which the ``test`` extra includes; ``bridge`` imports
-none of them, but for the ``demo`` command, which says what to install when they are missing;
-the image installs ``bridge`` and ``backends`` only.
+``pip install ipam-bridge`` brings ``bridge``, ``backends`` and the operator's dependencies
+only; the in-memory Kubernetes API and the IPAM mocks (``mock_kubernetes``, ``mock_phpipam``,
+``mock_infoblox``) are a distribution of their own, ``ipam-bridge-sandbox`` (``sandbox/``, the
+same version), which brings what they need and which the ``demo`` extra requires (the ``test``
+extra includes it); ``bridge`` imports none of them, but for the ``demo`` command, which says
+what to install when they are missing; the image installs ``bridge`` and ``backends`` only.
 """
 
 from __future__ import annotations
 
 import ast
+import configparser
 import io
 import shutil
 import subprocess
@@ -24,9 +26,22 @@ import pytest
 from bridge import cli, demo
 
 REPO = Path(__file__).resolve().parents[2]
+SANDBOX = REPO / "sandbox"
 SANDBOX_PACKAGES = ("mock_kubernetes", "mock_phpipam", "mock_infoblox")
-#: Distributions only the sandbox needs (kmock: what mock_kubernetes must not come back to).
-DEMO_ONLY = ("aiohttp", "jsonpatch", "jsonpointer", "kmock", "attrs")
+#: The operator's runtime requirements (names).
+OPERATOR_REQUIREMENTS = {
+    "kopf",
+    "kubernetes",
+    "requests",
+    "tenacity",
+    "pydantic",
+    "pydantic-settings",
+    "pyyaml",
+    "prometheus-client",
+}
+#: Distributions only the demo needs: the sandbox and its own (kmock: what mock_kubernetes must
+#: not come back to).
+DEMO_ONLY = ("ipam-bridge-sandbox", "aiohttp", "jsonpatch", "jsonpointer", "kmock", "attrs")
 #: The one place of `bridge` that imports the sandbox: the demo command, when it runs.
 DEMO_ENTRY = ("bridge/demo.py", "run_demo")
 
@@ -42,51 +57,114 @@ def _requirement_name(requirement: str) -> str:
     return name.lower().replace("_", "-")
 
 
+def _version(pyproject: Path) -> str:
+    return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"])
+
+
 @pytest.fixture(scope="module")
-def wheel_requirements(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """``Requires-Dist`` of the wheel built offline from a copy of the source tree."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFile]:
+    """Both wheels, ``ipam-bridge`` and ``ipam-bridge-sandbox``, built offline from a copy."""
     work = tmp_path_factory.mktemp("wheel")
     shutil.copytree(REPO, work / "src", ignore=IGNORED, symlinks=True)
     subprocess.run(
         [
             *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"),
-            *("--no-index", "--quiet", "--wheel-dir", str(work / "dist"), str(work / "src")),
+            *("--no-index", "--quiet", "--wheel-dir", str(work / "dist")),
+            *(str(work / "src"), str(work / "src" / "sandbox")),
         ],
         cwd=work,
         check=True,
         capture_output=True,
         timeout=120,
     )
-    (built,) = (work / "dist").glob("ipam_bridge-*.whl")
-    archive = zipfile.ZipFile(built)
-    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    (operator,) = (work / "dist").glob("ipam_bridge-*.whl")
+    (sandbox,) = (work / "dist").glob("ipam_bridge_sandbox-*.whl")
+    return {
+        "ipam-bridge": zipfile.ZipFile(operator),
+        "ipam-bridge-sandbox": zipfile.ZipFile(sandbox),
+    }
+
+
+def _dist_info(archive: zipfile.ZipFile, name: str) -> str:
+    (found,) = [n for n in archive.namelist() if n.endswith(f".dist-info/{name}")]
+    return archive.read(found).decode()
+
+
+def _requires(archive: zipfile.ZipFile) -> list[str]:
     return [
         line.removeprefix("Requires-Dist: ")
-        for line in archive.read(metadata).decode().splitlines()
+        for line in _dist_info(archive, "METADATA").splitlines()
         if line.startswith("Requires-Dist: ")
     ]
 
 
+def _console_scripts(archive: zipfile.ZipFile) -> dict[str, str]:
+    entry_points = configparser.ConfigParser()
+    entry_points.read_string(_dist_info(archive, "entry_points.txt"))
+    return dict(entry_points["console_scripts"])
+
+
+@pytest.fixture(scope="module")
+def wheel_requirements(wheels: dict[str, zipfile.ZipFile]) -> list[str]:
+    """``Requires-Dist`` of the ``ipam-bridge`` wheel."""
+    return _requires(wheels["ipam-bridge"])
+
+
 def test_a_plain_install_requires_none_of_the_demo_only_packages(
-    wheel_requirements: list[str],
+    wheel_requirements: list[str], wheels: dict[str, zipfile.ZipFile]
 ) -> None:
     plain = {_requirement_name(r) for r in wheel_requirements if "extra ==" not in r}
-    assert plain == {
-        "kopf",
-        "kubernetes",
-        "requests",
-        "tenacity",
-        "pydantic",
-        "pydantic-settings",
-        "pyyaml",
-        "prometheus-client",
-    }
+    assert plain == OPERATOR_REQUIREMENTS
     assert not plain & set(DEMO_ONLY)
-    demo_extra = {_requirement_name(r) for r in wheel_requirements if r.endswith('extra == "demo"')}
-    assert {"aiohttp", "jsonpatch", "jsonpointer"} <= demo_extra
-    assert "kmock" not in demo_extra
+    # The demo extra is the sandbox distribution of the same version; its requirements are
+    # the mocks' (aiohttp, jsonpatch, jsonpointer), never kmock.
+    version = _version(REPO / "pyproject.toml")
+    demo_extra = [r.split(";")[0].strip() for r in wheel_requirements if r.endswith('"demo"')]
+    assert demo_extra == [f"ipam-bridge-sandbox=={version}"]
+    sandbox = {_requirement_name(r) for r in _requires(wheels["ipam-bridge-sandbox"])}
+    assert {"aiohttp", "jsonpatch", "jsonpointer"} <= sandbox
+    assert "kmock" not in sandbox
     test_extra = [r for r in wheel_requirements if r.endswith('extra == "test"')]
     assert any(r.startswith("ipam-bridge[demo]") for r in test_extra), test_extra
+
+
+def test_the_operator_wheel_carries_bridge_and_backends_only(
+    wheels: dict[str, zipfile.ZipFile],
+) -> None:
+    archive = wheels["ipam-bridge"]
+    version = _version(REPO / "pyproject.toml")
+    top = {name.split("/")[0] for name in archive.namelist()}
+    assert top == {"bridge", "backends", f"ipam_bridge-{version}.dist-info"}
+    assert not [n for n in archive.namelist() if "mock_" in n or n.startswith("sandbox/")]
+    assert _console_scripts(archive) == {"ipam-bridge": "bridge.cli:main"}
+
+
+def test_the_sandbox_wheel_carries_the_mocks_with_their_requirements(
+    wheels: dict[str, zipfile.ZipFile],
+) -> None:
+    archive = wheels["ipam-bridge-sandbox"]
+    version = _version(SANDBOX / "pyproject.toml")
+    assert version == _version(REPO / "pyproject.toml")
+    names = set(archive.namelist())
+    assert {n.split("/")[0] for n in names} == {
+        *SANDBOX_PACKAGES,
+        f"ipam_bridge_sandbox-{version}.dist-info",
+    }
+    for package in SANDBOX_PACKAGES:
+        for path in (SANDBOX / package).rglob("*"):
+            relative = path.relative_to(SANDBOX).as_posix()
+            if path.suffix in (".py", ".json") or path.name in ("py.typed", "seed.example.yaml"):
+                assert relative in names, f"{relative} is not in the sandbox wheel"
+    requires = {r.split(";")[0].strip() for r in _requires(archive)}
+    assert requires == {
+        f"ipam-bridge=={version}",
+        "aiohttp<4,>=3.10",
+        "jsonpatch>=1.33",
+        "jsonpointer>=2.4",
+        "pydantic<3,>=2.10",
+        "pyyaml>=6",
+    }
+    assert _console_scripts(archive) == {"mock-phpipam": "mock_phpipam.__main__:main"}
 
 
 def _sandbox_imports(path: Path) -> list[tuple[str, str]]:
@@ -209,9 +287,13 @@ def test_demo_command_does_not_hide_other_import_errors(monkeypatch: pytest.Monk
 
 
 def test_the_demo_extra_is_what_make_demo_installs() -> None:
+    # The sandbox is not on PyPI: `make install` installs it from the checkout in the same
+    # resolver run as the operator with its demo extra.
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     install = next(line for line in makefile.splitlines() if "pip install" in line and "-e" in line)
-    assert "demo" in install.split("-e", 1)[1]
+    editables = install.split("-e")[1:]
+    assert editables[0].strip() == "./sandbox", install
+    assert "demo" in editables[1]
     assert "\ndemo: $(STAMP)" in makefile
     extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"][
         "optional-dependencies"
@@ -233,6 +315,9 @@ def test_the_image_installs_bridge_and_backends_only() -> None:
     sources = _dockerfile_copies(REPO / "Dockerfile")
     packages = [s for s in sources if (REPO / s).is_dir() and (REPO / s / "__init__.py").exists()]
     assert sorted(packages) == ["backends", "bridge"]
-    assert not [s for s in sources if s.startswith(SANDBOX_PACKAGES)]
-    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")
-    assert "rm -f /opt/venv/bin/mock-phpipam" in dockerfile
+    assert not [s for s in sources if s.startswith((*SANDBOX_PACKAGES, "sandbox"))]
+    # The build fails when a sandbox package can be imported or its console script exists.
+    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    check = next(line for line in dockerfile.splitlines() if "find_spec" in line)
+    assert all(package in check for package in SANDBOX_PACKAGES)
+    assert "shutil.which('mock-phpipam') is not None" in check

@@ -3,7 +3,7 @@
 `refusals` tells why a grid would refuse one request (the search fields of ``GET <object>``,
 the fields of ``_return_fields``, the body fields of ``POST <object>`` / ``PUT <ref>``, the
 ``_function`` of ``POST <ref>``, and the next-available-IP forms inside a body), from the
-schema data the mock serves (``mock_infoblox/wapi/wapi-2.12.json``, extracted from the WAPI
+schema data the mock serves (``sandbox/mock_infoblox/wapi/wapi-2.12.json``, extracted from the WAPI
 2.12 OpenAPI description Infoblox generated).
 """
 

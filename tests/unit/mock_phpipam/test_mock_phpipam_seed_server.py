@@ -245,7 +245,7 @@ def test_container_files_are_consistent() -> None:
     compose = yaml.safe_load((here / "docker-compose.yml").read_text())
     mock, operator = compose["services"]["phpipam-mock"], compose["services"]["operator"]
     assert operator["profiles"] == ["operator"] and "profiles" not in mock
-    assert mock["build"]["dockerfile"] == "mock_phpipam/Dockerfile"
+    assert mock["build"]["dockerfile"] == "sandbox/mock_phpipam/Dockerfile"
     assert (here / mock["volumes"][0].split(":")[0]).resolve() == EXAMPLE.resolve()
     args = build_parser().parse_args(mock["command"])
     assert (args.host, args.port, args.seed) == ("0.0.0.0", 8080, "/etc/mock-phpipam/seed.yaml")

@@ -36,8 +36,9 @@ __all__ = [
     "load_objects",
 ]
 
-#: ``deploy/`` of a source checkout (not part of a wheel).
-DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
+#: ``deploy/`` of a source checkout (``sandbox/mock_kubernetes/`` -> the checkout's root; not part
+#: of a wheel).
+DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 _RBAC_GROUP = "rbac.authorization.k8s.io"
 _KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 

@@ -29,8 +29,9 @@ from mock_kubernetes.server import EmulatedKubernetes
 
 __all__ = ["CLUSTER_CRD", "Sandbox", "crd_documents", "repo_crds", "wait_for"]
 
-#: Where the CRD files live in a source checkout (``make demo`` uses an editable install).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The root of a source checkout (``sandbox/mock_kubernetes/`` -> ``.``), where ``crds/`` lives
+#: (``make demo`` uses an editable install).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: A minimal CAPI ``Cluster`` CRD: enough for pause (``spec.paused``, annotation) and lookups.
 CLUSTER_CRD: dict[str, Any] = {

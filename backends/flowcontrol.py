@@ -39,6 +39,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Seconds a login waits for a login of the same credential in flight before it is held
+#: back (`EndpointFlow.check_login`).
+LOGIN_WAIT_SECONDS = 30.0
+
 #: A claim's key (the work queue's), or a pool's: opaque here.
 Key = Hashable
 
@@ -149,6 +153,8 @@ class EndpointFlow:
         self.key = key
         self._control = control
         self._lock = threading.Lock()
+        # Told when a login of an unproven credential ends (`check_login` waits for it).
+        self._login_done = threading.Condition(self._lock)
         self._slots = threading.BoundedSemaphore(control.max_concurrent)
         self._held = threading.local()
         self._state = EndpointState.CLOSED
@@ -162,6 +168,7 @@ class EndpointFlow:
         # Logins of unproven credentials in flight: they may all be refused, so they count
         # against the budget until they end (concurrent logins could overrun it otherwise).
         self._pending = 0
+        self._trying: dict[str, int] = {}  # those logins in flight, by credential
         self._blocked_until = 0.0
         self._exhausted: dict[Key, float] = {}  # pool -> when it was found exhausted
         self.line: _Line | None = None  # claims; made at the first admission
@@ -333,6 +340,9 @@ class EndpointFlow:
         refused `FlowControl.login_limit` logins within the window (whatever the
         credentials), so that the refusals of one endpoint stay within that budget.
         ``limit`` lowers that budget for this login (an IPAM that locks accounts sooner).
+        A login that finds the budget held while a login of the same credential is in
+        flight waits for that login's outcome (at most `LOGIN_WAIT_SECONDS`): pools that
+        share credentials log in together at start-up, and the first success proves them.
 
         Raises
         ------
@@ -340,35 +350,46 @@ class EndpointFlow:
             Saying why and when the next try is.
         """
         control = self._control
+        deadline = time.monotonic() + LOGIN_WAIT_SECONDS
         with self._lock:
-            now = control.clock()
-            self._prune(now)
-            wall = control.wall_clock()
-            if now < self._blocked_until:
-                raise AuthenticationFailedError(
-                    f"endpoint {self.key} blocked this address after too many failed logins; "
-                    f"no login before {_at(wall + self._blocked_until - now)}"
+            while True:
+                now = control.clock()
+                self._prune(now)
+                wall = control.wall_clock()
+                if now < self._blocked_until:
+                    raise AuthenticationFailedError(
+                        f"endpoint {self.key} blocked this address after too many failed logins; "
+                        f"no login before {_at(wall + self._blocked_until - now)}"
+                    )
+                refused = self._last_refused.get(credential)
+                succeeded = self._last_ok.get(credential)
+                if succeeded is not None and (refused is None or succeeded > refused[0]):
+                    return False  # these credentials work: never held back by others' failures
+                if refused is not None and now - refused[0] < control.login_retry_seconds:
+                    raise AuthenticationFailedError(
+                        f"{refused[1]}; a refused login is not repeated for "
+                        f"{control.login_retry_seconds:g}s: next try at "
+                        f"{_at(wall + refused[0] + control.login_retry_seconds - now)}"
+                    )
+                count = len(self._refusals)
+                budget = (
+                    min(limit, control.login_limit) if limit is not None else control.login_limit
                 )
-            refused = self._last_refused.get(credential)
-            succeeded = self._last_ok.get(credential)
-            if succeeded is not None and (refused is None or succeeded > refused[0]):
-                return False  # these credentials work: never held back by others' failures
-            if refused is not None and now - refused[0] < control.login_retry_seconds:
-                raise AuthenticationFailedError(
-                    f"{refused[1]}; a refused login is not repeated for "
-                    f"{control.login_retry_seconds:g}s: next try at "
-                    f"{_at(wall + refused[0] + control.login_retry_seconds - now)}"
+                if count + self._pending < budget:
+                    self._pending += 1
+                    self._trying[credential] = self._trying.get(credential, 0) + 1
+                    return True
+                next_try = (
+                    self._refusals[0] + control.login_window_seconds
+                    if self._refusals
+                    else now + control.login_retry_seconds  # only logins in flight hold it back
                 )
-            count = len(self._refusals)
-            budget = min(limit, control.login_limit) if limit is not None else control.login_limit
-            if count + self._pending < budget:
-                self._pending += 1
-                return True
-            next_try = (
-                self._refusals[0] + control.login_window_seconds
-                if self._refusals
-                else now + control.login_retry_seconds  # only logins in flight hold it back
-            )
+                left = deadline - time.monotonic()
+                if not self._trying.get(credential) or left <= 0:
+                    break
+                # The same credential is being tried: its outcome decides for this one too
+                # (proven, or refused), so wait for it rather than fail.
+                self._login_done.wait(left)
         cause = f"{refused[1]}; " if refused is not None else ""
         raise AuthenticationFailedError(
             f"{cause}logins held back: endpoint {self.key} refused {count} logins in the "
@@ -392,6 +413,7 @@ class EndpointFlow:
         with self._lock:
             if admitted:
                 self._pending = max(self._pending - 1, 0)
+                self._ended(credential)
             now = self._control.clock()
             self._refusals.append(now)
             self._last_refused[credential] = (now, message)
@@ -403,10 +425,23 @@ class EndpointFlow:
         with self._lock:
             self._last_ok[credential] = self._control.clock()
 
-    def login_ended(self) -> None:
-        """Give back the budget place of an admitted login that was not refused."""
+    def login_ended(self, credential: str | None = None) -> None:
+        """Give back the budget place of an admitted login that was not refused.
+
+        ``credential``: the login's (`check_login` waits for the end of a login of the
+        same credential in flight; record `login_succeeded` first when it succeeded).
+        """
         with self._lock:
             self._pending = max(self._pending - 1, 0)
+            if credential is not None:
+                self._ended(credential)
+
+    def _ended(self, credential: str) -> None:
+        """Count a login of ``credential`` as no longer in flight (the caller holds the lock)."""
+        left = self._trying.pop(credential, 0) - 1
+        if left > 0:
+            self._trying[credential] = left
+        self._login_done.notify_all()
 
     def _prune(self, now: float) -> None:
         """Forget refusals older than the login window (the caller holds the lock)."""
@@ -486,7 +521,8 @@ class FlowControl:
        since is never held back by others' refusals. A refused one is not tried again for
        ``login_retry_seconds``. Unproven credentials are tried only while the endpoint's
        refusals in the last ``login_window_seconds`` plus the unproven logins in flight stay
-       below ``login_limit``, so that the IPAM does not block the operator's address (phpIPAM
+       below ``login_limit`` (a login of a credential already in flight waits for its
+       outcome instead), so that the IPAM does not block the operator's address (phpIPAM
        blocks an address after repeated failed logins, ``User::block_*`` in
        https://github.com/phpipam/phpipam/blob/master/functions/classes/class.User.php); an
        IPAM that says it blocks the address holds back every login until then

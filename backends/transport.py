@@ -382,11 +382,11 @@ class Transport:
             raise
         except BaseException:
             if admitted:
-                self.endpoint.login_ended()
+                self.endpoint.login_ended(credential)
             raise
-        if admitted:
-            self.endpoint.login_ended()
         self.endpoint.login_succeeded(credential)
+        if admitted:
+            self.endpoint.login_ended(credential)
         return result
 
     def request(

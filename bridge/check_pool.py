@@ -24,8 +24,9 @@ from backends.base import Allocation, IPAMBackend, SubnetInfo
 from backends.errors import BackendError
 from backends.infoblox import InfobloxBackend
 from bridge.capi import POOL_KINDS
+from bridge.models import PoolStatus, wire
 from bridge.reconcilers.errors import PoolError, pool_error_from
-from bridge.reconcilers.pool_backends import build_backend, parse_pool, pool_status
+from bridge.reconcilers.pool_backends import Pool, build_backend, parse_pool, pool_status
 from bridge.settings import Settings
 
 __all__ = [
@@ -66,7 +67,7 @@ class CheckResult:
     ready: bool
     reason: str
     message: str
-    status: Mapping[str, Any] | None = None
+    status: PoolStatus | None = None
     first_free: str | None = None
 
 
@@ -186,13 +187,13 @@ def _first_free(backend: IPAMBackend, infos: Sequence[SubnetInfo]) -> str | None
     return first_free(infos, backend.entries())
 
 
-def _describe(backend: IPAMBackend, body: Mapping[str, Any]) -> CheckResult:
-    pool = parse_pool(body)
+def _describe(backend: IPAMBackend, pool: Pool) -> CheckResult:
     infos = backend.describe_subnets()
     status = pool_status(pool, infos)
-    ready = status["conditions"][-1]
-    free = _first_free(backend, infos) if status["ipAddresses"]["free"] else None
-    return CheckResult(True, str(ready["reason"]), str(ready["message"]), status, free)
+    ready = status.conditions[-1]
+    usage = status.ip_addresses
+    free = _first_free(backend, infos) if usage is not None and usage.free else None
+    return CheckResult(True, ready.reason, ready.message, status, free)
 
 
 def check_pool(
@@ -236,12 +237,19 @@ def check_pool(
     except PoolError as exc:
         return CheckResult(False, str(exc.reason), exc.message)
     try:
-        return _describe(backend, body)
+        return _describe(backend, pool)
     except BackendError as exc:
         error = pool_error_from(exc, pool.display)
         return CheckResult(False, str(error.reason), error.message)
     finally:
         backend.close()
+
+
+def _shown(status: PoolStatus) -> dict[str, Any]:
+    """Return a Ready status as shown: as written, ``gateway`` null when the IPAM has none."""
+    written = wire(status)
+    names = [info.alias or name for name, info in PoolStatus.model_fields.items()]
+    return {k: written.get(k) for k in names if k in written or k == "gateway"}
 
 
 def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None:
@@ -251,7 +259,7 @@ def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None
             "ready": result.ready,
             "reason": result.reason,
             "message": result.message,
-            "status": result.status,
+            "status": None if result.status is None else _shown(result.status),
             "firstFree": result.first_free,
         }
         out.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -260,7 +268,9 @@ def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None
     if result.status is None:
         return
     shown = {
-        k: v for k, v in result.status.items() if k not in ("conditions", "observedGeneration")
+        k: v
+        for k, v in _shown(result.status).items()
+        if k not in ("conditions", "observedGeneration")
     }
     out.write(yaml.safe_dump({"status": shown}, sort_keys=False))
     taken = result.first_free or "none (no subnet has a free address)"

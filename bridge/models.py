@@ -1,4 +1,4 @@
-"""Typed views of the Kubernetes objects the operator reads: claims, IPAddresses, pool specs.
+"""Typed views of the Kubernetes objects the operator reads: claims, IPAddresses, pools.
 
 Bodies are parsed once, at the edge, with ``model_validate(body)``; the code behind works with
 typed attributes. The models follow the API's camelCase field names (aliases, and
@@ -13,9 +13,11 @@ that one message, naming the field.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,8 +32,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "LOCATION_FIELDS",
     "MAX_SUBNETS",
-    "POOL_MODELS",
+    "POOL_SPECS",
+    "RECORDED",
     "Condition",
     "IPAddress",
     "IPAddressClaim",
@@ -40,19 +44,22 @@ __all__ = [
     "IPAddressSpec",
     "IPPool",
     "IPPoolReference",
-    "InfobloxIPPool",
     "InfobloxIPPoolSpec",
     "LocalObjectReference",
     "ObjectMeta",
     "OwnerReference",
-    "PHPIPAMIPPool",
     "PHPIPAMIPPoolSpec",
     "PoolSpec",
+    "PoolStatus",
+    "PoolSubnetStatus",
     "PoolTLS",
+    "PoolUsage",
     "SecretKeyRef",
     "SecretRef",
     "SubnetEntry",
+    "TLSSettings",
     "problem_of",
+    "wire",
 ]
 
 
@@ -79,7 +86,9 @@ class _Model(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_omitted(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
+        # Copied only when a value is null: most bodies have none, and the audit validates
+        # tens of thousands of them per pass (``dict`` first: the ABC check costs more).
+        if (type(data) is dict or isinstance(data, Mapping)) and None in data.values():
             return {key: value for key, value in data.items() if value is not None}
         return data
 
@@ -344,6 +353,16 @@ class PoolSpec(_Model):
         return self
 
 
+#: Validation context key: the spec carries a location recorded on an IPAddress
+#: (`bridge.reconcilers.pool_backends.with_location`), taken as it was recorded: the
+#: fields are typed, the rules across subnet fields (checked when it was written) are not.
+RECORDED = "recorded"
+
+
+def _recorded(info: ValidationInfo) -> bool:
+    return bool((info.context or {}).get(RECORDED))
+
+
 class PHPIPAMIPPoolSpec(PoolSpec):
     """``spec`` of a ``PHPIPAMIPPool``: exactly one of ``subnetId``, ``subnet`` and ``subnets``."""
 
@@ -353,7 +372,9 @@ class PHPIPAMIPPoolSpec(PoolSpec):
     section_id: int | None = None
 
     @model_validator(mode="after")
-    def _one_subnet(self) -> PHPIPAMIPPoolSpec:
+    def _one_subnet(self, info: ValidationInfo) -> PHPIPAMIPPoolSpec:
+        if _recorded(info):
+            return self
         forms = [self.subnet_id is not None, self.subnet is not None, bool(self.subnets)]
         if forms.count(True) != 1:
             raise ValueError(
@@ -381,7 +402,9 @@ class InfobloxIPPoolSpec(PoolSpec):
     extensible_attributes: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _one_subnet(self) -> InfobloxIPPoolSpec:
+    def _one_subnet(self, info: ValidationInfo) -> InfobloxIPPoolSpec:
+        if _recorded(info):
+            return self
         if (self.subnet is None) == (not self.subnets):
             raise ValueError("exactly one of spec.subnet and spec.subnets must be set")
         if any(entry.subnet_id is not None for entry in self.subnets):
@@ -390,57 +413,318 @@ class InfobloxIPPoolSpec(PoolSpec):
         return self
 
 
+#: The ``spec`` model of each pool kind (a Global kind has its namespaced twin's spec).
+POOL_SPECS: Mapping[str, type[PHPIPAMIPPoolSpec] | type[InfobloxIPPoolSpec]] = {
+    "PHPIPAMIPPool": PHPIPAMIPPoolSpec,
+    "InfobloxIPPool": InfobloxIPPoolSpec,
+    "GlobalPHPIPAMIPPool": PHPIPAMIPPoolSpec,
+    "GlobalInfobloxIPPool": InfobloxIPPoolSpec,
+}
+#: The cluster-scoped pool kinds (`bridge.capi.GLOBAL_POOL_KINDS` names their twins).
+_GLOBAL_KINDS = frozenset({"GlobalPHPIPAMIPPool", "GlobalInfobloxIPPool"})
+
+_PHPIPAM_LOCATION = ("endpoint", "appId", "subnetId", "subnet", "subnets", "sectionId")
+_INFOBLOX_LOCATION = (
+    "endpoint",
+    "networkView",
+    "subnet",
+    "subnets",
+    "recordType",
+    "dnsView",
+    "dnsZone",
+)
+
+#: The ``spec`` fields of each pool kind that say where its addresses live in the IPAM. They
+#: are immutable (CEL rules in the CRDs; ``subnets`` may only grow at its end) and recorded
+#: on every IPAddress as read (`IPPool.location`).
+LOCATION_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "PHPIPAMIPPool": _PHPIPAM_LOCATION,
+    "InfobloxIPPool": _INFOBLOX_LOCATION,
+    "GlobalPHPIPAMIPPool": _PHPIPAM_LOCATION,
+    "GlobalInfobloxIPPool": _INFOBLOX_LOCATION,
+}
+
+
+class PoolUsage(_Model):
+    """``status.ipAddresses`` (and per subnet): counts of addresses (int64 in the CRDs)."""
+
+    total: int = 0
+    used: int = 0
+    free: int = 0
+
+
+class PoolSubnetStatus(_Model):
+    """An entry of ``status.subnets``: one subnet of the pool as its IPAM reports it."""
+
+    cidr: str = ""
+    prefix: int | None = None
+    gateway: str | None = None
+    ip_addresses: PoolUsage | None = None
+
+
+class PoolStatus(_Model):
+    """``status`` of a pool: the fields of the pool CRDs' status schema (``crds/``).
+
+    ``None`` is a field the status does not hold; `wire` leaves those out.
+    """
+
+    conditions: tuple[Condition, ...] = ()
+    subnets: tuple[PoolSubnetStatus, ...] | None = None
+    subnet: str | None = None
+    prefix: int | None = None
+    gateway: str | None = None
+    ip_addresses: PoolUsage | None = None
+    observed_generation: int | None = None
+
+    def condition(self, type: str) -> Condition | None:
+        """Return the condition of ``type`` (``Ready``, ``InSync``), or None."""
+        return next((c for c in self.conditions if c.type == type), None)
+
+
+def wire(value: BaseModel) -> dict[str, Any]:
+    """Return a model as the API writes it: camelCase names, unset and ``None`` fields left out.
+
+    A field the model was not given (read from an object that lacks it) is not written
+    either, so an object read and written back keeps its fields as they were.
+    """
+    return value.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """``spec.tls`` of a pool: verification switch and an optional CA bundle Secret.
+
+    ``ca_secret_namespace`` is set when ``ca_secret_name`` is (the pool's namespace, or on a
+    Global pool the one ``caSecretRef`` names).
+    """
+
+    insecure_skip_verify: bool = False
+    ca_secret_name: str | None = None
+    ca_secret_key: str = "ca.crt"
+    ca_secret_namespace: str | None = None
+
+
 class IPPool(_Model):
-    """A pool object: its metadata and its kind's spec (see the subclasses)."""
+    """A pool object of one of our kinds, typed once where a client hands it over.
+
+    Build it with `from_body`. ``spec`` is the kind's spec model, or None when the spec does
+    not parse (``problem`` then says why, naming the field); metadata and status are read
+    either way, so an invalid pool still gets its status and lets its Secrets go.
+
+    Attributes
+    ----------
+    kind:
+        ``PHPIPAMIPPool``, ``InfobloxIPPool`` or a Global kind.
+    spec:
+        `PHPIPAMIPPoolSpec` or `InfobloxIPPoolSpec`; None when it does not parse.
+    problem:
+        Why ``spec`` is None, or why a location recorded on an IPAddress does not parse
+        (`bridge.reconcilers.pool_backends.with_location`); ``""`` otherwise.
+    status:
+        The status as read.
+    location:
+        The `LOCATION_FIELDS` the raw spec sets, with their values as read (JSON values):
+        what an IPAddress records (``ipam.cluster.x-k8s.io/ipam-location``), kept as read so
+        that the recorded text stays the same from one release to the next.
+    """
 
     api_version: str = ""
     kind: str = ""
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
-    spec: PoolSpec
-
-    @model_validator(mode="before")
-    @classmethod
-    def _spec_may_be_empty(cls, data: Any) -> Any:
-        # A missing spec reads as an empty one: the field checks say what is missing.
-        if isinstance(data, Mapping) and not data.get("spec"):
-            return {**data, "spec": {}}
-        return data
+    spec: PHPIPAMIPPoolSpec | InfobloxIPPoolSpec | None = None
+    problem: str = ""
+    status: PoolStatus = Field(default_factory=PoolStatus)
+    location: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> Self:
-        """Validate a pool object as the API returns it.
+    def from_body(cls, body: Mapping[str, Any], kind: str = "") -> IPPool:
+        """Type a pool object as the API returns it (``kind`` when the body lacks one).
 
         The object's namespace (``""`` for a Global pool, which is cluster-scoped) is the
-        validation context: it decides the namespace rule of the Secret references.
+        validation context of the spec: it decides the namespace rule of the Secret
+        references. A spec that does not parse gives ``spec`` None and its ``problem``; a
+        status that does not parse reads as empty (the next write repairs it).
 
         Raises
         ------
         pydantic.ValidationError
-            When a field is missing or malformed (`problem_of` says which).
+            When ``metadata`` is malformed (the API server never serves such an object).
         """
-        namespace = (body.get("metadata") or {}).get("namespace") or ""
-        return cls.model_validate(body, context={"namespace": namespace})
+        kind = str(body.get("kind") or kind)
+        meta = ObjectMeta.model_validate(body.get("metadata") or {})
+        raw = body.get("spec") or {}
+        spec: PHPIPAMIPPoolSpec | InfobloxIPPoolSpec | None = None
+        problem = ""
+        if kind not in POOL_SPECS:
+            problem = f"unknown pool kind {kind!r}"
+        else:
+            try:
+                spec = POOL_SPECS[kind].model_validate(raw, context={"namespace": meta.namespace})
+            except ValidationError as exc:
+                problem = problem_of(exc, within="spec")
+        try:
+            status = PoolStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            status = PoolStatus()
+        fields = LOCATION_FIELDS.get(kind, ())
+        location = (
+            {key: copy.deepcopy(raw[key]) for key in fields if key in raw}
+            if isinstance(raw, Mapping)
+            else {}
+        )
+        # The parts are validated: put together as they are (validating the spec again
+        # would lose the namespace context).
+        return cls.model_construct(
+            api_version=str(body.get("apiVersion") or ""),
+            kind=kind,
+            metadata=meta,
+            spec=spec,
+            problem=problem,
+            status=status,
+            location=location,
+        )
 
+    @property
+    def is_global(self) -> bool:
+        """True for a Global (cluster-scoped) pool kind."""
+        return self.kind in _GLOBAL_KINDS
 
-class PHPIPAMIPPool(IPPool):
-    """A ``PHPIPAMIPPool``."""
+    @property
+    def namespace(self) -> str:
+        """The pool's namespace; ``""`` for a Global pool."""
+        return "" if self.is_global else self.metadata.namespace
 
-    spec: PHPIPAMIPPoolSpec
+    @property
+    def name(self) -> str:
+        """``metadata.name``."""
+        return self.metadata.name
 
+    @property
+    def uid(self) -> str:
+        """``metadata.uid``."""
+        return self.metadata.uid
 
-class InfobloxIPPool(IPPool):
-    """An ``InfobloxIPPool``."""
+    @property
+    def generation(self) -> int:
+        """``metadata.generation`` (0 when unset)."""
+        return self.metadata.generation
 
-    spec: InfobloxIPPoolSpec
+    @property
+    def deleting(self) -> bool:
+        """True once ``metadata.deletionTimestamp`` is set."""
+        return self.metadata.deleting
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """``(namespace, kind, name)``: identifies the pool within the operator."""
+        return (self.namespace, self.kind, self.name)
 
-#: The model of each pool kind (a Global kind has its namespaced twin's spec).
-POOL_MODELS: Mapping[str, type[IPPool]] = {
-    "PHPIPAMIPPool": PHPIPAMIPPool,
-    "InfobloxIPPool": InfobloxIPPool,
-    "GlobalPHPIPAMIPPool": PHPIPAMIPPool,
-    "GlobalInfobloxIPPool": InfobloxIPPool,
-}
+    @property
+    def display(self) -> str:
+        """``<Kind> <namespace>/<name>`` (``<Kind> <name>`` for a Global pool), for messages."""
+        if self.is_global:
+            return f"{self.kind} {self.name}"
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def ready(self) -> tuple[str | None, str | None, str]:
+        """``(status, reason, message)`` of the Ready condition; ``(None, None, "")`` without."""
+        ready = self.status.condition("Ready")
+        if ready is None:
+            return None, None, ""
+        return ready.status, ready.reason, ready.message
+
+    @property
+    def observed_generation(self) -> int | None:
+        """``status.observedGeneration``: the generation the pool's check last saw."""
+        return self.status.observed_generation
+
+    @property
+    def endpoint(self) -> str:
+        """``spec.endpoint`` (as recorded in `location`): the URL of the pool's IPAM server."""
+        return str(self.location.get("endpoint") or "")
+
+    @property
+    def gateway(self) -> str | None:
+        """``spec.gateway``: the pool's override of the gateway its IPAM reports."""
+        return self.spec.gateway if self.spec is not None else None
+
+    @property
+    def prefix(self) -> int | None:
+        """``spec.prefix``: the pool's override of the prefix length its IPAM reports."""
+        return self.spec.prefix if self.spec is not None else None
+
+    @property
+    def hostname_suffix(self) -> str | None:
+        """``spec.hostnameSuffix``: appended to ``<claim>.<namespace>`` (None: none)."""
+        return self.spec.hostname_suffix if self.spec is not None else None
+
+    @property
+    def grace_period_seconds(self) -> int:
+        """``spec.addressReuseGracePeriodSeconds``: seconds a released address stays held."""
+        return self.spec.address_reuse_grace_period_seconds if self.spec is not None else 0
+
+    @property
+    def credentials_secret(self) -> str:
+        """``spec.credentialsRef.name`` (``""`` when the spec does not parse)."""
+        return self.spec.credentials_ref.name if self.spec is not None else ""
+
+    @property
+    def secret_namespace(self) -> str:
+        """Namespace of the credentials Secret: the pool's own, or the one a Global pool names."""
+        if self.spec is None:
+            return self.namespace
+        return self.spec.credentials_ref.namespace or self.namespace
+
+    @property
+    def tls(self) -> TLSSettings:
+        """``spec.tls``, the CA bundle's key defaulting to ``ca.crt``."""
+        if self.spec is None:
+            return TLSSettings()
+        tls, ca = self.spec.tls, self.spec.tls.ca_secret_ref
+        return TLSSettings(
+            insecure_skip_verify=tls.insecure_skip_verify,
+            ca_secret_name=ca.name,
+            ca_secret_key=ca.key or "ca.crt",
+            ca_secret_namespace=(ca.namespace or self.namespace) if ca.name else None,
+        )
+
+    @property
+    def secret_refs(self) -> tuple[tuple[str, str], ...]:
+        """``(namespace, name)`` of the Secrets the pool reads: credentials, then CA bundle.
+
+        Empty when the spec does not parse.
+        """
+        if self.spec is None:
+            return ()
+        refs = [(self.secret_namespace, self.credentials_secret)]
+        tls = self.tls
+        if tls.ca_secret_name:
+            ca = (tls.ca_secret_namespace or self.namespace, tls.ca_secret_name)
+            if ca not in refs:
+                refs.append(ca)
+        return tuple(refs)
+
+    def as_object(self) -> dict[str, Any]:
+        """Return the pool as an API object names it: apiVersion, kind and metadata.
+
+        ``metadata`` holds ``name``, ``namespace``, ``uid``, ``finalizers``, ``annotations``
+        and ``resourceVersion``: what a finalizer write guarded by the resourceVersion and an
+        Event about the pool need.
+        """
+        meta = self.metadata
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": {
+                "name": meta.name,
+                "namespace": meta.namespace,
+                "uid": meta.uid,
+                "finalizers": list(meta.finalizers),
+                "annotations": dict(meta.annotations),
+                "resourceVersion": meta.resource_version,
+            },
+        }
 
 
 #: What to say when a field fails a declared constraint (required, type, pattern, range).
@@ -461,11 +745,12 @@ _FIELD_MESSAGES: Mapping[str, str] = {
 }
 
 
-def problem_of(exc: ValidationError) -> str:
+def problem_of(exc: ValidationError, *, within: str = "") -> str:
     """Return one clear message, naming the field, for the first problem a model found.
 
     A check of ours (a ``ValueError`` in a validator) says its own message; a declared
     constraint gets the field's message, else ``<field path>: <pydantic's message>``.
+    ``within`` is the path of the validated value in its object (``spec``).
     """
     errors = exc.errors()
     if not errors:
@@ -474,7 +759,8 @@ def problem_of(exc: ValidationError) -> str:
     context = error.get("ctx") or {}
     if error["type"] == "value_error" and "error" in context:
         return str(context["error"])
-    path = ".".join(str(part) for part in error["loc"])
+    where = tuple(within.split(".")) if within else ()
+    path = ".".join(str(part) for part in (*where, *error["loc"]))
     template = _FIELD_MESSAGES.get(path)
     if template is not None:
         return template.format(input=error.get("input"))

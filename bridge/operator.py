@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 class OperatorQueue(Queue, Protocol):
     """The work queue as the operator sees it (`WorkQueue`): a `Queue` with its health."""
 
+    def add(self, key: Hashable, after: float = 0.0, *, background: bool = False) -> None:
+        """Queue ``key`` after ``after`` seconds (``background``: behind every due key)."""
+
     def sizes(self) -> dict[str, int]:
         """Return the sizes of the queue's structures, by name."""
 
@@ -57,7 +60,7 @@ class OperatorQueue(Queue, Protocol):
 class NoQueue:
     """An `OperatorQueue` that drops every key (no work queue runs)."""
 
-    def add(self, key: Hashable, after: float = 0.0) -> None:
+    def add(self, key: Hashable, after: float = 0.0, *, background: bool = False) -> None:
         """Drop ``key``."""
 
     def wake(self, token: Hashable, count: int | None = None) -> int:

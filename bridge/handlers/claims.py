@@ -53,7 +53,9 @@ async def claim_event(
     key = claim_key(namespace, name)
     changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
     if changed or type is None or (type == "DELETED" and op.queue.is_parked(key)):
-        op.queue.add(key)
+        # A bound claim seen by a listing (start-up, watch restart) waits behind new work.
+        settled = type is None and op.cache.settled(body)
+        op.queue.add(key, background=settled)
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:

@@ -19,6 +19,7 @@ import kopf
 
 from bridge import capi
 from bridge.handlers.cache import cache_event
+from bridge.models import IPPool
 from bridge.objects.keys import pool_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers.pools import needs_check
@@ -43,12 +44,12 @@ async def pool_event(
     """
     await cache_event(type, body, resource, memo)
     op: Operator = memo.bridge
-    name, kind = str(meta.get("name")), str(body["kind"])
-    namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
-    if type == "DELETED" or needs_check(body, listing=type is None):
+    pool = IPPool.from_body(body)
+    namespace, kind, name = pool.key
+    if type == "DELETED" or needs_check(pool, listing=type is None):
         op.queue.add(pool_key(namespace, kind, name))
-    ready = capi.ready_of(body)[0]
-    checked = (body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+    ready = pool.ready[0]
+    checked = pool.observed_generation == pool.generation
     if type == "DELETED" or ready == "True" or (ready == "False" and checked):
         op.queue.wake(pool_token(namespace, kind, name))
 

@@ -2,8 +2,9 @@
 
 Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
 and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically: the safety net of level-triggered handling. `purge_forever` deletes the
-IPAM entries whose reuse grace period ended
+ours periodically: the safety net of level-triggered handling (claims from the informer
+cache, bound ones in the work queue's background lane, behind new work). `purge_forever`
+deletes the IPAM entries whose reuse grace period ended
 (`bridge.reconcilers.pools.purge_quarantined`).
 """
 
@@ -11,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.models import IPPool
 from bridge.objects.keys import claim_key, cluster_key, pool_key
 from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
-from bridge.reconcilers.pool_backends import parse_pool
 from bridge.reconcilers.pools import purge_quarantined
 
 __all__ = ["purge_forever", "resync_forever"]
@@ -27,36 +29,49 @@ __all__ = ["purge_forever", "resync_forever"]
 log = logging.getLogger(__name__)
 
 
-def _pools(op: Operator) -> list[tuple[str, str, dict[str, Any]]]:
-    """Return ``(namespace, kind, body)`` of every pool served (Global ones with ``""``)."""
-    found = []
-    for kind in capi.POOL_KINDS:
-        for body in op.kube.list_pools(kind, op.settings.namespaces):
-            namespace = capi.pool_namespace(
-                kind, str((body.get("metadata") or {}).get("namespace") or "")
-            )
-            found.append((namespace, kind, body))
-    return found
+def _pools(op: Operator) -> list[IPPool]:
+    """Return every pool served, typed (Global ones with the namespace ``""``)."""
+    return [
+        IPPool.from_body(body, kind)
+        for kind in capi.POOL_KINDS
+        for body in op.kube.list_pools(kind, op.settings.namespaces)
+    ]
 
 
 def _queue_pools(op: Operator) -> int:
     count = 0
-    for namespace, kind, body in _pools(op):
-        op.queue.add(pool_key(namespace, kind, str((body.get("metadata") or {}).get("name"))))
+    for pool in _pools(op):
+        op.queue.add(pool_key(*pool.key))
         count += 1
     return count
 
 
+def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
+    """Return the claims to resync: the informer cache's, or a list while it is not trusted.
+
+    As client-go's resync, which replays the informer's cache rather than listing again
+    (``resyncPeriod`` of https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer):
+    the watch keeps the cache current, and a watch restart relists it
+    (`bridge.handlers.cache.Relists`). While the claims part is not synced or is suspect,
+    the API is listed instead.
+    """
+    claims = op.cache.claims
+    if claims.synced and not claims.suspected:
+        return claims.values()
+    return iter(op.kube.list_claims(op.versions.address, op.settings.namespaces))
+
+
 def _queue_claims(op: Operator) -> int:
     count = 0
-    for body in op.kube.list_claims(op.versions.address, op.settings.namespaces):
+    for body in _claim_bodies(op):
         ref = (body.get("spec") or {}).get("poolRef") or {}
         if not capi.PoolRef(
             str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
         ).is_ours:
             continue
         meta = body.get("metadata") or {}
-        op.queue.add(claim_key(str(meta.get("namespace")), str(meta.get("name"))))
+        key = claim_key(str(meta.get("namespace")), str(meta.get("name")))
+        op.queue.add(key, background=op.cache.settled(body))
         count += 1
     return count
 
@@ -79,9 +94,9 @@ async def resync_forever(op: Operator) -> None:
 
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
     that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
-    the safety net of level-triggered handling: whatever an event missed, the next pass
-    decides again from the objects' state. A list that fails is logged and tried at the next
-    tick.
+    the safety net of level-triggered handling: whatever a reconcile left to a later event,
+    the next pass decides again from the objects' state (claims from the informer cache,
+    `_claim_bodies`). A list that fails is logged and tried at the next tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds
@@ -117,18 +132,13 @@ def _purge(op: Operator, *, every_pool: bool) -> int:
     pass.
     """
     deleted = 0
-    for namespace, kind, body in _pools(op):
-        name = str((body.get("metadata") or {}).get("name"))
-        if not every_pool:
-            try:
-                if parse_pool(body).grace_period_seconds <= 0:
-                    continue
-            except PoolError:
-                continue
+    for pool in _pools(op):
+        if not every_pool and (pool.spec is None or pool.grace_period_seconds <= 0):
+            continue
         try:
-            deleted += len(purge_quarantined(op.pools, namespace, kind, name))
+            deleted += len(purge_quarantined(op.pools, *pool.key))
         except (PoolError, BackendError) as exc:
-            log.warning("pool %s %s: quarantine purge failed: %s", kind, name, exc)
+            log.warning("pool %s %s: quarantine purge failed: %s", pool.kind, pool.name, exc)
     return deleted
 
 

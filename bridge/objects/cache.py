@@ -53,8 +53,8 @@ class Cache:
     """
 
     def __init__(self) -> None:
-        self.claims = ObjectCache("ipaddressclaims")
-        self.addresses = ObjectCache("ipaddresses")
+        self.claims = ObjectCache("ipaddressclaims", compact=True)
+        self.addresses = ObjectCache("ipaddresses", compact=True)
         self.pools = ObjectCache("pools", trust_absence=False)
         self.clusters = ObjectCache("clusters", trust_absence=False)
 
@@ -74,6 +74,25 @@ class Cache:
         part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
         if part is not None:
             part.forget((namespace, name))
+
+    def settled(self, claim: Mapping[str, Any]) -> bool:
+        """Tell whether ``claim`` (a claim's body) looks bound, with nothing left to do.
+
+        True when it is not being deleted, carries the ``ReleaseAddress`` finalizer, and its
+        ``status.addressRef`` names an IPAddress this cache holds: a start-up listing or a
+        resync queues such a claim in the work queue's background lane
+        (`bridge.runtime.workqueue.WorkQueue.add`), behind every claim that needs work. Its
+        reconcile still decides (level-triggered); this only orders the queue.
+        """
+        meta = claim.get("metadata") or {}
+        if meta.get("deletionTimestamp") or capi.CLAIM_FINALIZER not in (
+            meta.get("finalizers") or ()
+        ):
+            return False
+        ref = ((claim.get("status") or {}).get("addressRef") or {}).get("name")
+        if not ref:
+            return False
+        return (str(meta.get("namespace") or ""), str(ref)) in self.addresses
 
     def sizes(self) -> dict[str, int]:
         """Return how many objects each part holds, by ``cache.<part>``."""

@@ -21,6 +21,7 @@ from bridge.capi import (
     POOL_KINDS,
     Claim,
 )
+from bridge.models import Condition, IPPool, wire
 from bridge.runtime.gateway import Kube, Outcome, Resource, Write
 
 __all__ = [
@@ -195,19 +196,21 @@ class ObjectClient(Kube):
         """
         return self.list(pool_resource(kind), namespaces)
 
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
-        """Add or remove ``finalizer`` on a pool (`Kube.set_finalizer`)."""
-        return self.set_finalizer(pool_resource(str(pool["kind"])), pool, finalizer, present)
+    def set_pool_finalizer(self, pool: IPPool, finalizer: str, present: bool) -> Write:
+        """Add or remove ``finalizer`` on a pool as read (`Kube.set_finalizer`)."""
+        return self.set_finalizer(pool_resource(pool.kind), pool.as_object(), finalizer, present)
 
-    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
-        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored."""
-        meta = pool.get("metadata") or {}
-        if (meta.get("annotations") or {}).get(key) == value:
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
+        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored.
+
+        Nothing is written when the pool as read already holds ``value``.
+        """
+        if pool.metadata.annotations.get(key) == value:
             return
         self.patch(
-            pool_resource(str(pool["kind"])),
-            str(meta.get("namespace") or ""),
-            meta["name"],
+            pool_resource(pool.kind),
+            pool.metadata.namespace,
+            pool.name,
             {"metadata": {"annotations": {key: value}}},
         )
 
@@ -241,9 +244,7 @@ class ObjectClient(Kube):
             body["metadata"] = {"resourceVersion": resource_version}
         self.patch_status(pool_resource(kind), namespace, name, body)
 
-    def patch_pool_conditions(
-        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
-    ) -> None:
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
         """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
 
         For a writer that owns one condition type among others (the drift audit's
@@ -253,23 +254,21 @@ class ObjectClient(Kube):
         Parameters
         ----------
         pool:
-            The pool as read (``kind``, ``metadata.name``, ``namespace``,
-            ``resourceVersion``).
+            The pool as read (its ``resourceVersion`` guards the write).
         conditions:
-            The whole new list of conditions.
+            The whole new list of conditions (written as `bridge.models.wire` gives them).
 
         Raises
         ------
         kubernetes.client.ApiException
             409 when the pool changed since it was read; any other failure but 404.
         """
-        meta = pool.get("metadata") or {}
         self.patch_pool_status(
-            str(meta.get("namespace") or ""),
-            str(pool["kind"]),
-            meta["name"],
-            {"conditions": [dict(c) for c in conditions]},
-            resource_version=meta.get("resourceVersion"),
+            pool.metadata.namespace,
+            pool.kind,
+            pool.name,
+            {"conditions": [wire(c) for c in conditions]},
+            resource_version=pool.metadata.resource_version or None,
         )
 
     # -- Clusters -------------------------------------------------------------------

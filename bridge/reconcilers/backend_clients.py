@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,7 +78,7 @@ class BackendCache:
         key: CacheKey,
         fingerprint: str,
         build: Callable[[], IPAMBackend],
-        spec: Mapping[str, Any] | None = None,
+        spec: object | None = None,
     ) -> IPAMBackend:
         """Return the cached backend of ``key`` if built from ``fingerprint``, else build one.
 
@@ -127,7 +127,7 @@ class BackendCache:
         _close_all(closing)
         return backend
 
-    def reuse(self, key: CacheKey, spec: Mapping[str, Any]) -> IPAMBackend | None:
+    def reuse(self, key: CacheKey, spec: object) -> IPAMBackend | None:
         """Return the backend of ``key`` when it was built from this pool ``spec``, else None.
 
         No Secret is read: the credentials are those of the last build (the pool's check

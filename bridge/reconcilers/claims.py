@@ -57,7 +57,7 @@ from backends.flowcontrol import FlowControl, endpoint_key, endpoint_token
 from bridge import capi
 from bridge.capi import Claim, Cluster, Reason
 from bridge.metrics import Metrics
-from bridge.models import IPAddress
+from bridge.models import IPAddress, IPPool
 from bridge.objects.cache import Cache
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
 from bridge.reconcilers.backend_clients import PoolClients
@@ -392,9 +392,8 @@ def _pool_of(deps: ClaimDeps, claim: Claim) -> Pool | None:
     )
     if found is None:
         return None
-    body = {**found, "kind": found.get("kind") or ref.kind}  # the cache's dict stays as it is
     try:
-        return parse_pool(body)
+        return parse_pool(found, ref.kind)
     except PoolError as exc:
         raise _not_ready(deps, claim, exc) from exc
 
@@ -951,8 +950,8 @@ def _finish_release(
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
     # checked per release (its periodic refresh keeps its usage current).
     ref = claim.pool_ref
-    pool = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
-    if isinstance(pool, str) or (pool.get("metadata") or {}).get("deletionTimestamp"):
+    cached = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
+    if isinstance(cached, str) or IPPool.from_body(cached, ref.kind).deleting:
         deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
     return Result.done()
 

@@ -56,7 +56,7 @@ from bridge.capi import (
     Cluster,
     PoolRef,
 )
-from bridge.models import IPAddress
+from bridge.models import IPAddress, IPPool
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Write, api_status_message
@@ -699,13 +699,14 @@ def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
     """
     if not claim.pool_ref.kind.endswith("InfobloxIPPool"):
         return None
-    pool = deps.kube.get_pool(
+    body = deps.kube.get_pool(
         capi.pool_namespace(claim.pool_ref.kind, claim.namespace),
         claim.pool_ref.kind,
         claim.pool_ref.name,
     )
-    spec = (pool or {}).get("spec") or {}
-    zone = str(spec.get("dnsZone") or "").strip(".")
-    if not zone or spec.get("recordType", "host") != "host":
+    # The location fields as read (`IPPool.location`): what the backend was given.
+    where = IPPool.from_body(body, claim.pool_ref.kind).location if body is not None else {}
+    zone = str(where.get("dnsZone") or "").strip(".")
+    if not zone or where.get("recordType", "host") != "host":
         return None
     return f"{hostname.rstrip('.')}.{zone}"

@@ -36,6 +36,7 @@ from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
+from bridge.models import IPPool, PoolStatus
 from bridge.objects.cache import Cache
 from bridge.objects.keys import pool_key, pool_token
 from bridge.reconcilers.backend_clients import PoolClients, SecretReader
@@ -47,11 +48,12 @@ from bridge.reconcilers.context import (
 from bridge.reconcilers.errors import PoolError, pool_error_from, retry_delay
 from bridge.reconcilers.pool_backends import (
     BACKEND_NAMES,
+    READY,
     Pool,
-    parse_pool,
-    pool_conditions,
     pool_failed_status,
     pool_status,
+    status_patch,
+    valid,
 )
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Outcome, Write
@@ -100,11 +102,11 @@ class PoolApi(SecretReader, Protocol):
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
         """Return the IPAddresses of a namespace (None: all)."""
 
-    def set_pool_finalizer(self, pool: Mapping[str, Any], finalizer: str, present: bool) -> Write:
+    def set_pool_finalizer(self, pool: IPPool, finalizer: str, present: bool) -> Write:
         """Add or remove a finalizer of the pool as read."""
 
-    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
-        """Set or remove one annotation of a pool."""
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
+        """Set or remove one annotation of a pool as read."""
 
     def patch_pool_status(
         self,
@@ -167,12 +169,12 @@ class PoolDeps:
     locks: NamespaceLocks
 
 
-def check_pool(deps: PoolDeps, pool: Pool, body: Mapping[str, Any]) -> dict[str, Any]:
+def check_pool(deps: PoolDeps, pool: Pool) -> PoolStatus:
     """Check a pool against its IPAM and return its Ready status.
 
     Returns
     -------
-    dict
+    PoolStatus
         The full status (`pool_backends.pool_status`: per subnet and summed; Ready True
         ``PoolReady``; conditions of other types kept).
 
@@ -196,8 +198,7 @@ def check_pool(deps: PoolDeps, pool: Pool, body: Mapping[str, Any]) -> dict[str,
     deps.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
         deps.flow.refilled(pool.key)
-    previous = (body.get("status") or {}).get("conditions") or []
-    return pool_status(pool, infos, previous)
+    return pool_status(pool, infos)
 
 
 def users_of(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:
@@ -250,7 +251,7 @@ def users_of(deps: PoolDeps, namespace: str, kind: str, name: str) -> list[str]:
     return sorted(found)
 
 
-def needs_check(body: Mapping[str, Any], *, listing: bool) -> bool:
+def needs_check(pool: Pool, *, listing: bool) -> bool:
     """Return True when a pool event calls for a reconcile (not our own status write).
 
     A pool needs one when it is found at start-up (``listing``), is being deleted, has no
@@ -258,24 +259,21 @@ def needs_check(body: Mapping[str, Any], *, listing: bool) -> bool:
     spec changed since the last check (``status.observedGeneration`` behind
     ``metadata.generation``). Otherwise the periodic refresh keeps its status current.
     """
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
-    if listing or meta.get("deletionTimestamp"):
+    if listing or pool.deleting:
         return True
-    if capi.ready_of(body) == (None, None):
+    if pool.status.condition(READY) is None:
         return True
-    return bool(status.get("observedGeneration") != meta.get("generation"))
+    return pool.observed_generation != pool.generation
 
 
 #: A Secret by ``(namespace, name)``.
 SecretId = tuple[str, str]
 
 
-def _recorded_secrets(body: Mapping[str, Any]) -> set[SecretId]:
+def _recorded_secrets(pool: Pool) -> set[SecretId]:
     """Return the ``(namespace, name)`` of the Secrets a pool's `SECRETS_ANNOTATION` names."""
-    meta = body.get("metadata") or {}
-    own = str(meta.get("namespace") or "")
-    raw = str((meta.get("annotations") or {}).get(SECRETS_ANNOTATION, ""))
+    own = pool.metadata.namespace
+    raw = pool.metadata.annotations.get(SECRETS_ANNOTATION, "")
     refs: set[SecretId] = set()
     for entry in raw.split(","):
         namespace, _, name = entry.rpartition("/")
@@ -289,12 +287,11 @@ def _annotation(refs: set[SecretId], own: str) -> str:
     return ",".join(sorted(name if ns == own else f"{ns}/{name}" for ns, name in refs))
 
 
-def _secrets_of(body: Mapping[str, Any]) -> set[SecretId]:
+def _secrets_of(pool: Pool) -> set[SecretId]:
     """Return the Secrets a pool object reads (or, when its spec is unreadable, protected)."""
-    try:
-        return set(parse_pool(body).secret_refs)
-    except PoolError:
-        return _recorded_secrets(body)  # unreadable spec: keep what it held
+    if pool.spec is None:
+        return _recorded_secrets(pool)  # unreadable spec: keep what it held
+    return set(pool.secret_refs)
 
 
 def _read_by_pools(deps: PoolDeps, namespace: str, *, besides: tuple[str, str, str]) -> set[str]:
@@ -305,11 +302,9 @@ def _read_by_pools(deps: PoolDeps, namespace: str, *, besides: tuple[str, str, s
     read: set[str] = set()
     for kind in capi.POOL_KINDS:
         is_global = kind in capi.GLOBAL_POOL_KINDS
-        for other in deps.kube.list_pools(kind, () if is_global else (namespace,)):
-            other.setdefault("kind", kind)
-            meta = other.get("metadata") or {}
-            key = ("" if is_global else str(meta.get("namespace") or ""), kind, meta.get("name"))
-            if key == besides:
+        for body in deps.kube.list_pools(kind, () if is_global else (namespace,)):
+            other = IPPool.from_body(body, kind)
+            if other.key == besides:
                 continue
             read.update(name for ns, name in _secrets_of(other) if ns == namespace)
     return read
@@ -327,82 +322,55 @@ def _release_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, st
                 deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
 
 
-def _protect_secrets(deps: PoolDeps, body: Mapping[str, Any], pool: Pool) -> None:
+def _protect_secrets(deps: PoolDeps, pool: Pool) -> None:
     """Protect the Secrets the pool reads; let go of those it read before and no longer does.
 
     The pool's `SECRETS_ANNOTATION` names every Secret it put `CREDENTIALS_FINALIZER` on; it
     is widened before a Secret is protected (so none is ever protected unremembered) and
     narrowed after a Secret it stopped reading (``credentialsRef`` changed) was let go.
     """
-    wanted, recorded = set(pool.secret_refs), _recorded_secrets(body)
+    wanted, recorded = set(pool.secret_refs), _recorded_secrets(pool)
     if not wanted <= recorded:
         deps.kube.annotate_pool(
-            body, SECRETS_ANNOTATION, _annotation(wanted | recorded, pool.namespace)
+            pool, SECRETS_ANNOTATION, _annotation(wanted | recorded, pool.namespace)
         )
     for namespace, name in pool.secret_refs:
         deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
     stale = recorded - wanted
     if stale:
         _release_secrets(deps, stale, besides=pool.key)
-        deps.kube.annotate_pool(body, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
+        deps.kube.annotate_pool(pool, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
 
-
-#: The condition type the pool's check owns (`bridge.capi.ready_condition`).
-READY = "Ready"
 
 #: Re-reads of a pool whose status write met 409 Conflict before the write is left to the
 #: next check (each re-read means another writer just wrote; a handful never all lose).
 STATUS_ATTEMPTS = 5
 
 
-def _status_patch(current: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
-    """Return what of ``status`` differs from ``current``'s status, Ready merged in.
-
-    Fields are taken as they are; from ``status["conditions"]`` only the Ready condition is
-    ours: when it differs from ``current``'s, ``conditions`` is ``current``'s list with Ready
-    replaced (`pool_backends.pool_conditions`), every other type (``InSync``) kept.
-    """
-    now = current.get("status") or {}
-    patch = {k: v for k, v in status.items() if k != "conditions" and now.get(k) != v}
-    ready = next(c for c in status["conditions"] if c.get("type") == READY)
-    previous = now.get("conditions") or []
-    if next((c for c in previous if c.get("type") == READY), None) != ready:
-        patch["conditions"] = pool_conditions(previous, ready)
-    return patch
-
-
-def _update_status(
-    deps: PoolDeps,
-    body: Mapping[str, Any],
-    status: Mapping[str, Any],
-    *,
-    ready: bool,
-    reason: str,
-    message: str,
-) -> None:
+def _update_status(deps: PoolDeps, pool: Pool, status: PoolStatus) -> None:
     """Write the pool's status where it changed; post an Event when Ready changes.
 
     One writer per condition: the pool's check owns ``Ready`` and the status fields
     (usage, subnets, ``observedGeneration``), the drift audit owns ``InSync``
-    (`audit`). Fields are merge-patched as they are (nobody else writes them). The
-    conditions list is replaced whole by a merge patch, so when Ready changed it is written
-    merged into the list as read, guarded by that resourceVersion; on 409 Conflict (the audit
-    wrote in between, after seconds of IPAM calls) the pool is read again and Ready merged
-    into what it holds now. A resourceVersion guard with a re-read, rather than server-side
-    apply with a field manager per writer: the guard is plain optimistic concurrency every
-    API server and the in-memory one (`mock_kubernetes`) serve, while apply would first have
-    to take over the conditions that merge patches of earlier versions own (managed
-    fields, https://kubernetes.io/docs/reference/using-api/server-side-apply/#conflicts).
+    (`audit`). Fields are merge-patched as they are (nobody else writes them;
+    `pool_backends.status_patch`). The conditions list is replaced whole by a merge patch,
+    so when Ready changed it is written merged into the list as read, guarded by that
+    resourceVersion; on 409 Conflict (the audit wrote in between, after seconds of IPAM
+    calls) the pool is read again and Ready merged into what it holds now. A
+    resourceVersion guard with a re-read, rather than server-side apply with a field
+    manager per writer: the guard is plain optimistic concurrency every API server and the
+    in-memory one (`mock_kubernetes`) serve, while apply would first have to take over the
+    conditions that merge patches of earlier versions own (managed fields,
+    https://kubernetes.io/docs/reference/using-api/server-side-apply/#conflicts).
     """
-    meta = body.get("metadata") or {}
-    namespace, kind, name = str(meta.get("namespace") or ""), str(body["kind"]), meta["name"]
-    current: Mapping[str, Any] = body
+    namespace, kind, name = pool.metadata.namespace, pool.kind, pool.name
+    current = pool
     for _ in range(STATUS_ATTEMPTS):
-        patch = _status_patch(current, status)
+        patch = status_patch(current.status, status)
         if not patch:
             break
-        version = (current.get("metadata") or {}).get("resourceVersion")
-        guard = str(version) if "conditions" in patch and version else None
+        version = current.metadata.resource_version
+        guard = version if "conditions" in patch and version else None
         try:
             deps.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
             break
@@ -412,12 +380,18 @@ def _update_status(
         reread = deps.kube.get_pool(namespace, kind, name)
         if reread is None:
             return
-        current = reread
+        current = IPPool.from_body(reread, kind)
     else:
         log.info("pool %s/%s: status not written (it kept changing)", namespace, name)
-    if capi.ready_of(body) != ("True" if ready else "False", reason):
-        log.log(logging.INFO if ready else logging.WARNING, "pool %s: %s", reason, message)
-        deps.events.post(body, "Normal" if ready else "Warning", reason, message)
+    ready = status.condition(READY)
+    if ready is not None and pool.ready[:2] != (ready.status, ready.reason):
+        good = ready.status == "True"
+        log.log(
+            logging.INFO if good else logging.WARNING, "pool %s: %s", ready.reason, ready.message
+        )
+        deps.events.post(
+            pool.as_object(), "Normal" if good else "Warning", ready.reason, ready.message
+        )
 
 
 def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Result:
@@ -452,44 +426,31 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
         deps.metrics.forget_pool(f"{namespace}/{name}", kind)
         deps.queue.wake(pool_token(namespace, kind, name))
         return Result.done()
-    body.setdefault("kind", kind)
-    meta = body.get("metadata") or {}
-    pool: Pool | None = None
-    error: PoolError | None = None
-    try:
-        pool = parse_pool(body)
-    except PoolError as exc:
-        error = exc
+    pool = IPPool.from_body(body, kind)
+    if pool.deleting:
+        return _reconcile_deleting(deps, pool)
 
-    if meta.get("deletionTimestamp"):
-        return _reconcile_deleting(deps, body, pool)
-
-    if capi.POOL_FINALIZER not in (meta.get("finalizers") or []):
-        outcome = deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, True).outcome
+    if capi.POOL_FINALIZER not in pool.metadata.finalizers:
+        outcome = deps.kube.set_pool_finalizer(pool, capi.POOL_FINALIZER, True).outcome
         if outcome is Outcome.CONFLICT:
             return Result.requeue_after(1.0)  # changed since read: its watch event queues it too
         if outcome is Outcome.GONE:
             return Result.done()
     try:
-        if pool is None:
-            raise error or PoolError(Reason.INVALID_SPEC, "invalid spec", needs_person=True)
-        _protect_secrets(deps, body, pool)
-        status = check_pool(deps, pool, body)
+        _protect_secrets(deps, valid(pool))
+        status = check_pool(deps, pool)
     except PoolError as failure:
-        if capi.ready_of(body) != ("False", failure.reason):
+        if pool.ready[:2] != ("False", failure.reason):
             # A new failure: claims that waited for the pool's check learn what it found.
             deps.queue.wake(pool_token(namespace, kind, name))
-        _update_failed_status(deps, body, failure)
+        _update_status(deps, pool, pool_failed_status(pool, failure))
         return Result.requeue_after(retry_delay(deps.settings, failure.reason))
-    condition = status["conditions"][0]
-    was_ready = capi.ready_of(body)[0] == "True"
-    _update_status(
-        deps, body, status, ready=True, reason=condition["reason"], message=condition["message"]
-    )
+    was_ready = pool.ready[0] == "True"
+    _update_status(deps, pool, status)
     token = pool_token(namespace, kind, name)
     if not was_ready:
         deps.queue.wake(token)  # the claims that waited for the pool to turn Ready
-    elif status["ipAddresses"]["free"] > 0:
+    elif status.ip_addresses is not None and status.ip_addresses.free > 0:
         deps.queue.wake(
             token, count=1
         )  # a claim waiting for an address tries; success wakes the next
@@ -500,27 +461,21 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
     return Result.done()
 
 
-def _update_failed_status(deps: PoolDeps, body: Mapping[str, Any], error: PoolError) -> None:
-    """Write Ready False with the error's reason and message (see `_update_status`)."""
-    generation = int((body.get("metadata") or {}).get("generation") or 0)
-    previous = (body.get("status") or {}).get("conditions") or []
-    status = pool_failed_status(generation, error, previous)
-    _update_status(deps, body, status, ready=False, reason=error.reason, message=error.message)
-
-
 #: How soon a pool being deleted looks again while the cache does not show its deletion yet,
 #: or while a claim is about to hold it (``deps.holds``).
 CACHE_LAG_SECONDS = 0.5
 
 
-def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | None) -> Result:
-    """Keep a pool being deleted while anything may hold an entry in it; else let it go."""
-    meta = body.get("metadata") or {}
-    kind, name = str(body["kind"]), str(meta["name"])
-    namespace = capi.pool_namespace(kind, str(meta.get("namespace") or ""))
+def _reconcile_deleting(deps: PoolDeps, pool: Pool) -> Result:
+    """Keep a pool being deleted while anything may hold an entry in it; else let it go.
+
+    A pool whose spec does not parse still goes: its Secrets are the ones its
+    `SECRETS_ANNOTATION` names.
+    """
+    namespace, kind, name = pool.key
     deps.queue.wake(pool_token(namespace, kind, name))  # its waiting claims learn it is going
     cached = deps.cache.pools.get((kind, namespace, name))
-    if cached is not None and not (cached.get("metadata") or {}).get("deletionTimestamp"):
+    if cached is not None and not IPPool.from_body(cached, kind).deleting:
         # Claims decide from the cache: until it shows the deletion, a claim may still see
         # the pool live and register in it. Its watch event queues the pool again.
         return Result.requeue_after(CACHE_LAG_SECONDS)
@@ -534,16 +489,16 @@ def _reconcile_deleting(deps: PoolDeps, body: Mapping[str, Any], pool: Pool | No
             f"it: {shown}; it goes once their claims are released",
             needs_person=False,
         )
-        _update_failed_status(deps, body, error)
+        _update_status(deps, pool, pool_failed_status(pool, error))
         if pending:  # claims in flight settle within moments: look again soon
             return Result.requeue_after(CACHE_LAG_SECONDS)
         # Each release queues the pool again; this retry is only the safety net.
         return Result.requeue_after(deps.settings.requeue_config_error_seconds)
-    held = _recorded_secrets(body) | set(pool.secret_refs if pool is not None else ())
+    held = _recorded_secrets(pool) | set(pool.secret_refs)
     # Under the namespace locks (`PoolDeps.locks`): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
     _release_secrets(deps, held, besides=(namespace, kind, name))
-    if deps.kube.set_pool_finalizer(body, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
+    if deps.kube.set_pool_finalizer(pool, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
     deps.clients.backends.drop((namespace, kind, name))
     deps.flow.refilled((namespace, kind, name))
@@ -578,12 +533,8 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
     body = deps.kube.get_pool(namespace, kind, name)
     if body is None:
         return []
-    body.setdefault("kind", kind)
-    try:
-        pool = parse_pool(body)
-    except PoolError:
-        return []
-    if pool.deleting:
+    pool = IPPool.from_body(body, kind)
+    if pool.spec is None or pool.deleting:
         return []
     backend = deps.clients.backend_for(pool)
     purged = deps.metrics.call(

@@ -30,11 +30,15 @@ What this relies on, and how each risk is closed:
   after `HOLD_SECONDS`: memory stays bounded.
 
 The stored bodies are shared, read-only dicts (``metadata.managedFields`` dropped): callers
-never modify them in place. Thread-safe: the event loop writes, worker threads read.
+never modify them in place. A part made with ``compact`` (claims and IPAddresses: thousands
+of them) keeps each body as compact JSON instead, with its resourceVersion and uid beside it,
+and decodes it for each reader (a fresh dict each time): a body of ~1 KB of JSON takes
+~5 KB as Python dicts and strings. Thread-safe: the event loop writes, worker threads read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -92,6 +96,28 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
     return copy
 
 
+class _Stored:
+    """One cached object: its resourceVersion and uid, and its body (a dict, or JSON bytes)."""
+
+    __slots__ = ("data", "uid", "version")
+
+    def __init__(self, body: Mapping[str, Any], compact: bool) -> None:
+        trimmed = _trim(body)
+        self.version = _version(trimmed)
+        self.uid = _uid(trimmed)
+        self.data: dict[str, Any] | bytes = (
+            json.dumps(trimmed, separators=(",", ":"), default=str).encode() if compact else trimmed
+        )
+
+    def body(self) -> dict[str, Any]:
+        """Return the body: the shared dict, or a fresh one decoded from JSON."""
+        data = self.data
+        if isinstance(data, bytes):
+            decoded: dict[str, Any] = json.loads(data)
+            return decoded
+        return data
+
+
 #: Seconds a tombstone (our deletion) or a written-through version waiting for its watch
 #: echo is kept at most; a relist (`ObjectCache.replace`) drops them all at once.
 HOLD_SECONDS: Final = 300.0
@@ -136,6 +162,9 @@ class ObjectCache:
         False: `lookup` never answers `MISSING`, an absent key is read from the API (for
         resources whose absence is rare and may be an object created between the start-up
         list and kopf's first listing, such as a pool created with its claims).
+    compact:
+        True: keep each body as compact JSON, decoded for each reader (for resources with
+        thousands of objects; see the module docstring).
     """
 
     def __init__(
@@ -144,12 +173,14 @@ class ObjectCache:
         clock: Callable[[], float] = time.monotonic,
         *,
         trust_absence: bool = True,
+        compact: bool = False,
     ) -> None:
         self.resource = resource
         self._trust_absence = trust_absence
+        self._compact = compact
         self._clock = clock
         self._lock = threading.Lock()
-        self._objects: dict[Key, dict[str, Any]] = {}
+        self._objects: dict[Key, _Stored] = {}
         # Deleted by us: (uid, when), until the watch's DELETED arrives.
         self._tombstones: dict[Key, tuple[str, float]] = {}
         # Written through by us: (versions in write order, when last written), until echoed.
@@ -182,9 +213,9 @@ class ObjectCache:
             if self._held(key, body):
                 return False
             current = self._objects.get(key)
-            if current is not None and not newer(_version(body), _version(current)):
+            if current is not None and not newer(_version(body), current.version):
                 return False
-            self._objects[key] = _trim(body)
+            self._objects[key] = _Stored(body, self._compact)
             return True
 
     def _held(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -240,9 +271,9 @@ class ObjectCache:
             if self._touched is not None:
                 self._touched.add(key)
             current = self._objects.get(key)
-            if current is not None and _version(current) == version:
+            if current is not None and current.version == version:
                 return
-            self._objects[key] = _trim(body)
+            self._objects[key] = _Stored(body, self._compact)
             if version:
                 versions = self._pending.get(key, ([], 0.0))[0]
                 self._pending[key] = ([*versions, version], self._clock())
@@ -258,7 +289,7 @@ class ObjectCache:
             self._pending.pop(key, None)
             current = self._objects.pop(key, None)
             if current is not None:
-                self._tombstones[key] = (_uid(current), now)
+                self._tombstones[key] = (current.uid, now)
 
     def mark_synced(self) -> None:
         """Record that the initial listing was seen (absence can be trusted from now)."""
@@ -311,25 +342,28 @@ class ObjectCache:
         Relisted
             The objects gone (cached, not listed) and changed (new or another version).
         """
-        listed = {key: _trim(body) for key, body in items}
-        gone: list[tuple[Key, dict[str, Any]]] = []
-        changed: list[tuple[Key, dict[str, Any]]] = []
+        listed = {key: _Stored(body, self._compact) for key, body in items}
+        gone: list[tuple[Key, _Stored]] = []
+        changed: list[tuple[Key, _Stored]] = []
         with self._lock:
             touched, self._touched = self._touched or set(), None
             for key in [k for k in self._objects if k not in listed and k not in touched]:
                 gone.append((key, self._objects.pop(key)))
-            for key, body in listed.items():
+            for key, stored in listed.items():
                 if key in touched:
                     continue
                 current = self._objects.get(key)
-                if current is None or newer(_version(body), _version(current)):
-                    self._objects[key] = body
-                    changed.append((key, body))
+                if current is None or newer(stored.version, current.version):
+                    self._objects[key] = stored
+                    changed.append((key, stored))
             self._tombstones.clear()
             self._pending.clear()
             self._synced = True
             self._suspect = False
-        return Relisted(gone, changed)
+        return Relisted(
+            [(key, stored.body()) for key, stored in gone],
+            [(key, stored.body()) for key, stored in changed],
+        )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -344,9 +378,15 @@ class ObjectCache:
         return self._suspect
 
     def get(self, key: Key) -> dict[str, Any] | None:
-        """Return the cached object (a shared dict: do not modify it), or None."""
+        """Return the cached object (shared, or decoded afresh when compact: never modify it)."""
         with self._lock:
-            return self._objects.get(key)
+            found = self._objects.get(key)
+        return None if found is None else found.body()
+
+    def __contains__(self, key: Key) -> bool:
+        """Tell whether an object is cached under ``key`` (nothing decoded)."""
+        with self._lock:
+            return key in self._objects
 
     def lookup(self, key: Key) -> dict[str, Any] | str:
         """Return the cached object, or `MISSING` (absent, trusted) or `MISSING_UNKNOWN`.
@@ -359,14 +399,14 @@ class ObjectCache:
         with self._lock:
             found = self._objects.get(key)
         if found is not None:
-            return found
+            return found.body()
         return MISSING if self._synced and self._trust_absence else MISSING_UNKNOWN
 
     def values(self) -> Iterator[dict[str, Any]]:
         """Iterate over a snapshot of the cached objects."""
         with self._lock:
             snapshot = list(self._objects.values())
-        return iter(snapshot)
+        return (stored.body() for stored in snapshot)
 
     def __len__(self) -> int:
         """Return how many objects are cached."""

@@ -16,13 +16,14 @@ from kubernetes.client import ApiException
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.models import IPPool
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, pool_label
 from bridge.reconcilers.audit.survey import survey
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
-from bridge.reconcilers.pool_backends import parse_pool
+from bridge.reconcilers.pool_backends import valid
 from bridge.runtime.gateway import access_denied, api_client, api_status_message
 from bridge.settings import Settings
 
@@ -126,12 +127,10 @@ def _audit_pools(ctx: Operator, err: TextIO) -> _Outcome | None:
             print(f"ipam-bridge audit: cannot list {kind}: {_cli_error(exc)}", file=err)
             return None
         for body in bodies:
-            body.setdefault("kind", kind)
-            meta = body.get("metadata") or {}
-            name = "/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p)
+            pool = IPPool.from_body(body, kind)
+            name = "/".join(p for p in (pool.metadata.namespace, pool.name) if p)
             try:
-                pool = parse_pool(body)
-                if pool.deleting:
+                if valid(pool).deleting:
                     continue
                 seen = survey(ctx, pool)
             except (PoolError, BackendError, ApiException) as exc:

@@ -146,7 +146,7 @@ def _entry_address(entry: Allocation) -> str:
 def _zone(pool: Pool) -> str:
     if "Infoblox" not in pool.kind:
         return ""
-    return str(pool.spec.get("dnsZone") or "").strip(".").lower()
+    return str(pool.location.get("dnsZone") or "").strip(".").lower()
 
 
 def unqualified_host(pool: Pool, name: str) -> str:
@@ -173,7 +173,7 @@ def _registered_here(pool: Pool, location_text: str | None) -> bool:
     if not isinstance(location, dict):
         return True
     for key in LOCATION_FIELDS.get(pool.kind, ()):
-        current, registered = pool.spec.get(key), location.get(key)
+        current, registered = pool.location.get(key), location.get(key)
         if key == "subnets" and isinstance(current, list) and isinstance(registered, list):
             if current[: len(registered)] != registered:
                 return False

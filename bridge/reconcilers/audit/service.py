@@ -25,6 +25,7 @@ from backends.base import Allocation, IPAMBackend
 from backends.errors import AddressUnavailableError, BackendError
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.models import Condition, IPPool, wire
 from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
 from bridge.reconcilers.audit.survey import Survey, survey
@@ -132,12 +133,11 @@ def _conflict_from(finding: Finding, message: str, hostname: str) -> Finding:
     )
 
 
-def _auditable(body: Mapping[str, Any], pool: Pool) -> bool:
+def _auditable(pool: Pool) -> bool:
     """Return True when a pool is audited: not being deleted, Ready for its generation."""
     if pool.deleting:
         return False
-    status = body.get("status") or {}
-    return capi.ready_of(body)[0] == "True" and status.get("observedGeneration") == pool.generation
+    return pool.ready[0] == "True" and pool.observed_generation == pool.generation
 
 
 class Auditor:
@@ -197,25 +197,24 @@ class Auditor:
             for body in bodies:
                 if self.stopped:
                     return done
-                body.setdefault("kind", kind)
                 try:
-                    pool = parse_pool(body)
+                    pool = parse_pool(body, kind)
                 except PoolError:
                     continue
                 present.add(pool.key)
-                if not _auditable(body, pool):
+                if not _auditable(pool):
                     continue
-                result = self._audit_logged(pool, body)
+                result = self._audit_logged(pool)
                 if result is not None:
                     done.append(result)
         for key in set(self._seen) - present:
             del self._seen[key]
         return done
 
-    def _audit_logged(self, pool: Pool, body: Mapping[str, Any]) -> PoolAudit | None:
+    def _audit_logged(self, pool: Pool) -> PoolAudit | None:
         """Return `audit_pool`'s outcome, or None after logging why the pool was skipped."""
         try:
-            return self.audit_pool(pool, body)
+            return self.audit_pool(pool)
         except BackendError as exc:
             log.warning(
                 "drift audit of %s skipped: %s (trying again at the next round)",
@@ -232,13 +231,13 @@ class Auditor:
             log.exception("drift audit of %s failed (trying again at the next round)", pool.display)
         return None
 
-    def audit_pool(self, pool: Pool, body: Mapping[str, Any]) -> PoolAudit:
+    def audit_pool(self, pool: Pool) -> PoolAudit:
         """Audit one pool: survey, repair missing entries, post Events, write status, metric.
 
         Parameters
         ----------
-        pool, body:
-            The pool, parsed and as read.
+        pool:
+            The pool as read.
 
         Raises
         ------
@@ -259,7 +258,7 @@ class Auditor:
                 restored.append(finding)
             elif isinstance(outcome, Finding):
                 findings.append(outcome)
-        self._report(pool, body, seen, findings)
+        self._report(pool, seen, findings)
         return PoolAudit(pool, findings, restored)
 
     # -- repair -------------------------------------------------------------------------
@@ -406,7 +405,6 @@ class Auditor:
     def _report(
         self,
         pool: Pool,
-        body: Mapping[str, Any],
         seen: Survey,
         findings: Sequence[Finding],
     ) -> None:
@@ -417,7 +415,7 @@ class Auditor:
             if finding.key in before:
                 continue
             if finding.finding == FindingKind.ORPHAN:
-                ctx.events.post(body, "Warning", Reason.ORPHAN_ENTRY, finding.message)
+                ctx.events.post(pool.as_object(), "Warning", Reason.ORPHAN_ENTRY, finding.message)
             else:
                 namespace, name = finding.claim.split("/", 1)
                 claim = seen.claims.get((namespace, name))
@@ -426,7 +424,7 @@ class Auditor:
                     if finding.finding == FindingKind.MISSING
                     else Reason.ADDRESS_CONFLICT
                 )
-                ctx.events.post(claim or body, "Warning", reason, finding.message)
+                ctx.events.post(claim or pool.as_object(), "Warning", reason, finding.message)
             log.warning("drift audit of %s: %s: %s", pool.display, finding.finding, finding.message)
         self._seen[pool.key] = frozenset(f.key for f in findings)
         for kind, count in counts(findings).items():
@@ -442,23 +440,26 @@ class Auditor:
         """
         ctx = self.ctx
         for _ in range(_CONDITION_ATTEMPTS):
-            current = ctx.kube.get_pool(pool.namespace, pool.kind, pool.name)
-            if current is None:
+            body = ctx.kube.get_pool(pool.namespace, pool.kind, pool.name)
+            if body is None:
                 return
-            current.setdefault("kind", pool.kind)
-            conditions = list((current.get("status") or {}).get("conditions") or [])
-            old = next((c for c in conditions if c.get("type") == IN_SYNC), None)
-            new = in_sync_condition(
-                findings,
-                observed_generation=int((current.get("metadata") or {}).get("generation") or 0)
-                or None,
-                previous=conditions,
+            current = IPPool.from_body(body, pool.kind)
+            conditions = current.status.conditions
+            old = current.status.condition(IN_SYNC)
+            new = Condition.model_validate(
+                in_sync_condition(
+                    findings,
+                    observed_generation=current.generation or None,
+                    previous=[wire(c) for c in conditions],
+                )
             )
-            if old is not None and all(
-                old.get(k) == new.get(k) for k in ("status", "reason", "message")
+            if old is not None and (old.status, old.reason, old.message) == (
+                new.status,
+                new.reason,
+                new.message,
             ):
                 return
-            merged = [c for c in conditions if c.get("type") != IN_SYNC] + [new]
+            merged = [c for c in conditions if c.type != IN_SYNC] + [new]
             try:
                 ctx.kube.patch_pool_conditions(current, merged)
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import re
 import socket
 import threading
@@ -333,6 +334,20 @@ def test_logins_in_flight_count_against_the_budget() -> None:
     assert endpoint.check_login("d") is True  # one refusal + nothing in flight: room again
     endpoint.login_refused("d", "Invalid username or password", admitted=True)
     assert endpoint.check_login("c") is False  # proven credentials are never held back
+
+
+def test_a_login_of_a_credential_in_flight_waits_for_its_outcome() -> None:
+    """Pools sharing credentials log in together at start-up: the first success proves them."""
+    registry = FlowControl(login_limit=1, login_window_seconds=300, clock=FakeClock())
+    endpoint = registry.endpoint(URL)
+    assert endpoint.check_login("shared") is True  # the first login, in flight
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        second = pool.submit(endpoint.check_login, "shared")
+        with pytest.raises(concurrent.futures.TimeoutError):
+            second.result(timeout=0.3)  # waits instead of being held back
+        endpoint.login_succeeded("shared")
+        endpoint.login_ended("shared")
+        assert second.result(timeout=10) is False  # proven: no budget place needed
 
 
 def test_transport_login_gives_the_budget_place_back_on_any_outcome() -> None:

@@ -34,6 +34,7 @@ from bridge.capi import (
     POOL_KINDS,
     Claim,
 )
+from bridge.models import IPPool
 from bridge.reconcilers import backend_clients
 from bridge.reconcilers.pool_backends import Pool, location_of
 from bridge.runtime.gateway import Outcome
@@ -354,24 +355,21 @@ class FakeKube:
             del self.addresses[(namespace, name)]
         return KubeWrite(Outcome.WRITTEN)
 
-    def set_pool_finalizer(
-        self, pool: Mapping[str, Any], finalizer: str, present: bool
-    ) -> KubeWrite:
-        meta = pool.get("metadata") or {}
-        key = (meta.get("namespace", ""), str(pool["kind"]), meta["name"])
+    def set_pool_finalizer(self, pool: IPPool, finalizer: str, present: bool) -> KubeWrite:
+        key = (pool.metadata.namespace, pool.kind, pool.name)
         return self._set_finalizers(
-            self.pools, key, pool, finalizer, present, "pool.finalizer", "/".join(key)
+            self.pools, key, pool.as_object(), finalizer, present, "pool.finalizer", "/".join(key)
         )
 
-    def annotate_pool(self, pool: Mapping[str, Any], key: str, value: str | None) -> None:
-        meta = pool.get("metadata") or {}
-        stored = self.pools.get((meta.get("namespace", ""), str(pool["kind"]), meta["name"]))
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
+        namespace, name = pool.metadata.namespace, pool.name
+        stored = self.pools.get((namespace, pool.kind, name))
         if stored is None:
             return
         annotations = stored["metadata"].setdefault("annotations", {})
         if annotations.get(key) == value:
             return
-        self._record("pool.annotate", f"{meta.get('namespace', '')}/{meta['name']}", (key, value))
+        self._record("pool.annotate", f"{namespace}/{name}", (key, value))
         if value is None:
             annotations.pop(key, None)
         else:
@@ -619,7 +617,7 @@ class FakeQueue:
         self.woken: list[Any] = []
         self.parked_keys: dict[Any, set[Any]] = {}
 
-    def add(self, key: Any, after: float = 0.0) -> None:
+    def add(self, key: Any, after: float = 0.0, *, background: bool = False) -> None:
         self.added.append((key, after))
 
     def wake(self, token: Any, count: int | None = None) -> int:

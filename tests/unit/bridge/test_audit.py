@@ -22,6 +22,7 @@ from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
+from bridge.models import Condition, IPPool, wire
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers import audit, backend_clients
@@ -304,11 +305,10 @@ class AuditKube(FakeKube):
             if namespace is None or ns == namespace
         ]
 
-    def patch_pool_conditions(
-        self, pool: Mapping[str, Any], conditions: Sequence[Mapping[str, Any]]
-    ) -> None:
-        meta = pool["metadata"]
-        stored = self.pools[(meta.get("namespace", ""), pool["kind"], meta["name"])]
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+        meta = pool.as_object()["metadata"]
+        conditions = [wire(c) for c in conditions]
+        stored = self.pools[(meta.get("namespace", ""), pool.kind, meta["name"])]
         if self.conflicts or meta["resourceVersion"] != stored["metadata"]["resourceVersion"]:
             self.conflicts = max(self.conflicts - 1, 0)
             stored["metadata"]["resourceVersion"] = self._rv()

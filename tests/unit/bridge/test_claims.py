@@ -29,6 +29,7 @@ from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
+from bridge.models import wire
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
 from bridge.operator import Operator
@@ -195,13 +196,14 @@ def test_with_location_keeps_the_pool_unless_a_different_location_was_recorded()
     moved = with_location(pool, old)
     assert moved is not pool
     assert moved.key == pool.key and moved.credentials_secret == "creds"
-    assert moved.spec["endpoint"] == "https://old.example.com"
-    assert moved.spec["appId"] == "legacy" and moved.spec["subnetId"] == 7
+    spec = wire(moved.spec)
+    assert spec["endpoint"] == "https://old.example.com"
+    assert spec["appId"] == "legacy" and spec["subnetId"] == 7
     # The recorded location is the whole location: current location fields it lacks go.
-    assert "subnet" not in moved.spec and "sectionId" not in moved.spec
+    assert "subnet" not in spec and "sectionId" not in spec
     # What is not a location field is the pool's, never the record's.
-    assert moved.spec["hostnameSuffix"] == "lab" and "other" not in moved.spec
-    assert pool.spec["endpoint"] == "https://ipam.example.com"  # the pool is not changed
+    assert spec["hostnameSuffix"] == "lab" and "other" not in spec
+    assert wire(pool.spec)["endpoint"] == "https://ipam.example.com"  # the pool is not changed
 
 
 def test_claim_status_on_a_v1beta1_schema_without_status_v1beta2() -> None:

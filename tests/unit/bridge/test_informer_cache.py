@@ -264,3 +264,43 @@ def test_relist_lists_each_part_afresh_and_keeps_only_ours() -> None:
     # The failed relist recorded nothing more: a later relist drops what is gone.
     again = relist(cache, kube, "addresses", version="v1beta2", namespaces=())  # type: ignore[arg-type]
     assert again is not None and [key for key, _ in again.gone] == [("ns", "later")]
+
+
+def test_a_claim_is_settled_only_when_bound_to_a_cached_address_with_our_finalizer() -> None:
+    cache = Cache()
+    cache.addresses.apply(("ns", "c1"), {"metadata": {"namespace": "ns", "name": "c1"}})
+    meta = {
+        "namespace": "ns",
+        "name": "c1",
+        "finalizers": ["ipam.cluster.x-k8s.io/ReleaseAddress"],
+    }
+    bound: dict[str, Any] = {"metadata": meta, "status": {"addressRef": {"name": "c1"}}}
+    assert cache.settled(bound)
+    assert not cache.settled({**bound, "status": {}})  # not bound yet
+    assert not cache.settled({**bound, "status": {"addressRef": {"name": "other"}}})
+    assert not cache.settled({**bound, "metadata": {**meta, "finalizers": []}})
+    deleting = {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}
+    assert not cache.settled({**bound, "metadata": deleting})
+
+
+def test_a_compact_part_keeps_json_and_answers_as_a_dict_part_does() -> None:
+    part, plain = ObjectCache("ipaddressclaims", compact=True), ObjectCache("ipaddressclaims")
+    for p in (part, plain):
+        assert p.apply(("ns", "a"), obj("a", "1"))
+        assert not p.apply(("ns", "a"), obj("a", "1"))  # the version cached already
+        p.put(("ns", "a"), obj("a", "2"))
+        assert not p.apply(("ns", "a"), obj("a", "2"))  # the echo of our write
+        p.apply(("ns", "b"), obj("b", "1"))
+    assert part.get(("ns", "a")) == plain.get(("ns", "a")) == obj("a", "2")
+    assert ("ns", "b") in part and ("ns", "c") not in part
+    found = part.get(("ns", "a"))
+    assert found is not None
+    found["metadata"]["name"] = "changed"  # a fresh dict: the cache is untouched
+    assert part.lookup(("ns", "a")) == obj("a", "2")
+    part.forget(("ns", "a"))
+    assert not part.apply(("ns", "a"), obj("a", "3"))  # tombstone (same uid)
+    part.begin_relist()
+    result = part.replace([(("ns", "c"), obj("c", "1"))])
+    assert result.gone == [(("ns", "b"), obj("b", "1"))]
+    assert result.changed == [(("ns", "c"), obj("c", "1"))]
+    assert list(part.values()) == [obj("c", "1")]

@@ -24,6 +24,7 @@ from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
+from bridge.models import IPPool
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import pool_token
 from bridge.operator import Operator
@@ -118,13 +119,13 @@ def infoblox_pool(name: str, secret: str, namespace: str = NS, **meta: Any) -> d
     ids=["steady", "steady-failing", "listing", "deleting", "no-status", "no-ready", "spec"],
 )
 def test_needs_check(body: dict[str, Any], listing: bool, expected: bool) -> None:
-    assert needs_check(body, listing=listing) is expected
+    assert needs_check(IPPool.from_body(body), listing=listing) is expected
 
 
 def test_our_own_status_write_needs_no_check(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
-    assert needs_check(world.stored(), listing=False) is False
+    assert needs_check(IPPool.from_body(world.stored()), listing=False) is False
 
 
 # -- backend_for ----------------------------------------------------------------------------
@@ -646,3 +647,74 @@ def test_purge_deletes_ended_quarantines_and_wakes_a_waiting_claim(world: World)
     assert purge_quarantined(world.ctx.pools, NS, KIND, "pool") == []
     assert world.queue.woken == []
     assert purge_quarantined(world.ctx.pools, NS, KIND, "gone") == []
+
+
+# -- typed pool: what the pool path writes stays as it was ------------------------------------
+
+
+def test_an_invalid_pool_gets_its_status_once_and_no_write_after(world: World) -> None:
+    world.kube.add_pool(phpipam_pool(endpoint="ftp://nowhere", generation=3))
+    world.reconcile()
+    [write] = world.kube.of("pool.status")
+    ready = write.detail["conditions"][0]
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        Reason.INVALID_SPEC,
+        "spec.endpoint must be an http:// or https:// URL",
+    )
+    assert write.detail["observedGeneration"] == 3
+    world.reset()
+    world.reconcile()  # nothing changed: no API write at all
+    assert world.kube.writes == []
+
+
+def test_a_pool_whose_spec_stopped_parsing_lets_its_recorded_secrets_go(world: World) -> None:
+    world.kube.add_secret(NS, "ca", {"ca.crt": "PEM"})
+    world.kube.add_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca"}}))
+    world.reconcile()
+    assert world.kube.secret_finalizers(NS, "ca") == [CREDENTIALS_FINALIZER]
+    stored = world.stored()
+    stored["spec"] = {"endpoint": "ftp://broken"}  # no credentialsRef any more
+    world.reconcile()
+    assert world.ready()["reason"] == Reason.INVALID_SPEC
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert world.kube.secret_finalizers(NS, "creds") == []
+    assert world.kube.secret_finalizers(NS, "ca") == []
+
+
+@pytest.mark.parametrize(
+    ("pool", "key", "expected"),
+    [
+        (phpipam_pool(), (NS, KIND, "pool"), "creds"),
+        (phpipam_pool(tls={"caSecretRef": {"name": "ca"}}), (NS, KIND, "pool"), "ca,creds"),
+        (
+            {
+                "kind": GLOBAL,
+                "metadata": {"name": "shared"},
+                "spec": {
+                    "endpoint": "https://ipam.example.com",
+                    "appId": "capi",
+                    "subnetId": 7,
+                    "credentialsRef": {"name": "creds", "namespace": "ipam"},
+                    "tls": {"caSecretRef": {"name": "ca", "namespace": "certs"}},
+                },
+            },
+            ("", GLOBAL, "shared"),
+            "certs/ca,ipam/creds",
+        ),
+    ],
+    ids=["namespaced", "namespaced-ca", "global"],
+)
+def test_the_secrets_annotation_is_written_as_before(
+    world: World, pool: dict[str, Any], key: tuple[str, str, str], expected: str
+) -> None:
+    for namespace, name in ((NS, "ca"), ("ipam", "creds"), ("certs", "ca")):
+        world.kube.add_secret(namespace, name, {"username": "u", "password": "p", "ca.crt": "P"})
+    world.kube.add_pool(pool)
+    world.reconcile(key[2], key[1], key[0])
+    [write] = world.kube.of("pool.annotate")
+    assert write.detail == ("ipam-bridge.io/secrets-in-use", expected)
+    assert world.kube.pools[key]["metadata"]["annotations"] == {
+        "ipam-bridge.io/secrets-in-use": expected
+    }

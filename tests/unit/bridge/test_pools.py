@@ -1,14 +1,18 @@
 import json
+from pathlib import Path
 
 import pytest
 import trustme
+import yaml
 
 from backends.base import SubnetInfo, SubnetRef
 from backends.infoblox import InfobloxBackend
 from backends.phpipam import PHPIPAMBackend
 from backends.retry import RetryPolicy
+from bridge.models import Condition, PoolStatus, wire
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import (
+    LOCATION_FIELDS,
     build_backend,
     fingerprint,
     location_of,
@@ -16,9 +20,19 @@ from bridge.reconcilers.pool_backends import (
     pool_conditions,
     pool_failed_status,
     pool_status,
+    status_patch,
     subnet_refs,
     with_location,
 )
+
+
+def shown(status: PoolStatus) -> dict:
+    """A status as the API shows it, ``gateway`` None when it holds none."""
+    return {"gateway": None, **wire(status)}
+
+
+def wire_all(conditions) -> list:
+    return [wire(c) for c in conditions]
 
 
 def php_pool(**spec):
@@ -155,26 +169,27 @@ def test_pool_status_uses_overrides_and_saturates_ipv6_counts():
     info = SubnetInfo(
         cidr="10.0.0.0/24", prefix=24, gateway="10.0.0.1", total=254, used=4, free=250
     )
-    status = pool_status(parse_pool(php_pool()), [info])
+    status = shown(pool_status(parse_pool(php_pool()), [info]))
     assert status["subnet"] == "10.0.0.0/24" and status["prefix"] == 24
     assert status["gateway"] == "10.0.0.1"
     assert status["ipAddresses"] == {"total": 254, "used": 4, "free": 250}
     assert status["observedGeneration"] == 2
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("True", "PoolReady")
-    override = pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), [info])
+    override = shown(pool_status(parse_pool(php_pool(gateway="10.0.0.254", prefix=23)), [info]))
     assert (override["gateway"], override["prefix"]) == ("10.0.0.254", 23)
     v6 = SubnetInfo(
         cidr="2001:db8::/64", prefix=64, gateway=None, total=2**64, used=3, free=2**64 - 3
     )
-    status = pool_status(parse_pool(php_pool()), [v6])
+    status = shown(pool_status(parse_pool(php_pool()), [v6]))
     assert status["ipAddresses"]["total"] == 2**63 - 1
     assert status["gateway"] is None
 
 
 def test_pool_failed_status():
     error = PoolError("AuthenticationFailed", "wrong password", needs_person=True)
-    status = pool_failed_status(4, error)
+    pool = parse_pool({**php_pool(), "metadata": {"name": "p", "namespace": "ns", "generation": 4}})
+    status = shown(pool_failed_status(pool, error))
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"], ready["message"]) == (
         "False",
@@ -222,7 +237,7 @@ def test_pool_null_and_empty_fields_read_as_unset():
     )
     assert (pool.gateway, pool.hostname_suffix, pool.prefix) == (None, None, None)
     assert (pool.tls.ca_secret_name, pool.tls.ca_secret_key) == (None, "ca.crt")
-    assert pool.spec["gateway"] == ""  # the raw spec is kept as read
+    assert pool.spec.gateway is None
     assert parse_pool(ib_pool(recordType="", tls=None)).secret_refs == (("ns", "creds"),)
 
 
@@ -236,13 +251,13 @@ SUBNETS = [
 
 def test_subnets_fold_the_pool_overrides_under_each_entrys_own():
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254", prefix=23))
-    assert pool.subnets == (
+    assert subnet_refs(pool) == (
         SubnetRef(subnet_id=7, gateway="10.0.0.254", prefix=23),
         SubnetRef(cidr="10.1.0.0/29", gateway="10.1.0.6", prefix=28),
     )
     single = parse_pool(php_pool(gateway="10.0.0.254"))
-    assert single.subnets == (SubnetRef(subnet_id=7, gateway="10.0.0.254"),)
-    assert subnet_refs({"subnet": "10.30.0.0/24"}) == (SubnetRef(cidr="10.30.0.0/24"),)
+    assert subnet_refs(single) == (SubnetRef(subnet_id=7, gateway="10.0.0.254"),)
+    assert subnet_refs(parse_pool(ib_pool())) == (SubnetRef(cidr="10.30.0.0/24"),)
 
 
 def test_grace_period_is_parsed_and_checked():
@@ -305,7 +320,7 @@ def test_build_backend_gives_the_client_every_subnet():
     retry = RetryPolicy(sleep=lambda _: None)
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS, gateway="10.0.0.254"))
     backend = build_backend(pool, {"token": "t"}, None, timeout_seconds=3, retry=retry)
-    assert tuple(backend.config.subnets) == pool.subnets
+    assert tuple(backend.config.subnets) == subnet_refs(pool)
     ib = parse_pool(ib_pool(subnet=None, subnets=[{"subnet": "10.30.0.0/24"}]))
     backend = build_backend(
         ib, {"username": "u", "password": "p"}, None, timeout_seconds=3, retry=retry
@@ -317,7 +332,7 @@ def test_a_recorded_location_brings_its_subnets():
     old = parse_pool(php_pool(subnetId=None, subnets=SUBNETS[:1]))
     grown = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
     assert json.loads(location_of(old))["subnets"] == SUBNETS[:1]
-    assert with_location(grown, location_of(old)).subnets == old.subnets
+    assert subnet_refs(with_location(grown, location_of(old))) == subnet_refs(old)
     assert with_location(grown, location_of(grown)) is grown
 
 
@@ -334,8 +349,10 @@ def info(cidr, total, used, gateway=None, prefix=None):
 
 def test_pool_status_per_subnet_and_summed():
     pool = parse_pool(php_pool(subnetId=None, subnets=SUBNETS))
-    status = pool_status(
-        pool, [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1, "10.1.0.1")]
+    status = shown(
+        pool_status(
+            pool, [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1, "10.1.0.1")]
+        )
     )
     assert status["subnets"] == [
         {
@@ -362,7 +379,7 @@ def test_pool_status_per_subnet_and_summed():
     assert ready["message"] == (
         "2 subnets found (10.0.0.0/29, 10.1.0.0/29); usage in status.subnets"
     )
-    no_gateway = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)])
+    no_gateway = shown(pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)]))
     assert "gateway" not in no_gateway["subnets"][0] and no_gateway["gateway"] is None
 
 
@@ -370,13 +387,146 @@ def test_pool_status_keeps_conditions_of_other_types_in_place():
     in_sync = {"type": "InSync", "status": "True", "reason": "NoDrift", "message": ""}
     old_ready = {"type": "Ready", "status": "False", "reason": "X", "message": "m"}
     previous = [old_ready, in_sync]
-    status = pool_status(parse_pool(php_pool()), [info("10.0.0.0/29", 6, 0)], previous)
+    pool = parse_pool({**php_pool(), "status": {"conditions": previous}})
+    status = shown(pool_status(pool, [info("10.0.0.0/29", 6, 0)]))
     assert [c["type"] for c in status["conditions"]] == ["Ready", "InSync"]
     assert status["conditions"][1] == in_sync
-    failed = pool_failed_status(
-        4, PoolError("SubnetNotFound", "gone", needs_person=True), [in_sync]
+    failed = shown(
+        pool_failed_status(
+            parse_pool({**php_pool(), "status": {"conditions": [in_sync]}}),
+            PoolError("SubnetNotFound", "gone", needs_person=True),
+        )
     )
     assert [c["type"] for c in failed["conditions"]] == ["InSync", "Ready"]
-    assert pool_conditions([in_sync], {"type": "InSync", "status": "False"}) == [
-        {"type": "InSync", "status": "False"}
-    ]
+    assert wire_all(
+        pool_conditions([Condition(**in_sync)], Condition(type="InSync", status="False"))
+    ) == [{"type": "InSync", "status": "False"}]
+
+
+# -- what the typed pool writes stays as it was -----------------------------------------------
+
+
+def _location_as_written_before(kind, spec):
+    """The IPAM-location annotation as earlier releases wrote it: raw spec fields, compact."""
+    fields = LOCATION_FIELDS[kind]
+    return json.dumps(
+        {k: spec[k] for k in fields if k in spec}, sort_keys=True, separators=(",", ":")
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        php_pool(),
+        php_pool(sectionId=3, hostnameSuffix="lab", gateway="10.0.0.1", prefix=24),
+        php_pool(subnetId=None, subnet="10.9.0.0/24", endpoint="https://ipam.example.com/api/"),
+        php_pool(subnetId=None, subnets=[*SUBNETS, {"subnet": "10.2.0.0/24", "gateway": ""}]),
+        {**php_pool(), "spec": {**php_pool()["spec"], "sectionId": None}},
+        ib_pool(),
+        ib_pool(recordType="", dnsZone="", dnsView="", networkView="corp"),
+        ib_pool(recordType="fixedaddress", dnsZone="lab.example.com.", wapiVersion="2.13"),
+        ib_pool(subnet=None, subnets=[{"subnet": "10.30.0.0/24", "prefix": 25}]),
+        {**ib_pool(), "kind": "GlobalInfobloxIPPool", "metadata": {"name": "g"}},
+    ],
+)
+def test_the_location_annotation_is_written_as_before(body):
+    spec = {**body["spec"]}
+    if body["kind"].startswith("Global"):
+        spec["credentialsRef"] = {"name": "creds", "namespace": "ipam"}
+    body = {**body, "spec": spec}
+    pool = parse_pool(body)
+    assert location_of(pool) == _location_as_written_before(body["kind"], spec)
+    # A recorded location is written back as it was recorded.
+    recorded = json.dumps({**json.loads(location_of(pool)), "endpoint": "https://old.example"})
+    moved = with_location(pool, recorded)
+    assert location_of(moved) == _location_as_written_before(body["kind"], json.loads(recorded))
+
+
+def test_the_location_annotation_text_is_pinned():
+    pool = parse_pool(php_pool(sectionId=3, hostnameSuffix="lab"))
+    assert location_of(pool) == (
+        '{"appId":"capi","endpoint":"https://ipam.example.com/api","sectionId":3,"subnetId":7}'
+    )
+    ib = parse_pool(
+        ib_pool(recordType="", dnsZone="lab.", subnet=None, subnets=[{"subnet": "10.30.0.0/24"}])
+    )
+    assert location_of(ib) == (
+        # As read: the empty recordType and the null subnet too.
+        '{"dnsZone":"lab.","endpoint":"https://gm.example.com","recordType":"",'
+        '"subnet":null,"subnets":[{"subnet":"10.30.0.0/24"}]}'
+    )
+
+
+def _schema_paths(schema, prefix=""):
+    """Every property path a CRD's structural schema knows (``subnets[].cidr``...)."""
+    paths = set()
+    for name, sub in (schema.get("properties") or {}).items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        paths |= _schema_paths(sub, f"{path}.")
+        if "items" in sub:
+            paths |= _schema_paths(sub["items"], f"{path}[].")
+    return paths
+
+
+def _paths(value, prefix=""):
+    paths = set()
+    for name, sub in value.items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        if isinstance(sub, dict):
+            paths |= _paths(sub, f"{path}.")
+        elif isinstance(sub, list):
+            for item in sub:
+                if isinstance(item, dict):
+                    paths |= _paths(item, f"{path}[].")
+    return paths
+
+
+@pytest.mark.parametrize(
+    "crd",
+    sorted((Path(__file__).resolve().parents[3] / "crds").glob("ipam.cluster.x-k8s.io_*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_the_status_written_holds_only_fields_of_the_crd_schema(crd):
+    document = yaml.safe_load(crd.read_text())
+    (version,) = document["spec"]["versions"]
+    known = _schema_paths(version["schema"]["openAPIV3Schema"]["properties"]["status"])
+    pool = parse_pool(
+        php_pool(subnetId=None, subnets=SUBNETS, status={"conditions": [{"type": "InSync"}]})
+    )
+    infos = [info("10.0.0.0/29", 6, 6, "10.0.0.1"), info("10.1.0.0/29", 6, 1)]
+    status = pool_status(pool, infos)
+    failed = pool_failed_status(pool, PoolError("SubnetNotFound", "gone", needs_person=True))
+    for written in (
+        wire(status),
+        status_patch(pool.status, status),
+        status_patch(pool.status, failed),
+    ):
+        assert _paths(written) <= known, _paths(written) - known
+
+
+def test_the_status_patch_is_a_minimal_diff():
+    body = php_pool(gateway="10.0.0.254")
+    first = pool_status(parse_pool(body), [info("10.0.0.0/29", 6, 1)])
+    written = {**body, "status": wire(first)}
+    pool = parse_pool(written)
+    assert status_patch(pool.status, pool_status(pool, [info("10.0.0.0/29", 6, 1)])) == {}
+    assert status_patch(pool.status, pool_status(pool, [info("10.0.0.0/29", 6, 2)])) == {
+        "subnets": [
+            {
+                "cidr": "10.0.0.0/29",
+                "prefix": 29,
+                "gateway": "10.0.0.254",
+                "ipAddresses": {"total": 6, "used": 2, "free": 4},
+            }
+        ],
+        "ipAddresses": {"total": 6, "used": 2, "free": 4},
+    }
+    # A gateway the pool no longer has is removed (null in the merge patch).
+    without = parse_pool({**written, "spec": {**body["spec"], "gateway": None}})
+    patch = status_patch(without.status, pool_status(without, [info("10.0.0.0/29", 6, 1)]))
+    assert patch["gateway"] is None and "gateway" not in patch["subnets"][0]
+    assert "conditions" not in patch  # the Ready condition did not change
+    failed = pool_failed_status(pool, PoolError("SubnetNotFound", "gone", needs_person=True))
+    assert set(status_patch(pool.status, failed)) == {"conditions"}

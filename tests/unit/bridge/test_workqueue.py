@@ -336,3 +336,54 @@ async def test_stalled_counts_while_due_keys_wait_and_not_for_parked_or_idle_que
         release.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_background_keys_run_after_every_due_key_of_the_front_lane() -> None:
+    rec = Recorder()
+    queue = WorkQueue(rec, workers=1)
+    for i in range(5):
+        queue.add(("settled", i), background=True)
+    queue.add("new")
+    queue.add(("settled", 4))  # added normally: moves to the front lane
+    queue.add("new", background=True)  # stays in the front lane
+    task = asyncio.create_task(queue.run())
+    try:
+        async with asyncio.timeout(10):
+            while len(queue) or len(rec.calls) < 6:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    order = [key for key, _ in rec.calls]
+    assert order == ["new", ("settled", 4), *[("settled", i) for i in range(4)]]
+    assert queue.sizes()["heap"] == 0
+
+
+async def test_background_keys_run_on_few_workers_while_front_keys_use_the_rest() -> None:
+    rec = Recorder()
+    rec.hold = 0.2
+    queue = WorkQueue(rec, workers=4, background_workers=1)
+    peak = {"background": 0, "all": 0}
+
+    def running(keys: object = None) -> int:
+        with rec.lock:
+            return sum(n for k, n in rec.running.items() if keys is None or k in keys)
+
+    settled = [("settled", i) for i in range(4)]
+    for key in settled:
+        queue.add(key, background=True)
+    for i in range(3):
+        queue.add(("new", i))
+    task = asyncio.create_task(queue.run())
+    try:
+        async with asyncio.timeout(10):
+            while len(queue) or len(rec.calls) < 7:
+                peak["background"] = max(peak["background"], running(settled))
+                peak["all"] = max(peak["all"], running())
+                await asyncio.sleep(0.005)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert peak["background"] == 1
+    order = [key for key, _ in rec.calls]
+    assert max(order.index(("new", i)) for i in range(3)) < order.index(("settled", 1))

@@ -367,6 +367,7 @@ def _hot_tables(result: HotPathResult) -> str:
             "bare/s",
             "ratio",
             "CPU ms/claim",
+            "of which loop",
             "bare CPU ms/claim",
             "CPU ratio",
         ],
@@ -381,6 +382,7 @@ def _hot_tables(result: HotPathResult) -> str:
                 result.bare[p.label].per_second,
                 p.per_second / result.bare[p.label].per_second,
                 p.cpu_ms,
+                p.loop_cpu_ms,
                 result.bare[p.label].cpu_ms,
                 p.cpu_ms / result.bare[p.label].cpu_ms,
             ]
@@ -414,7 +416,9 @@ def _hot_tables(result: HotPathResult) -> str:
         "(search + first-free; release: search + delete); bare = a client of its own process "
         "sending the same phpIPAM requests and the 3 API writes per claim (urllib3, "
         f"{result.parallelism} threads); CPU = user + system seconds of the process (the "
-        "operator's from its first create to its last write settled; the operator logs at "
+        "operator's from its first create to its last write settled, of which its event loop's "
+        "(main thread: kopf's watch events, the handlers, the work queue's dispatch); the "
+        "operator logs at "
         f"INFO to a file; idle it uses {result.idle_cpu_ms_per_s:.1f} ms CPU per second)\n"
         + figures
         + "\n"

@@ -15,7 +15,9 @@ client in a process of its own):
    (`benchmarks.operator_process`, as in a pod, logging at its default level, INFO, to a
    file) with ``IPAM_BRIDGE_WORKERS`` workers binds ``claims`` claims created at once, then
    releases them: claims/s, its process's CPU seconds per claim (user + system, from
-   ``/proc``, from the first create to the last write settled), API requests by verb (the
+   ``/proc``, from the first create to the last write settled) and the share of its main
+   thread (kopf's event loop: watch events, handlers, the work queue's dispatch; the
+   reconciles run in worker threads), API requests by verb (the
    emulator's access log) and IPAM requests (the mock's journal) per claim.
 4. **profile**: the same again under yappi (CPU clock, every thread of the operator's
    process): per phase, the functions with the most cumulative and own CPU, and own CPU
@@ -60,12 +62,18 @@ class Phase:
     api: Counter[str] = field(default_factory=Counter)  # "verb resource[/sub]"
     ipam: Counter[str] = field(default_factory=Counter)  # "METHOD controller/action"
     cpu: float = 0.0  # the operator's CPU seconds (user + system) in the phase
+    loop_cpu: float = 0.0  # of which its main thread's (kopf's event loop)
     profile: dict[str, Any] = field(default_factory=dict)  # yappi's (OperatorProcess)
 
     @property
     def cpu_ms(self) -> float:
         """The operator's CPU milliseconds per claim."""
         return 1000 * self.cpu / self.claims if self.claims else float("nan")
+
+    @property
+    def loop_cpu_ms(self) -> float:
+        """The CPU milliseconds per claim of the operator's event loop (its main thread)."""
+        return 1000 * self.loop_cpu / self.claims if self.claims else float("nan")
 
     @property
     def per_second(self) -> float:
@@ -206,7 +214,7 @@ def _operator_run(
     phpipam.store.clear_journal()
     _, mark = _requests(sandbox, 0)
     alloc = Phase("allocation", claims)
-    cpu = operator.cpu_seconds()
+    cpu, loop = operator.cpu_seconds(), operator.loop_cpu_seconds()
     if profile:
         operator.start_profile()
     start = time.monotonic()
@@ -217,6 +225,7 @@ def _operator_run(
     alloc.seconds = time.monotonic() - start
     _settle(sandbox)
     alloc.cpu = operator.cpu_seconds() - cpu
+    alloc.loop_cpu = operator.loop_cpu_seconds() - loop
     if profile:
         alloc.profile = operator.stop_profile()
     records, mark = _requests(sandbox, mark)
@@ -225,7 +234,7 @@ def _operator_run(
 
     phpipam.store.clear_journal()
     release = Phase("release", claims)
-    cpu = operator.cpu_seconds()
+    cpu, loop = operator.cpu_seconds(), operator.loop_cpu_seconds()
     if profile:
         operator.start_profile()
     start = time.monotonic()
@@ -239,6 +248,7 @@ def _operator_run(
     release.seconds = time.monotonic() - start
     _settle(sandbox)
     release.cpu = operator.cpu_seconds() - cpu
+    release.loop_cpu = operator.loop_cpu_seconds() - loop
     if profile:
         release.profile = operator.stop_profile()
     records, mark = _requests(sandbox, mark)

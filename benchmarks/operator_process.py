@@ -263,6 +263,21 @@ class OperatorProcess:
             return 0.0
         return cpu_seconds(self.process.pid)
 
+    def loop_cpu_seconds(self) -> float:
+        """Return the CPU seconds (user + system) of the operator's main thread so far.
+
+        The main thread runs kopf's event loop: the watches, kopf's processing of each watch
+        event, the event handlers and the work queue's dispatch (the reconciles run in the
+        worker threads). Read from ``/proc/<pid>/task/<pid>/stat``, fields 14 and 15
+        (https://man7.org/linux/man-pages/man5/proc.5.html).
+        """
+        if self.process is None:
+            return 0.0
+        pid = self.process.pid
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text(encoding="utf-8")
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 if __name__ == "__main__":
     sys.exit(main())

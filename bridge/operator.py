@@ -55,6 +55,9 @@ class OperatorQueue(Queue, Protocol):
     def stalled(self) -> float:
         """Return for how many seconds due keys waited with no progress (0: none)."""
 
+    def is_parked(self, key: Hashable) -> bool:
+        """Return True while ``key`` is parked under a wake token."""
+
 
 class NoQueue:
     """An `OperatorQueue` that drops every key (no work queue runs)."""
@@ -69,6 +72,10 @@ class NoQueue:
     def parked(self, token: Hashable) -> frozenset[Hashable]:
         """Return no key."""
         return frozenset()
+
+    def is_parked(self, key: Hashable) -> bool:
+        """Return False: nothing is parked."""
+        return False
 
     def sizes(self) -> dict[str, int]:
         """Return no size."""

@@ -38,8 +38,10 @@ async def claim_event(
     """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
 
     The claim goes into the operator's cache (`bridge.objects.cache`) first; an event that
-    tells the cache nothing new (the echo of our own write, already written through) queues
-    nothing.
+    tells the cache nothing new queues nothing: the echo of our own write, already written
+    through, and the deletion of a claim the cache no longer holds (a release removed its
+    last finalizer, and the API server's answer to that write took it out of the cache),
+    unless the claim is parked in the work queue (the pass it gets ends the wait).
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
@@ -48,11 +50,12 @@ async def claim_event(
     op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     claim_seen(op, type)  # a listing after a watch restart relists the cache
+    key = claim_key(namespace, name)
     changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
-    if changed or type in (None, "DELETED"):
+    if changed or type is None or (type == "DELETED" and op.queue.is_parked(key)):
         # A bound claim seen by a listing (start-up, watch restart) waits behind new work.
         settled = type is None and op.cache.settled(body)
-        op.queue.add(claim_key(namespace, name), background=settled)
+        op.queue.add(key, background=settled)
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:

@@ -3,6 +3,8 @@
 A generic gateway (`Kube`): get, list, create, merge-patch, patch status, set a finalizer,
 delete and post Events, for any resource named by group, version and plural (`Resource`);
 which resources the operator uses is said outside the runtime (`bridge.objects.client`).
+Custom objects travel as plain JSON (`JsonObjects`: the client's ``ApiClient``, without
+its models), the hot path of every claim.
 Calls are synchronous: the work queue's worker threads make them. "Not found" is a value
 (None) for reads; a write answers a `Write` (written, unchanged, gone, conflict) that its
 caller handles case by case. Every other API failure propagates as
@@ -39,6 +41,7 @@ from bridge.runtime.kubeconfig import load_configuration
 
 __all__ = [
     "AccessDeniedError",
+    "JsonObjects",
     "Kube",
     "NotServedError",
     "OperatorApiClient",
@@ -287,6 +290,159 @@ def _missing(exc: ApiException) -> bool:
     return bool(exc.status == 404)
 
 
+#: The JSON merge patch media type (RFC 7386), which custom resources accept
+#: (https://kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply).
+MERGE_PATCH = "application/merge-patch+json"
+_NAMESPACED = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+_CLUSTER = "/apis/{group}/{version}/{plural}"
+
+
+class JsonObjects:
+    """Custom objects as plain JSON: the requests of ``kubernetes.client.CustomObjectsApi``.
+
+    The same methods (names and positional parameters) as the generated
+    ``CustomObjectsApi`` the gateway uses, sending the same requests through the same
+    ``ApiClient`` (``param_serialize`` builds the URL, headers and credentials;
+    ``call_api`` sends it, so an `OperatorApiClient`'s timeout and fence apply to each),
+    answering the API server's JSON as plain dicts (``json.loads``): no validation of the
+    arguments by pydantic, no walk of the body by ``sanitize_for_serialization``, no
+    deserialisation into the client's types. Bodies are JSON-ready mappings; patches are
+    JSON merge patches (RFC 7386, https://www.rfc-editor.org/rfc/rfc7386).
+
+    Each method raises ``kubernetes.client.ApiException`` (its subclasses: 404
+    ``NotFoundException``, 409 ``ConflictException``...) for a non-2xx answer, as the
+    generated methods do (``ApiException.from_response``), and urllib3's errors (a
+    timeout, a refused connection) unchanged.
+
+    Parameters
+    ----------
+    client:
+        The ``ApiClient`` every request goes through.
+    """
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, Any]] = (),
+        content_type: str | None = None,
+    ) -> Any:
+        """Send one request; return the answer's JSON (None for an empty body)."""
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, _, post = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            path_params=dict(params),
+            query_params=list(query) or None,
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        # The body goes as it is: param_serialize would only copy a JSON-ready mapping.
+        response = self.client.call_api(method, url, headers, body, post)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return json.loads(data) if data else None
+
+    @staticmethod
+    def _params(
+        group: str, version: str, plural: str, namespace: str | None = None, name: str = ""
+    ) -> tuple[str, dict[str, str]]:
+        params = {"group": group, "version": version, "plural": plural}
+        path = _CLUSTER if namespace is None else _NAMESPACED
+        if namespace is not None:
+            params["namespace"] = namespace
+        if name:
+            params["name"] = name
+            path += "/{name}"
+        return path, params
+
+    def get_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> Any:
+        """GET one namespaced object."""
+        return self._request("GET", *self._params(group, version, plural, namespace, name))
+
+    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str) -> Any:
+        """GET one cluster-scoped object."""
+        return self._request("GET", *self._params(group, version, plural, None, name))
+
+    def list_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, limit: int | None = None
+    ) -> Any:
+        """LIST the objects of a namespace (at most ``limit`` when given)."""
+        query = [("limit", limit)] if limit else []
+        return self._request("GET", *self._params(group, version, plural, namespace), query=query)
+
+    def list_cluster_custom_object(
+        self, group: str, version: str, plural: str, limit: int | None = None
+    ) -> Any:
+        """LIST the objects of all namespaces, or of a cluster-scoped resource."""
+        query = [("limit", limit)] if limit else []
+        return self._request("GET", *self._params(group, version, plural), query=query)
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
+    ) -> Any:
+        """POST a new namespaced object."""
+        path, params = self._params(group, version, plural, namespace)
+        return self._request("POST", path, params, body=body, content_type="application/json")
+
+    def patch_namespaced_custom_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+    ) -> Any:
+        """Merge-patch a namespaced object."""
+        path, params = self._params(group, version, plural, namespace, name)
+        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
+
+    def patch_namespaced_custom_object_status(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+    ) -> Any:
+        """Merge-patch the status subresource of a namespaced object."""
+        path, params = self._params(group, version, plural, namespace, name)
+        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
+
+    def patch_cluster_custom_object(
+        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
+    ) -> Any:
+        """Merge-patch a cluster-scoped object."""
+        path, params = self._params(group, version, plural, None, name)
+        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
+
+    def patch_cluster_custom_object_status(
+        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
+    ) -> Any:
+        """Merge-patch the status subresource of a cluster-scoped object."""
+        path, params = self._params(group, version, plural, None, name)
+        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
+
+    def delete_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> Any:
+        """DELETE a namespaced object (the API server's default propagation)."""
+        return self._request("DELETE", *self._params(group, version, plural, namespace, name))
+
+
 @dataclass(frozen=True)
 class Resource:
     """A resource of the Kubernetes API: where its objects live.
@@ -353,7 +509,7 @@ class Kube:
     ) -> None:
         self.client = client
         self.core = CoreV1Api(client)
-        self.custom = CustomObjectsApi(client)
+        self.custom = JsonObjects(client)
         self.on_stored = on_stored
         self.on_deleted = on_deleted
 
@@ -395,7 +551,8 @@ class Kube:
             v for v in supported if v in served and v != preferred
         ]
         for version in candidates:
-            resources = self.custom.get_api_resources(group, version).resources or []
+            found_resources = CustomObjectsApi(self.client).get_api_resources(group, version)
+            resources = found_resources.resources or []
             if any(r.name == plural for r in resources):
                 return str(version)
         raise NotServedError(

@@ -208,6 +208,11 @@ class WorkQueue:
         with self._lock:
             return frozenset(self._parked.get(token, ()))
 
+    def is_parked(self, key: Key) -> bool:
+        """Return True while ``key`` is parked under a wake token (safe from any thread)."""
+        with self._lock:
+            return key in self._tokens_of
+
     def __len__(self) -> int:
         """Return how many keys are queued or being processed."""
         with self._lock:

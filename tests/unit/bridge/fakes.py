@@ -618,7 +618,7 @@ class FakeQueue:
         self.woken: list[Any] = []
         self.parked_keys: dict[Any, set[Any]] = {}
 
-    def add(self, key: Any, after: float = 0.0) -> None:
+    def add(self, key: Any, after: float = 0.0, *, background: bool = False) -> None:
         self.added.append((key, after))
 
     def wake(self, token: Any, count: int | None = None) -> int:
@@ -627,6 +627,9 @@ class FakeQueue:
 
     def parked(self, token: Any) -> frozenset[Any]:
         return frozenset(self.parked_keys.get(token, ()))
+
+    def is_parked(self, key: Any) -> bool:
+        return any(key in keys for keys in self.parked_keys.values())
 
     def sizes(self) -> dict[str, int]:
         return {}

@@ -250,6 +250,26 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     )
 
 
+async def test_a_cancel_in_the_turn_a_key_is_added_stops_the_queue() -> None:
+    """The cancel of the clean-up is never lost to a wake-up in the same loop turn.
+
+    ``asyncio.wait_for`` of Python 3.11 returns the awaited result when the cancellation
+    and the result arrive together (https://github.com/python/cpython/issues/86296): the
+    queue's idle wait must not swallow the cancel, or ``run`` never returns.
+    """
+    queue = WorkQueue(Recorder(), workers=1)
+    task = asyncio.create_task(queue.run())
+    for _ in range(3):  # turns of the loop (no time passes): run starts
+        await asyncio.sleep(0)
+    queue.add("later", after=60.0)  # the idle wait gets a timeout
+    for _ in range(3):  # run is in its idle wait again
+        await asyncio.sleep(0)
+    queue.add("now")  # wakes the idle wait in this turn...
+    task.cancel()  # ...and so does the cancel
+    done, _ = await asyncio.wait({task}, timeout=10.0)
+    assert task in done and task.cancelled()
+
+
 async def test_a_success_resets_the_backoff() -> None:
     def answer(key: Hashable, n: int) -> Result:
         if n < 3:

@@ -29,6 +29,7 @@ __all__ = [
     "FindingKind",
     "compare",
     "counts",
+    "named_claims",
     "normal_address",
     "orphan_namespaces",
     "pool_label",
@@ -234,6 +235,23 @@ def orphan_namespaces(pool: Pool, entries: Iterable[Allocation]) -> set[str]:
     return found
 
 
+def named_claims(pool: Pool, entries: Iterable[Allocation]) -> list[tuple[str, str, bool]]:
+    """Return ``(namespace, claim, exact)`` of each claim the entries ipam-bridge made name.
+
+    Entries quarantined or reserved are left out. ``exact`` is False when the IPAM cut the
+    description short and the name is only a prefix of the claim's (`compare` then looks
+    for a claim whose name starts with it).
+    """
+    found = []
+    for entry in entries:
+        if _ignored(entry):
+            continue
+        named = _provenance(pool, entry)
+        if named is not None:
+            found.append(named)
+    return found
+
+
 # -- the inputs, indexed ----------------------------------------------------------------------
 
 
@@ -296,8 +314,14 @@ class _Entries:
         return index
 
 
-def _audited(pool: Pool, address: IPAddress, claims: _Claims) -> _Audited | None:
-    """Return an IPAddress of ``pool`` to audit, or None (another pool's, being deleted...)."""
+def _audited(
+    pool: Pool, address: IPAddress, claims: _Claims, here: dict[str | None, bool]
+) -> _Audited | None:
+    """Return an IPAddress of ``pool`` to audit, or None (another pool's, being deleted...).
+
+    ``here`` memoises `_registered_here` by location annotation (most IPAddresses of a pool
+    carry the same one).
+    """
     meta, spec = address.metadata, address.spec
     ref = spec.pool_ref
     if ref.kind != pool.kind or ref.name != pool.name:
@@ -308,7 +332,11 @@ def _audited(pool: Pool, address: IPAddress, claims: _Claims) -> _Audited | None
         return None
     if meta.deleting:
         return None
-    if not _registered_here(pool, meta.annotations.get(capi.LOCATION_ANNOTATION)):
+    location = meta.annotations.get(capi.LOCATION_ANNOTATION)
+    registered = here.get(location)
+    if registered is None:
+        registered = here[location] = _registered_here(pool, location)
+    if not registered:
         return None
     claim_name = spec.claim_ref.name or meta.name
     claim = claims.by_name.get((meta.namespace, claim_name))
@@ -479,8 +507,9 @@ def compare(
     claim_index = _Claims.of(claims)
     entry_index = _Entries.of(pool, entries)
     findings: list[Finding] = []
+    here: dict[str | None, bool] = {}
     for address in addresses:
-        audited = _audited(pool, address, claim_index)
+        audited = _audited(pool, address, claim_index, here)
         if audited is None:
             continue
         finding = _address_finding(pool, audited, entry_index)

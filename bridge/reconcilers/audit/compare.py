@@ -297,6 +297,34 @@ class _Claims:
 
 
 @dataclass
+class _Memo:
+    """What one comparison computes once per distinct value: addresses, locations."""
+
+    pool: Pool
+    normal: dict[str, str | None] = field(default_factory=dict)
+    here: dict[str | None, bool] = field(default_factory=dict)
+
+    def address(self, text: str) -> str | None:
+        """Return `normal_address` of ``text``."""
+        try:
+            return self.normal[text]
+        except KeyError:
+            found = self.normal[text] = normal_address(text)
+            return found
+
+    def entry_address(self, entry: Allocation) -> str:
+        """Return `_entry_address` of ``entry``."""
+        return self.address(entry.address) or entry.address
+
+    def registered_here(self, location: str | None) -> bool:
+        """Return `_registered_here` of the pool and ``location``."""
+        registered = self.here.get(location)
+        if registered is None:
+            registered = self.here[location] = _registered_here(self.pool, location)
+        return registered
+
+
+@dataclass
 class _Entries:
     """The pool's entries by address, and the live ones by unqualified hostname."""
 
@@ -305,23 +333,17 @@ class _Entries:
     matched: set[int] = field(default_factory=set)  # id() of the entries an IPAddress owns
 
     @classmethod
-    def of(cls, pool: Pool, entries: Iterable[Allocation]) -> _Entries:
+    def of(cls, pool: Pool, entries: Iterable[Allocation], memo: _Memo) -> _Entries:
         index = cls()
         for entry in entries:
-            index.at_address.setdefault(_entry_address(entry), []).append(entry)
+            index.at_address.setdefault(memo.entry_address(entry), []).append(entry)
             if not _ignored(entry):
                 index.of_host.setdefault(unqualified_host(pool, entry.hostname), []).append(entry)
         return index
 
 
-def _audited(
-    pool: Pool, address: IPAddress, claims: _Claims, here: dict[str | None, bool]
-) -> _Audited | None:
-    """Return an IPAddress of ``pool`` to audit, or None (another pool's, being deleted...).
-
-    ``here`` memoises `_registered_here` by location annotation (most IPAddresses of a pool
-    carry the same one).
-    """
+def _audited(pool: Pool, address: IPAddress, claims: _Claims, memo: _Memo) -> _Audited | None:
+    """Return an IPAddress of ``pool`` to audit, or None (another pool's, being deleted...)."""
     meta, spec = address.metadata, address.spec
     ref = spec.pool_ref
     if ref.kind != pool.kind or ref.name != pool.name:
@@ -332,11 +354,7 @@ def _audited(
         return None
     if meta.deleting:
         return None
-    location = meta.annotations.get(capi.LOCATION_ANNOTATION)
-    registered = here.get(location)
-    if registered is None:
-        registered = here[location] = _registered_here(pool, location)
-    if not registered:
+    if not memo.registered_here(meta.annotations.get(capi.LOCATION_ANNOTATION)):
         return None
     claim_name = spec.claim_ref.name or meta.name
     claim = claims.by_name.get((meta.namespace, claim_name))
@@ -346,7 +364,7 @@ def _audited(
         return None  # being released: the release decides
     if claim.pool_ref.kind != pool.kind or claim.pool_ref.name != pool.name:
         return None
-    normal = normal_address(spec.address) if spec.address is not None else None
+    normal = memo.address(spec.address) if spec.address is not None else None
     if normal is None:
         return None
     hostname = meta.annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
@@ -365,7 +383,9 @@ def _quoted(entry: Allocation, pool: Pool) -> str:
     return text
 
 
-def _address_finding(pool: Pool, audited: _Audited, entries: _Entries) -> Finding | None:
+def _address_finding(
+    pool: Pool, audited: _Audited, entries: _Entries, memo: _Memo
+) -> Finding | None:
     """Return the finding about one audited IPAddress, or None when its entry is as expected.
 
     Marks the IPAddress's own entries in ``entries.matched`` (they are never orphans).
@@ -378,7 +398,9 @@ def _address_finding(pool: Pool, audited: _Audited, entries: _Entries) -> Findin
     ]
     entries.matched.update(id(e) for e in own)
     elsewhere = [
-        e for e in entries.of_host.get(audited.hostname, []) if _entry_address(e) != audited.address
+        e
+        for e in entries.of_host.get(audited.hostname, [])
+        if memo.entry_address(e) != audited.address
     ]
     if own and not elsewhere:
         return None
@@ -505,14 +527,14 @@ def compare(
         beyond what ``entries`` shows.
     """
     claim_index = _Claims.of(claims)
-    entry_index = _Entries.of(pool, entries)
+    memo = _Memo(pool)
+    entry_index = _Entries.of(pool, entries, memo)
     findings: list[Finding] = []
-    here: dict[str | None, bool] = {}
     for address in addresses:
-        audited = _audited(pool, address, claim_index, here)
+        audited = _audited(pool, address, claim_index, memo)
         if audited is None:
             continue
-        finding = _address_finding(pool, audited, entry_index)
+        finding = _address_finding(pool, audited, entry_index, memo)
         if finding is not None:
             findings.append(finding)
     findings += _orphans(pool, entries, entry_index.matched, claim_index, claim_namespaces)

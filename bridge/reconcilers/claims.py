@@ -35,9 +35,7 @@ claim at every attempt).
 A claim's IPAM work is admitted per IPAM server (`flowcontrol`): when its pool's server
 already has its limit of claims in flight, the claim parks under
 `flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
-queued again when a place is kept for it; where places free within moments (a server whose
-claims stay in flight briefly), a few such claims wait for one in their worker's thread
-instead (`flowcontrol.FlowControl.try_admit` with ``wait``).
+queued again when a place is kept for it.
 """
 
 from __future__ import annotations
@@ -497,8 +495,7 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     Raises
     ------
     _Wait
-        Before the block runs, when the server is full (and no place freed while the claim
-        waited for one in its thread, when it may): the claim parks under
+        Before the block runs, when the server is full: the claim parks under
         `backends.flowcontrol.endpoint_token` without a status write.
     backends.errors.EndpointUnavailableError
         Before the block runs, while the server's circuit breaker is open.

@@ -112,9 +112,6 @@ class _Line:
     reserved: dict[Key, None] = field(default_factory=dict)  # woken, place kept for them
     waiting: dict[Key, None] = field(default_factory=dict)  # refused, oldest first
     epoch: int = 0  # decreases so far: a call admitted before the last one cannot decrease
-    since: dict[Key, float] = field(default_factory=dict)  # key in flight -> admitted at
-    hold: float | None = None  # seconds a claim stays in flight (moving average)
-    blocked: int = 0  # waiting keys whose worker waits for a place in its thread
 
     def room(self) -> int:
         """Places free now (the limit minus those taken or reserved; negative after a cut)."""
@@ -131,10 +128,6 @@ class _Line:
             self.limit = max(1, self.limit // 2)
             self.credit = 0
             self.epoch += 1
-
-    def held_for(self, seconds: float) -> None:
-        """Fold one claim's time in flight into the moving average `hold`."""
-        self.hold = seconds if self.hold is None else self.hold + (seconds - self.hold) / 8
 
     def hand_out(self) -> list[Key]:
         """Keep the free places for the longest-waiting keys and return them."""
@@ -513,14 +506,10 @@ class FlowControl:
        (`try_admit`, `held`); others wait in arrival order, cost no worker, and are queued
        through ``wake`` one by one when a place is kept for them (a reservation: nobody
        jumps ahead of a woken claim; one that no longer needs the endpoint gives its place
-       to the next, `settle`). Where places free quickly (an endpoint whose claims stay in
-       flight briefly), a few refused claims wait in their worker's thread for a place
-       instead, at most ``place_wait_seconds`` (`try_admit` with ``wait``): a pass of the
-       work queue costs more CPU than that wait. The limit adapts by AIMD, as TCP's
-       congestion window does (https://www.rfc-editor.org/rfc/rfc5681): it starts at
-       ``max_concurrent``; a claim's work that ends in
-       `backends.errors.BackendUnavailableError` (timeout, connection error, 429/5xx,
-       breaker open, endpoint busy) halves it, at most once per window
+       to the next, `settle`). The limit adapts by AIMD, as TCP's congestion window does
+       (https://www.rfc-editor.org/rfc/rfc5681): it starts at ``max_concurrent``; a claim's
+       work that ends in `backends.errors.BackendUnavailableError` (timeout, connection
+       error, 429/5xx, breaker open, endpoint busy) halves it, at most once per window
        (only work admitted after the last decrease decreases it again); ``limit`` successes
        raise it by one, never above ``max_concurrent`` nor below 1; other errors (refused
        login, exhausted pool) leave it.
@@ -570,9 +559,6 @@ class FlowControl:
         How long a refused credential is not tried again.
     exhausted_seconds:
         How long a pool found exhausted is not asked again for a first-free address.
-    place_wait_seconds:
-        How long a claim refused by a full endpoint may wait in its worker's thread for a
-        place before it parks (only where places free quickly: `try_admit` with ``wait``).
     wake:
         Queues a claim's key when a place is kept for it (the work queue's ``add``; it must
         run the key once more when the key is being processed); called without the lock.
@@ -608,7 +594,6 @@ class FlowControl:
         login_window_seconds: float = 300.0,
         login_retry_seconds: float = 60.0,
         exhausted_seconds: float = 5.0,
-        place_wait_seconds: float = 0.1,
         wake: Callable[[Key], None] | None = None,
         on_limit: Callable[[str, int], None] | None = None,
         on_state: Callable[[str, EndpointState], None] | None = None,
@@ -627,7 +612,6 @@ class FlowControl:
         self.login_window_seconds = login_window_seconds
         self.login_retry_seconds = login_retry_seconds
         self.exhausted_seconds = exhausted_seconds
-        self.place_wait_seconds = place_wait_seconds
         self.wake = wake
         self.on_limit = on_limit
         self.on_state = on_state
@@ -638,10 +622,6 @@ class FlowControl:
         self._lock = threading.Lock()  # the endpoints, every line, and `_lines_of`
         self._endpoints: dict[str, EndpointFlow] = {}
         self._lines_of: dict[Key, set[str]] = {}  # waiting or reserved keys -> endpoints
-        # Keys whose worker waits in its thread for a place (`_wait_for_place`), told by
-        # `_placed` when places are kept for them.
-        self._blocked: set[Key] = set()
-        self._placed = threading.Condition(self._lock)
 
     # -- endpoints -------------------------------------------------------------------------------
 
@@ -727,11 +707,8 @@ class FlowControl:
             line = self._line(endpoint)
             return [] if line is None else list(line.waiting)
 
-    def try_admit(self, endpoint: str, key: Key, *, wait: bool = False) -> bool:
+    def try_admit(self, endpoint: str, key: Key) -> bool:
         """Admit ``key``'s IPAM work on ``endpoint``, or record it as waiting.
-
-        ``wait``: when the endpoint is full, first wait in this thread for a place when one
-        is expected soon (`_wait_for_place`), instead of returning False at once.
 
         Returns
         -------
@@ -765,24 +742,19 @@ class FlowControl:
             else:
                 line.waiting.setdefault(key, None)
                 self._lines_of.setdefault(key, set()).add(endpoint)
-                if not (wait and self._wait_for_place(key, line)):
-                    return False
-                del line.reserved[key]  # kept for it while it waited
+                return False
             self._forget(key, endpoint, line)
             line.in_flight[key] = line.epoch
-            line.since[key] = self.clock()
             return True
 
-    def wait_if_full(self, endpoint: str, key: Key, *, wait: bool = False) -> bool:
+    def wait_if_full(self, endpoint: str, key: Key) -> bool:
         """Record ``key`` as waiting and return True when ``endpoint`` has no room for it now.
 
         A peek for the writes a claim makes before its IPAM work (its finalizer): a claim
         that `try_admit` would refuse parks before writing anything. Takes no place: with
         room, or a place kept for ``key``, or ``key`` in flight, returns False and
         `try_admit` decides at the IPAM call. After True the claim parks exactly as after a
-        refused `try_admit`. ``wait``: when there is no room, first wait in this thread for
-        a place when one is expected soon (`_wait_for_place`); a place found so is kept for
-        ``key`` (False is returned) until its `try_admit` or its `settle`.
+        refused `try_admit`.
         """
         endpoint = endpoint_key(endpoint)
         with self._lock:
@@ -793,40 +765,7 @@ class FlowControl:
                 return False
             line.waiting.setdefault(key, None)
             self._lines_of.setdefault(key, set()).add(endpoint)
-            return not (wait and self._wait_for_place(key, line))
-
-    def _wait_for_place(self, key: Key, line: _Line) -> bool:
-        """Wait in this thread until a place of ``line`` is kept for the waiting ``key``.
-
-        Returns True when a place is kept for ``key`` (in ``line.reserved``); False, at
-        once or after `place_wait_seconds`, when the claim should park instead (it keeps
-        its place in line). It waits only while places free quickly: the claims of the
-        endpoint stay in flight for a known time (moving average) short enough that the
-        claims ahead of it, and itself, are expected through within half of
-        `place_wait_seconds`, and fewer than half of ``max_concurrent`` claims wait so for
-        the endpoint (with ``max_concurrent`` at half the workers, a slow or hung endpoint
-        never holds a worker waiting, and a fast one never holds all of them).
-        Called with the lock held (`_placed` lets go of it while waiting).
-        """
-        most = max(1, self.max_concurrent // 2)
-        ahead = len(line.waiting)  # this key included
-        if line.hold is None or line.blocked >= most or ahead > most:
-            return False
-        if line.hold * ahead / max(1, line.limit) > self.place_wait_seconds / 2:
-            return False
-        deadline = time.monotonic() + self.place_wait_seconds
-        self._blocked.add(key)
-        line.blocked += 1
-        try:
-            while key not in line.reserved:
-                left = deadline - time.monotonic()
-                if left <= 0 or key not in line.waiting:
-                    return False
-                self._placed.wait(left)
             return True
-        finally:
-            self._blocked.discard(key)
-            line.blocked -= 1
 
     def finish(self, endpoint: str, key: Key, error: BaseException | None = None) -> None:
         """End ``key``'s admitted IPAM work on ``endpoint``; adapt the limit; wake the next.
@@ -842,11 +781,8 @@ class FlowControl:
                 return
             before = line.limit
             line.adapt(line.in_flight.pop(key), error, self.max_concurrent)
-            started = line.since.pop(key, None)
-            if started is not None:
-                line.held_for(self.clock() - started)
             after = line.limit
-            woken = self._to_queue(line.hand_out())
+            woken = line.hand_out()
         if after != before:
             log.info("endpoint %s: %d claims may be in flight (was %d)", endpoint, after, before)
             self._tell(endpoint, after)
@@ -888,18 +824,11 @@ class FlowControl:
                 if line is not None:
                     line.waiting.pop(key, None)
                     line.reserved.pop(key, None)
-                    woken += self._to_queue(line.hand_out())
+                    woken += line.hand_out()
                 endpoints.discard(endpoint)
             if not endpoints:
                 self._lines_of.pop(key, None)
         self._wake_all(woken)
-
-    def _to_queue(self, woken: list[Key]) -> list[Key]:
-        """Tell the keys of ``woken`` waiting in their thread; return the others (lock held)."""
-        if not self._blocked or self._blocked.isdisjoint(woken):
-            return woken
-        self._placed.notify_all()
-        return [key for key in woken if key not in self._blocked]
 
     def _line(self, endpoint: str) -> _Line | None:
         """Return the line of claims of an endpoint key, None if unused (lock held)."""

@@ -502,7 +502,7 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     """
     endpoint = endpoint_key(pool.endpoint)
     key = claim_key(claim.namespace, claim.name)
-    if not deps.flow.try_admit(endpoint, key, wait=True):
+    if not deps.flow.try_admit(endpoint, key):
         raise _Wait(Result.wait(endpoint_token(endpoint)))
     with deps.flow.held(endpoint, key):
         yield
@@ -647,7 +647,7 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
-    if deps.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name), wait=True):
+    if deps.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
         # Its IPAM server is busy: wait for a place before writing anything.
         raise _Wait(Result.wait(endpoint_token(endpoint)))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)

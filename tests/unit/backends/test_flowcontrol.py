@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import threading
-import time
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 
@@ -180,87 +179,3 @@ def test_backends_import_nothing_of_the_operator_or_kubernetes() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"
-
-
-def _admit_in_thread(flow: FlowControl, key: str) -> tuple[threading.Thread, list[bool]]:
-    """Start ``try_admit(EP, key, wait=True)`` in a thread; return once ``key`` waits in it."""
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(flow.try_admit(EP, key, wait=True)))
-    thread.start()
-    deadline = time.monotonic() + 5
-    while key not in flow._blocked and thread.is_alive():  # waits in its thread
-        assert time.monotonic() < deadline, f"{key} never waited"
-        time.sleep(0.001)
-    return thread, result
-
-
-def test_a_claim_of_a_fast_endpoint_waits_for_a_place_in_its_thread() -> None:
-    clock = FakeClock()
-    woken: list[Hashable] = []
-    flow = FlowControl(max_concurrent=2, clock=clock, wake=woken.append, place_wait_seconds=30)
-    assert flow.try_admit(EP, "a") and flow.try_admit(EP, "b")
-    assert not flow.try_admit(EP, "c", wait=True)  # how long claims stay is unknown: parks
-    flow.settle("c", ())
-    clock.now += 0.01
-    flow.finish(EP, "a")  # claims stay 10 ms
-    assert flow.try_admit(EP, "a")
-    thread, result = _admit_in_thread(flow, "c")
-    flow.finish(EP, "b")  # the place goes to c, in its thread: nothing is queued
-    thread.join(5)
-    assert result == [True] and woken == [] and flow.in_flight(EP) == 2
-    assert flow.sizes()["keys"] == 0 and not flow._blocked
-
-
-def test_a_slow_endpoint_holds_no_worker_waiting_and_few_wait_for_a_fast_one() -> None:
-    clock = FakeClock()
-    flow = FlowControl(max_concurrent=2, clock=clock, place_wait_seconds=30)
-    assert flow.try_admit(EP, "a") and flow.try_admit(EP, "b")
-    clock.now += 100.0
-    flow.finish(EP, "a")  # claims stay 100 s: a place frees in a minute, not within a pass
-    assert flow.try_admit(EP, "a")
-    assert not flow.try_admit(EP, "c", wait=True)  # parks at once, keeps its place
-    assert not flow.wait_if_full(OTHER, "x", wait=True)  # another endpoint: room
-    fast = FlowControl(max_concurrent=2, clock=clock, place_wait_seconds=30)
-    assert fast.try_admit(EP, "a") and fast.try_admit(EP, "b")
-    clock.now += 0.001
-    fast.finish(EP, "a")
-    assert fast.try_admit(EP, "a")
-    assert fast.wait_if_full(EP, "c")  # parked (without wait): first in line
-    assert fast.wait_if_full(EP, "d", wait=True)  # one ahead: at most 1 (2 // 2) may wait
-    assert fast.waiting(EP) == ["c", "d"] and not fast._blocked
-
-
-def test_a_claim_that_waited_too_long_parks_and_keeps_its_place() -> None:
-    clock = FakeClock()
-    woken: list[Hashable] = []
-    flow = FlowControl(max_concurrent=2, clock=clock, wake=woken.append, place_wait_seconds=0.05)
-    assert flow.try_admit(EP, "a") and flow.try_admit(EP, "b")
-    clock.now += 0.001
-    flow.finish(EP, "a")
-    assert flow.try_admit(EP, "a")
-    assert flow.wait_if_full(EP, "c", wait=True)  # nothing freed within 0.05 s: parks
-    assert flow.waiting(EP) == ["c"] and not flow._blocked
-    flow.finish(EP, "b")  # the parked claim is queued for its kept place
-    assert woken == ["c"] and flow.try_admit(EP, "c", wait=True)
-
-
-def test_a_place_found_waiting_before_the_finalizer_is_kept_for_the_admission() -> None:
-    clock = FakeClock()
-    woken: list[Hashable] = []
-    flow = FlowControl(max_concurrent=2, clock=clock, wake=woken.append, place_wait_seconds=30)
-    assert flow.try_admit(EP, "a") and flow.try_admit(EP, "b")
-    clock.now += 0.001
-    flow.finish(EP, "a")
-    assert flow.try_admit(EP, "a")
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(flow.wait_if_full(EP, "c", wait=True)))
-    thread.start()
-    deadline = time.monotonic() + 5
-    while "c" not in flow._blocked:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    flow.finish(EP, "b")
-    thread.join(5)
-    assert result == [False] and woken == []  # goes on to write, its place kept
-    assert not flow.try_admit(EP, "newcomer")  # the place is c's
-    assert flow.try_admit(EP, "c") and flow.in_flight(EP) == 2

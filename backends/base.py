@@ -251,6 +251,26 @@ class IPAMBackend(Protocol):
         """
         ...
 
+    def first_free(self) -> str | None:
+        """Return the address a first-free `allocate` would take now, without taking it.
+
+        Read-only (``ipam-bridge check-pool``): the lowest address of the first subnet, in
+        the pool's order, that has one neither registered nor never handed out (gateway;
+        network and broadcast of an IPv4 subnet below /31).
+
+        Returns
+        -------
+        str or None
+            The address as text, or None when no subnet of the pool has a free one.
+
+        Raises
+        ------
+        SubnetNotFoundError
+            When a subnet of the pool does not exist.
+        AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
+        """
+        ...
+
     def entries(self) -> list[Allocation]:
         """Return every entry registered in the pool's subnets, whoever made it.
 

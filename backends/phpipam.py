@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlsplit
@@ -55,6 +55,7 @@ __all__ = [
     "RESERVED_NETWORK_HOSTNAME",
     "PHPIPAMBackend",
     "PHPIPAMConfig",
+    "lowest_free",
 ]
 
 log = logging.getLogger(__name__)
@@ -732,6 +733,27 @@ class PHPIPAMBackend:
             return list(deleted)
 
         return self._retry("purge_quarantined", attempt)
+
+    def first_free(self) -> str | None:
+        """Return the address a first-free `allocate` would take now, without taking it.
+
+        Read-only (``ipam-bridge check-pool``): `describe_subnets` and `entries`, then the
+        lowest address of the first subnet with one free (`lowest_free`): phpIPAM's
+        ``POST addresses/first_free/`` takes the lowest address without a row, and every
+        registered address is a row.
+
+        Returns
+        -------
+        str or None
+            The address as text, or None when no subnet of the pool has a free one.
+
+        Raises
+        ------
+        SubnetNotFoundError, AuthenticationFailedError, InvalidRequestError,
+        BackendUnavailableError
+            See `backends.errors`.
+        """
+        return lowest_free(self.describe_subnets(), self.entries())
 
     def entries(self) -> list[Allocation]:
         """Return every entry registered in the pool's subnets, whoever made it.
@@ -1490,3 +1512,35 @@ def _offered_by_first_free(address: str, network: IPNetwork) -> bool:
     if network.version == 4 and network.prefixlen < 31:
         return ip not in (network.network_address, network.broadcast_address)
     return True
+
+
+def lowest_free(infos: Sequence[SubnetInfo], entries: Iterable[Allocation]) -> str | None:
+    """Return the lowest address of the first subnet with one free, as first-free takes it.
+
+    phpIPAM's ``first_free`` takes the lowest address without a row (every registered
+    address is a row, listed by `PHPIPAMBackend.entries`). An address is free when no entry
+    is registered at it and it is not the subnet's gateway; the network and broadcast
+    addresses of an IPv4 subnet below /31 are never offered (``ipaddress`` ``hosts()``).
+    Subnets reporting no free address are skipped.
+
+    Parameters
+    ----------
+    infos:
+        `PHPIPAMBackend.describe_subnets`, in the pool's order.
+    entries:
+        `PHPIPAMBackend.entries`: every entry of the pool's subnets.
+
+    Returns
+    -------
+    str or None
+        The address as text, or None when no subnet has a free one.
+    """
+    used = {ipaddress.ip_address(entry.address) for entry in entries}
+    for info in infos:
+        if info.free <= 0:
+            continue
+        taken = used | ({ipaddress.ip_address(info.gateway)} if info.gateway else set())
+        for host in ipaddress.ip_network(info.cidr, strict=False).hosts():
+            if host not in taken:
+                return str(host)
+    return None

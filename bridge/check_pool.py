@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from backends.base import Allocation, IPAMBackend, SubnetInfo
+from backends.base import IPAMBackend
 from backends.errors import BackendError
-from backends.infoblox import InfobloxBackend
 from bridge.capi import POOL_KINDS
 from bridge.models import PoolStatus, wire
 from bridge.reconcilers.errors import PoolError, pool_error_from
@@ -33,7 +31,6 @@ __all__ = [
     "CheckResult",
     "UsageError",
     "check_pool",
-    "first_free",
     "load_pool",
     "load_secret",
     "print_result",
@@ -140,59 +137,12 @@ def _pick_secret(docs: Iterable[Mapping[str, Any]], name: str | None, where: str
     return secret_values(chosen[0])
 
 
-def _addresses(entries: Iterable[Allocation]) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    return {ipaddress.ip_address(entry.address) for entry in entries}
-
-
-def first_free(infos: Sequence[SubnetInfo], entries: Iterable[Allocation]) -> str | None:
-    """Return the lowest address of the first subnet with one free, as first-free takes it.
-
-    For phpIPAM, whose ``first_free`` takes the lowest address without a row (every
-    registered address is a row, listed by `IPAMBackend.entries`). An address is free
-    when no entry is registered at it and it is not the subnet's gateway;
-    the network and broadcast addresses of an IPv4 subnet below /31 are never offered
-    (``ipaddress`` ``hosts()``). Subnets reporting no free address are skipped.
-
-    Parameters
-    ----------
-    infos:
-        `IPAMBackend.describe_subnets`, in the pool's order.
-    entries:
-        `IPAMBackend.entries`: every entry of the pool's subnets.
-
-    Returns
-    -------
-    str or None
-        The address as text, or None when no subnet has a free one.
-    """
-    used = _addresses(entries)
-    for info in infos:
-        if info.free <= 0:
-            continue
-        taken = used | ({ipaddress.ip_address(info.gateway)} if info.gateway else set())
-        for host in ipaddress.ip_network(info.cidr, strict=False).hosts():
-            if host not in taken:
-                return str(host)
-    return None
-
-
-def _first_free(backend: IPAMBackend, infos: Sequence[SubnetInfo]) -> str | None:
-    """Return the first free address, or None.
-
-    Infoblox: from WAPI's used addresses of any record type (`InfobloxBackend.first_free`);
-    phpIPAM: from the subnets' rows (`first_free`), where every registered address is a row.
-    """
-    if isinstance(backend, InfobloxBackend):
-        return backend.first_free()
-    return first_free(infos, backend.entries())
-
-
 def _describe(backend: IPAMBackend, pool: Pool) -> CheckResult:
     infos = backend.describe_subnets()
     status = pool_status(pool, infos)
     ready = status.conditions[-1]
     usage = status.ip_addresses
-    free = _first_free(backend, infos) if usage is not None and usage.free else None
+    free = backend.first_free() if usage is not None and usage.free else None
     return CheckResult(True, ready.reason, ready.message, status, free)
 
 

@@ -1,7 +1,8 @@
 """``ipam-bridge run | demo | audit | check-pool | version``: the command line of the operator.
 
-``run`` never fails silently: the ports it must listen on are checked before kopf starts
-(`check_ports`), and a failed start-up (a port, a ``kopf.PermanentError`` of the start-up
+``run`` never fails silently: the ports it must listen on and the Kubernetes configuration
+are checked before kopf starts (`check_ports`, `check_configuration`), and a failed start-up
+(a port, no usable kubeconfig or service account, a ``kopf.PermanentError`` of the start-up
 handler, a 401/403 of kopf's first requests) ends the process with one line on stderr and
 exit code 1; so does a lost leader Lease (``IPAM_BRIDGE_LEADER_ELECTION``, `bridge.runtime.leader`).
 """
@@ -18,19 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import kubernetes
 
 from bridge import __version__
 from bridge.metrics import PortUnavailableError, check_port
 from bridge.runtime import logcontext
 from bridge.runtime.gateway import AccessDeniedError
+from bridge.runtime.kubeconfig import SERVICE_ACCOUNT_TOKEN, in_cluster, load_configuration
 from bridge.runtime.leader import LeadershipLostError, OperatorStop
 from bridge.settings import Settings
 
 __all__ = [
     "DEPRECATED_PEERING",
     "LOG_REFKEY",
+    "ConfigurationError",
     "ObjectRefFilter",
     "StartupError",
+    "check_configuration",
     "check_ports",
     "main",
     "run_operator",
@@ -180,6 +185,52 @@ def check_ports(settings: Settings, liveness: str | None, *, liveness_setting: s
         check_port(port, host, purpose="health", setting=liveness_setting)
 
 
+class ConfigurationError(RuntimeError):
+    """No usable Kubernetes client configuration: the message names what was tried."""
+
+
+def check_configuration() -> None:
+    """Load the Kubernetes client configuration as the operator will, before kopf starts.
+
+    The same loaders as the operator's client and kopf's login
+    (`bridge.runtime.kubeconfig.load_configuration`): ``$KUBECONFIG``, else the pod's
+    service account, else ``~/.kube/config``. Without this check kopf's start-up activity
+    fails with the loader's error and kopf retries it every 60 s, with a traceback each
+    time. An exec plugin of the kubeconfig runs once more for the check.
+
+    Raises
+    ------
+    ConfigurationError
+        When no configuration loads: one line naming where it looked (``KUBECONFIG``, the
+        service account token, ``~/.kube/config``) and the loader's reason. It never
+        carries a token (the loaders' messages name files and keys, not their values).
+    """
+    try:
+        load_configuration()
+    except Exception as exc:  # the loaders raise ConfigException, yaml, OS and type errors
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigurationError(_configuration_problem(reason)) from None
+
+
+def _configuration_problem(reason: str) -> str:
+    """Return the line of `ConfigurationError`: what `load_configuration` tried, and why not."""
+    given = os.environ.get("KUBECONFIG")
+    if given:
+        where = f"KUBECONFIG ({given})"
+    elif in_cluster():
+        where = f"the in-cluster service account ({SERVICE_ACCOUNT_TOKEN})"
+    else:
+        default = Path(kubernetes.config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+        if not default.exists():
+            return (
+                "no Kubernetes configuration: tried KUBECONFIG (not set), the in-cluster "
+                f"service account ({SERVICE_ACCOUNT_TOKEN}: not found) and ~/.kube/config "
+                f"({default}: not found)"
+            )
+        where = f"~/.kube/config ({default})"
+    return f"cannot load the Kubernetes configuration from {where}: {reason}"
+
+
 def _warn_deprecated(names: Iterable[str]) -> None:
     """Log `DEPRECATED_PEERING` for the names not warned about yet in this process."""
     new = [name for name in names if name not in _warned_deprecated]
@@ -221,6 +272,9 @@ def run_operator(
         When an ``IPAM_BRIDGE_*`` variable is invalid.
     PortUnavailableError
         When the metrics or liveness port cannot be bound (before kopf starts).
+    ConfigurationError
+        When no Kubernetes client configuration loads (before kopf starts,
+        `check_configuration`).
     StartupError
         When kopf's start-up activity failed (e.g. a ``kopf.PermanentError`` of the start-up
         handler: CAPI's CRDs not served, access denied by the API server).
@@ -253,6 +307,7 @@ def run_operator(
     if liveness is None and settings.health_port:
         liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
     check_ports(settings, liveness, liveness_setting=liveness_setting)
+    check_configuration()
     # How the start-up handler's leader election stops kopf when the Lease is lost.
     stop = OperatorStop()
     try:
@@ -406,8 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ipam-bridge`` console script; return the exit code.
 
     ``run`` returns 1 with one line on stderr (``ipam-bridge: <message>``) when a port
-    cannot be bound, kopf's start-up failed, the API server refused kopf's requests
-    (401/403) or the leader Lease was lost; 0 after a clean stop (SIGTERM, SIGINT).
+    cannot be bound, no Kubernetes configuration loads (`check_configuration`), kopf's
+    start-up failed, the API server refused kopf's requests (401/403) or the leader Lease
+    was lost; 0 after a clean stop (SIGTERM, SIGINT).
     ``audit`` returns 0 in sync, 1 when drift was found, 2 when it could not audit
     (`audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
     not, 2 for a usage error (`bridge.check_pool.run_cli`); argparse's own usage errors exit 2.
@@ -444,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             standalone=args.standalone,
             liveness=args.liveness,
         )
-    except PortUnavailableError as exc:
+    except (PortUnavailableError, ConfigurationError) as exc:
         print(f"ipam-bridge: {exc}", file=sys.stderr)
         return 1
     except StartupError as exc:

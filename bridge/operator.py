@@ -3,8 +3,9 @@
 `Operator` is the composition root: the start-up handler (`bridge.handlers.lifecycle`)
 builds it from the settings, the Kubernetes client and the served versions; it makes the
 dependencies of each reconciler (`Operator.claims`, `Operator.pools`, `Operator.clusters`)
-and routes work-queue keys to them (`Operator.reconcile`). Reconcilers never see it: each
-gets only what it uses. kopf's handlers find it in ``memo.bridge``.
+and of the drift audit (`Operator.audit`), and routes work-queue keys to them
+(`Operator.reconcile`). Reconcilers and the audit never see it: each gets only what it
+uses. kopf's handlers find it in ``memo.bridge``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import ClaimKey, ClusterKey, PoolKey
+from bridge.reconcilers.audit import AuditDeps
 from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
 from bridge.reconcilers.context import (
@@ -110,6 +112,9 @@ class Operator:
         The pools' backend clients (made from ``flow`` and ``backends``).
     claims, pools, clusters:
         What each reconciler uses (made from the above; not arguments).
+    audit:
+        What the drift audit uses (`bridge.reconcilers.audit.AuditDeps`; made from the
+        above, its interval ``settings.audit_seconds``; not an argument).
     """
 
     settings: Settings
@@ -129,6 +134,7 @@ class Operator:
     claims: ClaimDeps = field(init=False, repr=False)
     pools: PoolDeps = field(init=False, repr=False)
     clusters: ClusterDeps = field(init=False, repr=False)
+    audit: AuditDeps = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.flow.on_state = self.metrics.endpoint_changed
@@ -164,6 +170,16 @@ class Operator:
         )
         self.clusters = ClusterDeps(
             kube=self.kube, versions=self.versions, events=events, notices=self.notices
+        )
+        self.audit = AuditDeps(
+            kube=self.kube,
+            clients=clients,
+            events=events,
+            metrics=self.metrics,
+            versions=self.versions,
+            namespaces=self.settings.namespaces,
+            interval=self.settings.audit_seconds,
+            holding=self.backends.holding,
         )
 
     def reconcile(self, key: Hashable) -> Result:

@@ -141,7 +141,7 @@ def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
         asyncio.create_task(resync_forever(op), name="ipam-bridge resync"),
         asyncio.create_task(purge_forever(op), name="ipam-bridge quarantine purge"),
         # Its own thread, not the work queue's workers (IPAM_BRIDGE_AUDIT_SECONDS; 0 = off).
-        asyncio.create_task(audit_forever(op), name="ipam-bridge drift audit"),
+        asyncio.create_task(audit_forever(op.audit), name="ipam-bridge drift audit"),
     ]
 
 

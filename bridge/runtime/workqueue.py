@@ -299,8 +299,11 @@ class WorkQueue:
                 key, wait = self._pop_due()
                 if key is None:
                     slots.release()
+                    # asyncio.timeout, not wait_for: wait_for of Python 3.11 drops a cancel
+                    # that arrives with the wake-up (https://github.com/python/cpython/issues/86296).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), wait)
+                        async with asyncio.timeout(wait):
+                            await self._changed.wait()
                     continue
                 task = asyncio.create_task(self._process(key, slots))
                 self._tasks.add(task)

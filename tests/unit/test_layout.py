@@ -3,8 +3,10 @@
 `docs/architecture.md` describes the rooms: ``bridge/runtime/`` is the controller machinery
 and knows nothing of the decisions (``bridge/reconcilers/``), of CAPI (``bridge/capi.py``,
 ``bridge/models.py``, ``bridge/objects/``) or of the IPAM clients (``backends/``); the
-operator (``bridge/``, ``backends/``) imports nothing of the sandbox (the in-memory
-Kubernetes API and the IPAM mocks).
+decisions (``bridge/reconcilers/``) and the objects (``bridge/objects/``) know nothing of
+the composition root (``bridge/operator.py``), of the kopf adapters (``bridge/handlers/``)
+or of kopf: each gets what it uses as arguments; the operator (``bridge/``, ``backends/``)
+imports nothing of the sandbox (the in-memory Kubernetes API and the IPAM mocks).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ NOT_IN_RUNTIME = (
     "bridge.operator",
     "bridge.reconcilers",
 )
+#: What ``bridge/reconcilers/`` and ``bridge/objects/`` must not import: the layers above
+#: them (the composition root, the kopf adapters) and kopf.
+NOT_IN_DECISIONS = ("bridge.handlers", "bridge.operator", "kopf")
 #: The sandbox: never imported by the operator.
 SANDBOX = ("mock_kubernetes", "mock_phpipam", "mock_infoblox")
 #: Lines a function may have, its docstring excluded.
@@ -73,6 +78,33 @@ def test_the_runtime_imports_no_decision_no_capi_and_no_backend(path: Path) -> N
         pytest.xfail(PENDING_PURITY[relative])
     found = sorted({name for name in _imports(path) if _within(name, NOT_IN_RUNTIME)})
     assert found == [], f"{relative} imports {', '.join(found)}"
+
+
+@pytest.mark.parametrize(
+    "path", _modules("bridge/reconcilers", "bridge/objects"), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_the_decisions_import_neither_the_composition_root_nor_kopf(path: Path) -> None:
+    """Reconcilers and objects take their dependencies as arguments, never the `Operator`."""
+    relative = str(path.relative_to(ROOT))
+    found = sorted({name for name in _imports(path) if _within(name, NOT_IN_DECISIONS)})
+    assert found == [], f"{relative} imports {', '.join(found)}"
+
+
+#: The IPAM client classes: the operator holds `backends.base.IPAMBackend` values, made by
+#: one factory, and never asks which implementation it got.
+BACKEND_CLASSES = ("backends.infoblox.InfobloxBackend", "backends.phpipam.PHPIPAMBackend")
+#: The factory of the IPAM clients (pool spec -> client).
+BACKEND_FACTORY = "bridge/reconcilers/pool_backends.py"
+
+
+def test_only_the_factory_names_the_ipam_client_classes() -> None:
+    found = {
+        str(path.relative_to(ROOT)): name
+        for path in _modules("bridge")
+        for name in _imports(path)
+        if name in BACKEND_CLASSES
+    }
+    assert set(found) <= {BACKEND_FACTORY}, found
 
 
 @pytest.mark.parametrize(

@@ -31,11 +31,14 @@ One job per module:
 - `compare <bridge.reconcilers.audit.compare>`: the comparison, pure (typed values in,
   `Finding` list out);
 - `survey <bridge.reconcilers.audit.survey>`: the reads (one ``entries()`` per pool, one
-  IPAddress list and one claim list per namespace) and the comparison, read-only;
+  IPAddress list and one claim list per namespace) and the comparison, read-only; what it
+  uses is a `SurveyDeps`;
 - `service <bridge.reconcilers.audit.service>`: the leader's `Auditor` (repairs, Events, the
   pool's ``InSync`` condition, the metric ``ipam_bridge_drift{pool,kind,finding}``) and
-  `audit_forever`, which runs it every ``IPAM_BRIDGE_AUDIT_SECONDS``;
-- `cli <bridge.reconcilers.audit.cli>`: ``ipam-bridge audit``.
+  `audit_forever`, which runs it every ``IPAM_BRIDGE_AUDIT_SECONDS``; what they use is an
+  `AuditDeps`, built by the composition root (`bridge.operator.Operator.audit`);
+- `cli <bridge.reconcilers.audit.cli>`: ``ipam-bridge audit``, which connects with the
+  current kubeconfig and builds its own `SurveyDeps`.
 
 Races with claims being allocated or released at the same time are ruled out by the order
 of the reads and by checks before anything is reported or written: the entries are listed
@@ -59,23 +62,38 @@ from bridge.reconcilers.audit.compare import (
 )
 from bridge.reconcilers.audit.service import (
     IN_SYNC,
+    AuditApi,
+    AuditDeps,
     Auditor,
     PoolAudit,
     audit_forever,
     in_sync_condition,
 )
-from bridge.reconcilers.audit.survey import Survey, survey, typed_addresses, typed_claims
+from bridge.reconcilers.audit.survey import (
+    PoolBackends,
+    Survey,
+    SurveyApi,
+    SurveyDeps,
+    survey,
+    typed_addresses,
+    typed_claims,
+)
 
 __all__ = [
     "EXIT_DRIFT",
     "EXIT_ERROR",
     "EXIT_IN_SYNC",
     "IN_SYNC",
+    "AuditApi",
+    "AuditDeps",
     "Auditor",
     "Finding",
     "FindingKind",
     "PoolAudit",
+    "PoolBackends",
     "Survey",
+    "SurveyApi",
+    "SurveyDeps",
     "audit_forever",
     "compare",
     "counts",

@@ -16,11 +16,12 @@ from kubernetes.client import ApiException
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.metrics import Metrics
 from bridge.models import IPPool
 from bridge.objects.client import ObjectClient
-from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, pool_label
-from bridge.reconcilers.audit.survey import survey
+from bridge.reconcilers.audit.survey import SurveyDeps, survey
+from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import valid
@@ -45,6 +46,20 @@ def format_table(findings: Sequence[Finding]) -> str:
         "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+@dataclass
+class _Connection:
+    """What ``ipam-bridge audit`` works with: the API client, the survey's dependencies."""
+
+    kube: ObjectClient
+    survey: SurveyDeps
+    backends: BackendCache
+
+    def close(self) -> None:
+        """Close the IPAM clients, then the Kubernetes connections."""
+        self.backends.close()
+        self.kube.close()
 
 
 @dataclass
@@ -98,14 +113,14 @@ def run_cli(
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     try:
-        ctx = _cli_context(namespace)
+        connection = _connect(namespace)
     except Exception as exc:  # any set-up failure (kubeconfig, API, settings): exit 2
         print(f"ipam-bridge audit: {_cli_error(exc)}", file=err)
         return EXIT_ERROR
     try:
-        outcome = _audit_pools(ctx, err)
+        outcome = _audit_pools(connection, err)
     finally:
-        ctx.close()
+        connection.close()
     if outcome is None:
         return EXIT_ERROR
     if output == "json":
@@ -117,12 +132,12 @@ def run_cli(
     return outcome.code
 
 
-def _audit_pools(ctx: Operator, err: TextIO) -> _Outcome | None:
+def _audit_pools(connection: _Connection, err: TextIO) -> _Outcome | None:
     """Survey every pool not being deleted; None when a pool kind cannot be listed."""
     outcome = _Outcome()
     for kind in capi.POOL_KINDS:
         try:
-            bodies = ctx.kube.list_pools(kind, ctx.settings.namespaces)
+            bodies = connection.kube.list_pools(kind, connection.survey.namespaces)
         except ApiException as exc:
             print(f"ipam-bridge audit: cannot list {kind}: {_cli_error(exc)}", file=err)
             return None
@@ -132,7 +147,7 @@ def _audit_pools(ctx: Operator, err: TextIO) -> _Outcome | None:
             try:
                 if valid(pool).deleting:
                     continue
-                seen = survey(ctx, pool)
+                seen = survey(connection.survey, pool)
             except (PoolError, BackendError, ApiException) as exc:
                 message = _cli_error(exc)
                 outcome.errors.append({"pool": name, "kind": kind, "error": message})
@@ -183,8 +198,8 @@ def _print_table(outcome: _Outcome, out: TextIO) -> None:
         )
 
 
-def _cli_context(namespace: str | None) -> Operator:
-    """Connect with the current kubeconfig and return a context for `survey` (no queue)."""
+def _connect(namespace: str | None) -> _Connection:
+    """Connect with the current kubeconfig; return what `survey` uses (read-only, no queue)."""
     settings = Settings().model_copy(update={"namespace": namespace or ""})
     kube = ObjectClient(api_client(timeout=settings.kube_timeout))
     try:
@@ -192,12 +207,16 @@ def _cli_context(namespace: str | None) -> Operator:
     except BaseException:
         kube.close()
         raise
-    return Operator(
-        settings=settings,
+    backends = BackendCache()
+    clients = PoolClients(settings, kube, settings.flow_control(), backends)
+    deps = SurveyDeps(
         kube=kube,
+        clients=clients,
+        metrics=Metrics(),
         versions=ServedVersions(version),
-        flow=settings.flow_control(),
+        namespaces=settings.namespaces,
     )
+    return _Connection(kube, deps, backends)
 
 
 def _cli_error(exc: BaseException) -> str:

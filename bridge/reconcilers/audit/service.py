@@ -15,9 +15,10 @@ import concurrent.futures
 import datetime
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kubernetes.client import ApiException
 
@@ -25,15 +26,25 @@ from backends.base import Allocation, IPAMBackend
 from backends.errors import AddressUnavailableError, BackendError
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.metrics import Metrics
 from bridge.models import Condition, IPPool, wire
-from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
-from bridge.reconcilers.audit.survey import Survey, survey
+from bridge.reconcilers.audit.survey import PoolBackends, Survey, SurveyApi, SurveyDeps, survey
 from bridge.reconcilers.claims import description_for
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool, parse_pool
+from bridge.runtime.events import EventSink
 
-__all__ = ["IN_SYNC", "Auditor", "PoolAudit", "audit_forever", "in_sync_condition"]
+__all__ = [
+    "IN_SYNC",
+    "AuditApi",
+    "AuditDeps",
+    "Auditor",
+    "PoolAudit",
+    "audit_forever",
+    "in_sync_condition",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +110,81 @@ def in_sync_condition(
     return condition
 
 
+class AuditApi(SurveyApi, Protocol):
+    """The Kubernetes reads and writes of the leader's audit (`bridge.objects.client`).
+
+    The survey's lists (`SurveyApi`), the pools, the re-reads before a repair, and the
+    pool's ``InSync`` condition write.
+    """
+
+    def list_pools(self, kind: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return the pools of ``kind`` in ``namespaces`` (empty: all namespaces)."""
+
+    def get_pool(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """Return a pool, or None."""
+
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a claim, or None."""
+
+    def get_ip_address(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return an IPAddress, or None."""
+
+    def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a CAPI Cluster, or None."""
+
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+        """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
+
+        Raises ``kubernetes.client.ApiException`` 409 when the pool changed since it was read.
+        """
+
+
+@dataclass
+class AuditDeps:
+    """What the leader's audit uses (`Auditor`, `audit_forever`).
+
+    Attributes
+    ----------
+    kube:
+        The Kubernetes reads and writes (pools, claims, IPAddresses, Clusters; ``InSync``).
+    clients:
+        The pools' IPAM clients.
+    events:
+        Where Events about claims and pools are told.
+    metrics:
+        The Prometheus metrics (``ipam_bridge_drift``, ``ipam_bridge_drift_restored_total``,
+        the IPAM calls).
+    versions:
+        The served CAPI versions (``versions.address``: the claims' and IPAddresses').
+    namespaces:
+        The namespaces the operator works in (``IPAM_BRIDGE_NAMESPACE``; empty: all).
+    interval:
+        Seconds between two rounds of `audit_forever` (``IPAM_BRIDGE_AUDIT_SECONDS``; 0: off).
+    holding:
+        Makes a block hold the IPAM clients it takes, so that none is closed under a round
+        (`bridge.reconcilers.backend_clients.BackendCache.holding`).
+    """
+
+    kube: AuditApi
+    clients: PoolBackends
+    events: EventSink
+    metrics: Metrics
+    versions: ServedVersions
+    namespaces: tuple[str, ...]
+    interval: float
+    holding: Callable[[], AbstractContextManager[None]]
+
+    def reads(self) -> SurveyDeps:
+        """Return the survey's part of these (`SurveyDeps`): reads, clients, metrics, scope."""
+        return SurveyDeps(
+            kube=self.kube,
+            clients=self.clients,
+            metrics=self.metrics,
+            versions=self.versions,
+            namespaces=self.namespaces,
+        )
+
+
 @dataclass
 class PoolAudit:
     """The outcome of one audit of a pool by the operator.
@@ -154,12 +240,13 @@ class Auditor:
 
     Parameters
     ----------
-    ctx:
-        The operator context (Kubernetes, backends, metrics, settings).
+    deps:
+        What the audit uses (Kubernetes, IPAM clients, Events, metrics, namespaces).
     """
 
-    def __init__(self, ctx: Operator) -> None:
-        self.ctx = ctx
+    def __init__(self, deps: AuditDeps) -> None:
+        self.deps = deps
+        self._reads = deps.reads()
         self._seen: dict[tuple[str, str, str], frozenset[tuple[str, str, str, str]]] = {}
         self._stop = threading.Event()
 
@@ -190,7 +277,7 @@ class Auditor:
         present: set[tuple[str, str, str]] = set()
         for kind in capi.POOL_KINDS:
             try:
-                bodies = self.ctx.kube.list_pools(kind, self.ctx.settings.namespaces)
+                bodies = self.deps.kube.list_pools(kind, self.deps.namespaces)
             except ApiException as exc:
                 log.warning("drift audit: cannot list %s: %s %s", kind, exc.status, exc.reason)
                 return done
@@ -245,8 +332,8 @@ class Auditor:
             From `survey` (nothing is written then). Errors of single repairs are logged and
             leave that finding as it was.
         """
-        backend = self.ctx.clients.backend_for(pool)
-        seen = survey(self.ctx, pool, backend)
+        backend = self.deps.clients.backend_for(pool)
+        seen = survey(self._reads, pool, backend)
         findings: list[Finding] = []
         restored: list[Finding] = []
         for finding in seen.findings:
@@ -297,12 +384,12 @@ class Auditor:
 
     def _still_missing(self, finding: Finding) -> Claim | None:
         """Read the claim and its IPAddress again; return the claim while the finding holds."""
-        ctx, version = self.ctx, self.ctx.versions.address
+        kube, version = self.deps.kube, self.deps.versions.address
         namespace, name = finding.claim.split("/", 1)
-        body = ctx.kube.get_claim(version, namespace, name)
+        body = kube.get_claim(version, namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        address = ctx.kube.get_ip_address(version, namespace, finding.ip_address)
+        address = kube.get_ip_address(version, namespace, finding.ip_address)
         if (
             address is None
             or (address.get("metadata") or {}).get("deletionTimestamp")
@@ -323,10 +410,10 @@ class Auditor:
         flight); the finding itself when the IPAM failed or the auditor was stopped; a
         conflict when the hostname or the address is held.
         """
-        ctx, hostname = self.ctx, finding.expected
+        metrics, hostname = self.deps.metrics, finding.expected
         backend_name = BACKEND_NAMES[pool.kind]
         try:
-            found = ctx.metrics.call(backend_name, "find", lambda: backend.find(hostname))
+            found = metrics.call(backend_name, "find", lambda: backend.find(hostname))
             if found is not None:
                 if (normal_address(found.address) or found.address) == finding.address:
                     return None  # registered meanwhile (an allocation in flight)
@@ -338,7 +425,7 @@ class Auditor:
                 )
             if self.stopped:
                 return finding
-            return ctx.metrics.call(
+            return metrics.call(
                 backend_name,
                 "allocate",
                 lambda: backend.allocate(hostname, description_for(claim), address=finding.address),
@@ -363,7 +450,7 @@ class Auditor:
         (a failure is logged) and None is returned.
         """
         namespace, name = finding.claim.split("/", 1)
-        after = self.ctx.kube.get_claim(self.ctx.versions.address, namespace, name)
+        after = self.deps.kube.get_claim(self.deps.versions.address, namespace, name)
         if after is not None and not (after.get("metadata") or {}).get("deletionTimestamp"):
             return after
         try:
@@ -385,8 +472,8 @@ class Auditor:
             f"'{finding.expected}' at the same address"
         )
         log.info("drift audit: claim %s: %s", finding.claim, message)
-        self.ctx.events.post(claim, "Normal", Reason.ADDRESS_RESTORED, message)
-        self.ctx.metrics.drift_restored.labels(_metric_pool(pool), pool.kind).inc()
+        self.deps.events.post(claim, "Normal", Reason.ADDRESS_RESTORED, message)
+        self.deps.metrics.drift_restored.labels(_metric_pool(pool), pool.kind).inc()
 
     def _paused(self, claim: Claim) -> bool:
         """Return True when the claim or its Cluster is paused (no IPAM write then)."""
@@ -394,7 +481,7 @@ class Auditor:
             return True
         if not claim.cluster_name:
             return False
-        cluster = self.ctx.kube.get_cluster(claim.namespace, claim.cluster_name)
+        cluster = self.deps.kube.get_cluster(claim.namespace, claim.cluster_name)
         if cluster is None:
             return False
         annotations = (cluster.get("metadata") or {}).get("annotations")
@@ -409,13 +496,13 @@ class Auditor:
         findings: Sequence[Finding],
     ) -> None:
         """Post Events for new findings, set the metric, write ``InSync`` where it changed."""
-        ctx = self.ctx
+        deps = self.deps
         before = self._seen.get(pool.key, frozenset())
         for finding in findings:
             if finding.key in before:
                 continue
             if finding.finding == FindingKind.ORPHAN:
-                ctx.events.post(pool.as_object(), "Warning", Reason.ORPHAN_ENTRY, finding.message)
+                deps.events.post(pool.as_object(), "Warning", Reason.ORPHAN_ENTRY, finding.message)
             else:
                 namespace, name = finding.claim.split("/", 1)
                 claim = seen.claims.get((namespace, name))
@@ -424,11 +511,11 @@ class Auditor:
                     if finding.finding == FindingKind.MISSING
                     else Reason.ADDRESS_CONFLICT
                 )
-                ctx.events.post(claim or pool.as_object(), "Warning", reason, finding.message)
+                deps.events.post(claim or pool.as_object(), "Warning", reason, finding.message)
             log.warning("drift audit of %s: %s: %s", pool.display, finding.finding, finding.message)
         self._seen[pool.key] = frozenset(f.key for f in findings)
         for kind, count in counts(findings).items():
-            ctx.metrics.drift.labels(_metric_pool(pool), pool.kind, kind.value).set(count)
+            deps.metrics.drift.labels(_metric_pool(pool), pool.kind, kind.value).set(count)
         self._write_condition(pool, findings)
 
     def _write_condition(self, pool: Pool, findings: Sequence[Finding]) -> None:
@@ -438,9 +525,9 @@ class Auditor:
         (the pool check's Ready) makes the API answer 409 and this reads again, so neither
         writer ever drops the other's condition.
         """
-        ctx = self.ctx
+        kube = self.deps.kube
         for _ in range(_CONDITION_ATTEMPTS):
-            body = ctx.kube.get_pool(pool.namespace, pool.kind, pool.name)
+            body = kube.get_pool(pool.namespace, pool.kind, pool.name)
             if body is None:
                 return
             current = IPPool.from_body(body, pool.kind)
@@ -461,7 +548,7 @@ class Auditor:
                 return
             merged = [c for c in conditions if c.type != IN_SYNC] + [new]
             try:
-                ctx.kube.patch_pool_conditions(current, merged)
+                kube.patch_pool_conditions(current, merged)
                 return
             except ApiException as exc:
                 if exc.status != 409:
@@ -483,7 +570,7 @@ def _held(finding: Finding, exc: AddressUnavailableError) -> Finding:
     )
 
 
-async def audit_forever(ctx: Operator) -> None:
+async def audit_forever(deps: AuditDeps) -> None:
     """Audit every pool every ``IPAM_BRIDGE_AUDIT_SECONDS`` until cancelled (0: never).
 
     Runs on the leader (`bridge.handlers.lifecycle.start_work`). Each round runs in a
@@ -491,11 +578,16 @@ async def audit_forever(ctx: Operator) -> None:
     threads, so an audit never delays claim handling. The first round starts one interval
     after the start. Cancelling (clean-up, lost leadership) stops a running round before
     its next pool or repair.
+
+    Parameters
+    ----------
+    deps:
+        What the audit uses; ``deps.interval`` is the time between rounds (seconds).
     """
-    interval = ctx.settings.audit_seconds
+    interval = deps.interval
     if not interval:
         return
-    auditor = Auditor(ctx)
+    auditor = Auditor(deps)
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="ipam-bridge-audit"
     )
@@ -504,7 +596,7 @@ async def audit_forever(ctx: Operator) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                audited = await loop.run_in_executor(executor, _held_round, ctx, auditor)
+                audited = await loop.run_in_executor(executor, _held_round, deps, auditor)
             except Exception:
                 log.exception("drift audit round failed; trying again at the next round")
                 continue
@@ -514,7 +606,7 @@ async def audit_forever(ctx: Operator) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _held_round(ctx: Operator, auditor: Auditor) -> list[PoolAudit]:
-    """Run one audit round holding the backend clients it takes (`BackendCache.holding`)."""
-    with ctx.backends.holding():
+def _held_round(deps: AuditDeps, auditor: Auditor) -> list[PoolAudit]:
+    """Run one audit round holding the backend clients it takes (`AuditDeps.holding`)."""
+    with deps.holding():
         return auditor.run_round()

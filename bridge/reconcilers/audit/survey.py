@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from backends.base import Allocation, IPAMBackend
 from bridge import capi
 from bridge.capi import Claim
+from bridge.metrics import Metrics
 from bridge.models import IPAddress
-from bridge.operator import Operator
 from bridge.reconcilers.audit.compare import (
     ClaimName,
     Finding,
@@ -29,15 +29,66 @@ from bridge.reconcilers.audit.compare import (
     orphan_namespaces,
     unqualified_host,
 )
+from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool
 
-__all__ = ["Survey", "survey", "typed_addresses", "typed_claims"]
+__all__ = [
+    "PoolBackends",
+    "Survey",
+    "SurveyApi",
+    "SurveyDeps",
+    "survey",
+    "typed_addresses",
+    "typed_claims",
+]
 
 log = logging.getLogger(__name__)
 
 #: Above this many namespaces named by a pool's entries, its audit lists the claims of all
 #: namespaces at once instead of one list per namespace.
 _MAX_CLAIM_LISTS = 4
+
+
+class SurveyApi(Protocol):
+    """The Kubernetes reads of a survey (`bridge.objects.client.ObjectClient`)."""
+
+    def list_claims(self, version: str, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Return the claims of ``namespaces`` (empty: all namespaces)."""
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Return the IPAddresses of a namespace (None: all)."""
+
+
+class PoolBackends(Protocol):
+    """Where a pool's IPAM client comes from (`bridge.reconcilers.backend_clients.PoolClients`)."""
+
+    def backend_for(self, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
+        """Return the pool's IPAM client; raise `PoolError` when it cannot be built."""
+
+
+@dataclass
+class SurveyDeps:
+    """What a survey uses (`survey`): reads only.
+
+    Attributes
+    ----------
+    kube:
+        The Kubernetes reads (IPAddresses, claims).
+    clients:
+        The pools' IPAM clients.
+    metrics:
+        The Prometheus metrics (each IPAM call is counted and timed, `Metrics.call`).
+    versions:
+        The served CAPI versions (``versions.address``: the claims' and IPAddresses').
+    namespaces:
+        The namespaces the operator works in (``IPAM_BRIDGE_NAMESPACE``; empty: all).
+    """
+
+    kube: SurveyApi
+    clients: PoolBackends
+    metrics: Metrics
+    versions: ServedVersions
+    namespaces: tuple[str, ...]
 
 
 @dataclass
@@ -93,41 +144,41 @@ def typed_claims(bodies: Iterable[Mapping[str, Any]]) -> list[Claim]:
     return typed
 
 
-def _list_entries(ctx: Operator, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
-    return ctx.metrics.call(BACKEND_NAMES[pool.kind], "entries", backend.entries)
+def _list_entries(deps: SurveyDeps, pool: Pool, backend: IPAMBackend) -> list[Allocation]:
+    return deps.metrics.call(BACKEND_NAMES[pool.kind], "entries", backend.entries)
 
 
-def _list_addresses(ctx: Operator, pool: Pool) -> list[dict[str, Any]]:
+def _list_addresses(deps: SurveyDeps, pool: Pool) -> list[dict[str, Any]]:
     """List the IPAddresses that may be the pool's: its namespace's, or all for a Global pool."""
-    version, scope = ctx.versions.address, ctx.settings.namespaces
+    version, scope = deps.versions.address, deps.namespaces
     if pool.namespace:
-        return ctx.kube.list_ip_addresses(version, pool.namespace)
+        return deps.kube.list_ip_addresses(version, pool.namespace)
     if scope:
-        return [a for ns in scope for a in ctx.kube.list_ip_addresses(version, ns)]
-    return ctx.kube.list_ip_addresses(version, None)
+        return [a for ns in scope for a in deps.kube.list_ip_addresses(version, ns)]
+    return deps.kube.list_ip_addresses(version, None)
 
 
 def _list_claims(
-    ctx: Operator, pool: Pool, entries: Sequence[Allocation]
+    deps: SurveyDeps, pool: Pool, entries: Sequence[Allocation]
 ) -> tuple[list[dict[str, Any]], set[str] | None]:
     """List the claims that decide the comparison; return them and the namespaces listed.
 
     The namespaces listed are None when every namespace was listed.
     """
-    version, scope = ctx.versions.address, ctx.settings.namespaces
+    version, scope = deps.versions.address, deps.namespaces
     if pool.is_global:
         # Claims of any namespace may hold an address of a Global pool.
-        return ctx.kube.list_claims(version, scope), (set(scope) if scope else None)
+        return deps.kube.list_claims(version, scope), (set(scope) if scope else None)
     listed = {ns for ns in orphan_namespaces(pool, entries) if not scope or ns in scope}
     if not scope and len(listed) > _MAX_CLAIM_LISTS:
         # Entries of many namespaces (a subnet shared by many pools): one list of all.
-        return ctx.kube.list_claims(version, ()), None
-    claims = ctx.kube.list_claims(version, tuple(sorted(listed))) if listed else []
+        return deps.kube.list_claims(version, ()), None
+    claims = deps.kube.list_claims(version, tuple(sorted(listed))) if listed else []
     return claims, listed
 
 
 def _confirmed(
-    ctx: Operator, pool: Pool, backend: IPAMBackend, findings: list[Finding]
+    deps: SurveyDeps, pool: Pool, backend: IPAMBackend, findings: list[Finding]
 ) -> list[Finding]:
     """Drop the orphans whose entry is gone by a second list of the entries.
 
@@ -138,7 +189,7 @@ def _confirmed(
         return findings
     again = {
         (normal_address(e.address) or e.address, unqualified_host(pool, e.hostname) or e.hostname)
-        for e in _list_entries(ctx, pool, backend)
+        for e in _list_entries(deps, pool, backend)
         if e.quarantined_until is None
     }
     return [
@@ -159,7 +210,7 @@ def _claims_by_name(
     return by_name
 
 
-def survey(ctx: Operator, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
+def survey(deps: SurveyDeps, pool: Pool, backend: IPAMBackend | None = None) -> Survey:
     """Read a pool's IPAM entries, IPAddresses and claims, and compare them (no writes).
 
     Reads, in this order: the entries (one list request per subnet), the pool's IPAddresses
@@ -170,12 +221,12 @@ def survey(ctx: Operator, pool: Pool, backend: IPAMBackend | None = None) -> Sur
 
     Parameters
     ----------
-    ctx:
-        The Kubernetes client, settings and metrics.
+    deps:
+        The Kubernetes reads, the IPAM clients, the metrics, versions and namespaces.
     pool:
         The pool to survey.
     backend:
-        The pool's IPAM client (None: the shared one of ``ctx``).
+        The pool's IPAM client (None: ``deps.clients.backend_for(pool)``).
 
     Raises
     ------
@@ -186,15 +237,15 @@ def survey(ctx: Operator, pool: Pool, backend: IPAMBackend | None = None) -> Sur
     kubernetes.client.ApiException
         When the API refuses a list.
     """
-    backend = backend if backend is not None else ctx.clients.backend_for(pool)
-    entries = _list_entries(ctx, pool, backend)
-    address_bodies = _list_addresses(ctx, pool)
-    claim_bodies, listed = _list_claims(ctx, pool, entries)
-    by_name = _claims_by_name(claim_bodies, ctx.versions.address)
+    backend = backend if backend is not None else deps.clients.backend_for(pool)
+    entries = _list_entries(deps, pool, backend)
+    address_bodies = _list_addresses(deps, pool)
+    claim_bodies, listed = _list_claims(deps, pool, entries)
+    by_name = _claims_by_name(claim_bodies, deps.versions.address)
     addresses = typed_addresses(address_bodies)
     claims = typed_claims(claim_bodies)
     findings = compare(pool, entries, addresses, claims, claim_namespaces=listed)
-    findings = _confirmed(ctx, pool, backend, findings)
+    findings = _confirmed(deps, pool, backend, findings)
     mine = sum(
         1
         for a in addresses

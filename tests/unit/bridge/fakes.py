@@ -19,6 +19,7 @@ import copy
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -738,3 +739,26 @@ def pool_condition(
             }
         ],
     }
+
+
+def local_kubeconfig(path: Path) -> Path:
+    """Write a valid kubeconfig at ``path`` naming a server at 127.0.0.1 (nothing answers).
+
+    For tests that run ``ipam-bridge run`` with ``kopf.run`` replaced: the configuration
+    check before kopf loads it, no request is made.
+    """
+    path.write_text(
+        "apiVersion: v1\n"
+        "kind: Config\n"
+        "clusters:\n"
+        "- name: local\n"
+        "  cluster: {server: 'https://127.0.0.1:6443', insecure-skip-tls-verify: true}\n"
+        "users:\n"
+        "- name: test\n"
+        "  user: {token: not-a-real-token}\n"
+        "contexts:\n"
+        "- name: local\n"
+        "  context: {cluster: local, user: test}\n"
+        "current-context: local\n"
+    )
+    return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import copy
 import importlib.util
 import io
@@ -13,21 +14,20 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fakes import DELETED_AT, FakeKube, FakeQueue, claim, ours, phpipam_pool, pool_condition
+from fakes import DELETED_AT, FakeKube, claim, ours, phpipam_pool, pool_condition
 from kubernetes.client import ApiException
 
-from backends.base import Allocation
+from backends.base import Allocation, IPAMBackend
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
-from backends.flowcontrol import FlowControl
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
+from bridge.metrics import Metrics
 from bridge.models import Condition, IPPool, wire
-from bridge.objects.client import ObjectClient
-from bridge.operator import Operator
-from bridge.reconcilers import audit, backend_clients
+from bridge.reconcilers import audit
 from bridge.reconcilers.audit import (
     IN_SYNC,
+    AuditDeps,
     Auditor,
     Finding,
     FindingKind,
@@ -37,7 +37,7 @@ from bridge.reconcilers.audit import (
 )
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
-from bridge.settings import Settings
+from bridge.runtime.events import EventRecorder
 
 NS = "ns"
 KIND = "PHPIPAMIPPool"
@@ -307,15 +307,15 @@ class AuditKube(FakeKube):
 
     def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
         meta = pool.as_object()["metadata"]
-        conditions = [wire(c) for c in conditions]
+        written = [wire(c) for c in conditions]
         stored = self.pools[(meta.get("namespace", ""), pool.kind, meta["name"])]
         if self.conflicts or meta["resourceVersion"] != stored["metadata"]["resourceVersion"]:
             self.conflicts = max(self.conflicts - 1, 0)
             stored["metadata"]["resourceVersion"] = self._rv()
             raise ApiException(status=409, reason="Conflict")
         target = f"{meta.get('namespace', '')}/{meta['name']}"
-        self._record("pool.conditions", target, list(conditions))
-        stored.setdefault("status", {})["conditions"] = copy.deepcopy(list(conditions))
+        self._record("pool.conditions", target, written)
+        stored.setdefault("status", {})["conditions"] = copy.deepcopy(written)
         stored["metadata"]["resourceVersion"] = self._rv()
 
 
@@ -370,21 +370,34 @@ class AuditIPAM:
         return [c for c in self.calls if c[0] in ("allocate", "release")]
 
 
+class AuditClients:
+    """The pools' IPAM clients: one `AuditIPAM` for every pool, each pool asked recorded."""
+
+    def __init__(self, ipam: AuditIPAM) -> None:
+        self.ipam = ipam
+        self.asked: list[tuple[str, str, str]] = []
+
+    def backend_for(self, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
+        self.asked.append(pool.key)
+        return cast(IPAMBackend, self.ipam)
+
+
 class World:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, entries: Sequence[Allocation] = ()) -> None:
+    def __init__(self, entries: Sequence[Allocation] = ()) -> None:
         self.kube = AuditKube()
         self.ipam = AuditIPAM(entries)
-        monkeypatch.setattr(backend_clients, "build_backend", lambda *a, **k: self.ipam)
-        self.ctx = Operator(
-            settings=Settings(),
-            kube=cast(ObjectClient, self.kube),
+        self.deps = AuditDeps(
+            kube=self.kube,
+            clients=AuditClients(self.ipam),
+            events=EventRecorder(self.kube, background=False),
+            metrics=Metrics(),
             versions=ServedVersions("v1beta2"),
-            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
-            queue=FakeQueue(),
+            namespaces=(),
+            interval=300.0,
+            holding=contextlib.nullcontext,
         )
-        self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
         self.kube.add_pool(phpipam_pool(status=READY))
-        self.auditor = Auditor(self.ctx)
+        self.auditor = Auditor(self.deps)
 
     def bind(self, name: str, address: str, **claim_fields: Any) -> None:
         self.kube.add_claim(ours(name=name, **claim_fields))
@@ -398,15 +411,15 @@ class World:
         return next(c for c in conditions if c["type"] == IN_SYNC)
 
     def metric(self, finding: str) -> float:
-        value = self.ctx.metrics.registry.get_sample_value(
+        value = self.deps.metrics.registry.get_sample_value(
             "ipam_bridge_drift", {"pool": "ns/pool", "kind": KIND, "finding": finding}
         )
         return -1.0 if value is None else value
 
 
 @pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> World:
-    return World(monkeypatch)
+def world() -> World:
+    return World()
 
 
 def test_a_missing_entry_is_registered_again_at_the_same_address(world: World) -> None:
@@ -421,7 +434,7 @@ def test_a_missing_entry_is_registered_again_at_the_same_address(world: World) -
     assert world.kube.of("event")[0].target == "ns/m1"  # on the claim
     assert world.condition()["status"] == "True"
     assert world.metric("missing") == 0.0
-    restored = world.ctx.metrics.registry.get_sample_value(
+    restored = world.deps.metrics.registry.get_sample_value(
         "ipam_bridge_drift_restored_total", {"pool": "ns/pool", "kind": KIND}
     )
     assert restored == 1.0
@@ -455,10 +468,8 @@ def test_a_missing_entry_whose_address_is_taken_is_a_conflict_and_takes_nothing(
     assert world.metric("conflict") == 1.0
 
 
-def test_a_renamed_entry_is_reported_once_and_nothing_is_written_to_the_ipam(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    world = World(monkeypatch, [ipam_entry("10.0.0.5", "printer", "ipam-bridge ns/m1")])
+def test_a_renamed_entry_is_reported_once_and_nothing_is_written_to_the_ipam() -> None:
+    world = World([ipam_entry("10.0.0.5", "printer", "ipam-bridge ns/m1")])
     world.bind("m1", "10.0.0.5")
     world.run()
     assert world.ipam.writes() == []
@@ -472,11 +483,9 @@ def test_a_renamed_entry_is_reported_once_and_nothing_is_written_to_the_ipam(
     assert world.condition() == first
 
 
-def test_an_orphan_is_reported_on_the_pool_and_never_deleted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_orphan_is_reported_on_the_pool_and_never_deleted() -> None:
     orphan = ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone cluster c1")
-    world = World(monkeypatch, [orphan])
+    world = World([orphan])
     [result] = world.run()
     assert [f.finding for f in result.findings] == [FindingKind.ORPHAN]
     assert world.ipam.writes() == []
@@ -486,11 +495,9 @@ def test_an_orphan_is_reported_on_the_pool_and_never_deleted(
     assert world.metric("orphan") == 1.0
 
 
-def test_an_orphan_whose_entry_went_meanwhile_is_not_reported(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_orphan_whose_entry_went_meanwhile_is_not_reported() -> None:
     # A claim released between the first list and the claims list: its entry is gone after.
-    world = World(monkeypatch, [ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone")])
+    world = World([ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone")])
     world.ipam.on_entries = [list(world.ipam.entries_), []]
     [result] = world.run()
     assert result.findings == [] and world.kube.events == []
@@ -596,15 +603,13 @@ def test_a_stopped_auditor_audits_nothing_more(world: World) -> None:
 
 
 def test_the_audit_loop_is_off_with_zero_seconds(world: World) -> None:
-    world.ctx.settings = Settings(audit_seconds=0)
-    asyncio.run(asyncio.wait_for(audit.audit_forever(world.ctx), 1.0))
+    world.deps.interval = 0
+    asyncio.run(asyncio.wait_for(audit.audit_forever(world.deps), 1.0))
 
 
-def test_foreign_claims_do_not_hide_orphans_of_their_names_elsewhere(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_foreign_claims_do_not_hide_orphans_of_their_names_elsewhere() -> None:
     # A claim named like the orphan's but in another namespace does not make it live.
-    world = World(monkeypatch, [ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone")])
+    world = World([ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone")])
     world.kube.add_claim(claim(name="gone", namespace="elsewhere"))
     [result] = world.run()
     assert [f.claim for f in result.findings] == ["ns/gone"]
@@ -619,11 +624,8 @@ def test_run_cli_reports_a_set_up_failure_with_exit_code_2(
     assert err.getvalue().startswith("ipam-bridge audit: ") and out.getvalue() == ""
 
 
-def test_a_global_pool_is_audited_across_namespaces_with_one_list_each(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_global_pool_is_audited_across_namespaces_with_one_list_each() -> None:
     world = World(
-        monkeypatch,
         [
             ipam_entry("10.0.0.5", "m1.a", "ipam-bridge a/m1"),
             ipam_entry("10.0.0.9", "gone.c", "ipam-bridge c/gone"),
@@ -677,15 +679,13 @@ def test_a_deleted_pool_drops_its_drift_series(world: World) -> None:
     world.ipam.error = None
     world.run()
     assert world.metric("missing") == 0.0
-    world.ctx.metrics.forget_pool("ns/pool", KIND)
+    world.deps.metrics.forget_pool("ns/pool", KIND)
     assert world.metric("missing") == -1.0
 
 
-def test_entries_of_many_namespaces_cost_one_claim_list_of_all(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_entries_of_many_namespaces_cost_one_claim_list_of_all() -> None:
     entries = [ipam_entry(f"10.0.0.{10 + i}", f"c.ns{i}", f"ipam-bridge ns{i}/c") for i in range(6)]
-    world = World(monkeypatch, entries)
+    world = World(entries)
     world.kube.add_claim(ours(name="c", namespace="ns3"))
     [result] = world.run()
     assert sorted(f.claim for f in result.findings) == [f"ns{i}/c" for i in range(6) if i != 3]

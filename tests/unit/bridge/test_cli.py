@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
+from fakes import local_kubeconfig
 from kopf._core.actions.execution import cause_var
 
 from bridge import __version__, cli
@@ -58,11 +60,20 @@ def restore_logging() -> Iterator[None]:
 
 
 @pytest.fixture
-def kopf_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+def kubeconfig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A valid kubeconfig in ``KUBECONFIG`` (a server at 127.0.0.1 that nobody asks)."""
+    path = local_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    return path
+
+
+@pytest.fixture
+def kopf_run(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> Iterator[list[dict[str, Any]]]:
     """Replace kopf.run (it would block) and collect the keyword arguments it gets.
 
     ``run_operator`` sets ``IPAM_BRIDGE_NAMESPACE`` for its process; ``tests/conftest.py``
-    restores the environment after each test.
+    restores the environment after each test. ``KUBECONFIG`` names a valid kubeconfig
+    (the configuration is checked before kopf.run).
     """
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
@@ -315,8 +326,69 @@ def test_a_taken_port_ends_the_real_process_within_seconds(occupied: int, tmp_pa
     )
 
 
+def _no_kubernetes_configuration(home: Path) -> dict[str, str]:
+    """Return an environment with no kubeconfig (``HOME`` empty), outside any pod."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("IPAM_BRIDGE_", "KUBERNETES_")) and k != "KUBECONFIG"
+    }
+    return {
+        **env,
+        "HOME": str(home),
+        "IPAM_BRIDGE_METRICS_PORT": "0",
+        "IPAM_BRIDGE_HEALTH_PORT": "0",
+    }
+
+
+def _ipam_bridge() -> list[str]:
+    """Return the command of the ``ipam-bridge`` console script of this interpreter."""
+    script = Path(sys.executable).with_name("ipam-bridge")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "bridge.cli"]
+
+
+def test_run_without_any_kubernetes_configuration_exits_1_naming_what_was_tried(
+    tmp_path: Path,
+) -> None:
+    # kopf's start-up would fail and be retried every 60 s, with a traceback each time.
+    home = tmp_path / "home"
+    home.mkdir()
+    started = time.monotonic()
+    result = subprocess.run(
+        [*_ipam_bridge(), "run"],
+        env=_no_kubernetes_configuration(home),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        "ipam-bridge: no Kubernetes configuration: tried KUBECONFIG (not set), the in-cluster "
+        "service account (/var/run/secrets/kubernetes.io/serviceaccount/token: not found) and "
+        f"~/.kube/config ({home}/.kube/config: not found)"
+    ]
+
+
+def test_a_broken_kubeconfig_ends_run_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setenv("IPAM_BRIDGE_METRICS_PORT", "0")
+    monkeypatch.setenv("IPAM_BRIDGE_HEALTH_PORT", "0")
+    monkeypatch.setattr(kopf, "run", lambda **_: pytest.fail("kopf.run was called"))
+    assert cli.main(["run"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"ipam-bridge: cannot load the Kubernetes configuration from KUBECONFIG ({path}): "
+    )
+
+
 def test_a_failed_start_up_ends_run_with_the_handlers_message(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kubeconfig: Path
 ) -> None:
     from kopf._core.actions.execution import Outcome
     from kopf._core.engines.activities import ActivityError
@@ -335,7 +407,7 @@ def test_a_failed_start_up_ends_run_with_the_handlers_message(
 
 
 def test_a_refused_kopf_request_ends_run_with_the_api_servers_message(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kubeconfig: Path
 ) -> None:
     from kopf._cogs.clients.errors import APIForbiddenError
 
@@ -354,7 +426,7 @@ def test_a_refused_kopf_request_ends_run_with_the_api_servers_message(
     )
 
 
-def test_other_errors_of_kopf_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_errors_of_kopf_propagate(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> None:
     def broken_run(**_: Any) -> None:
         raise RuntimeError("a bug")
 

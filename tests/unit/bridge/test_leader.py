@@ -551,11 +551,14 @@ def test_operator_stop_sets_kopfs_flag_and_ends_a_process_that_hangs(
 
 
 def test_run_exits_1_with_a_last_line_when_the_lease_was_lost(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     import kopf
+    from fakes import local_kubeconfig
 
     from bridge import cli
+
+    monkeypatch.setenv("KUBECONFIG", str(local_kubeconfig(tmp_path / "kubeconfig")))
 
     def run(**kwargs: Any) -> None:
         stop = kwargs["memo"]["operator_stop"]

@@ -48,16 +48,40 @@ class Recorder:
             return sum(1 for k, _ in self.calls if k == key)
 
 
-async def run_for(
-    queue: WorkQueue, seconds: float, during: Callable[[], None] | None = None
-) -> None:
-    task = asyncio.create_task(queue.run())
-    await asyncio.sleep(0.01)
-    if during is not None:
-        during()
-    await asyncio.sleep(seconds)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait until `condition` holds (polling every 10 ms); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+class Running:
+    """The queue's `run` as a task for the duration of an ``async with`` block."""
+
+    def __init__(self, queue: WorkQueue) -> None:
+        self.queue = queue
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> WorkQueue:
+        self.task = asyncio.create_task(self.queue.run())
+        return self.queue
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def idle(queue: WorkQueue, rec: Recorder) -> Callable[[], bool]:
+    """A condition: nothing due or delayed in `queue` and no reconcile of `rec` running."""
+
+    def check() -> bool:
+        with rec.lock:
+            busy = any(rec.running.values())
+        return not busy and len(queue) == 0
+
+    return check
 
 
 async def test_keys_added_before_run_are_processed_once_each() -> None:
@@ -66,27 +90,27 @@ async def test_keys_added_before_run_are_processed_once_each() -> None:
     for _ in range(3):
         queue.add("a")
     queue.add("b")
-    await run_for(queue, 0.2)
+    async with Running(queue):
+        await until(lambda: rec.count("a") == 1 and rec.count("b") == 1)
+        await until(idle(queue, rec))
     assert rec.count("a") == 1
     assert rec.count("b") == 1
 
 
 async def test_a_key_never_runs_twice_at_once_and_runs_again_after_an_add_while_busy() -> None:
     rec = Recorder()
-    rec.hold = 0.15
+    rec.hold = 0.3
     queue = WorkQueue(rec, workers=4)
-
-    def add_while_busy() -> None:
+    async with Running(queue):
         queue.add("k")
-
-    task = asyncio.create_task(queue.run())
-    queue.add("k")
-    await asyncio.sleep(0.05)  # "k" is being processed now
-    for _ in range(5):
-        threading.Thread(target=add_while_busy).start()
-    await asyncio.sleep(0.6)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: rec.count("k") == 1)  # "k" is being processed now
+        adders = [threading.Thread(target=queue.add, args=("k",)) for _ in range(5)]
+        for adder in adders:
+            adder.start()
+        for adder in adders:
+            adder.join()
+        await until(lambda: rec.count("k") == 2)
+        await until(idle(queue, rec))
     assert rec.overlaps == 0
     assert rec.count("k") == 2  # once, then once more for all the adds made meanwhile
 
@@ -95,43 +119,35 @@ async def test_retry_after_delay_is_honoured() -> None:
     rec = Recorder(lambda key, n: Result.requeue_after(0.2) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     queue.add("k")
-    await run_for(queue, 0.5)
-    assert rec.count("k") == 2
+    async with Running(queue):
+        await until(lambda: rec.count("k") == 2)
     first, second = (t for _, t in rec.calls)
-    assert second - first == pytest.approx(0.2, abs=0.1)
+    assert 0.2 * 0.9 <= second - first < 5.0  # never earlier than asked
 
 
 async def test_an_earlier_add_supersedes_a_later_due_time() -> None:
-    rec = Recorder(lambda key, n: Result.requeue_after(10.0) if n == 0 else Result.done())
+    rec = Recorder(lambda key, n: Result.requeue_after(60.0) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
-    task = asyncio.create_task(queue.run())
-    queue.add("k")
-    await asyncio.sleep(0.2)
-    assert rec.count("k") == 1  # due again in 10 s
-    queue.add("k")
-    await asyncio.sleep(0.2)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert rec.count("k") == 2
+    async with Running(queue):
+        queue.add("k")
+        await until(lambda: rec.count("k") == 1)  # due again in 60 s
+        queue.add("k")
+        await until(lambda: rec.count("k") == 2, timeout=30.0)
 
 
 async def test_parked_keys_wait_for_their_token_without_running() -> None:
     rec = Recorder(lambda key, n: Result.wait(("pool", "p")) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=2)
-    task = asyncio.create_task(queue.run())
-    for key in ("a", "b", "c"):
-        queue.add(key)
-    await asyncio.sleep(0.3)
-    assert queue.parked(("pool", "p")) == {"a", "b", "c"}
-    assert [rec.count(k) for k in "abc"] == [1, 1, 1]
-    assert queue.wake(("pool", "other")) == 0
-    await asyncio.sleep(0.1)
-    assert [rec.count(k) for k in "abc"] == [1, 1, 1]
-    assert queue.wake(("pool", "p")) == 3
-    await asyncio.sleep(0.2)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert [rec.count(k) for k in "abc"] == [2, 2, 2]
+    async with Running(queue):
+        for key in ("a", "b", "c"):
+            queue.add(key)
+        await until(lambda: queue.parked(("pool", "p")) == {"a", "b", "c"})
+        assert [rec.count(k) for k in "abc"] == [1, 1, 1]
+        assert queue.wake(("pool", "other")) == 0
+        await asyncio.sleep(0.1)  # a wrong wake-up would run them within this
+        assert [rec.count(k) for k in "abc"] == [1, 1, 1]
+        assert queue.wake(("pool", "p")) == 3
+        await until(lambda: [rec.count(k) for k in "abc"] == [2, 2, 2])
     assert queue.parked(("pool", "p")) == frozenset()
 
 
@@ -140,29 +156,31 @@ async def test_a_wake_during_processing_is_not_lost() -> None:
 
     def answer(key: Hashable, n: int) -> Result:
         if n == 0:
-            woke.wait(1.0)  # the wake happens while this reconcile still runs
+            woke.wait(10.0)  # the wake happens while this reconcile still runs
             return Result.wait("token")
         return Result.done()
 
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1)
-    task = asyncio.create_task(queue.run())
-    queue.add("k")
-    await asyncio.sleep(0.05)
-    queue.wake("token")
-    woke.set()
-    await asyncio.sleep(0.2)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with Running(queue):
+        queue.add("k")
+        await until(lambda: rec.count("k") == 1)
+        queue.wake("token")
+        woke.set()
+        await until(lambda: rec.count("k") == 2)
+        await until(idle(queue, rec))
     assert rec.count("k") == 2
+    assert queue.parked("token") == frozenset()
 
 
 async def test_a_parked_key_with_a_deadline_runs_after_it() -> None:
     rec = Recorder(lambda key, n: Result.wait("t", at_most=0.2) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
     queue.add("k")
-    await run_for(queue, 0.5)
-    assert rec.count("k") == 2
+    async with Running(queue):
+        await until(lambda: rec.count("k") == 2)
+    first, second = (t for _, t in rec.calls)
+    assert second - first >= 0.2 * 0.9
     assert queue.parked("t") == frozenset()
 
 
@@ -175,13 +193,16 @@ async def test_a_failing_reconcile_is_retried_after_the_error_delay() -> None:
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.1)
     queue.add("k")
-    await run_for(queue, 0.4)
-    assert rec.count("k") == 2
+    async with Running(queue):
+        await until(lambda: rec.count("k") == 2)
+    first, second = (t for _, t in rec.calls)
+    assert second - first >= 0.1 * 0.9
+    assert queue.failing() == 0
 
 
 async def test_workers_bound_the_parallelism() -> None:
     rec = Recorder()
-    rec.hold = 0.1
+    rec.hold = 0.2
     queue = WorkQueue(rec, workers=2)
     peak = 0
 
@@ -189,15 +210,12 @@ async def test_workers_bound_the_parallelism() -> None:
         with rec.lock:
             return sum(rec.running.values())
 
-    task = asyncio.create_task(queue.run())
-    for i in range(6):
-        queue.add(i)
-    for _ in range(30):
-        peak = max(peak, total_running())
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.3)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with Running(queue):
+        for i in range(6):
+            queue.add(i)
+        while not all(rec.count(i) == 1 for i in range(6)) or not idle(queue, rec)():
+            peak = max(peak, total_running())
+            await asyncio.sleep(0.005)
     assert peak == 2
     assert all(rec.count(i) == 1 for i in range(6))
 
@@ -205,23 +223,22 @@ async def test_workers_bound_the_parallelism() -> None:
 async def test_wake_with_a_count_wakes_the_longest_parked_first() -> None:
     rec = Recorder(lambda key, n: Result.wait("t") if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)
-    task = asyncio.create_task(queue.run())
-    for key in ("first", "second", "third"):
-        queue.add(key)
-        await asyncio.sleep(0.05)  # parked in this order
-    assert queue.parked("t") == {"first", "second", "third"}
-    assert queue.wake("t", count=1) == 1
-    await asyncio.sleep(0.1)
-    assert rec.count("first") == 2 and rec.count("second") == 1 and rec.count("third") == 1
-    assert queue.parked("t") == {"second", "third"}
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with Running(queue):
+        parked: set[str] = set()
+        for key in ("first", "second", "third"):
+            queue.add(key)
+            parked.add(key)
+            await until(lambda: queue.parked("t") == parked)  # parked in this order
+        assert queue.wake("t", count=1) == 1
+        await until(lambda: rec.count("first") == 2)
+        assert rec.count("second") == 1 and rec.count("third") == 1
+        assert queue.parked("t") == {"second", "third"}
 
 
 async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """5 ms doubling: a key failing for 0.5 s runs at most 8 times, not 100."""
+    """5 ms doubling: each failed pass of a key waits at least its step of the backoff."""
 
     def answer(key: Hashable, n: int) -> Result:
         if key == "bad":
@@ -233,13 +250,16 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     queue.add("bad")
     queue.add("good")
     with caplog.at_level(logging.DEBUG, logger="bridge.runtime.workqueue"):
-        await run_for(queue, 0.5)
-    # 0.005 + 0.01 + ... : at most 8 passes fit in 0.5 s; a fixed 5 ms delay would allow ~100.
-    assert 3 <= rec.count("bad") <= 8
+        async with Running(queue):
+            await until(lambda: rec.count("bad") >= 6)
+        # the sixth failed pass has logged its line once run has stopped
+        await until(lambda: _warnings(caplog, "bad") >= rec.count("bad"))
     with rec.lock:
         times = [at for k, at in rec.calls if k == "bad"]
     for failures, (before, after) in enumerate(itertools.pairwise(times), start=1):
         assert after - before >= queue.backoff(failures) * 0.9  # never earlier than its step
+    # 5 ms doubling: 6 passes take at least 0.005 + 0.01 + ... + 0.08 = 0.155 s
+    assert times[-1] - times[0] >= 0.155 * 0.9
     assert rec.count("good") >= 2  # the other key keeps its own pace
     assert queue.failing() == 1
     lines = [r for r in caplog.records if "bad" in r.getMessage() and r.levelno >= logging.WARNING]
@@ -248,6 +268,30 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     assert (
         lines[0].levelno == logging.ERROR and "RuntimeError: still broken" in lines[0].getMessage()
     )
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, word: str) -> int:
+    return sum(1 for r in caplog.records if word in r.getMessage() and r.levelno >= logging.WARNING)
+
+
+async def test_a_cancel_in_the_turn_a_key_is_added_stops_the_queue() -> None:
+    """The cancel of the clean-up is never lost to a wake-up in the same loop turn.
+
+    ``asyncio.wait_for`` of Python 3.11 returns the awaited result when the cancellation
+    and the result arrive together (https://github.com/python/cpython/issues/86296): the
+    queue's idle wait must not swallow the cancel, or ``run`` never returns.
+    """
+    queue = WorkQueue(Recorder(), workers=1)
+    task = asyncio.create_task(queue.run())
+    for _ in range(3):  # turns of the loop (no time passes): run starts
+        await asyncio.sleep(0)
+    queue.add("later", after=60.0)  # the idle wait gets a timeout
+    for _ in range(3):  # run is in its idle wait again
+        await asyncio.sleep(0)
+    queue.add("now")  # wakes the idle wait in this turn...
+    task.cancel()  # ...and so does the cancel
+    done, _ = await asyncio.wait({task}, timeout=10.0)
+    assert task in done and task.cancelled()
 
 
 async def test_a_success_resets_the_backoff() -> None:
@@ -259,24 +303,24 @@ async def test_a_success_resets_the_backoff() -> None:
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.01, max_error_delay=0.02)
     queue.add("k")
-    await run_for(queue, 0.3)
+    async with Running(queue):
+        await until(lambda: rec.count("k") == 4)
+        await until(lambda: queue.failing() == 0)
+        await until(idle(queue, rec))
     assert rec.count("k") == 4
-    assert queue.failing() == 0
     assert queue.backoff(1) == 0.01 and queue.backoff(2) == 0.02 and queue.backoff(30) == 0.02
 
 
 async def test_wake_history_is_dropped_once_no_key_in_process_can_miss_it() -> None:
     rec = Recorder(lambda key, n: Result.done())
     queue = WorkQueue(rec, workers=1)
-    task = asyncio.create_task(queue.run())
-    for i in range(500):
-        queue.wake(("token", i))
-    queue.add("k")
-    await asyncio.sleep(0.2)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with Running(queue):
+        for i in range(500):
+            queue.wake(("token", i))
+        queue.add("k")
+        await until(lambda: rec.count("k") == 1 and queue.sizes()["wake_history"] == 0)
+        await until(idle(queue, rec))
     assert rec.count("k") == 1
-    assert queue.sizes()["wake_history"] == 0
 
 
 async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_retry(
@@ -288,20 +332,19 @@ async def test_a_lost_leadership_is_one_warning_without_traceback_and_a_later_re
     rec = Recorder(answer)
     queue = WorkQueue(rec, workers=1, error_delay=0.005)
     queue.add("k")
+
+    def records() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "bridge.runtime.workqueue"]
+
     with caplog.at_level("WARNING", logger="bridge.runtime.workqueue"):
-        await run_for(queue, 1.5)
-    assert rec.count("k") == 2  # at once, then once a second later: no backoff storm
-    records = [r for r in caplog.records if r.name == "bridge.runtime.workqueue"]
-    assert [r.levelname for r in records] == ["WARNING", "WARNING"]
-    assert all(r.exc_info is None for r in records)
-    assert "not renewed within 10 s" in records[0].getMessage()
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+        async with Running(queue):
+            await until(lambda: rec.count("k") == 2)
+            await until(lambda: len(records()) == 2)
+    first, second = (t for _, t in rec.calls[:2])
+    assert second - first >= 0.9  # once a second: no backoff storm at 5 ms
+    assert [r.levelname for r in records()[:2]] == ["WARNING", "WARNING"]
+    assert all(r.exc_info is None for r in records())
+    assert "not renewed within 10 s" in records()[0].getMessage()
 
 
 async def test_stalled_counts_while_due_keys_wait_and_not_for_parked_or_idle_queues() -> None:
@@ -320,17 +363,17 @@ async def test_stalled_counts_while_due_keys_wait_and_not_for_parked_or_idle_que
     task = asyncio.create_task(queue.run())
     try:
         queue.add("parked")
-        await _until(lambda: queue.parked("token") == frozenset({"parked"}))
+        await until(lambda: queue.parked("token") == frozenset({"parked"}))
         assert queue.stalled() == 0.0  # a parked key is not due
         queue.add("hung")
-        await _until(hanging.is_set)  # being processed, nothing else due
+        await until(hanging.is_set)  # being processed, nothing else due
         assert queue.stalled() == 0.0
         queue.add("waiting")  # due, but the only worker hangs
         started = time.monotonic()
-        await _until(lambda: time.monotonic() - started > 0.3)
+        await until(lambda: time.monotonic() - started > 0.3)
         assert queue.stalled() >= 0.25
         release.set()
-        await _until(lambda: len(queue) == 0)
+        await until(lambda: len(queue) == 0)
         assert queue.stalled() == 0.0
     finally:
         release.set()

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-README = (HERE.parents[2] / "sandbox" / "mock_kubernetes" / "README.md").read_text(encoding="utf-8")
+README = (HERE.parents[3] / "sandbox" / "mock_kubernetes" / "README.md").read_text(encoding="utf-8")
 
 
 def test_every_test_file_and_test_named_in_the_readme_exists() -> None:

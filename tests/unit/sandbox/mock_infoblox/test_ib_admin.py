@@ -12,7 +12,7 @@ from ib_helpers import PASSWORD, USER, Wapi, host_body
 from mock_infoblox import InfobloxStore, MockInfobloxServer, infoblox_faults
 from mock_infoblox.__main__ import main
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "sandbox" / "mock_infoblox" / "seed.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[4] / "sandbox" / "mock_infoblox" / "seed.example.yaml"
 
 
 def test_state_dump_has_objects_and_no_secrets(wapi: Wapi, server: MockInfobloxServer) -> None:

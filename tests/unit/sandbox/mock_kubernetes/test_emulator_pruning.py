@@ -20,7 +20,7 @@ import requests
 from mock_kubernetes import EmulatedKubernetes, resources_from_crd
 from mock_kubernetes.schema import prune
 
-CAPI_CRDS = Path(__file__).resolve().parents[2] / "data" / "capi-crds"
+CAPI_CRDS = Path(__file__).resolve().parents[3] / "data" / "capi-crds"
 GROUP = "ipam.cluster.x-k8s.io"
 MERGE = "application/merge-patch+json"
 

@@ -27,7 +27,7 @@ from mock_kubernetes import EmulatedKubernetes
 from mock_kubernetes.openapi import FieldError, _go_float, default, validate
 from mock_kubernetes.store import ApiError
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 GROUP = "ipam.cluster.x-k8s.io"
 POOLS = f"{GROUP}/v1alpha1"
 COLLECTION = f"/apis/{GROUP}/v1alpha1/namespaces/default/phpipamippools"

@@ -24,7 +24,7 @@ import requests
 from mock_kubernetes import EmulatedKubernetes, cel
 from mock_kubernetes.store import ApiError
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 CAPI_1_14 = REPO / "tests" / "data" / "capi-crds" / "v1.14.0"
 GROUP = "example.com"
 API = f"{GROUP}/v1"

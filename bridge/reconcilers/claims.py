@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
@@ -74,7 +74,7 @@ from bridge.reconcilers.pool_backends import (
     BACKEND_NAMES,
     Pool,
     location_of,
-    parse_pool,
+    valid,
     with_location,
 )
 from bridge.runtime.cache import MISSING, ObjectCache
@@ -87,6 +87,8 @@ from bridge.settings import Settings
 __all__ = ["ClaimApi", "ClaimDeps", "description_for", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ClaimApi(Protocol):
@@ -224,13 +226,12 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
 
 def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     """Decide and do what the claim needs (`reconcile_claim`, which settles its admission)."""
-    found = _claim_of(deps, namespace, name)
-    if found is None:
+    typed = _claim_of(deps, namespace, name)
+    if typed is None:
         deps.metrics.pending(f"{namespace}/{name}", None)
         return Result.done()
-    try:
-        claim = Claim.from_body(found)
-    except ValueError:
+    claim = typed[1]
+    if claim is None:
         return Result.done()  # no poolRef kind/name: not a claim we can serve
     if not claim.pool_ref.is_ours:
         return Result.done()
@@ -338,12 +339,73 @@ def _cached(
     return found
 
 
-def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> Mapping[str, Any] | None:
-    """Return the claim as last seen (cache, else one GET), or None when it is gone."""
+def _typed(
+    part: ObjectCache,
+    key: tuple[str, ...],
+    parse: Callable[[Mapping[str, Any]], tuple[str, T]],
+    read: Callable[[], Mapping[str, Any] | None],
+    version: str | None = None,
+) -> tuple[str, T] | None:
+    """Return an object of the operator's cache typed by ``parse``, or read and type it.
+
+    As `_cached`: the API is read only when the cache cannot tell, or when the object was
+    watched in another served ``version`` than the one asked for (``parse`` returns the
+    served version first: ``apiVersion``'s last part, ``""`` when absent). The cache keeps
+    the typed value of an object's version (`ObjectCache.lookup_typed`): a pass that comes
+    back to an unchanged object neither decodes nor validates it again.
+    """
+    found = part.lookup_typed(key, parse)
+    if found == MISSING:
+        return None
+    if isinstance(found, str):
+        body = read()
+        return None if body is None else parse(body)
+    if version is not None and found[0] and found[0] != version:
+        body = read()
+        return None if body is None else parse(body)
+    return found
+
+
+def _served(body: Mapping[str, Any]) -> str:
+    """Return the served version of an object as read (``apiVersion``'s last part)."""
+    return str(body.get("apiVersion") or "").rsplit("/", 1)[-1]
+
+
+def _claim_typed(body: Mapping[str, Any]) -> tuple[str, Claim | None]:
+    """Return a claim body's served version and its `Claim` (None: not a claim we serve)."""
+    try:
+        return _served(body), Claim.from_body(body)
+    except ValueError:
+        return _served(body), None
+
+
+def _address_typed(body: Mapping[str, Any]) -> tuple[str, IPAddress | None]:
+    """Return an IPAddress body's served version and its model (None: not its shape)."""
+    return _served(body), _parse_address(body)
+
+
+def _pool_typed(body: Mapping[str, Any]) -> tuple[str, IPPool]:
+    """Return a pool body's served version and its `IPPool` (its spec's problem inside).
+
+    Raises
+    ------
+    pydantic.ValidationError
+        When ``metadata`` is malformed (`IPPool.from_body`).
+    """
+    return _served(body), IPPool.from_body(body)
+
+
+def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> tuple[str, Claim | None] | None:
+    """Return the claim as last seen (cache, else one GET), typed; None when it is gone.
+
+    The second item is None for an object that is not a claim the operator can serve
+    (``spec.poolRef`` lacks a kind or a name).
+    """
     version = deps.versions.address
-    return _cached(
+    return _typed(
         deps.cache.claims,
         (namespace, name),
+        _claim_typed,
         lambda: deps.kube.get_claim(version, namespace, name),
         version,
     )
@@ -363,14 +425,14 @@ def _last_seen(address: IPAddress) -> dict[str, Any]:
 def _address_of(deps: ClaimDeps, claim: Claim) -> IPAddress | None:
     """Return the claim's IPAddress when it exists and belongs to it, else None."""
     version, name = deps.versions.address, claim.address_ref or claim.name
-    address = _parse_address(
-        _cached(
-            deps.cache.addresses,
-            (claim.namespace, name),
-            lambda: deps.kube.get_ip_address(version, claim.namespace, name),
-            version,
-        )
+    typed = _typed(
+        deps.cache.addresses,
+        (claim.namespace, name),
+        _address_typed,
+        lambda: deps.kube.get_ip_address(version, claim.namespace, name),
+        version,
     )
+    address = None if typed is None else typed[1]
     if address is not None and _belongs_to(address, claim):
         return address
     return None
@@ -385,17 +447,32 @@ def _pool_of(deps: ClaimDeps, claim: Claim) -> Pool | None:
         ``PoolNotReady`` when the pool's spec is invalid.
     """
     ref = claim.pool_ref
-    found = _cached(
+    pool = _typed_pool(deps, ref.kind, _pool_ns(claim), ref.name)
+    if pool is None:
+        return None
+    try:
+        return valid(pool)
+    except PoolError as exc:
+        raise _not_ready(deps, claim, exc) from exc
+
+
+def _typed_pool(deps: ClaimDeps, kind: str, namespace: str, name: str) -> Pool | None:
+    """Return a pool as last seen (cache, else one GET), typed (its spec's problem inside).
+
+    None when it is gone. A body without ``kind`` is typed as ``kind``.
+    """
+    found = _typed(
         deps.cache.pools,
-        (ref.kind, _pool_ns(claim), ref.name),
-        lambda: deps.kube.get_pool(_pool_ns(claim), ref.kind, ref.name),
+        (kind, namespace, name),
+        _pool_typed,
+        lambda: deps.kube.get_pool(namespace, kind, name),
     )
     if found is None:
         return None
-    try:
-        return parse_pool(found, ref.kind)
-    except PoolError as exc:
-        raise _not_ready(deps, claim, exc) from exc
+    pool = found[1]
+    if not pool.kind:
+        return pool.model_copy(update={"kind": kind})
+    return pool
 
 
 def _not_ready(deps: ClaimDeps, claim: Claim, exc: PoolError) -> ClaimError:
@@ -950,8 +1027,8 @@ def _finish_release(
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
     # checked per release (its periodic refresh keeps its usage current).
     ref = claim.pool_ref
-    cached = deps.cache.pools.lookup((ref.kind, _pool_ns(claim), ref.name))
-    if isinstance(cached, str) or IPPool.from_body(cached, ref.kind).deleting:
+    cached = deps.cache.pools.lookup_typed((ref.kind, _pool_ns(claim), ref.name), _pool_typed)
+    if isinstance(cached, str) or cached[1].deleting:
         deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
     return Result.done()
 

@@ -44,12 +44,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "HOLD_SECONDS",
     "MISSING",
     "MISSING_UNKNOWN",
+    "TYPED_MAX",
     "Key",
     "ObjectCache",
     "Relisted",
@@ -99,9 +100,11 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
 class _Stored:
     """One cached object: its resourceVersion and uid, and its body (a dict, or JSON bytes)."""
 
-    __slots__ = ("data", "uid", "version")
+    __slots__ = ("data", "typed", "uid", "version")
 
     def __init__(self, body: Mapping[str, Any], compact: bool) -> None:
+        # Typed values of this version by parse function (`ObjectCache.lookup_typed`).
+        self.typed: dict[Callable[[dict[str, Any]], Any], Any] | None = None
         trimmed = _trim(body)
         self.version = _version(trimmed)
         self.uid = _uid(trimmed)
@@ -117,6 +120,11 @@ class _Stored:
             return decoded
         return data
 
+
+#: How many typed values (`ObjectCache.lookup_typed`) one part keeps at most.
+TYPED_MAX: Final = 1024
+
+T = TypeVar("T")
 
 #: Seconds a tombstone (our deletion) or a written-through version waiting for its watch
 #: echo is kept at most; a relist (`ObjectCache.replace`) drops them all at once.
@@ -190,6 +198,9 @@ class ObjectCache:
         self._touched: set[Key] | None = None
         self._synced = False
         self._suspect = False
+        # The stored objects holding typed values (`lookup_typed`), oldest first: at most
+        # TYPED_MAX; a value goes with its object, or when its object leaves this list.
+        self._typed: dict[int, _Stored] = {}
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -209,12 +220,15 @@ class ObjectCache:
             if deleted:
                 self._tombstones.pop(key, None)
                 self._pending.pop(key, None)
-                return self._objects.pop(key, None) is not None
+                gone = self._objects.pop(key, None)
+                self._untype(gone)
+                return gone is not None
             if self._held(key, body):
                 return False
             current = self._objects.get(key)
             if current is not None and not newer(_version(body), current.version):
                 return False
+            self._untype(current)
             self._objects[key] = _Stored(body, self._compact)
             return True
 
@@ -260,7 +274,7 @@ class ObjectCache:
             # Our last finalizer removal: the object is gone (its DELETED may already have
             # come and gone); keeping it would leak it.
             with self._lock:
-                self._objects.pop(key, None)
+                self._untype(self._objects.pop(key, None))
                 self._pending.pop(key, None)
             return
         version = _version(body)
@@ -273,6 +287,7 @@ class ObjectCache:
             current = self._objects.get(key)
             if current is not None and current.version == version:
                 return
+            self._untype(current)
             self._objects[key] = _Stored(body, self._compact)
             if version:
                 versions = self._pending.get(key, ([], 0.0))[0]
@@ -288,8 +303,15 @@ class ObjectCache:
                 del self._tombstones[old]
             self._pending.pop(key, None)
             current = self._objects.pop(key, None)
+            self._untype(current)
             if current is not None:
                 self._tombstones[key] = (current.uid, now)
+
+    def _untype(self, stored: _Stored | None) -> None:
+        """Drop the typed values of ``stored``, replaced or removed (lock held)."""
+        if stored is not None and stored.typed is not None:
+            self._typed.pop(id(stored), None)
+            stored.typed = None
 
     def mark_synced(self) -> None:
         """Record that the initial listing was seen (absence can be trusted from now)."""
@@ -347,6 +369,9 @@ class ObjectCache:
         changed: list[tuple[Key, _Stored]] = []
         with self._lock:
             touched, self._touched = self._touched or set(), None
+            for typed in self._typed.values():
+                typed.typed = None
+            self._typed.clear()
             for key in [k for k in self._objects if k not in listed and k not in touched]:
                 gone.append((key, self._objects.pop(key)))
             for key, stored in listed.items():
@@ -401,6 +426,37 @@ class ObjectCache:
         if found is not None:
             return found.body()
         return MISSING if self._synced and self._trust_absence else MISSING_UNKNOWN
+
+    def lookup_typed(self, key: Key, parse: Callable[[dict[str, Any]], T]) -> T | str:
+        """Return ``parse`` of the cached object, or `MISSING` / `MISSING_UNKNOWN` as `lookup`.
+
+        ``parse`` turns a body into an immutable value (a frozen model): its result is kept
+        for the object's current cached version and returned again, without decoding or
+        parsing, until that version is replaced, forgotten or listed anew. At most
+        `TYPED_MAX` values are kept per part (the oldest made go first). The value is shared
+        between callers: never modify it. ``parse``'s errors propagate (nothing is kept).
+        """
+        if self._suspect:
+            return MISSING_UNKNOWN
+        with self._lock:
+            found = self._objects.get(key)
+            if found is None:
+                return MISSING if self._synced and self._trust_absence else MISSING_UNKNOWN
+            typed = found.typed
+            if typed is not None and parse in typed:
+                kept: T = typed[parse]
+                return kept
+        value = parse(found.body())
+        with self._lock:
+            if self._objects.get(key) is not found:
+                return value  # replaced or removed meanwhile: nothing to keep it for
+            if found.typed is None:
+                if len(self._typed) >= TYPED_MAX:
+                    self._typed.pop(next(iter(self._typed))).typed = None
+                self._typed[id(found)] = found
+                found.typed = {}
+            found.typed[parse] = value
+        return value
 
     def values(self) -> Iterator[dict[str, Any]]:
         """Iterate over a snapshot of the cached objects."""

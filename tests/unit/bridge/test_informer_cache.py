@@ -8,7 +8,14 @@ from kubernetes.client import ApiException
 
 from bridge.capi import GROUP
 from bridge.objects.cache import Cache, prime, relist
-from bridge.runtime.cache import HOLD_SECONDS, MISSING, MISSING_UNKNOWN, ObjectCache, newer
+from bridge.runtime.cache import (
+    HOLD_SECONDS,
+    MISSING,
+    MISSING_UNKNOWN,
+    TYPED_MAX,
+    ObjectCache,
+    newer,
+)
 
 
 def obj(name: str, rv: str, namespace: str = "ns", **extra: Any) -> dict[str, Any]:
@@ -304,3 +311,42 @@ def test_a_compact_part_keeps_json_and_answers_as_a_dict_part_does() -> None:
     assert result.gone == [(("ns", "b"), obj("b", "1"))]
     assert result.changed == [(("ns", "c"), obj("c", "1"))]
     assert list(part.values()) == [obj("c", "1")]
+
+
+def test_a_typed_value_is_kept_per_version_and_goes_with_it() -> None:
+    parsed: list[str] = []
+
+    def parse(body: dict[str, Any]) -> tuple[str, str]:
+        parsed.append(body["metadata"]["resourceVersion"])
+        return ("typed", body["metadata"]["resourceVersion"])
+
+    part = ObjectCache("ipaddressclaims", compact=True)
+    assert part.lookup_typed(("ns", "c"), parse) == MISSING_UNKNOWN
+    part.mark_synced()
+    assert part.lookup_typed(("ns", "c"), parse) == MISSING
+    part.apply(("ns", "c"), obj("c", "1"))
+    first = part.lookup_typed(("ns", "c"), parse)
+    assert first == ("typed", "1") and part.lookup_typed(("ns", "c"), parse) is first
+    assert parsed == ["1"]  # the second read neither decoded nor parsed
+    part.apply(("ns", "c"), obj("c", "2"))  # a new version: typed afresh
+    assert part.lookup_typed(("ns", "c"), parse) == ("typed", "2") and parsed == ["1", "2"]
+    part.put(("ns", "c"), obj("c", "3"))  # our own write: typed afresh as well
+    assert part.lookup_typed(("ns", "c"), parse) == ("typed", "3")
+    part.forget(("ns", "c"))
+    assert part.lookup_typed(("ns", "c"), parse) == MISSING
+    part.suspect()
+    part.apply(("ns", "d"), obj("d", "1"))
+    assert part.lookup_typed(("ns", "d"), parse) == MISSING_UNKNOWN  # suspect: read the API
+
+
+def test_typed_values_are_bounded() -> None:
+    part = ObjectCache("ipaddresses", compact=True)
+    part.mark_synced()
+    for i in range(TYPED_MAX + 10):
+        part.apply(("ns", str(i)), obj(str(i), "1"))
+        part.lookup_typed(("ns", str(i)), str)
+    assert len(part._typed) == TYPED_MAX  # the oldest let go of theirs
+    part.apply(("ns", "0"), obj("0", "2"), deleted=True)
+    part.begin_relist()
+    part.replace([])
+    assert not part._typed

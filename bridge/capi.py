@@ -209,15 +209,25 @@ class Claim:
         except ValidationError as exc:
             raise ValueError(problem_of(exc)) from exc
         generation = (body.get("metadata") or {}).get("generation")
-        return replace(
-            cls.from_model(model),
+        return cls.from_model(
+            model,
             generation=generation if isinstance(generation, int) else None,
             status=body.get("status") or {},
         )
 
     @classmethod
-    def from_model(cls, claim: IPAddressClaim) -> Claim:
-        """Return the operator's view of a parsed `bridge.models.IPAddressClaim`."""
+    def from_model(
+        cls,
+        claim: IPAddressClaim,
+        *,
+        generation: int | None = None,
+        status: Mapping[str, Any] | None = None,
+    ) -> Claim:
+        """Return the operator's view of a parsed `bridge.models.IPAddressClaim`.
+
+        ``generation`` and ``status`` (``metadata.generation`` and ``status`` as read; the
+        model keeps neither whole) default to None and an empty mapping.
+        """
         meta, spec = claim.metadata, claim.spec
         address_ref = claim.status.address_ref
         return cls(
@@ -241,6 +251,8 @@ class Claim:
                 for ref in meta.owner_references
             ),
             resource_version=meta.resource_version,
+            generation=generation,
+            status={} if status is None else status,
         )
 
     def updated(self, stored: Mapping[str, Any]) -> Claim:

@@ -180,6 +180,7 @@ class Operator:
             namespaces=self.settings.namespaces,
             interval=self.settings.audit_seconds,
             holding=self.backends.holding,
+            cache=self.cache,
         )
 
     def reconcile(self, key: Hashable) -> Result:

@@ -29,6 +29,7 @@ __all__ = [
     "FindingKind",
     "compare",
     "counts",
+    "named_claims",
     "normal_address",
     "orphan_namespaces",
     "pool_label",
@@ -234,6 +235,23 @@ def orphan_namespaces(pool: Pool, entries: Iterable[Allocation]) -> set[str]:
     return found
 
 
+def named_claims(pool: Pool, entries: Iterable[Allocation]) -> list[tuple[str, str, bool]]:
+    """Return ``(namespace, claim, exact)`` of each claim the entries ipam-bridge made name.
+
+    Entries quarantined or reserved are left out. ``exact`` is False when the IPAM cut the
+    description short and the name is only a prefix of the claim's (`compare` then looks
+    for a claim whose name starts with it).
+    """
+    found = []
+    for entry in entries:
+        if _ignored(entry):
+            continue
+        named = _provenance(pool, entry)
+        if named is not None:
+            found.append(named)
+    return found
+
+
 # -- the inputs, indexed ----------------------------------------------------------------------
 
 
@@ -279,6 +297,34 @@ class _Claims:
 
 
 @dataclass
+class _Memo:
+    """What one comparison computes once per distinct value: addresses, locations."""
+
+    pool: Pool
+    normal: dict[str, str | None] = field(default_factory=dict)
+    here: dict[str | None, bool] = field(default_factory=dict)
+
+    def address(self, text: str) -> str | None:
+        """Return `normal_address` of ``text``."""
+        try:
+            return self.normal[text]
+        except KeyError:
+            found = self.normal[text] = normal_address(text)
+            return found
+
+    def entry_address(self, entry: Allocation) -> str:
+        """Return `_entry_address` of ``entry``."""
+        return self.address(entry.address) or entry.address
+
+    def registered_here(self, location: str | None) -> bool:
+        """Return `_registered_here` of the pool and ``location``."""
+        registered = self.here.get(location)
+        if registered is None:
+            registered = self.here[location] = _registered_here(self.pool, location)
+        return registered
+
+
+@dataclass
 class _Entries:
     """The pool's entries by address, and the live ones by unqualified hostname."""
 
@@ -287,16 +333,16 @@ class _Entries:
     matched: set[int] = field(default_factory=set)  # id() of the entries an IPAddress owns
 
     @classmethod
-    def of(cls, pool: Pool, entries: Iterable[Allocation]) -> _Entries:
+    def of(cls, pool: Pool, entries: Iterable[Allocation], memo: _Memo) -> _Entries:
         index = cls()
         for entry in entries:
-            index.at_address.setdefault(_entry_address(entry), []).append(entry)
+            index.at_address.setdefault(memo.entry_address(entry), []).append(entry)
             if not _ignored(entry):
                 index.of_host.setdefault(unqualified_host(pool, entry.hostname), []).append(entry)
         return index
 
 
-def _audited(pool: Pool, address: IPAddress, claims: _Claims) -> _Audited | None:
+def _audited(pool: Pool, address: IPAddress, claims: _Claims, memo: _Memo) -> _Audited | None:
     """Return an IPAddress of ``pool`` to audit, or None (another pool's, being deleted...)."""
     meta, spec = address.metadata, address.spec
     ref = spec.pool_ref
@@ -308,7 +354,7 @@ def _audited(pool: Pool, address: IPAddress, claims: _Claims) -> _Audited | None
         return None
     if meta.deleting:
         return None
-    if not _registered_here(pool, meta.annotations.get(capi.LOCATION_ANNOTATION)):
+    if not memo.registered_here(meta.annotations.get(capi.LOCATION_ANNOTATION)):
         return None
     claim_name = spec.claim_ref.name or meta.name
     claim = claims.by_name.get((meta.namespace, claim_name))
@@ -318,7 +364,7 @@ def _audited(pool: Pool, address: IPAddress, claims: _Claims) -> _Audited | None
         return None  # being released: the release decides
     if claim.pool_ref.kind != pool.kind or claim.pool_ref.name != pool.name:
         return None
-    normal = normal_address(spec.address) if spec.address is not None else None
+    normal = memo.address(spec.address) if spec.address is not None else None
     if normal is None:
         return None
     hostname = meta.annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
@@ -337,7 +383,9 @@ def _quoted(entry: Allocation, pool: Pool) -> str:
     return text
 
 
-def _address_finding(pool: Pool, audited: _Audited, entries: _Entries) -> Finding | None:
+def _address_finding(
+    pool: Pool, audited: _Audited, entries: _Entries, memo: _Memo
+) -> Finding | None:
     """Return the finding about one audited IPAddress, or None when its entry is as expected.
 
     Marks the IPAddress's own entries in ``entries.matched`` (they are never orphans).
@@ -350,7 +398,9 @@ def _address_finding(pool: Pool, audited: _Audited, entries: _Entries) -> Findin
     ]
     entries.matched.update(id(e) for e in own)
     elsewhere = [
-        e for e in entries.of_host.get(audited.hostname, []) if _entry_address(e) != audited.address
+        e
+        for e in entries.of_host.get(audited.hostname, [])
+        if memo.entry_address(e) != audited.address
     ]
     if own and not elsewhere:
         return None
@@ -477,13 +527,14 @@ def compare(
         beyond what ``entries`` shows.
     """
     claim_index = _Claims.of(claims)
-    entry_index = _Entries.of(pool, entries)
+    memo = _Memo(pool)
+    entry_index = _Entries.of(pool, entries, memo)
     findings: list[Finding] = []
     for address in addresses:
-        audited = _audited(pool, address, claim_index)
+        audited = _audited(pool, address, claim_index, memo)
         if audited is None:
             continue
-        finding = _address_finding(pool, audited, entry_index)
+        finding = _address_finding(pool, audited, entry_index, memo)
         if finding is not None:
             findings.append(finding)
     findings += _orphans(pool, entries, entry_index.matched, claim_index, claim_namespaces)

@@ -29,7 +29,15 @@ from bridge.capi import Claim, Reason
 from bridge.metrics import Metrics
 from bridge.models import Condition, IPPool, wire
 from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
-from bridge.reconcilers.audit.survey import PoolBackends, Survey, SurveyApi, SurveyDeps, survey
+from bridge.reconcilers.audit.survey import (
+    CachedObjects,
+    PoolBackends,
+    Survey,
+    SurveyApi,
+    SurveyCache,
+    SurveyDeps,
+    survey,
+)
 from bridge.reconcilers.claims import description_for
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
@@ -163,6 +171,10 @@ class AuditDeps:
     holding:
         Makes a block hold the IPAM clients it takes, so that none is closed under a round
         (`bridge.reconcilers.backend_clients.BackendCache.holding`).
+    cache:
+        The operator's informer cache (`bridge.objects.cache.Cache`): the surveys read the
+        claims and IPAddresses there while it is synced (`SurveyDeps.cache`); None: they
+        list the API.
     """
 
     kube: AuditApi
@@ -173,6 +185,7 @@ class AuditDeps:
     namespaces: tuple[str, ...]
     interval: float
     holding: Callable[[], AbstractContextManager[None]]
+    cache: SurveyCache | None = None
 
     def reads(self) -> SurveyDeps:
         """Return the survey's part of these (`SurveyDeps`): reads, clients, metrics, scope."""
@@ -182,6 +195,7 @@ class AuditDeps:
             metrics=self.metrics,
             versions=self.versions,
             namespaces=self.namespaces,
+            cache=self.cache,
         )
 
 
@@ -249,6 +263,7 @@ class Auditor:
         self._reads = deps.reads()
         self._seen: dict[tuple[str, str, str], frozenset[tuple[str, str, str, str]]] = {}
         self._stop = threading.Event()
+        self._cached: CachedObjects | None = None
 
     def stop(self) -> None:
         """Make a running round stop before its next pool or repair (leadership lost)."""
@@ -268,11 +283,24 @@ class Auditor:
         error) is logged and left as it was (condition, metric), to be audited at the next
         round: an error is never a finding.
 
+        The pools' IPAddresses are read from the informer cache while it is synced (one
+        `CachedObjects` per round, dropped at its end), and one pool is surveyed at a time:
+        a round holds one pool's objects at most.
+
         Returns
         -------
         list of PoolAudit
             The pools audited.
         """
+        cache = self.deps.cache
+        self._cached = CachedObjects(cache) if cache is not None else None
+        try:
+            return self._round()
+        finally:
+            self._cached = None
+
+    def _round(self) -> list[PoolAudit]:
+        """Audit the pools of `run_round`; return those audited."""
         done: list[PoolAudit] = []
         present: set[tuple[str, str, str]] = set()
         for kind in capi.POOL_KINDS:
@@ -333,7 +361,7 @@ class Auditor:
             leave that finding as it was.
         """
         backend = self.deps.clients.backend_for(pool)
-        seen = survey(self._reads, pool, backend)
+        seen = survey(self._reads, pool, backend, cached=self._cached)
         findings: list[Finding] = []
         restored: list[Finding] = []
         for finding in seen.findings:

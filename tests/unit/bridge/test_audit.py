@@ -24,6 +24,7 @@ from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
 from bridge.models import Condition, IPPool, wire
+from bridge.objects.cache import Cache
 from bridge.reconcilers import audit
 from bridge.reconcilers.audit import (
     IN_SYNC,
@@ -709,3 +710,88 @@ def test_the_comparison_module_does_no_io() -> None:
         "bridge.reconcilers.audit.",
     )
     assert not [m for m in imported if m.startswith(forbidden)], imported
+
+
+# -- where the survey reads, and what it keeps ----------------------------------------------
+
+
+def _cached(world: World) -> Cache:
+    """Return an informer cache holding the world's claims and IPAddresses, synced."""
+    cache = Cache()
+    cache.claims.fill([(k, b) for k, b in world.kube.claims.items()])
+    cache.addresses.fill([(k, b) for k, b in world.kube.addresses.items()])
+    return cache
+
+
+def _drifted(cache: bool) -> World:
+    """Return a world with every kind of drift, its audit reading ``cache`` or the API."""
+    entries = [
+        ipam_entry("10.0.0.6", "m2.ns", "ipam-bridge ns/m2"),
+        ipam_entry("10.0.0.7", "printer", "a printer"),
+        ipam_entry("10.0.0.9", "gone.ns", "ipam-bridge ns/gone"),
+    ]
+    world = World(entries)
+    world.ipam.on_entries = [list(entries), list(entries)]
+    world.bind("m1", "10.0.0.5")  # missing: registered again
+    world.bind("m2", "10.0.0.6")  # in sync
+    world.bind("m3", "10.0.0.7")  # conflict with the printer
+    world.kube.add_claim(ours(name="o1", pool="other"))
+    world.kube.add_address(ip_address("o1", "10.0.0.8", pool="other"))
+    if cache:
+        world.deps.cache = _cached(world)
+        world.auditor = Auditor(world.deps)
+    return world
+
+
+def test_the_leaders_audit_lists_nothing_while_the_cache_is_synced() -> None:
+    listed, cached = _drifted(cache=False), _drifted(cache=True)
+    [by_list], [by_cache] = listed.run(), cached.run()
+    assert by_cache.findings == by_list.findings and by_cache.restored == by_list.restored
+    assert [f.finding for f in by_cache.findings] == [FindingKind.CONFLICT, FindingKind.ORPHAN]
+    assert [f.claim for f in by_cache.restored] == ["ns/m1"]
+    assert cached.kube.events == listed.kube.events
+    assert cached.ipam.writes() == listed.ipam.writes()
+    assert cached.kube.read("list_claims") == cached.kube.read("list_ip_addresses") == []
+    assert listed.kube.read("list_claims") and listed.kube.read("list_ip_addresses")
+
+
+def test_an_unsynced_or_suspect_cache_is_not_read() -> None:
+    world = _drifted(cache=True)
+    assert world.deps.cache is not None
+    cast(Cache, world.deps.cache).addresses.suspect()
+    [result] = world.run()
+    assert [f.finding for f in result.findings] == [FindingKind.CONFLICT, FindingKind.ORPHAN]
+    assert world.kube.read("list_ip_addresses") == ["ns"] and world.kube.read("list_claims")
+
+
+@pytest.mark.parametrize("cache", [False, True], ids=["api", "cache"])
+def test_a_survey_types_only_the_pools_addresses_and_the_claims_they_name(
+    cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = _drifted(cache)
+    for i in range(20):  # another pool's objects in the same namespace
+        world.kube.add_claim(ours(name=f"x{i}", pool="other"))
+        world.kube.add_address(ip_address(f"x{i}", f"10.0.1.{i}", pool="other"))
+    if cache:
+        world.deps.cache = _cached(world)
+        world.auditor = Auditor(world.deps)
+    typed: dict[str, list[str]] = {"addresses": [], "claims": []}
+
+    def spy(name: str, real: Any) -> Any:  # records the names of the objects given to the typing
+        def typing(bodies: Any) -> Any:
+            given = list(bodies)
+            typed[name] += sorted(b["metadata"]["name"] for b in given)
+            return real(given)
+
+        return typing
+
+    survey_module = importlib.import_module("bridge.reconcilers.audit.survey")
+    monkeypatch.setattr(
+        survey_module, "typed_addresses", spy("addresses", survey_module.typed_addresses)
+    )
+    monkeypatch.setattr(survey_module, "typed_claims", spy("claims", survey_module.typed_claims))
+    [result] = world.run()
+    assert typed["addresses"] == ["m1", "m2", "m3"]
+    # The IPAddresses' claims, and the claims the entries name (m2; "gone" does not exist).
+    assert typed["claims"] == ["m1", "m2", "m3"]
+    assert [f.finding for f in result.findings] == [FindingKind.CONFLICT, FindingKind.ORPHAN]

@@ -329,6 +329,16 @@ def _profile_lines(label: str, found: dict[str, Any]) -> str:
     if not found:
         return f"  {label}: no profile (yappi not installed? pip install -e '.[bench]')"
 
+    if "packages" not in found:  # the CPU sampler's (`benchmarks.sampler.CpuSampler`)
+        return (
+            f"  {label}: {found['cpu']:.2f} CPU s sampled (stacks weighted by thread CPU)\n"
+            + "\n".join(
+                f"  top by {key} CPU:\n"
+                + _indent(table(["function", f"{key} s"], [list(row) for row in found[key]]))
+                for key in ("cumulative", "own")
+            )
+        )
+
     def rows(key: str) -> str:
         return table(
             ["function", "package", "calls", "cumulative s", "own s"],

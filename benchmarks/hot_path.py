@@ -13,8 +13,9 @@ client in a process of its own):
    the operator is compared with.
 3. **the operator**: the real kopf operator in a process of its own
    (`benchmarks.operator_process`, as in a pod, logging at its default level, INFO, to a
-   file) with ``IPAM_BRIDGE_WORKERS`` workers binds ``claims`` claims created at once, then
-   releases them: claims/s, its process's CPU seconds per claim (user + system, from
+   file; ``$BENCH_HOT_LOG_LEVEL`` sets another ``IPAM_BRIDGE_LOG_LEVEL``) with
+   ``IPAM_BRIDGE_WORKERS`` workers binds ``claims`` claims created at once, then releases
+   them: claims/s, its process's CPU seconds per claim (user + system, from
    ``/proc``, from the first create to the last write settled) and the share of its main
    thread (kopf's event loop: watch events, handlers, the work queue's dispatch; the
    reconciles run in worker threads), API requests by verb (the
@@ -22,12 +23,16 @@ client in a process of its own):
 4. **profile**: the same again under yappi (CPU clock, every thread of the operator's
    process): per phase, the functions with the most cumulative and own CPU, and own CPU
    by package. The profiler slows the operator: its run gives no figures but the profile.
+   ``$BENCH_HOT_PROFILER=cpu-sampler`` samples stacks weighted by thread CPU instead
+   (`benchmarks.sampler.CpuSampler`): no per-call cost, but a thread's CPU goes to where it
+   stands when sampled, often a blocking call.
 
 Figures only; nothing passes or fails.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections import Counter
@@ -331,7 +336,9 @@ def run_hot_path(
             NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=SUBNET_ID, credentials=CREDENTIALS
         )
         since = len(sandbox.kube.access_log.records())
-        with OperatorProcess(log_level=None, log=workdir / "operator.log") as operator:
+        with OperatorProcess(
+            log_level=os.environ.get("BENCH_HOT_LOG_LEVEL"), log=workdir / "operator.log"
+        ) as operator:
             sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
             _wait_watching(sandbox, since)
             _settle(sandbox)
@@ -353,7 +360,7 @@ def run_hot_path(
                 workdir / "profile.json",
                 log_level=None,
                 log=workdir / "operator-profiled.log",
-                profiler="yappi",
+                profiler=os.environ.get("BENCH_HOT_PROFILER", "yappi"),
             ) as operator:
                 _wait_watching(sandbox, since)
                 _settle(sandbox)

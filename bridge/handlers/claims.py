@@ -4,8 +4,8 @@ kopf watches; `claims.reconcile_claim` decides from the claim's current state. U
 ``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
 last-handled-configuration or progress annotations): a claim that is not ours is never
 written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
-any other. The filter keeps claims of
-other providers out of the queue entirely.
+any other. Claims of other providers (`bridge.handlers.cache.is_ours`) are left at the
+door: never cached, queued or written to.
 """
 
 from __future__ import annotations
@@ -15,25 +15,22 @@ from typing import Any
 import kopf
 
 from bridge import capi
-from bridge.handlers.cache import cache_event, claim_seen
+from bridge.handlers.cache import cache_event, claim_seen, is_ours
 from bridge.objects.keys import claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
 
-__all__ = ["claim_event", "claim_is_ours", "cluster_event"]
+__all__ = ["claim_event", "cluster_event"]
 
 
-def claim_is_ours(spec: kopf.Spec, **_: Any) -> bool:
-    """Filter: the claim's poolRef is one of our pool kinds in ``ipam.cluster.x-k8s.io``."""
-    ref = spec.get("poolRef") or {}
-    return capi.PoolRef(
-        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-    ).is_ours
-
-
-@kopf.on.event(capi.GROUP, "ipaddressclaims", when=claim_is_ours)
+@kopf.on.event(capi.GROUP, "ipaddressclaims")
 async def claim_event(
-    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: kopf.Body,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
 
@@ -47,6 +44,8 @@ async def claim_event(
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
     deleted, the Cluster gets a new one.
     """
+    if not is_ours(spec):
+        return  # another provider's claim: never cached, queued or written to
     op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     claim_seen(op, type)  # a listing after a watch restart relists the cache

@@ -57,16 +57,17 @@ KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
 
 
-class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+class EventsOnlyDiffBase(kopf.DiffBaseStorage):
     """kopf's diff-base storage for an operator whose handlers are all event handlers.
 
-    For every watch event, kopf builds the object's "essence" (a deep copy of the whole
-    body, then trimmed) to tell what changed for change handlers (``kopf.on.create``,
-    ``on.update``, ``on.field``...; the diff-base storage of
-    https://kopf.readthedocs.io/en/stable/configuration/). ipam-bridge registers event
-    handlers only (``kopf.on.event``), which never read it: `build` returns an empty
-    essence, and the per-event deep copy is saved. Reading and storing stay those of
-    ``kopf.AnnotationsDiffBaseStorage``.
+    For every watch event, kopf reads the object's last handled "essence" from an
+    annotation and builds its new one (a deep copy of the whole body, then trimmed) to tell
+    what changed for change handlers (``kopf.on.create``, ``on.update``, ``on.field``...;
+    the diff-base storage of https://kopf.readthedocs.io/en/stable/configuration/).
+    ipam-bridge registers event handlers only (``kopf.on.event``), which never read either:
+    `fetch` finds no essence and `build` returns an empty one, so neither the annotation
+    lookup nor the deep copy is paid per event, and `store` (only ever called for change
+    handlers) writes nothing.
     """
 
     def build(
@@ -74,6 +75,13 @@ class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     ) -> kopf.BodyEssence:
         """Return an empty essence (no handler compares essences)."""
         return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Return None: no essence was ever stored (no handler compares essences)."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Store nothing (no handler compares essences)."""
 
 
 #: Seconds a watch request asks the API server to serve it (``timeoutSeconds``).
@@ -96,9 +104,7 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=KOPF_ANNOTATION_PREFIX
     )
-    settings.persistence.diffbase_storage = EventsOnlyDiffBase(
-        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = EventsOnlyDiffBase()
     # The event handlers only queue keys; the work queue has its own worker threads.
     settings.execution.max_workers = max(2, min(bridge.workers, 4))
     # kopf turns no log line into an Event; we post our own.

@@ -52,7 +52,19 @@ def operator() -> tuple[Operator, FakeQueue]:
 def event(op: Operator, type: str | None, body: dict[str, Any]) -> None:
     memo = kopf.Memo()
     memo.bridge = op
-    asyncio.run(claim_event(type=type, body=body, meta=body["metadata"], memo=memo))  # type: ignore[arg-type]
+    asyncio.run(
+        claim_event(type=type, body=body, meta=body["metadata"], spec=body["spec"], memo=memo)  # type: ignore[arg-type]
+    )
+
+
+def test_a_claim_of_another_provider_is_neither_cached_nor_queued() -> None:
+    op, queue = operator()
+    body = claim("1", finalizers=[CLAIM_FINALIZER])
+    body["spec"]["poolRef"] = {"apiGroup": "ipam.example.com", "kind": "OtherPool", "name": "p"}
+    event(op, "ADDED", body)
+    event(op, "DELETED", body)
+    assert queue.added == []
+    assert op.cache.claims.get(("ns", "c1")) is None
 
 
 def test_the_deletion_of_a_claim_whose_release_the_cache_saw_queues_nothing() -> None:

@@ -22,6 +22,19 @@ def test_no_essence_is_built_for_event_handlers() -> None:
     assert storage.build(body=body) == {}
 
 
+def test_no_essence_is_read_or_written() -> None:
+    # An annotation left by a change handler elsewhere is not even looked at.
+    settings = kopf.OperatorSettings()
+    lifecycle.configure(settings, Settings())
+    storage = settings.persistence.diffbase_storage
+    key = "kopf.ipam-bridge.io/last-handled-configuration"
+    body = kopf.Body({"metadata": {"name": "c", "annotations": {key: '{"spec": {"x": 0}}'}}})
+    assert storage.fetch(body=body) is None
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=kopf.BodyEssence(spec={"x": 1}))
+    assert not patch
+
+
 def test_every_resource_handler_is_an_event_handler() -> None:
     # The empty essence is right only while no change handler reads it.
     changing = re.compile(r"kopf\.on\.(create|update|delete|resume|field)\(")

@@ -484,15 +484,26 @@ class Transport:
         of `request`.
         """
         auth = kwargs.pop("auth") or NO_AUTH
+        session = self.session
         try:
-            return self.session.request(
+            # Prepared with the session's headers and cookie jar, then sent by the session
+            # (its adapters, its cookie jar, its proxies), as ``Session.request`` would do
+            # (https://requests.readthedocs.io/en/latest/user/advanced/#prepared-requests)
+            # without merging the session's empty params, auth and hooks for every request.
+            prepared = requests.Request(
                 method,
                 url,
+                headers={**session.headers, **(kwargs.pop("headers") or {})},
+                cookies=session.cookies,
                 auth=auth,
+                **kwargs,
+            ).prepare()
+            return session.send(
+                prepared,
                 timeout=(timeout, timeout),
                 verify=self._verify,
+                proxies=session.proxies,
                 allow_redirects=False,
-                **kwargs,
             )
         except requests.RequestException as exc:
             raise self._request_failed(method, what, timeout, started, exc) from exc

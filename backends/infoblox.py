@@ -791,7 +791,7 @@ class InfobloxBackend:
                     "(the gateway, network or broadcast address); the entry was removed"
                 )
             allocation = self._allocation(hostname, entry)
-            log.info("infoblox: allocated %s to %s in %s", allocation.address, hostname, net.cidr)
+            log.debug("infoblox: allocated %s to %s in %s", allocation.address, hostname, net.cidr)
             return allocation
         raise SubnetExhaustedError(
             f"no free address in any network of the pool ({self._pool_description()})"
@@ -862,7 +862,7 @@ class InfobloxBackend:
                 other = next((n for n in names if n.casefold() != entry.name.casefold()), None)
                 raise self._held(ip, other)
         allocation = self._allocation(hostname, entry)
-        log.info("infoblox: registered requested %s to %s in %s", ip, hostname, net.cidr)
+        log.debug("infoblox: registered requested %s to %s in %s", ip, hostname, net.cidr)
         return allocation
 
     def _held(self, ip: IPAddr, holder: str | None, status: int | None = None) -> BackendError:
@@ -940,7 +940,7 @@ class InfobloxBackend:
                 if first.host_record is None:
                     raise
                 self._merge_quarantined(first, name, until)
-            log.info(
+            log.debug(
                 "infoblox: quarantined %s of %s until %d (Unix time)",
                 ", ".join(str(e.address) for e in group),
                 hostname,
@@ -1018,7 +1018,7 @@ class InfobloxBackend:
                 self._remove_addresses(ref, host_record)
             else:
                 self._delete(ref)
-            log.info(
+            log.debug(
                 "infoblox: released %s from %s",
                 ", ".join(str(e.address) for e in group),
                 hostname,

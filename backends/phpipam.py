@@ -673,7 +673,7 @@ class PHPIPAMBackend:
                 if quarantine_until is None:
                     if self._lookup("DELETE", f"addresses/{entry.id}/") is not None:
                         done.append(entry.id)
-                        log.info("phpIPAM: deleted address id %d of %s", entry.id, hostname)
+                        log.debug("phpIPAM: deleted address id %d of %s", entry.id, hostname)
                     continue
                 mark = quarantine_mark(quarantine_until, entry.description)
                 body = {
@@ -682,7 +682,7 @@ class PHPIPAMBackend:
                 }
                 if self._lookup("PATCH", f"addresses/{entry.id}/", json=body) is not None:
                     done.append(entry.id)
-                    log.info(
+                    log.debug(
                         "phpIPAM: quarantined address id %d of %s: %s", entry.id, hostname, mark
                     )
             return bool(done)
@@ -876,7 +876,7 @@ class PHPIPAMBackend:
             if address in never:
                 self._reserve_entry(int(ref), address, never[address], subnet)
                 continue
-            log.info("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
+            log.debug("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
             return _created(subnet, address, hostname, ref, str(body["description"]))
         raise BackendUnavailableError(
             f"phpIPAM kept offering addresses that are never assigned ({', '.join(sorted(never))})"

@@ -617,6 +617,36 @@ def test_allocate_posts_first_free_with_hostname_and_description(
     assert post.headers["Content-Type"] == "application/json"
 
 
+def test_a_routine_allocation_and_release_log_nothing_at_info(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One INFO line per claim is the claim reconciler's; the client's detail is at DEBUG.
+    _prime(rsps)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", SEARCH_CLAIM_1_TWICE)
+    add(rsps, "DELETE", "addresses/12/", DELETED)
+    add(rsps, "DELETE", "addresses/15/", DELETED)
+    backend = make()
+
+    with caplog.at_level(logging.DEBUG, logger="backends.phpipam"):
+        backend.allocate("default.claim-1", "capi claim 1")
+        backend.release("default.claim-1")
+
+    levels = {
+        r.getMessage(): r.levelname
+        for r in caplog.records
+        if "allocated" in r.getMessage() or "deleted" in r.getMessage()
+    }
+    assert levels == {
+        "phpIPAM: allocated 10.20.0.2 (id 12) to default.claim-1": "DEBUG",
+        "phpIPAM: deleted address id 12 of default.claim-1": "DEBUG",
+        "phpIPAM: deleted address id 15 of default.claim-1": "DEBUG",
+    }
+
+
 def test_allocate_adopts_an_existing_row_without_post(
     rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:

@@ -47,41 +47,21 @@ log = logging.getLogger(__name__)
 LOG_REFKEY = "object"
 
 
-def _handler_object_ref() -> Mapping[str, Any] | None:
-    """Return the reference of the object reconciled or handled in this context, or None.
-
-    A reconcile of the work queue names its object with `logcontext.about`. kopf keeps
-    the cause of the running handler in a context variable
-    (``kopf._core.actions.execution.cause_var``, copied into the threads of sync handlers);
-    its logger carries ``extra["k8s_ref"]``, the reference kopf's formatters print.
-    """
-    ours = logcontext.current()  # a reconcile of the work queue
-    if ours is not None:
-        return ours
-    try:
-        from kopf._core.actions.execution import cause_var
-    except ImportError:  # a kopf without it: lines keep the names in their text only
-        return None
-    cause = cause_var.get(None)
-    extra = getattr(getattr(cause, "logger", None), "extra", None) or {}
-    ref = extra.get("k8s_ref")
-    return ref if isinstance(ref, Mapping) else None
-
-
 class ObjectRefFilter(logging.Filter):
-    """Give log records emitted inside a kopf handler the handled object's reference.
+    """Give log records emitted while an object is reconciled that object's reference.
 
     kopf's own per-object lines carry ``k8s_ref``; lines of our modules and the backend
-    clients (``claims``, ``backends.phpipam``...) logged while a handler runs get the
-    same reference, so every line about a claim or pool names it (``[ns/name]`` prefix in
-    text, the ``object`` key in JSON). It also copies the logger name to ``record.logger``,
-    which the JSON formatter prints as an extra field (text lines show ``%(name)s``).
+    clients (``claims``, ``backends.phpipam``...) logged inside a reconcile of the work queue
+    get the same reference from `bridge.runtime.logcontext`, so every line about a claim or
+    pool names it (``[ns/name]`` prefix in text, the ``object`` key in JSON). It also copies
+    the logger name to ``record.logger``, which the JSON formatter prints as an extra field
+    (text lines show ``%(name)s``).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Add ``k8s_ref`` (when missing and a handler runs) and ``logger``; keep the record."""
+        """Add ``k8s_ref`` (when missing and a reconcile runs) and ``logger``; keep the record."""
         if not hasattr(record, "k8s_ref"):
-            ref = _handler_object_ref()
+            ref = logcontext.current()
             if ref is not None:
                 record.k8s_ref = dict(ref)
         if not hasattr(record, "logger"):

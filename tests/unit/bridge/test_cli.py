@@ -11,15 +11,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
 from fakes import local_kubeconfig
-from kopf._core.actions.execution import cause_var
 
 from bridge import __version__, cli
+from bridge.runtime import logcontext
 from bridge.settings import Settings
 
 
@@ -464,19 +463,15 @@ def test_json_lines_carry_the_object_and_the_logger(capsys: pytest.CaptureFixtur
     assert second["logger"] == "bridge.handlers.lifecycle"
 
 
-def test_lines_logged_inside_a_handler_name_its_object(
+def test_lines_logged_inside_a_reconcile_name_its_object(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure(log_format="json")
-    cause = SimpleNamespace(logger=SimpleNamespace(extra={"k8s_ref": dict(REF)}))
-    token = cause_var.set(cause)  # type: ignore[arg-type]
-    try:
-        logging.getLogger("backends.phpipam").info("phpIPAM: allocated 10.0.0.2 to m1.capi")
-    finally:
-        cause_var.reset(token)
-    logging.getLogger("backends.phpipam").info("outside any handler")
+    with logcontext.about(REF["apiVersion"], REF["kind"], REF["namespace"], REF["name"]):
+        logging.getLogger("backends.phpipam").info("phpIPAM: logged in to app 'capi'")
+    logging.getLogger("backends.phpipam").info("outside any reconcile")
     inside, outside = (json.loads(line) for line in capsys.readouterr().err.splitlines())
-    assert inside[cli.LOG_REFKEY] == REF
+    assert inside[cli.LOG_REFKEY] == {k: v for k, v in REF.items() if k != "uid"}
     assert inside["logger"] == "backends.phpipam"
     assert cli.LOG_REFKEY not in outside
 

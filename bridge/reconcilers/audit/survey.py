@@ -16,10 +16,8 @@ the raw object, before anything is typed) and the claims they and the pool's ent
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -171,35 +169,16 @@ class Survey:
 _T = TypeVar("_T")
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a block that builds objects it keeps.
-
-    Typing thousands of objects allocates containers that all survive; the collector,
-    triggered by allocation counts, would traverse them again and again
-    (https://docs.python.org/3/library/gc.html). Reference counting still frees what the
-    block drops; the collector runs again after it (if it was enabled).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _typed(
     bodies: Iterable[Mapping[str, Any]], parse: Callable[[Mapping[str, Any]], _T], what: str
 ) -> list[_T]:
     """Return ``parse`` of each body; a body it refuses (ValueError) is logged and left out."""
     typed: list[_T] = []
-    with _collector_paused():
-        for body in bodies:
-            try:
-                typed.append(parse(body))
-            except ValueError as exc:  # pydantic's ValidationError is a ValueError
-                log.debug("drift audit: %s not audited: %s", what, exc)
+    for body in bodies:
+        try:
+            typed.append(parse(body))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            log.debug("drift audit: %s not audited: %s", what, exc)
     return typed
 
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
+import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.api_writes import RESOURCES, WritesResult, run_writes_bench
@@ -165,6 +167,20 @@ def _parser() -> argparse.ArgumentParser:
         "(default 0/0/0,40/3/10: the bare mocks, then a phpIPAM about as fast as a real "
         "phpIPAM 1.8 on 2 cores, ~80-100 allocations/s with 8 threads, and an API server "
         "answering reads in 3 ms and writes in 10 ms)",
+    )
+    parser.add_argument(
+        "--hot-base",
+        type=Path,
+        default=None,
+        help="another checkout of this repository (git worktree add DIR REV): each hot-path "
+        "run measures its operator and this tree's in turn, --hot-rounds times, and prints "
+        "each round and the medians (no profile)",
+    )
+    parser.add_argument(
+        "--hot-rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of --hot-base (default 3)",
     )
     parser.add_argument(
         "--soak-rounds",
@@ -362,6 +378,45 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
+def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
+    """Return the CPU per claim of interleaved base/this runs: each run, then the medians."""
+    first = rounds[0][1]
+
+    def row(label: str, results: list[HotPathResult]) -> list[Any]:
+        cells: list[Any] = [label]
+        for phase in ("allocation", "release"):
+            ours = [next(p.cpu_ms for p in r.phases if p.label == phase) for r in results]
+            bare = [r.bare[phase].cpu_ms for r in results]
+            ratio = [o / b for o, b in zip(ours, bare, strict=True)]
+            cells += [statistics.median(ours), statistics.median(bare), statistics.median(ratio)]
+        return cells
+
+    each = [row(f"{label} {n // 2 + 1}", [r]) for n, (label, r) in enumerate(rounds)]
+    medians = [
+        row(f"{label}: median", [r for lb, r in rounds if lb == label])
+        for label in ("base", "this")
+    ]
+    return (
+        f"(e') hot path, base against this tree, interleaved: {first.claims} claims, "
+        f"IPAM_BRIDGE_WORKERS={first.workers}, IPAM latency {first.latency_ms:g} ms, API "
+        f"latency {first.api_ms[0]:g}/{first.api_ms[1]:g} ms; CPU ms per claim of the operator "
+        "and of the bare client of the same run (a median row's ratio is the median of the runs' "
+        "ratios)\n"
+        + table(
+            [
+                "run",
+                "alloc ms",
+                "bare ms",
+                "ratio",
+                "release ms",
+                "bare ms",
+                "ratio",
+            ],
+            each + medians,
+        )
+    )
+
+
 def _hot_tables(result: HotPathResult) -> str:
     raw = result.raw
     assert raw is not None
@@ -486,6 +541,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         for ipam_ms, read_ms, write_ms in args.hot_runs:
+            if args.hot_base is not None:
+                interleaved = [
+                    (
+                        label,
+                        run_hot_path(
+                            hot_claims,
+                            args.hot_workers,
+                            latency_ms=ipam_ms,
+                            api_ms=(read_ms, write_ms),
+                            timeout=args.timeout,
+                            profile=False,
+                            source=source,
+                        ),
+                    )
+                    for _ in range(args.hot_rounds)
+                    for label, source in (("base", args.hot_base.resolve()), ("this", None))
+                ]
+                print("\n" + _hot_ab_table(interleaved), flush=True)
+                continue
             hot = run_hot_path(
                 hot_claims,
                 args.hot_workers,

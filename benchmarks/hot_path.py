@@ -296,6 +296,7 @@ def run_hot_path(
     timeout: float = 180.0,
     profile: bool = True,
     settings: dict[str, str] | None = None,
+    source: Path | None = None,
 ) -> HotPathResult:
     """Measure the raw IPAM, the bare client, the operator, and profile it (see the module).
 
@@ -305,7 +306,9 @@ def run_hot_path(
     requests, the bare client's and the operator's alike
     (`mock_kubernetes.emulator.KubeEmulator.latency`: a real kube-apiserver answers reads
     in milliseconds, writes after an etcd commit); ``settings`` adds ``IPAM_BRIDGE_*``
-    variables; ``profile`` False skips the yappi run.
+    variables; ``profile`` False skips the yappi run; ``source`` runs the operator of another
+    checkout (`benchmarks.operator_process.OperatorProcess`), the raw and bare clients staying
+    this tree's.
 
     Raises
     ------
@@ -337,7 +340,9 @@ def run_hot_path(
         )
         since = len(sandbox.kube.access_log.records())
         with OperatorProcess(
-            log_level=os.environ.get("BENCH_HOT_LOG_LEVEL"), log=workdir / "operator.log"
+            log_level=os.environ.get("BENCH_HOT_LOG_LEVEL"),
+            log=workdir / "operator.log",
+            source=source,
         ) as operator:
             sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
             _wait_watching(sandbox, since)

@@ -168,6 +168,11 @@ class OperatorProcess:
     profiler:
         ``"sampler"`` (wall-clock samples of the operator's threads), ``"yappi"`` (CPU
         profile of every thread) or ``"cpu-sampler"`` (CPU-weighted stack samples).
+    source:
+        Another checkout of this repository (``git worktree add DIR REV``) whose operator
+        runs instead of this tree's: the process starts in it, with it first on
+        ``PYTHONPATH``, so ``bridge``, ``backends`` and ``benchmarks.operator_process`` are
+        imported from it (None: this tree's).
     """
 
     def __init__(
@@ -177,7 +182,9 @@ class OperatorProcess:
         *,
         log_level: str | None = "WARNING",
         profiler: str = "sampler",
+        source: Path | None = None,
     ) -> None:
+        self.source = source
         self.profile = profile
         self.log = log
         self.log_level = log_level
@@ -193,6 +200,10 @@ class OperatorProcess:
         env[PROFILER_ENV] = self.profiler
         if self.profile is not None:
             env[PROFILE_ENV] = str(self.profile)
+        if self.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.source), *filter(None, [env.get("PYTHONPATH")])]
+            )
         out = open(self.log, "wb") if self.log else subprocess.DEVNULL
         self.started = time.monotonic()
         cprofile = os.environ.get("BENCH_CPROFILE")  # a file: the whole run under cProfile
@@ -202,6 +213,7 @@ class OperatorProcess:
         self.process = subprocess.Popen(
             command,
             env=env,
+            cwd=self.source,
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -68,6 +68,9 @@ class SurveyApi(Protocol):
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
         """Return the IPAddresses of a namespace (None: all)."""
 
+    def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return one claim, or None when it does not exist."""
+
 
 class CachedPart(Protocol):
     """One part of the informer cache, read-only (`bridge.runtime.cache.ObjectCache`)."""
@@ -337,12 +340,20 @@ def _list_claims(
 
 
 def _confirmed(
-    deps: SurveyDeps, pool: Pool, backend: IPAMBackend, findings: list[Finding]
+    deps: SurveyDeps,
+    pool: Pool,
+    backend: IPAMBackend,
+    findings: list[Finding],
+    *,
+    from_cache: bool,
 ) -> list[Finding]:
     """Drop the orphans whose entry is gone by a second list of the entries.
 
     A claim being released frees its entry before it goes, so an entry listed before the
-    claims and gone after them was a live claim's.
+    claims and gone after them was a live claim's. With the claims read from the informer
+    cache, which holds only claims of our pools, an orphan's claim is also looked up in the
+    API: a claim of that name with another provider's pool exists, as a list of its
+    namespace would have shown (one GET per orphan, only when there are orphans).
     """
     if not any(f.finding == FindingKind.ORPHAN for f in findings):
         return findings
@@ -352,8 +363,17 @@ def _confirmed(
         if e.quarantined_until is None
     }
     return [
-        f for f in findings if f.finding != FindingKind.ORPHAN or (f.address, f.hostname) in again
+        f
+        for f in findings
+        if f.finding != FindingKind.ORPHAN
+        or ((f.address, f.hostname) in again and not (from_cache and _claim_exists(deps, f.claim)))
     ]
+
+
+def _claim_exists(deps: SurveyDeps, claim: str) -> bool:
+    """Tell whether the claim ``<namespace>/<name>`` exists in the API, whoever's it is."""
+    namespace, _, name = claim.partition("/")
+    return deps.kube.get_claim(deps.versions.address, namespace, name) is not None
 
 
 def _claims_by_name(
@@ -420,5 +440,5 @@ def survey(
     by_name = _claims_by_name(claim_bodies, deps.versions.address)
     claims = typed_claims(claim_bodies)
     findings = compare(pool, entries, addresses, claims, claim_namespaces=listed)
-    findings = _confirmed(deps, pool, backend, findings)
+    findings = _confirmed(deps, pool, backend, findings, from_cache=from_cache)
     return Survey(pool, findings, by_name, len(entries), len(addresses))

@@ -755,6 +755,20 @@ def test_the_leaders_audit_lists_nothing_while_the_cache_is_synced() -> None:
     assert listed.kube.read("list_claims") and listed.kube.read("list_ip_addresses")
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["api", "cache"])
+def test_an_entry_of_a_claim_now_another_providers_is_no_orphan(cache: bool) -> None:
+    # The claim was recreated with another provider's pool: the cache never holds it.
+    world = World([ipam_entry("10.0.0.6", "gone.ns", "ipam-bridge ns/gone")])
+    world.ipam.on_entries = [list(world.ipam.entries_), list(world.ipam.entries_)]
+    if cache:
+        world.deps.cache = _cached(world)
+        world.auditor = Auditor(world.deps)
+    world.kube.add_claim(claim(name="gone", group="ipam.example.com", kind="OtherPool"))
+    [result] = world.run()
+    assert result.findings == [] and world.kube.events == []
+    assert world.kube.read("get_claim") == (["ns/gone"] if cache else [])
+
+
 def test_an_unsynced_or_suspect_cache_is_not_read() -> None:
     world = _drifted(cache=True)
     assert world.deps.cache is not None

@@ -132,6 +132,14 @@ class PoolRef:
     kind: str
     name: str
 
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> PoolRef:
+        """Return the ``poolRef`` of a claim's or an IPAddress's raw ``spec`` (missing: ``""``)."""
+        ref = spec.get("poolRef") or {}
+        return cls(
+            str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
+        )
+
     def as_dict(self) -> dict[str, str]:
         """Return the reference as the API writes it (``apiGroup``, ``kind``, ``name``)."""
         return {"apiGroup": self.api_group, "kind": self.kind, "name": self.name}

@@ -34,7 +34,6 @@ __all__ = [
     "address_event",
     "cache_event",
     "claim_seen",
-    "is_ours",
     "queue_relisted",
 ]
 
@@ -45,18 +44,6 @@ log = logging.getLogger(__name__)
 LISTING_GAP_SECONDS: Final = 5.0
 #: Seconds between attempts of a relist that failed (the API server still unreachable).
 RETRY_SECONDS: Final = 2.0
-
-
-def is_ours(spec: Mapping[str, Any]) -> bool:
-    """Whether the ``spec.poolRef`` of an IPAddress or a claim names a pool kind of ours.
-
-    The handlers of both check it first, in place of a kopf ``when=`` filter: the filter
-    would cost every event of ours a second call with kopf's keyword arguments built anew.
-    """
-    ref = spec.get("poolRef") or {}
-    return capi.PoolRef(
-        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-    ).is_ours
 
 
 async def cache_event(
@@ -243,6 +230,10 @@ async def address_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """Put an IPAddress of one of our pools into the cache (`cache_event`); skip the others."""
-    if is_ours(spec):
+    """Put an IPAddress of one of our pools into the cache (`cache_event`); skip the others.
+
+    The handler checks the poolRef itself rather than through a kopf ``when=`` filter, which
+    would cost every event of ours a second call with kopf's keyword arguments built anew.
+    """
+    if capi.PoolRef.from_spec(spec).is_ours:
         await cache_event(type, body, resource, memo)

@@ -4,8 +4,8 @@ kopf watches; `claims.reconcile_claim` decides from the claim's current state. U
 ``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
 last-handled-configuration or progress annotations): a claim that is not ours is never
 written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
-any other. Claims of other providers (`bridge.handlers.cache.is_ours`) are left at the
-door: never cached, queued or written to.
+any other. Claims of other providers (`bridge.capi.PoolRef.is_ours`) are left at the door:
+never cached, queued or written to.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from bridge import capi
-from bridge.handlers.cache import cache_event, claim_seen, is_ours
+from bridge.handlers.cache import cache_event, claim_seen
 from bridge.objects.keys import claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
@@ -44,7 +44,9 @@ async def claim_event(
     its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
     deleted, the Cluster gets a new one.
     """
-    if not is_ours(spec):
+    # Checked here, not by a kopf when= filter, which would cost every event of ours a
+    # second call with kopf's keyword arguments built anew.
+    if not capi.PoolRef.from_spec(spec).is_ours:
         return  # another provider's claim: never cached, queued or written to
     op: Operator = memo.bridge
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))

@@ -64,10 +64,7 @@ def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
 def _queue_claims(op: Operator) -> int:
     count = 0
     for body in _claim_bodies(op):
-        ref = (body.get("spec") or {}).get("poolRef") or {}
-        if not capi.PoolRef(
-            str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-        ).is_ours:
+        if not capi.PoolRef.from_spec(body.get("spec") or {}).is_ours:
             continue
         meta = body.get("metadata") or {}
         key = claim_key(str(meta.get("namespace")), str(meta.get("name")))

@@ -111,10 +111,7 @@ class Cache:
 
 
 def _ours(body: Mapping[str, Any]) -> bool:
-    ref = (body.get("spec") or {}).get("poolRef") or {}
-    return capi.PoolRef(
-        str(ref.get("apiGroup") or ""), str(ref.get("kind") or ""), str(ref.get("name") or "")
-    ).is_ours
+    return capi.PoolRef.from_spec(body.get("spec") or {}).is_ours
 
 
 def _pools(kube: ObjectClient, namespaces: tuple[str, ...]) -> list[tuple[Key, dict[str, Any]]]:

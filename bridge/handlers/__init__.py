@@ -2,8 +2,9 @@
 
 Each handler is thin: it feeds the operator's cache and queues keys (`bridge.handlers.cache`,
 `bridge.handlers.claims`, `bridge.handlers.pools`), or starts and stops the operator
-(`bridge.handlers.lifecycle`, which runs the periodic `bridge.handlers.resync`); the
-decisions are the reconcilers' (`bridge.reconcilers`).
+(`bridge.handlers.lifecycle`, which runs the periodic `bridge.handlers.resync` and the
+informers of claims and IPAddresses, whose events `bridge.handlers.claims.ClaimEvents`
+turns into queued keys); the decisions are the reconcilers' (`bridge.reconcilers`).
 One handler per resource and event, so the order of these imports does not matter.
 """
 

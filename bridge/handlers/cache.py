@@ -1,14 +1,14 @@
 """Feed the operator's cache (`bridge.objects.cache`) from the watches kopf runs.
 
-`cache_event` puts every object kopf sees (its initial listing, additions, changes) into
-the cache and drops deleted ones: the whole of the handler of our IPAddresses
-(`address_event`, which skips other providers' IPAddresses), and the first step of the
+kopf watches pools and Clusters. `cache_event` puts every one kopf sees (its initial
+listing, additions, changes) into the cache and drops deleted ones: the first step of the
 handlers of pools (`bridge.handlers.pools.pool_event`) and Clusters
 (`bridge.handlers.claims.cluster_event`), so a reconcile they queue reads the cache as the
-event shows it. Claims are fed by `bridge.handlers.claims.claim_event`, which also decides
-whether the event needs a reconcile. A listing after a watch restart relists the cache
+event shows it. A listing after a watch restart relists their part of the cache
 (`Relists`). The cache's initial list comes from the start-up handler
-(`bridge.objects.cache.prime`).
+(`bridge.objects.cache.prime`). Claims and our IPAddresses are watched by informers of
+their own (`bridge.runtime.informer`, `bridge.handlers.claims.ClaimEvents`), which list
+again on every watch restart themselves.
 """
 
 from __future__ import annotations
@@ -23,19 +23,13 @@ from typing import Any, Final, cast
 import kopf
 
 from bridge import capi
-from bridge.objects.cache import PARTS, Cache, Part, relist
+from bridge.objects.cache import Cache, Part, relist
 from bridge.objects.keys import claim_key, cluster_key, cluster_token, pool_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
 from bridge.runtime.cache import ObjectCache, Relisted
 
-__all__ = [
-    "Relists",
-    "address_event",
-    "cache_event",
-    "claim_seen",
-    "queue_relisted",
-]
+__all__ = ["KOPF_PARTS", "Relists", "cache_event", "queue_relisted"]
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +38,18 @@ log = logging.getLogger(__name__)
 LISTING_GAP_SECONDS: Final = 5.0
 #: Seconds between attempts of a relist that failed (the API server still unreachable).
 RETRY_SECONDS: Final = 2.0
+#: The parts of the cache fed by kopf's watches (claims and IPAddresses: by informers).
+KOPF_PARTS: Final[tuple[Part, ...]] = ("pools", "clusters")
 
 
 async def cache_event(
     type: str | None, body: kopf.Body, resource: kopf.Resource, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Put an IPAddress, pool or Cluster as seen into the cache; drop it when deleted.
+    """Put a pool or Cluster as seen into the cache; drop it when deleted.
 
-    The handler of IPAddresses; the handlers of pools and Clusters
-    (`bridge.handlers.pools.pool_event`, `bridge.handlers.claims.cluster_event`) call it
-    first, so what they queue or wake reads the cache as the event shows it.
+    The handlers of pools and Clusters (`bridge.handlers.pools.pool_event`,
+    `bridge.handlers.claims.cluster_event`) call it first, so what they queue or wake reads
+    the cache as the event shows it.
     """
     op: Operator | None = memo.get("bridge")
     if op is None:
@@ -61,9 +57,7 @@ async def cache_event(
     key: Hashable = op.cache.key_of(body)
     _relists(op).seen(resource.plural, type)
     part: ObjectCache
-    if resource.plural == "ipaddresses":
-        part = op.cache.addresses
-    elif resource.plural == "clusters":
+    if resource.plural == "clusters":
         part = op.cache.clusters
         if type != "DELETED":
             _relists(op).unpaused(part.get(key), body)
@@ -78,11 +72,11 @@ class Relists:
     kopf lists a resource when its watch starts and again whenever the watch must restart
     from scratch (410 Gone, a failed resume), delivering the listed objects as events of
     type None (``kopf/_cogs/clients/watching.py``, ``continuous_watch``), but it never
-    tells of objects that went away meanwhile. A listing of a resource that is not its
-    first makes every part of the cache suspect (lookups read the API: another
-    resource's event, a Cluster's unpause, may wake claims before their own watch catches
-    up), then relists every part (`bridge.runtime.cache.relist`) and queues what
-    changed (`queue_relisted`).
+    tells of objects that went away meanwhile. A listing of pools or Clusters that is not
+    its first makes both parts suspect (lookups read the API meanwhile), then relists them
+    (`bridge.objects.cache.relist`) and queues what changed (`queue_relisted`). Claims and
+    IPAddresses relist on their own (their informers), except when a Cluster turns
+    unpaused (`unpaused`).
 
     Parameters
     ----------
@@ -113,7 +107,7 @@ class Relists:
         if last is None or not fresh:
             return  # the first listing (primed at start-up), or the same listing going on
         log.info("%s listed again by its watch: relisting the cache", resource)
-        self.request(PARTS)
+        self.request(KOPF_PARTS)
 
     def unpaused(self, before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> None:
         """Relist claims when a Cluster turns unpaused (``before``: as cached, None: new).
@@ -214,26 +208,3 @@ def queue_relisted(op: Operator, part: Part, result: Relisted) -> int:
                 op.queue.add(cluster_key(namespace, name))
         count += 1
     return count
-
-
-def claim_seen(op: Operator, type: str | None) -> None:
-    """Record a claim's event for `Relists` (called by the claims' own event handler)."""
-    _relists(op).seen("ipaddressclaims", type)
-
-
-@kopf.on.event(capi.GROUP, "ipaddresses", id="cache")
-async def address_event(
-    type: str | None,
-    body: kopf.Body,
-    spec: kopf.Spec,
-    resource: kopf.Resource,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """Put an IPAddress of one of our pools into the cache (`cache_event`); skip the others.
-
-    The handler checks the poolRef itself rather than through a kopf ``when=`` filter, which
-    would cost every event of ours a second call with kopf's keyword arguments built anew.
-    """
-    if capi.PoolRef.from_spec(spec).is_ours:
-        await cache_event(type, body, resource, memo)

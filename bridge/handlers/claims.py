@@ -1,66 +1,131 @@
-"""kopf handlers of IPAddressClaim and Cluster: they only queue keys (see `workqueue`).
+"""Events of IPAddressClaims (their informer) and Clusters (kopf): they only queue keys.
 
-kopf watches; `claims.reconcile_claim` decides from the claim's current state. Using
-``kopf.on.event`` only, kopf keeps no bookkeeping on claims (no finalizer of its own, no
-last-handled-configuration or progress annotations): a claim that is not ours is never
-written to, and a claim recreated by ``clusterctl move`` with copied metadata is handled like
-any other. Claims of other providers (`bridge.capi.PoolRef.is_ours`) are left at the door:
-never cached, queued or written to.
+Claims are watched by an informer of the runtime (`bridge.runtime.informer`, built by
+`bridge.objects.cache.informers`), not by kopf: the informer applies each event to the
+operator's cache in its own thread, and `ClaimEvents` queues a reconcile only for an event
+that told the cache something new, so the echoes of our own writes cost the event loop
+nothing. `claims.reconcile_claim` decides from the claim's current state. Claims of other
+providers (`bridge.capi.PoolRef.is_ours`) are left at the door: never cached, queued or
+written to. Clusters are watched by kopf (``kopf.on.event`` only: kopf keeps no
+bookkeeping on them).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from bridge import capi
-from bridge.handlers.cache import cache_event, claim_seen
+from bridge.handlers.cache import cache_event, queue_relisted
 from bridge.objects.keys import claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
+from bridge.runtime.cache import Relisted
+from bridge.runtime.informer import Event, Listed
 
-__all__ = ["claim_event", "cluster_event"]
+__all__ = ["AddressEvents", "ClaimEvents", "cluster_event"]
 
 
-@kopf.on.event(capi.GROUP, "ipaddressclaims")
-async def claim_event(
-    type: str | None,
-    body: kopf.Body,
-    meta: kopf.Meta,
-    spec: kopf.Spec,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """Queue the claim: any sight of it (start-up listing, change, deletion) is a reconcile.
-
-    The claim goes into the operator's cache (`bridge.objects.cache`) first; an event that
-    tells the cache nothing new queues nothing: the echo of our own write, already written
-    through, and the deletion of a claim the cache no longer holds (a release removed its
-    last finalizer, and the API server's answer to that write took it out of the cache),
-    unless the claim is parked in the work queue (the pass it gets ends the wait).
-
-    A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
-    its Cluster: bound, it gives the Cluster its endpoint; waiting, the Cluster says why;
-    deleted, the Cluster gets a new one.
-    """
-    # Checked here, not by a kopf when= filter, which would cost every event of ours a
-    # second call with kopf's keyword arguments built anew.
-    if not capi.PoolRef.from_spec(spec).is_ours:
-        return  # another provider's claim: never cached, queued or written to
-    op: Operator = memo.bridge
-    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    claim_seen(op, type)  # a listing after a watch restart relists the cache
-    key = claim_key(namespace, name)
-    changed = op.cache.claims.apply((namespace, name), body, deleted=type == "DELETED")
-    if changed or type is None or (type == "DELETED" and op.queue.is_parked(key)):
-        # A bound claim seen by a listing (start-up, watch restart) waits behind new work.
-        settled = type is None and op.cache.settled(body)
-        op.queue.add(key, background=settled)
+def _endpoint_cluster(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Return ``(namespace, Cluster)`` of a control-plane endpoint claim, else None."""
+    meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:
-        op.queue.add(cluster_key(namespace, str(cluster)))
+        return str(meta.get("namespace") or ""), str(cluster)
+    return None
+
+
+class ClaimEvents:
+    """The claims informer's sink (`bridge.runtime.informer.Sink`): what queues a reconcile.
+
+    Called in the informer's thread; the work queue is the event loop's, so each call that
+    queues something hands it to ``loop`` (``call_soon_threadsafe``). Any sight of a claim
+    by a list queues it; a watch event queues it when it told the cache something new (not
+    the echo of our own write), or when it is the deletion of a claim parked in the work
+    queue (its pass ends the wait). A bound claim seen by the first list waits in the work
+    queue's background lane, behind new work.
+
+    A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
+    its Cluster at each event: bound, it gives the Cluster its endpoint; waiting, the
+    Cluster says why; deleted, the Cluster gets a new one.
+
+    Parameters
+    ----------
+    op:
+        The operator (its cache and work queue).
+    loop:
+        The event loop the work queue runs on.
+    """
+
+    def __init__(self, op: Operator, loop: asyncio.AbstractEventLoop) -> None:
+        self._op = op
+        self._loop = loop
+
+    def listed(self, listed: Listed) -> None:
+        """Queue every listed claim (a bound one in the background lane)."""
+        self._loop.call_soon_threadsafe(self._queue_listed, listed)
+
+    def relisted(self, relisted: Relisted) -> None:
+        """Queue the claims a later list found gone or changed."""
+        self._loop.call_soon_threadsafe(self._queue_relisted, relisted)
+
+    def event(self, event: Event) -> None:
+        """Queue the claim of an event that changed the cache, or of a deletion."""
+        cluster = _endpoint_cluster(event.body)
+        if event.changed or event.type == "DELETED" or cluster is not None:
+            self._loop.call_soon_threadsafe(self._queue_event, event, cluster)
+
+    def _queue_listed(self, listed: Listed) -> None:
+        op = self._op
+        for _, body in listed.items:
+            meta = body.get("metadata") or {}
+            key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            op.queue.add(key, background=op.cache.settled(body))
+            if (cluster := _endpoint_cluster(body)) is not None:
+                op.queue.add(cluster_key(*cluster))
+
+    def _queue_relisted(self, relisted: Relisted) -> None:
+        queue_relisted(self._op, "claims", relisted)
+        for _, body in relisted.changed:
+            if (cluster := _endpoint_cluster(body)) is not None:
+                self._op.queue.add(cluster_key(*cluster))
+
+    def _queue_event(self, event: Event, cluster: tuple[str, str] | None) -> None:
+        op = self._op
+        meta = event.body.get("metadata") or {}
+        key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if event.changed or (event.type == "DELETED" and op.queue.is_parked(key)):
+            op.queue.add(key)
+        if cluster is not None:
+            op.queue.add(cluster_key(*cluster))
+
+
+class AddressEvents:
+    """The IPAddresses informer's sink: a later list queues the claims of what it changed.
+
+    The informer keeps our IPAddresses in the cache; their watch events queue nothing (a
+    claim's reconcile reads its IPAddress from the cache when it runs). A list after a
+    watch restart queues the claim of each IPAddress gone or changed meanwhile
+    (`bridge.handlers.cache.queue_relisted`), on ``loop``.
+    """
+
+    def __init__(self, op: Operator, loop: asyncio.AbstractEventLoop) -> None:
+        self._op = op
+        self._loop = loop
+
+    def listed(self, listed: Listed) -> None:
+        """Nothing to queue: claims are queued by their own list."""
+
+    def relisted(self, relisted: Relisted) -> None:
+        """Queue the claims of the IPAddresses gone or changed."""
+        self._loop.call_soon_threadsafe(queue_relisted, self._op, "addresses", relisted)
+
+    def event(self, event: Event) -> None:
+        """Nothing to queue (the cache has the event)."""
 
 
 @kopf.on.event(capi.CLUSTER_GROUP, "clusters")

@@ -13,15 +13,17 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
+from bridge.handlers.claims import AddressEvents, ClaimEvents
 from bridge.handlers.resync import purge_forever, resync_forever
 from bridge.metrics import PortUnavailableError
-from bridge.objects.cache import Cache, prime
+from bridge.objects.cache import Cache, informers, prime
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers.audit import audit_forever
 from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.fence import Fence
 from bridge.runtime.gateway import NotServedError, access_denied, api_client
+from bridge.runtime.informer import Informer
 from bridge.runtime.kubeconfig import kopf_connection_info
 from bridge.runtime.leader import (
     LEASE_NAME,
@@ -43,6 +45,7 @@ __all__ = [
     "election_lock",
     "login",
     "probe",
+    "start_informers",
     "start_work",
     "startup",
 ]
@@ -193,11 +196,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     versions = await _served_versions(kube, bridge)
     op, queue = _build(bridge, kube, versions, cache, fence)
-    # The cache's initial list, before kopf's watches start (no API read on a claim's hot
-    # path).
-    await asyncio.to_thread(
-        prime, op.cache, kube, version=versions.address, namespaces=bridge.namespaces
-    )
+    # The cache's initial lists, before kopf's watches start (no API read on a claim's hot
+    # path): pools and Clusters here, IPAddresses and claims by their informers.
+    await asyncio.to_thread(prime, op.cache, kube, namespaces=bridge.namespaces)
+    memo.informers = await start_informers(op)
     _serve_metrics(op)
     memo.bridge = op
     memo.work_queue = queue
@@ -216,6 +218,30 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube=op.kube,
     )
     memo.leadership.start()
+
+
+async def start_informers(op: Operator) -> list[Informer]:
+    """Start the informers of our IPAddresses, then of claims; return them.
+
+    Each one's first list is tried before the next starts (a claim's first reconcile reads
+    its IPAddress from the cache); a first list that failed is tried again in the
+    background (`bridge.runtime.informer.Informer`), its part read from the API meanwhile.
+    Events are applied to the cache in the informers' threads; what needs a reconcile is
+    queued on this event loop (`bridge.handlers.claims.ClaimEvents`).
+    """
+    loop = asyncio.get_running_loop()
+    made = informers(
+        op.cache,
+        op.kube,
+        version=op.versions.address,
+        namespaces=op.settings.namespaces,
+        addresses=AddressEvents(op, loop),
+        claims=ClaimEvents(op, loop),
+    )
+    for informer in made:
+        informer.start()
+        await asyncio.to_thread(informer.wait_tried)
+    return made
 
 
 async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersions:
@@ -313,7 +339,7 @@ def election_lock(bridge: Settings) -> ElectionLock:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the work queue (in-flight reconciles finish) and the resync; close connections.
+    """Stop the work queue (in-flight reconciles finish), the resync and the informers; close.
 
     With leader election, the Lease is given up after the work stopped (unless it was lost).
     """
@@ -324,6 +350,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    for informer in memo.get("informers") or []:
+        await asyncio.to_thread(informer.stop)
     op = memo.get("bridge")
     if op is not None:
         await asyncio.to_thread(op.close)

@@ -1,19 +1,22 @@
 """The operator's informer cache: claims, our IPAddresses, pools and Clusters.
 
-kopf watches claims, pools, Clusters and (for this cache) our IPAddresses; every object it
-sees comes here (`bridge.handlers.cache`, `bridge.handlers.claims`: event handlers, which
-kopf calls for the objects of its initial listing too). A claim's reconcile then reads its
-claim, its IPAddress, its pool and its Cluster from memory (`bridge.reconcilers.claims`).
-Each part is a `bridge.runtime.cache.ObjectCache` (what it relies on is said there).
+Claims and our IPAddresses are watched by informers of the runtime
+(`bridge.runtime.informer`, built by `informers`): each lists, then watches, and applies
+every event to its part here in its own thread. kopf watches pools and Clusters; every one
+it sees comes here (`bridge.handlers.cache`). A claim's reconcile then reads its claim, its
+IPAddress, its pool and its Cluster from memory (`bridge.reconcilers.claims`). Each part
+is a `bridge.runtime.cache.ObjectCache` (what it relies on is said there).
 
-- **Initial listing.** kopf does not tell when its initial listing of a resource is over
-  (only its indexes see that, and they do not scale: kopf wakes every waiting object's
-  worker at each indexed object, quadratic in the objects). So the start-up handler lists
-  pools, Clusters and our IPAddresses once itself (`prime`, as an informer's initial list)
-  before kopf's watches start. Claims are queued by their own event, which puts them here
-  first: a claim absent from the cache was deleted.
-- **Watch restarts.** `bridge.handlers.cache.Relists` sees kopf list a resource again and
-  refreshes each part from a fresh list of its own (`relist`).
+- **Initial lists.** The start-up handler lists pools and Clusters once itself (`prime`,
+  as an informer's initial list) before kopf's watches start: kopf does not tell when its
+  initial listing of a resource is over (only its indexes see that, and they do not scale:
+  kopf wakes every waiting object's worker at each indexed object, quadratic in the
+  objects). The IPAddresses' informer lists before the claims' does, so a claim's first
+  reconcile finds its IPAddress; a claim absent from the cache was deleted.
+- **Watch restarts.** The informers list again on every restart of their watch
+  (connection loss, an API server restart, 410 Gone). `bridge.handlers.cache.Relists` sees
+  kopf list pools or Clusters again and refreshes those parts from a fresh list of its own
+  (`relist`).
 - **Stale entries** left by a watch that resumed late: writes stay guarded (resourceVersion
   on finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
   create). A Cluster turning unpaused wakes claims that may have waited for hours while
@@ -24,17 +27,21 @@ Each part is a `bridge.runtime.cache.ObjectCache` (what it relies on is said the
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from kubernetes.client import ApiException
 
 from bridge import capi
-from bridge.objects.client import ObjectClient
+from bridge.objects.client import ObjectClient, address_resource, claim_resource
 from bridge.runtime.cache import Key, ObjectCache, Relisted
+from bridge.runtime.gateway import Resource, WatchStream
+from bridge.runtime.informer import Informer, Sink
 
-__all__ = ["PARTS", "Cache", "Part", "prime", "relist"]
+__all__ = ["PARTS", "Cache", "Part", "informers", "prime", "relist"]
 
 log = logging.getLogger(__name__)
 
@@ -129,37 +136,105 @@ def _ours_listed(items: list[dict[str, Any]], version: str) -> list[tuple[Key, d
     return [(Cache.key_of(item), item) for item in items if _ours(item)]
 
 
-def prime(cache: Cache, kube: ObjectClient, *, version: str, namespaces: tuple[str, ...]) -> None:
-    """List pools, Clusters and our IPAddresses once into ``cache`` (the informer's list).
+def prime(cache: Cache, kube: ObjectClient, *, namespaces: tuple[str, ...]) -> None:
+    """List pools and Clusters once into ``cache`` (an informer's first list).
 
-    Called by the start-up handler before kopf's watches start; the watches keep the cache
-    current from then on. Claims need no list (see the module docstring): they are marked
-    synced. A list that fails (no permission, Clusters not served) leaves its part
-    unsynced: lookups there read the API instead (logged, never raised).
+    Called by the start-up handler before kopf's watches of pools and Clusters start; the
+    watches keep the cache current from then on. Claims and IPAddresses are listed by their
+    own informers (`informers`). A list that fails (no permission, Clusters not served)
+    leaves its part unsynced: lookups there read the API instead (logged, never raised).
 
     Parameters
     ----------
-    version:
-        The served IPAddress version (the one the operator reads and writes).
     namespaces:
         The watched namespaces (empty: all); Global pools are listed cluster-wide.
     """
-    cache.claims.mark_synced()
     try:
-        addresses: list[dict[str, Any]] = []
-        for namespace in namespaces or (None,):
-            addresses += kube.list_ip_addresses(version, namespace)
-        count = cache.addresses.fill(_ours_listed(addresses, version))
         pools = cache.pools.fill(_pools(kube, namespaces))
-        log.info("cache primed: %d IPAddresses of ours, %d pools", count, pools)
+        log.info("cache primed: %d pools", pools)
     except ApiException as exc:
-        log.warning("cache not primed (%s %s): reading the API instead", exc.status, exc.reason)
+        log.warning("pools not listed (%s %s): reading the API instead", exc.status, exc.reason)
     try:
         clusters = kube.list_clusters(namespaces)
     except ApiException as exc:
         log.warning("Clusters not listed (%s %s): reading them instead", exc.status, exc.reason)
         return
     cache.clusters.fill((Cache.key_of(item), item) for item in clusters or [])
+
+
+def informers(
+    cache: Cache,
+    kube: ObjectClient,
+    *,
+    version: str,
+    namespaces: tuple[str, ...],
+    addresses: Sink,
+    claims: Sink,
+) -> list[Informer]:
+    """Return the informers of our IPAddresses and claims, one per watched namespace.
+
+    IPAddresses first: a claim's first reconcile reads its IPAddress from the cache. Each
+    keeps the objects of our pools only (`bridge.capi.PoolRef.is_ours`; a poolRef is
+    immutable), under ``(namespace, name)``. Not started (`Informer.start`).
+
+    Parameters
+    ----------
+    version:
+        The served IPAddressClaim/IPAddress version.
+    namespaces:
+        The watched namespaces (empty: all, one cluster-wide watch per resource).
+    addresses, claims:
+        What each informer tells its events to (`bridge.runtime.informer.Sink`).
+    """
+    made: list[Informer] = []
+    for resource, part, sink in (
+        (address_resource(version), cache.addresses, addresses),
+        (claim_resource(version), cache.claims, claims),
+    ):
+        for namespace in namespaces or (None,):
+            made.append(
+                Informer(
+                    resource.plural if namespace is None else f"{resource.plural} in {namespace}",
+                    list=functools.partial(kube.list_collection, resource, namespace),
+                    watch=functools.partial(_watch, kube, resource, namespace),
+                    cache=part,
+                    key=Cache.key_of,
+                    wanted=_ours,
+                    sink=sink,
+                    scope=None if namespace is None else _Namespace(namespace),
+                )
+            )
+    return made
+
+
+#: Seconds a watch request asks the API server to serve it (``timeoutSeconds``): then the
+#: informer resumes it from the last resourceVersion.
+WATCH_SECONDS: Final = 300
+#: Seconds without a byte after which a watch's connection counts as dead (the informer
+#: lists again): the API server ends each watch after `WATCH_SECONDS`.
+WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 30.0
+
+
+def _watch(
+    kube: ObjectClient, resource: Resource, namespace: str | None, version: str
+) -> WatchStream:
+    return kube.watch(
+        resource,
+        namespace,
+        version,
+        timeout_seconds=WATCH_SECONDS,
+        read_timeout=WATCH_READ_TIMEOUT,
+    )
+
+
+@dataclass(frozen=True)
+class _Namespace:
+    """The keys of one namespace (`bridge.runtime.cache.Scope`)."""
+
+    namespace: str
+
+    def __call__(self, key: Key) -> bool:
+        return isinstance(key, tuple) and bool(key) and key[0] == self.namespace
 
 
 def _listing(
@@ -206,13 +281,13 @@ def relist(
         When the API server cannot be reached.
     """
     target = cache.part(part)
-    target.begin_relist()
+    relisting = target.begin_relist()
     try:
         items = _listing(kube, part, version=version, namespaces=namespaces)
     except BaseException:
-        target.end_relist()
+        target.end_relist(relisting)
         raise
     if items is None:
-        target.end_relist()
+        target.end_relist(relisting)
         return None
-    return target.replace(items)
+    return target.replace(items, relisting)

@@ -54,6 +54,8 @@ __all__ = [
     "Key",
     "ObjectCache",
     "Relisted",
+    "Relisting",
+    "Scope",
     "newer",
 ]
 
@@ -61,6 +63,9 @@ log = logging.getLogger(__name__)
 
 #: A cached object's key, chosen by the caller (e.g. ``(namespace, name)``).
 Key = Hashable
+#: The keys one list covers (a namespace's, say): True for a key the list would hold.
+#: None stands for every key (a list of the whole resource).
+Scope = Callable[[Key], bool]
 
 #: `ObjectCache.lookup`: the object is absent, and the initial listing was seen.
 MISSING: Final = "missing"
@@ -149,6 +154,15 @@ class Relisted:
     changed: list[tuple[Key, dict[str, Any]]]
 
 
+class Relisting:
+    """One relist in flight (`ObjectCache.begin_relist`): the keys events touched since."""
+
+    __slots__ = ("touched",)
+
+    def __init__(self) -> None:
+        self.touched: set[Key] = set()
+
+
 class ObjectCache:
     """The objects of one resource, by key, as last seen in a watch, a list or our write.
 
@@ -193,11 +207,12 @@ class ObjectCache:
         self._tombstones: dict[Key, tuple[str, float]] = {}
         # Written through by us: (versions in write order, when last written), until echoed.
         self._pending: dict[Key, tuple[list[str], float]] = {}
-        # Keys an event touched while a relist is in flight (`begin_relist`): the event
-        # is newer than the list, which leaves them as they are.
-        self._touched: set[Key] | None = None
+        # The relists in flight (`begin_relist`), each with the keys an event touched since
+        # it began: the event is newer than the list, which leaves them as they are.
+        self._relistings: list[Relisting] = []
         self._synced = False
-        self._suspect = False
+        # The scopes made suspect (`suspect`) and not listed afresh since.
+        self._suspects: set[Scope | None] = set()
         # The stored objects holding typed values (`lookup_typed`), oldest first: at most
         # TYPED_MAX; a value goes with its object, or when its object leaves this list.
         self._typed: dict[int, _Stored] = {}
@@ -215,8 +230,8 @@ class ObjectCache:
             an event of an object we deleted, or a version already cached.
         """
         with self._lock:
-            if self._touched is not None:
-                self._touched.add(key)
+            for relisting in self._relistings:
+                relisting.touched.add(key)
             if deleted:
                 self._tombstones.pop(key, None)
                 self._pending.pop(key, None)
@@ -282,8 +297,8 @@ class ObjectCache:
             if not self._synced and key not in self._objects:
                 return
             self._tombstones.pop(key, None)
-            if self._touched is not None:
-                self._touched.add(key)
+            for relisting in self._relistings:
+                relisting.touched.add(key)
             current = self._objects.get(key)
             if current is not None and current.version == version:
                 return
@@ -317,13 +332,15 @@ class ObjectCache:
         """Record that the initial listing was seen (absence can be trusted from now)."""
         self._synced = True
 
-    def suspect(self) -> None:
-        """Stop trusting this part until the next `replace` (its watch may lag or have gaps).
+    def suspect(self, scope: Scope | None = None) -> None:
+        """Stop trusting this part until ``scope`` is listed afresh (`replace`).
 
-        Every lookup then answers `MISSING_UNKNOWN`, so callers read the API: an entry may
-        be stale (an object deleted meanwhile), an absence may be wrong.
+        Its watch may lag or have gaps. Every lookup then answers `MISSING_UNKNOWN`, so
+        callers read the API: an entry may be stale (an object deleted meanwhile), an
+        absence may be wrong. ``scope`` None: until the whole part is listed afresh.
         """
-        self._suspect = True
+        with self._lock:
+            self._suspects.add(scope)
 
     def fill(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> int:
         """Apply a listing's objects (as events, in order); mark synced.
@@ -340,39 +357,64 @@ class ObjectCache:
         self.mark_synced()
         return count
 
-    def begin_relist(self) -> None:
+    def begin_relist(self) -> Relisting:
         """Start recording the keys events touch: call right before the list request.
 
+        Returns the relist's record, for `replace` (or `end_relist` when the list failed):
         `replace` leaves those keys as the events left them (they are newer than the list).
+        Several relists (of different scopes) may be in flight at once.
         """
+        relisting = Relisting()
         with self._lock:
-            self._touched = set()
+            self._relistings.append(relisting)
+        return relisting
 
-    def end_relist(self) -> None:
-        """Stop recording touched keys without a `replace` (the list failed)."""
+    def end_relist(self, relisting: Relisting) -> None:
+        """Stop recording touched keys for ``relisting`` without a `replace` (the list failed)."""
         with self._lock:
-            self._touched = None
+            if relisting in self._relistings:
+                self._relistings.remove(relisting)
 
-    def replace(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> Relisted:
-        """Make the cache what a fresh list says (after `begin_relist`); mark synced.
+    def replace(
+        self,
+        items: Iterable[tuple[Key, Mapping[str, Any]]],
+        relisting: Relisting | None = None,
+        *,
+        scope: Scope | None = None,
+    ) -> Relisted:
+        """Make the cache what a fresh list says; mark synced.
 
-        The list replaces every entry except those an event touched since `begin_relist`;
-        tombstones and pending write-throughs are dropped (the list is newer than them).
+        The list replaces every entry of ``scope`` (None: every entry) except those an
+        event touched since ``relisting`` began (`begin_relist`; None: no event is newer
+        than the list); tombstones and pending write-throughs in ``scope`` are dropped (the
+        list is newer than them), and ``scope`` is no longer suspect (`suspect`; a list of
+        the whole part ends every suspicion).
 
         Returns
         -------
         Relisted
-            The objects gone (cached, not listed) and changed (new or another version).
+            The objects gone (cached in ``scope``, not listed) and changed (new or another
+            version).
         """
         listed = {key: _Stored(body, self._compact) for key, body in items}
         gone: list[tuple[Key, _Stored]] = []
         changed: list[tuple[Key, _Stored]] = []
+
+        def within(key: Key) -> bool:
+            return scope is None or scope(key)
+
         with self._lock:
-            touched, self._touched = self._touched or set(), None
+            touched: set[Key] = set()
+            if relisting is not None:
+                touched = relisting.touched
+                if relisting in self._relistings:
+                    self._relistings.remove(relisting)
             for typed in self._typed.values():
                 typed.typed = None
             self._typed.clear()
-            for key in [k for k in self._objects if k not in listed and k not in touched]:
+            for key in [
+                k for k in self._objects if k not in listed and k not in touched and within(k)
+            ]:
                 gone.append((key, self._objects.pop(key)))
             for key, stored in listed.items():
                 if key in touched:
@@ -381,10 +423,14 @@ class ObjectCache:
                 if current is None or newer(stored.version, current.version):
                     self._objects[key] = stored
                     changed.append((key, stored))
-            self._tombstones.clear()
-            self._pending.clear()
+            for held in (self._tombstones, self._pending):
+                for key in [k for k in held if within(k)]:
+                    del held[key]
             self._synced = True
-            self._suspect = False
+            if scope is None:
+                self._suspects.clear()
+            else:
+                self._suspects.discard(scope)
         return Relisted(
             [(key, stored.body()) for key, stored in gone],
             [(key, stored.body()) for key, stored in changed],
@@ -399,8 +445,8 @@ class ObjectCache:
 
     @property
     def suspected(self) -> bool:
-        """True between `suspect` and the next `replace` (lookups read the API meanwhile)."""
-        return self._suspect
+        """True between `suspect` and the `replace` of its scope (lookups read the API)."""
+        return bool(self._suspects)
 
     def get(self, key: Key) -> dict[str, Any] | None:
         """Return the cached object (shared, or decoded afresh when compact: never modify it)."""
@@ -419,7 +465,7 @@ class ObjectCache:
         `MISSING_UNKNOWN` (read the API) before the first listing, and for every key while
         the part is suspect (`suspect`).
         """
-        if self._suspect:
+        if self._suspects:
             return MISSING_UNKNOWN
         with self._lock:
             found = self._objects.get(key)
@@ -436,7 +482,7 @@ class ObjectCache:
         `TYPED_MAX` values are kept per part (the oldest made go first). The value is shared
         between callers: never modify it. ``parse``'s errors propagate (nothing is kept).
         """
-        if self._suspect:
+        if self._suspects:
             return MISSING_UNKNOWN
         with self._lock:
             found = self._objects.get(key)

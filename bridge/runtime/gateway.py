@@ -16,15 +16,17 @@ API server's refusals (`AccessDeniedError`, `NotServedError`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
 
 import kubernetes
+import urllib3
 from kubernetes.client import (
     ApiClient,
     ApiException,
@@ -41,12 +43,14 @@ from bridge.runtime.kubeconfig import load_configuration
 
 __all__ = [
     "AccessDeniedError",
+    "Collection",
     "JsonObjects",
     "Kube",
     "NotServedError",
     "OperatorApiClient",
     "Outcome",
     "Resource",
+    "WatchStream",
     "Write",
     "access_denied",
     "api_client",
@@ -389,6 +393,54 @@ class JsonObjects:
         query = [("limit", limit)] if limit else []
         return self._request("GET", *self._params(group, version, plural), query=query)
 
+    def watch_custom_objects(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        read_timeout: float,
+    ) -> WatchStream:
+        """WATCH the objects of a namespace (None: all) from ``resource_version``.
+
+        Asks for bookmarks (``allowWatchBookmarks``) and for the server to end the watch
+        after ``timeout_seconds``; a wait of more than ``read_timeout`` seconds for the next
+        bytes raises urllib3's ``ReadTimeoutError`` from the stream (a connection that died
+        silently). The watch protocol:
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API server answers the request with an error (410 Gone: the version is
+            too old, list again).
+        """
+        query = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", timeout_seconds),
+        ]
+        path, params = self._params(group, version, plural, namespace)
+        method, url, headers, _, _ = self.client.param_serialize(
+            method="GET",
+            resource_path=path,
+            path_params=params,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        connect = getattr(self.client, "timeout", None)
+        timeout = (connect[0] if connect else read_timeout, read_timeout)
+        response = self.client.call_api(method, url, headers, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return WatchStream(response.response)
+
     def create_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
     ) -> Any:
@@ -441,6 +493,53 @@ class JsonObjects:
     ) -> Any:
         """DELETE a namespaced object (the API server's default propagation)."""
         return self._request("DELETE", *self._params(group, version, plural, namespace, name))
+
+
+class WatchStream:
+    """The events of one watch request, as they come: ``{"type": ..., "object": {...}}``.
+
+    Iterating reads the response line by line (one JSON event per line, the API server's
+    watch encoding) in the calling thread; `close` may be called from another thread and
+    ends a read waiting for the next line at once.
+
+    Parameters
+    ----------
+    response:
+        The streamed urllib3 response of a watch request.
+    """
+
+    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield each event as JSON.
+
+        Raises
+        ------
+        urllib3.exceptions.HTTPError
+            When the connection breaks or a read times out.
+        """
+        for line in self._response:
+            if line.strip():
+                event: dict[str, Any] = json.loads(line)
+                yield event
+
+    def close(self) -> None:
+        """End the stream (from any thread): a waiting read returns, the connection closes.
+
+        ``HTTPResponse.shutdown`` (urllib3 >= 2.3) shuts the socket's reading side down.
+        """
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # released or closed
+            self._response.shutdown()
+        self._response.close()
+
+
+@dataclass(frozen=True)
+class Collection:
+    """A list of objects and the resourceVersion it was read at (to watch from)."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
 
 
 @dataclass(frozen=True)
@@ -625,6 +724,56 @@ class Kube:
                 item.setdefault("kind", r.kind)
                 item.setdefault("apiVersion", r.api_version)
         return items
+
+    def list_collection(self, resource: Resource, namespace: str | None) -> Collection:
+        """Return the objects of ``resource`` in ``namespace`` (None: all) and the list's version.
+
+        The list's ``metadata.resourceVersion`` is where a watch of the same objects starts
+        (`watch`), so that it tells every change after the list and none before.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure.
+        """
+        r = resource
+        if r.namespaced and namespace:
+            found = self.custom.list_namespaced_custom_object(
+                r.group, r.version, namespace, r.plural
+            )
+        else:
+            found = self.custom.list_cluster_custom_object(r.group, r.version, r.plural)
+        body = cast(dict[str, Any], found)
+        items = [dict(item) for item in body.get("items") or []]
+        if r.kind:
+            for item in items:
+                item.setdefault("kind", r.kind)
+                item.setdefault("apiVersion", r.api_version)
+        return Collection(items, str(_meta(body).get("resourceVersion") or ""))
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        *,
+        timeout_seconds: int,
+        read_timeout: float,
+    ) -> WatchStream:
+        """Watch ``resource`` in ``namespace`` (None: all) from ``resource_version``.
+
+        See `JsonObjects.watch_custom_objects` (parameters, errors).
+        """
+        r = resource
+        return self.custom.watch_custom_objects(
+            r.group,
+            r.version,
+            r.plural,
+            namespace if r.namespaced and namespace else None,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            read_timeout=read_timeout,
+        )
 
     def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """Return a Secret's data decoded to text (``data`` and ``stringData``), or None."""

@@ -1,4 +1,8 @@
-"""`bridge.handlers.cache.Relists`: a listing after a watch restart relists the cache."""
+"""`bridge.handlers.cache.Relists`: kopf's listing after a watch restart relists the cache.
+
+kopf watches pools and Clusters; claims and IPAddresses have informers of their own, which
+list again themselves (`tests/unit/bridge/test_informer.py`).
+"""
 
 from __future__ import annotations
 
@@ -21,19 +25,17 @@ def obj(name: str, rv: str, **extra: Any) -> dict[str, Any]:
 
 
 class Kube:
-    """Lists from memory; the first ``failures`` claim lists fail (API server unreachable)."""
+    """Lists from memory; the first ``failures`` Cluster lists fail (API server unreachable)."""
 
     def __init__(self, failures: int = 0) -> None:
         self.claims = [obj("live", "3", spec=OURS)]
         self.clusters = [obj("c1", "9", spec={"paused": False})]
         self.failures = failures
-        self.lists = 0
+        self.lists = 0  # of Clusters
+        self.claim_lists = 0
 
     def list_claims(self, version: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-        self.lists += 1
-        if self.failures:
-            self.failures -= 1
-            raise ConnectionRefusedError("refused")
+        self.claim_lists += 1
         return [dict(c) for c in self.claims]
 
     def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
@@ -43,6 +45,10 @@ class Kube:
         return []
 
     def list_clusters(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]] | None:
+        self.lists += 1
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionRefusedError("refused")
         return [dict(c) for c in self.clusters]
 
 
@@ -94,7 +100,7 @@ async def _settle(relists: Relists) -> None:
         await asyncio.wait_for(task, 30)
 
 
-def test_a_second_listing_drops_deleted_claims_and_queues_them() -> None:
+def test_a_second_listing_drops_deleted_clusters_and_wakes_their_claims() -> None:
     async def scenario() -> tuple[Ctx, int]:
         ctx = Ctx(Kube())
         for part in (ctx.cache.claims, ctx.cache.addresses, ctx.cache.pools, ctx.cache.clusters):
@@ -102,32 +108,29 @@ def test_a_second_listing_drops_deleted_claims_and_queues_them() -> None:
         clock = Clock()
         relists = Relists(ctx, clock=clock)  # type: ignore[arg-type]
         # The first listing (start-up): nothing is relisted.
-        ctx.cache.claims.apply(("ns", "live"), obj("live", "1", spec=OURS))
-        ctx.cache.claims.apply(("ns", "deleted"), obj("deleted", "2", spec=OURS))
-        relists.seen("ipaddressclaims", None)
+        ctx.cache.clusters.apply(("ns", "c1"), obj("c1", "1", spec={"paused": True}))
+        ctx.cache.clusters.apply(("ns", "deleted"), obj("deleted", "2", spec={"paused": True}))
+        relists.seen("clusters", None)
         clock.now = 1
-        relists.seen("ipaddressclaims", None)
-        relists.seen("ipaddressclaims", "MODIFIED")
+        relists.seen("clusters", None)
+        relists.seen("clusters", "MODIFIED")
         await _settle(relists)
         first = ctx.kube.lists
-        # The watch restarted (410 Gone): kopf lists again. The claim deleted meanwhile is
-        # not in kopf's listing, and absence is not trusted until the relist is done.
-        relists.seen("ipaddressclaims", None)
-        assert ctx.cache.claims.lookup(("ns", "other")) == MISSING_UNKNOWN
+        # The watch restarted (410 Gone): kopf lists again. The Cluster deleted meanwhile
+        # is not in kopf's listing, and absence is not trusted until the relist is done.
+        relists.seen("clusters", None)
         assert ctx.cache.clusters.lookup(("ns", "other")) == MISSING_UNKNOWN
+        assert ctx.cache.pools.suspected
+        assert not ctx.cache.claims.suspected  # the claims' informer relists on its own
         await _settle(relists)
         return ctx, first
 
     ctx, first = asyncio.run(scenario())
     assert first == 0
-    assert ctx.kube.lists == 1
-    assert ctx.cache.claims.get(("ns", "deleted")) is None
-    assert ctx.cache.claims.lookup(("ns", "deleted")) == "missing"
-    assert claim_key("ns", "deleted") in ctx.queued
-    assert claim_key("ns", "live") in ctx.queued  # another version than cached
+    assert ctx.kube.lists == 1 and ctx.kube.claim_lists == 0
+    assert ctx.cache.clusters.get(("ns", "deleted")) is None
+    assert {token.name for token in ctx.woken} == {"c1", "deleted"}  # unpaused, and gone
     assert cluster_key("ns", "c1") not in ctx.queued  # asks for no endpoint
-    assert ctx.cache.key_of(ctx.kube.clusters[0]) == ("ns", "c1")
-    assert any(token.name == "c1" for token in ctx.woken)  # not paused: its waiters woken
 
 
 def test_a_listing_long_after_the_last_one_is_a_new_one_and_a_failed_relist_is_retried(
@@ -139,17 +142,17 @@ def test_a_listing_long_after_the_last_one_is_a_new_one_and_a_failed_relist_is_r
         ctx = Ctx(Kube(failures=2))
         clock = Clock()
         relists = Relists(ctx, clock=clock)  # type: ignore[arg-type]
-        ctx.cache.claims.apply(("ns", "deleted"), obj("deleted", "2", spec=OURS))
-        relists.seen("ipaddressclaims", None)
+        ctx.cache.clusters.apply(("ns", "deleted"), obj("deleted", "2", spec={"paused": True}))
+        relists.seen("clusters", None)
         clock.now = 60  # no watch event in between, but a minute later: a new listing
-        relists.seen("ipaddressclaims", None)
+        relists.seen("clusters", None)
         await _settle(relists)
         return ctx
 
     ctx = asyncio.run(scenario())
     assert ctx.kube.lists == 3
-    assert claim_key("ns", "deleted") in ctx.queued
-    assert ctx.cache.claims.get(("ns", "deleted")) is None
+    assert ctx.cache.clusters.get(("ns", "deleted")) is None
+    assert any(token.name == "deleted" for token in ctx.woken)
 
 
 def test_a_cluster_turning_unpaused_relists_the_claims_its_event_wakes() -> None:
@@ -171,6 +174,6 @@ def test_a_cluster_turning_unpaused_relists_the_claims_its_event_wakes() -> None
 
     ctx, seen = asyncio.run(scenario())
     assert seen == [False, True]
-    assert ctx.kube.lists == 1
+    assert ctx.kube.claim_lists == 1
     assert ctx.cache.claims.lookup(("ns", "deleted")) == "missing"
     assert claim_key("ns", "deleted") in ctx.queued

@@ -1,18 +1,21 @@
-"""`bridge.handlers.claims.claim_event`: which watch events of a claim queue a reconcile."""
+"""`bridge.handlers.claims.ClaimEvents`: which events of a claim queue a reconcile."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
 from typing import Any, cast
 
-import kopf
-
 from bridge.capi import CLAIM_FINALIZER, GROUP
-from bridge.handlers.claims import claim_event
+from bridge.handlers.claims import ClaimEvents
+from bridge.objects.cache import Cache, informers
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import claim_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.gateway import Collection
+from bridge.runtime.informer import Event, Listed
 from bridge.settings import Settings
 from tests.unit.bridge.fakes import FakeQueue
 
@@ -50,21 +53,81 @@ def operator() -> tuple[Operator, FakeQueue]:
 
 
 def event(op: Operator, type: str | None, body: dict[str, Any]) -> None:
-    memo = kopf.Memo()
-    memo.bridge = op
-    asyncio.run(
-        claim_event(type=type, body=body, meta=body["metadata"], spec=body["spec"], memo=memo)  # type: ignore[arg-type]
+    """What the claims informer does with one event: apply it, then tell `ClaimEvents`."""
+    loop = asyncio.new_event_loop()
+    try:
+        sink = ClaimEvents(op, loop)
+        key = ("ns", str(body["metadata"]["name"]))
+        if type is None:
+            op.cache.claims.apply(key, body)
+            sink.listed(Listed([(key, body)]))
+        else:
+            changed = op.cache.claims.apply(key, body, deleted=type == "DELETED")
+            sink.event(Event(type, key, body, changed))
+        loop.run_until_complete(asyncio.sleep(0))  # the callbacks handed to the loop
+    finally:
+        loop.close()
+
+
+class Stream:
+    """A watch that tells nothing until it is closed."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.closed.wait(10)
+        return iter(())
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class ListingKube:
+    """Lists one claim of ours and one of another provider; watches tell nothing."""
+
+    def __init__(self) -> None:
+        theirs = claim("2", finalizers=[])
+        theirs["metadata"]["name"] = "theirs"
+        theirs["spec"]["poolRef"] = {"apiGroup": "ipam.example.com", "kind": "Other", "name": "p"}
+        self.items = [claim("1", finalizers=[]), theirs]
+
+    def list_collection(self, resource: Any, namespace: str | None) -> Collection:
+        items = self.items if resource.plural == "ipaddressclaims" else []
+        return Collection([dict(i) for i in items], "5")
+
+    def watch(self, *_: Any, **__: Any) -> Stream:
+        return Stream()
+
+
+def test_a_claim_of_another_provider_is_neither_cached_nor_told() -> None:
+    cache = Cache()
+    told: list[Listed] = []
+
+    class Sink:
+        def listed(self, listed: Listed) -> None:
+            told.append(listed)
+
+        def relisted(self, relisted: Any) -> None: ...
+
+        def event(self, event: Event) -> None: ...
+
+    made = informers(
+        cache,
+        cast(ObjectClient, ListingKube()),
+        version="v1beta2",
+        namespaces=(),
+        addresses=Sink(),
+        claims=Sink(),
     )
-
-
-def test_a_claim_of_another_provider_is_neither_cached_nor_queued() -> None:
-    op, queue = operator()
-    body = claim("1", finalizers=[CLAIM_FINALIZER])
-    body["spec"]["poolRef"] = {"apiGroup": "ipam.example.com", "kind": "OtherPool", "name": "p"}
-    event(op, "ADDED", body)
-    event(op, "DELETED", body)
-    assert queue.added == []
-    assert op.cache.claims.get(("ns", "c1")) is None
+    assert [i.name for i in made] == ["ipaddresses", "ipaddressclaims"]
+    for informer in made:
+        informer.start()
+        assert informer.wait_tried(10)
+    for informer in made:
+        informer.stop()
+    assert [name for _, name in (key for key, _ in told[1].items)] == ["c1"]
+    assert ("ns", "c1") in cache.claims and ("ns", "theirs") not in cache.claims
 
 
 def test_the_deletion_of_a_claim_whose_release_the_cache_saw_queues_nothing() -> None:

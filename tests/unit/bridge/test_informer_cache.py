@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -145,27 +146,28 @@ class ListingKube:
         return [obj("k", "5", spec={"poolRef": {"apiGroup": GROUP, "kind": "PHPIPAMIPPool"}})]
 
     def list_pools(self, kind: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        if self.fail:
+            raise ApiException(status=403, reason="Forbidden")
         return [obj("p", "3", kind=kind)] if kind == "PHPIPAMIPPool" else []
 
     def list_clusters(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]] | None:
         return self.clusters
 
 
-def test_prime_lists_our_addresses_pools_and_clusters_and_trusts_their_absence() -> None:
+def test_prime_lists_pools_and_clusters_and_leaves_claims_and_addresses_to_informers() -> None:
     cache = Cache()
-    prime(cache, ListingKube([obj("c1", "4")]), version="v1beta2", namespaces=())  # type: ignore[arg-type]
-    address = cache.addresses.get(("ns", "a"))
-    assert address is not None and address["apiVersion"] == f"{GROUP}/v1beta2"
-    assert cache.addresses.lookup(("ns", "b")) == MISSING  # another provider's: not kept
+    prime(cache, ListingKube([obj("c1", "4")]), namespaces=())  # type: ignore[arg-type]
     assert cache.pools.get(("PHPIPAMIPPool", "ns", "p")) is not None
     assert cache.clusters.get(("ns", "c1")) is not None
-    assert all(p.synced for p in (cache.claims, cache.addresses, cache.pools, cache.clusters))
+    assert cache.pools.synced and cache.clusters.synced
+    # Their informers' first lists fill these: until then, lookups read the API.
+    assert not cache.claims.synced and not cache.addresses.synced
+    assert cache.addresses.lookup(("ns", "a")) == MISSING_UNKNOWN
 
 
 def test_a_failed_list_leaves_its_part_to_api_reads() -> None:
     cache = Cache()
-    prime(cache, ListingKube(None, fail=True), version="v1beta2", namespaces=())  # type: ignore[arg-type]
-    assert cache.addresses.lookup(("ns", "a")) == MISSING_UNKNOWN
+    prime(cache, ListingKube(None, fail=True), namespaces=())  # type: ignore[arg-type]
     assert cache.pools.lookup(("PHPIPAMIPPool", "ns", "p")) == MISSING_UNKNOWN
     # Clusters not served: none exists; pools and Clusters never trust absence (one may be
     # created between the start-up list and kopf's listing): an absent one is read.
@@ -228,7 +230,7 @@ def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
     assert part.lookup(("ns", "nothing")) == MISSING_UNKNOWN
     assert part.lookup(("ns", "gone")) == MISSING_UNKNOWN  # maybe stale: read the API
     assert part.suspected
-    part.begin_relist()
+    relisting = part.begin_relist()
     # An event during the list request is newer than the list: it stays.
     part.apply(("ns", "touched"), obj("touched", "7"))
     result = part.replace(
@@ -237,7 +239,8 @@ def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
             (("ns", "changed"), obj("changed", "5")),
             (("ns", "new"), obj("new", "6")),
             (("ns", "touched"), obj("touched", "3")),
-        ]
+        ],
+        relisting,
     )
     assert [key for key, _ in result.gone] == [("ns", "gone")]
     assert result.gone[0][1] == obj("gone", "1")  # the body as last cached
@@ -246,6 +249,40 @@ def test_a_relist_drops_what_is_gone_and_reports_what_changed() -> None:
     assert part.lookup(("ns", "gone")) == MISSING  # absence trusted again
     assert not part.suspected and part.lookup(("ns", "kept")) == obj("kept", "2")
     assert part.held() == 0
+
+
+def in_namespace(namespace: str) -> Callable[[Any], bool]:
+    def scope(key: Any) -> bool:
+        return bool(key[0] == namespace)
+
+    return scope
+
+
+def test_a_relist_of_one_namespace_leaves_the_others_as_they_are() -> None:
+    part = ObjectCache("ipaddressclaims")
+    a, b = in_namespace("a"), in_namespace("b")
+    for ns in ("a", "b"):
+        part.apply(
+            (ns, "old"), {"metadata": {"name": "old", "namespace": ns, "resourceVersion": "1"}}
+        )
+    part.mark_synced()
+    part.forget(("b", "old"))  # a tombstone of namespace b
+    part.suspect(a)
+    part.suspect(b)
+    # Two relists in flight at once, one per namespace, each with its own touched keys.
+    relisting_a, relisting_b = part.begin_relist(), part.begin_relist()
+    part.apply(
+        ("a", "touched"),
+        {"metadata": {"name": "touched", "namespace": "a", "resourceVersion": "9"}},
+    )
+    result = part.replace([], relisting_a, scope=a)
+    assert [key for key, _ in result.gone] == [("a", "old")]  # not ("a", "touched"): newer
+    assert ("a", "touched") in part
+    assert part.suspected  # namespace b is still to be listed
+    assert part.held() == 1  # b's tombstone: b was not listed
+    result = part.replace([], relisting_b, scope=b)
+    assert result.gone == [] and not part.suspected and part.held() == 0
+    part.end_relist(relisting_a)  # harmless once replaced
 
 
 def test_relist_lists_each_part_afresh_and_keeps_only_ours() -> None:

@@ -1,0 +1,306 @@
+"""List, then watch: one resource's informer, in a thread of its own.
+
+What client-go's reflector does for a shared informer
+(https://pkg.go.dev/k8s.io/client-go/tools/cache#Reflector), on the kubernetes client's
+HTTP connection pool (`bridge.runtime.gateway.Kube.list_collection`, `.watch`):
+
+1. **List** the objects of one scope (a namespace, or all), keep those wanted, and make the
+   cache (`bridge.runtime.cache.ObjectCache`) what the list says: the first list fills it,
+   a later one replaces the scope (`ObjectCache.replace`: objects gone meanwhile are
+   dropped, events newer than the list are kept).
+2. **Watch** from the list's resourceVersion, with bookmarks: every event after the list,
+   none before (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
+   Each event is applied to the cache in this thread, in the watch's order, and then
+   handed to the informer's `Sink`: the echo of one of our own writes, already written
+   through, changes nothing.
+3. **Restart.** A watch the API server ends (its ``timeoutSeconds``) is resumed from the
+   last resourceVersion seen (an event's or a bookmark's). Any other end (410 Gone, a
+   broken or silent connection, an API server restart, an error answer) makes the scope
+   suspect at once (lookups read the API meanwhile) and lists again, after a backoff when
+   it keeps failing: a watch that restarts never tells of the objects deleted meanwhile.
+
+Nothing here knows of CAPI or of IPAM: which objects are wanted, their keys and what an
+event leads to are the caller's (`Informer`'s parameters).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import urllib3
+from kubernetes.client import ApiException
+
+from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
+from bridge.runtime.gateway import Collection, WatchStream
+
+__all__ = ["BACKOFF_SECONDS", "Event", "Informer", "Listed", "Sink"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds before each further attempt to list after a failure (the last one repeats).
+BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: Seconds a stopping informer waits for its thread.
+STOP_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True)
+class Listed:
+    """The first list of an informer's scope, as cached: ``(key, body)`` of each object."""
+
+    items: list[tuple[Key, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One watch event of a wanted object, after the cache applied it.
+
+    Attributes
+    ----------
+    type:
+        ``ADDED``, ``MODIFIED`` or ``DELETED``.
+    key:
+        The object's key in the cache.
+    body:
+        The object as the event shows it (for ``DELETED``: as it was last).
+    changed:
+        Whether the cache changed (False for the echo of our own write, an event older
+        than it, or a version already cached; see `ObjectCache.apply`).
+    """
+
+    type: str
+    key: Key
+    body: dict[str, Any]
+    changed: bool
+
+
+class Sink(Protocol):
+    """What an informer tells, in its own thread (hand work to the event loop yourself)."""
+
+    def listed(self, listed: Listed) -> None:
+        """Take the first list of the scope, cached."""
+
+    def relisted(self, relisted: Relisted) -> None:
+        """Take what a later list of the scope changed: objects gone, objects changed."""
+
+    def event(self, event: Event) -> None:
+        """Take one watch event, applied to the cache."""
+
+
+class _RelistError(Exception):
+    """The watch ended in a way that needs a fresh list (410 Gone, an error event)."""
+
+
+class Informer:
+    """The list-then-watch of one resource in one scope, feeding one cache part.
+
+    Parameters
+    ----------
+    name:
+        For logs and the thread's name (``ipaddressclaims``, ``ipaddressclaims in ns``...).
+    list:
+        Lists the scope's objects (`bridge.runtime.gateway.Kube.list_collection`); raises
+        on failure.
+    watch:
+        Opens a watch of the scope from a resourceVersion
+        (`bridge.runtime.gateway.Kube.watch`); raises ``ApiException`` for an error answer.
+    cache:
+        The cache part this informer feeds.
+    key:
+        The cache key of an object (its body).
+    wanted:
+        Whether an object belongs in the cache (others are ignored: never cached, never
+        told); it must depend only on immutable fields.
+    sink:
+        Told of lists and events (`Sink`).
+    scope:
+        The keys this informer's list covers (None: every key of the part).
+    backoff:
+        Seconds before each further attempt after a failure (`BACKOFF_SECONDS`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        list: Callable[[], Collection],
+        watch: Callable[[str], WatchStream],
+        cache: ObjectCache,
+        key: Callable[[Mapping[str, Any]], Key],
+        wanted: Callable[[Mapping[str, Any]], bool],
+        sink: Sink,
+        scope: Scope | None = None,
+        backoff: Sequence[float] = BACKOFF_SECONDS,
+    ) -> None:
+        self.name = name
+        self._list = list
+        self._watch = watch
+        self._cache = cache
+        self._key = key
+        self._wanted = wanted
+        self._sink = sink
+        self._scope = scope
+        self._backoff = tuple(backoff) or (1.0,)
+        self._stopped = threading.Event()
+        self._tried = threading.Event()  # the first list was tried (cached, or failed)
+        self._lock = threading.Lock()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+        #: Lists made (the first one included) and watches opened: for tests and logs.
+        self.lists = 0
+        self.watches = 0
+
+    # -- control ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the informer's thread (a daemon): it lists, then watches until `stop`."""
+        self._thread = threading.Thread(target=self._run, name=f"informer {self.name}", daemon=True)
+        self._thread.start()
+
+    def wait_tried(self, timeout: float | None = None) -> bool:
+        """Block until the first list was tried (cached or failed); True if it was.
+
+        A first list that failed is tried again in the background; until one succeeds,
+        the cache part is not synced and its lookups read the API.
+        """
+        return self._tried.wait(timeout)
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop watching: the open watch is closed at once; wait up to ``timeout`` seconds."""
+        self._stopped.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """True while the informer's thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        first = True
+        while not self._stopped.is_set():
+            if version is None:
+                version = self._list_once(first)
+                self._tried.set()
+                if version is None:
+                    failures += 1
+                    self._pause(failures)
+                    continue
+                first = False
+            try:
+                version = self._watch_once(version)
+                failures = 0
+            except _RelistError as exc:
+                failures += 1
+                log.info("watch of %s must list again: %s", self.name, exc)
+                self._cache.suspect(self._scope)
+                version = None
+                if failures > 1:
+                    self._pause(failures - 1)
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                if self._stopped.is_set():
+                    break
+                failures += 1
+                log.warning("watch of %s broke (%s): listing again", self.name, _describe(exc))
+                self._cache.suspect(self._scope)
+                version = None
+                self._pause(failures)
+        log.debug("informer of %s stopped", self.name)
+
+    def _pause(self, failures: int) -> None:
+        self._stopped.wait(self._backoff[min(failures, len(self._backoff)) - 1])
+
+    def _list_once(self, first: bool) -> str | None:
+        """List the scope into the cache; return the list's resourceVersion (None: failed)."""
+        relisting = None if first else self._cache.begin_relist()
+        self.lists += 1
+        try:
+            collection = self._list()
+        except Exception as exc:  # any failure: try again after a backoff
+            if relisting is not None:
+                self._cache.end_relist(relisting)
+            log.warning("list of %s failed (%s): trying again", self.name, _describe(exc))
+            return None
+        items = [(self._key(body), body) for body in collection.items if self._wanted(body)]
+        if first:
+            self._cache.fill(items)
+            self._tell(self._sink.listed, Listed(items))
+            log.info("%s listed: %d cached", self.name, len(items))
+        else:
+            result = self._cache.replace(items, relisting, scope=self._scope)
+            self._tell(self._sink.relisted, result)
+            log.info(
+                "%s listed again: %d gone, %d changed",
+                self.name,
+                len(result.gone),
+                len(result.changed),
+            )
+        return collection.resource_version
+
+    def _watch_once(self, version: str) -> str:
+        """Watch from ``version`` until the server ends the watch; return the last version.
+
+        Raises
+        ------
+        _RelistError
+            For 410 Gone or an ``ERROR`` event: list again.
+        ApiException, urllib3.exceptions.HTTPError, OSError, ValueError
+            When the request fails, the connection breaks or a line is not JSON.
+        """
+        try:
+            stream = self._watch(version)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _RelistError("410 Gone") from exc
+            raise
+        with self._lock:
+            self._stream = stream
+        self.watches += 1
+        try:
+            if self._stopped.is_set():
+                return version
+            for raw in stream:
+                kind = str(raw.get("type") or "")
+                body = raw.get("object")
+                if not isinstance(body, dict):
+                    continue
+                if kind == "ERROR":
+                    raise _RelistError(
+                        f"{body.get('code')} {body.get('reason')}: {body.get('message')}"
+                    )
+                version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "BOOKMARK" or not self._wanted(body):
+                    continue
+                key = self._key(body)
+                changed = self._cache.apply(key, body, deleted=kind == "DELETED")
+                self._tell(self._sink.event, Event(kind, key, body, changed))
+        finally:
+            with self._lock:
+                self._stream = None
+            stream.close()
+        return version
+
+    def _tell(self, call: Callable[[Any], None], what: Any) -> None:
+        """Hand ``what`` to the sink; a failing sink is logged, and the watch goes on."""
+        try:
+            call(what)
+        except Exception:  # the informer outlives a bug of its sink
+            if not self._stopped.is_set():
+                log.exception("the sink of %s failed", self.name)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return type(exc).__name__

@@ -1,0 +1,290 @@
+"""`bridge.runtime.informer.Informer`: list, then watch, against the in-memory API over HTTP."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from bridge.runtime.cache import MISSING_UNKNOWN, ObjectCache, Relisted
+from bridge.runtime.gateway import Kube, Resource
+from bridge.runtime.informer import Event, Informer, Listed
+from mock_kubernetes import EmulatedKubernetes
+from mock_kubernetes.objects import wait_for
+
+GROUP = "example.com"
+WIDGETS = Resource(GROUP, "v1", "widgets", "Widget")
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"widgets.{GROUP}"},
+    "spec": {
+        "group": GROUP,
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def widget(name: str, namespace: str = "default", *, ours: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"ours": ours},
+    }
+
+
+class Recorder:
+    """A sink that records what it is told (from the informer's thread)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.listed: list[Listed] = []
+        self.relisted: list[Relisted] = []
+        self.events: list[Event] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def listed_(self, listed: Listed) -> None:
+        with self.lock:
+            self.listed.append(listed)
+
+    def relisted_(self, relisted: Relisted) -> None:
+        with self.lock:
+            self.relisted.append(relisted)
+
+    def event_(self, event: Event) -> None:
+        with self.lock:
+            self.events.append(event)
+        if self.fail:
+            raise RuntimeError("a bug in the sink")
+
+    def seen(self) -> list[tuple[str, str, bool]]:
+        with self.lock:
+            return [(e.type, str(e.key[1]), e.changed) for e in self.events]  # type: ignore[index]
+
+
+class SinkOf:
+    """Adapts a `Recorder` to the `Sink` protocol's method names."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def listed(self, listed: Listed) -> None:
+        self.recorder.listed_(listed)
+
+    def relisted(self, relisted: Relisted) -> None:
+        self.recorder.relisted_(relisted)
+
+    def event(self, event: Event) -> None:
+        self.recorder.event_(event)
+
+
+def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def wanted(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("spec") or {}).get("ours"))
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatedKubernetes]:
+    with EmulatedKubernetes(crds=[CRD]) as kube:
+        yield kube
+
+
+@pytest.fixture
+def gateway(emulator: EmulatedKubernetes) -> Iterator[Kube]:
+    with emulator.api_client() as client:
+        yield Kube(client)
+
+
+def informer(
+    gateway: Kube,
+    cache: ObjectCache,
+    recorder: Recorder,
+    *,
+    namespace: str | None = None,
+    watch_seconds: int = 60,
+    keep: Callable[[Mapping[str, Any]], bool] = wanted,
+) -> Informer:
+    return Informer(
+        "widgets",
+        list=lambda: gateway.list_collection(WIDGETS, namespace),
+        watch=lambda version: gateway.watch(
+            WIDGETS, namespace, version, timeout_seconds=watch_seconds, read_timeout=30
+        ),
+        cache=cache,
+        key=key_of,
+        wanted=keep,
+        sink=SinkOf(recorder),
+        backoff=(0.05, 0.1),
+    )
+
+
+def names(items: list[tuple[Any, dict[str, Any]]]) -> list[str]:
+    return sorted(str(body["metadata"]["name"]) for _, body in items)
+
+
+def test_the_first_list_fills_the_cache_then_every_later_change_is_an_event(
+    emulator: EmulatedKubernetes, gateway: Kube
+) -> None:
+    emulator.create(widget("a"))
+    emulator.create(widget("theirs", ours=False))
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        assert cache.synced and ("default", "a") in cache
+        assert [names(listed.items) for listed in recorder.listed] == [["a"]]
+        emulator.create(widget("b"))
+        emulator.create(widget("theirs-2", ours=False))
+        emulator.delete(f"{GROUP}/v1", "widgets", "a", "default")
+        wait_for(lambda: len(recorder.seen()) >= 2, timeout=10)
+        # Another's objects are neither cached nor told; the events come in the API's order.
+        assert recorder.seen() == [("ADDED", "b", True), ("DELETED", "a", True)]
+        assert ("default", "a") not in cache and ("default", "theirs-2") not in cache
+        assert (watcher.lists, watcher.watches) == (1, 1)
+    finally:
+        watcher.stop()
+    assert not watcher.alive
+
+
+def test_the_echo_of_our_own_write_changes_nothing(
+    emulator: EmulatedKubernetes, gateway: Kube
+) -> None:
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    written_through = threading.Event()
+
+    def gated(body: Mapping[str, Any]) -> bool:
+        # The echo waits until the write-through is done (it may well come first: then it
+        # is news to the cache, and the write-through of the same version changes nothing).
+        assert written_through.wait(10)
+        return wanted(body)
+
+    watcher = informer(gateway, cache, recorder, keep=gated)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        written = gateway.custom.create_namespaced_custom_object(
+            GROUP, "v1", "default", "widgets", widget("mine")
+        )
+        cache.put(("default", "mine"), written)  # the gateway's write-through
+        written_through.set()
+        wait_for(lambda: recorder.seen(), timeout=10)
+        assert recorder.seen() == [("ADDED", "mine", False)]
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["resumable", "410-gone"])
+def test_after_an_outage_the_scope_is_suspect_then_listed_again(
+    emulator: EmulatedKubernetes, gateway: Kube, expire: bool
+) -> None:
+    emulator.create(widget("a"))
+    emulator.create(widget("b"))
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        emulator.go_down(expire=expire)
+        wait_for(lambda: cache.suspected, timeout=10)
+        assert cache.lookup(("default", "b")) == MISSING_UNKNOWN  # read the API meanwhile
+        # The admin acts meanwhile, as through another API server.
+        emulator.delete(f"{GROUP}/v1", "widgets", "a", "default")
+        emulator.create(widget("c"))
+        emulator.come_up()
+        wait_for(lambda: recorder.relisted, timeout=20)
+        relisted = recorder.relisted[0]
+        assert names(relisted.gone) == ["a"]
+        assert names(relisted.changed) == ["c"]
+        assert not cache.suspected
+        assert sorted(str(b["metadata"]["name"]) for b in cache.values()) == ["b", "c"]
+        # Watching again from the new list's version: later changes still arrive.
+        emulator.create(widget("d"))
+        wait_for(lambda: ("ADDED", "d", True) in recorder.seen(), timeout=10)
+    finally:
+        watcher.stop()
+
+
+def test_a_watch_the_server_ends_is_resumed_without_a_list(
+    emulator: EmulatedKubernetes, gateway: Kube
+) -> None:
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder, watch_seconds=1)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        wait_for(lambda: watcher.watches >= 3, timeout=20)
+        emulator.create(widget("late"))
+        wait_for(lambda: recorder.seen(), timeout=10)
+        assert recorder.seen() == [("ADDED", "late", True)]
+        assert watcher.lists == 1 and recorder.relisted == []
+    finally:
+        watcher.stop()
+
+
+def test_a_failing_sink_is_logged_and_the_watch_goes_on(
+    emulator: EmulatedKubernetes, gateway: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, recorder = ObjectCache("widgets"), Recorder(fail=True)
+    watcher = informer(gateway, cache, recorder)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        emulator.create(widget("x"))
+        emulator.create(widget("y"))
+        wait_for(lambda: len(recorder.seen()) == 2, timeout=10)
+        assert ("default", "y") in cache
+        assert "the sink of widgets failed" in caplog.text
+    finally:
+        watcher.stop()
+
+
+def test_a_first_list_that_fails_is_tried_again(
+    emulator: EmulatedKubernetes, gateway: Kube
+) -> None:
+    emulator.create(widget("a"))
+    emulator.go_down()
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        assert not cache.synced and recorder.listed == []
+        emulator.come_up()
+        wait_for(lambda: recorder.listed, timeout=10)
+        assert cache.synced and names(recorder.listed[0].items) == ["a"]
+        assert watcher.lists >= 2
+    finally:
+        watcher.stop()
+
+
+def test_stop_ends_an_open_watch_at_once(emulator: EmulatedKubernetes, gateway: Kube) -> None:
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder, watch_seconds=600)
+    watcher.start()
+    assert watcher.wait_tried(10)
+    wait_for(lambda: watcher.watches == 1, timeout=10)
+    watcher.stop(timeout=30)
+    # The watch asked for 600 s and nothing happens on it: only closing it ends the thread.
+    assert not watcher.alive

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds before each further attempt to list after a failure (the last one repeats).
 BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: What ends a watch without a bug: an error answer, a broken or silent connection, a line
+#: that is not JSON (a connection cut mid-line).
+BROKEN: Final = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 #: Seconds a stopping informer waits for its thread.
 STOP_SECONDS: Final = 5.0
 
@@ -190,15 +193,13 @@ class Informer:
         failures = 0
         first = True
         while not self._stopped.is_set():
-            if version is None:
-                version = self._list_once(first)
-                self._tried.set()
-                if version is None:
-                    failures += 1
-                    self._pause(failures)
-                    continue
-                first = False
             try:
+                if version is None:
+                    try:
+                        version = self._list_once(first)
+                    finally:
+                        self._tried.set()
+                    first = False
                 version = self._watch_once(version)
                 failures = 0
             except _RelistError as exc:
@@ -208,12 +209,19 @@ class Informer:
                 version = None
                 if failures > 1:
                     self._pause(failures - 1)
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:  # the thread outlives anything: list again
                 if self._stopped.is_set():
                     break
                 failures += 1
-                log.warning("watch of %s broke (%s): listing again", self.name, _describe(exc))
-                self._cache.suspect(self._scope)
+                what = "list" if version is None else "watch"
+                if isinstance(exc, BROKEN):
+                    log.warning(
+                        "%s of %s failed (%s): listing again", what, self.name, _describe(exc)
+                    )
+                else:
+                    log.exception("%s of %s failed: listing again", what, self.name)
+                if not first:
+                    self._cache.suspect(self._scope)
                 version = None
                 self._pause(failures)
         log.debug("informer of %s stopped", self.name)
@@ -221,18 +229,23 @@ class Informer:
     def _pause(self, failures: int) -> None:
         self._stopped.wait(self._backoff[min(failures, len(self._backoff)) - 1])
 
-    def _list_once(self, first: bool) -> str | None:
-        """List the scope into the cache; return the list's resourceVersion (None: failed)."""
+    def _list_once(self, first: bool) -> str:
+        """List the scope into the cache; return the list's resourceVersion.
+
+        Raises
+        ------
+        Exception
+            Whatever the list raised (the cache is left as it was).
+        """
         relisting = None if first else self._cache.begin_relist()
         self.lists += 1
         try:
             collection = self._list()
-        except Exception as exc:  # any failure: try again after a backoff
+            items = [(self._key(body), body) for body in collection.items if self._wanted(body)]
+        except BaseException:
             if relisting is not None:
                 self._cache.end_relist(relisting)
-            log.warning("list of %s failed (%s): trying again", self.name, _describe(exc))
-            return None
-        items = [(self._key(body), body) for body in collection.items if self._wanted(body)]
+            raise
         if first:
             self._cache.fill(items)
             self._tell(self._sink.listed, Listed(items))

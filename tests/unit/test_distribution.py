@@ -32,6 +32,7 @@ SANDBOX_PACKAGES = ("mock_kubernetes", "mock_phpipam", "mock_infoblox")
 OPERATOR_REQUIREMENTS = {
     "kopf",
     "kubernetes",
+    "urllib3",
     "requests",
     "tenacity",
     "pydantic",

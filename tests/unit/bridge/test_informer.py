@@ -288,3 +288,32 @@ def test_stop_ends_an_open_watch_at_once(emulator: EmulatedKubernetes, gateway: 
     watcher.stop(timeout=30)
     # The watch asked for 600 s and nothing happens on it: only closing it ends the thread.
     assert not watcher.alive
+
+
+def test_an_unexpected_error_is_logged_and_the_scope_listed_again(
+    emulator: EmulatedKubernetes, gateway: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    raised: list[str] = []
+
+    def keep(body: Mapping[str, Any]) -> bool:
+        if body["metadata"]["name"] == "bad" and not raised:
+            raised.append("bad")
+            raise RuntimeError("a bug on one object")
+        return wanted(body)
+
+    cache, recorder = ObjectCache("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder, keep=keep)
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        emulator.create(widget("bad"))
+        # The thread goes on: the scope is listed again, and the object is cached then.
+        wait_for(lambda: recorder.relisted, timeout=10)
+        assert names(recorder.relisted[0].changed) == ["bad"]
+        assert watcher.alive and ("default", "bad") in cache
+        assert "watch of widgets failed: listing again" in caplog.text
+        assert "a bug on one object" in caplog.text
+        emulator.create(widget("after"))
+        wait_for(lambda: ("ADDED", "after", True) in recorder.seen(), timeout=10)
+    finally:
+        watcher.stop()

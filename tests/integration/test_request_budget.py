@@ -108,9 +108,10 @@ def test_a_restart_with_bound_claims_reads_and_writes_nothing_of_theirs(
 ) -> None:
     """Bound claims cost no GET, no write and no IPAM call when the operator starts again.
 
-    The cache's initial list (one list of IPAddresses, one of each pool kind, one of
-    Clusters) and kopf's watches replace the per-claim reads of the IPAddress, pool and
-    Cluster; the pool's own check (its Secret, the IPAM's subnet) still runs.
+    The cache's initial lists (the informers' one list of IPAddresses and one of claims,
+    one of each pool kind, one of Clusters) and the watches replace the per-claim reads of
+    the IPAddress, pool and Cluster; the pool's own check (its Secret, the IPAM's subnet)
+    still runs.
     """
     with Sandbox(settings=QUIET) as sandbox:
         sandbox.namespace(NAMESPACE)

@@ -11,7 +11,7 @@ uses. kopf's handlers find it in ``memo.bridge``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,8 +46,18 @@ log = logging.getLogger(__name__)
 class OperatorQueue(Queue, Protocol):
     """The work queue as the operator sees it (`WorkQueue`): a `Queue` with its health."""
 
-    def add(self, key: Hashable, after: float = 0.0, *, background: bool = False) -> None:
-        """Queue ``key`` after ``after`` seconds (``background``: behind every due key)."""
+    def add(
+        self,
+        key: Hashable,
+        after: float = 0.0,
+        *,
+        background: bool = False,
+        unless: Callable[[], bool] | None = None,
+    ) -> None:
+        """Queue ``key`` after ``after`` seconds (``background``: behind every due key).
+
+        ``unless``: not queued if it answers True, asked now or after the key's running pass.
+        """
 
     def sizes(self) -> dict[str, int]:
         """Return the sizes of the queue's structures, by name."""
@@ -62,7 +72,14 @@ class OperatorQueue(Queue, Protocol):
 class NoQueue:
     """An `OperatorQueue` that drops every key (no work queue runs)."""
 
-    def add(self, key: Hashable, after: float = 0.0, *, background: bool = False) -> None:
+    def add(
+        self,
+        key: Hashable,
+        after: float = 0.0,
+        *,
+        background: bool = False,
+        unless: Callable[[], bool] | None = None,
+    ) -> None:
         """Drop ``key``."""
 
     def wake(self, token: Hashable, count: int | None = None) -> int:

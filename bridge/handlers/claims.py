@@ -12,7 +12,7 @@ bookkeeping on them).
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +20,7 @@ import kopf
 
 from bridge import capi
 from bridge.handlers.cache import cache_event, queue_relisted
-from bridge.objects.keys import claim_key, cluster_key, cluster_token
+from bridge.objects.keys import ClaimKey, claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
 from bridge.runtime.cache import Relisted
@@ -42,12 +42,16 @@ def _endpoint_cluster(body: Mapping[str, Any]) -> tuple[str, str] | None:
 class ClaimEvents:
     """The claims informer's sink (`bridge.runtime.informer.Sink`): what queues a reconcile.
 
-    Called in the informer's thread; the work queue is the event loop's, so each call that
-    queues something hands it to ``loop`` (``call_soon_threadsafe``). Any sight of a claim
-    by a list queues it; a watch event queues it when it told the cache something new (not
-    the echo of our own write), or when it is the deletion of a claim parked in the work
-    queue (its pass ends the wait). A bound claim seen by the first list waits in the work
-    queue's background lane, behind new work.
+    Called in the informer's thread (the work queue is thread-safe). Any sight of a claim
+    by a list queues it; a watch event queues it when it told the cache something new, or
+    when it is the deletion of a claim parked in the work queue (its pass ends the wait). A
+    bound claim seen by the first list waits in the work queue's background lane, behind
+    new work.
+
+    The echo of our own write tells the cache nothing new, except when it arrives before
+    the write's answer was written through: then the claim is queued unless the version
+    turns out to be ours (`bridge.runtime.cache.ObjectCache.is_own`), asked once the pass
+    that wrote it has ended (`bridge.runtime.workqueue.WorkQueue.add`'s ``unless``).
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster at each event: bound, it gives the Cluster its endpoint; waiting, the
@@ -57,51 +61,43 @@ class ClaimEvents:
     ----------
     op:
         The operator (its cache and work queue).
-    loop:
-        The event loop the work queue runs on.
     """
 
-    def __init__(self, op: Operator, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, op: Operator) -> None:
         self._op = op
-        self._loop = loop
 
     def listed(self, listed: Listed) -> None:
         """Queue every listed claim (a bound one in the background lane)."""
-        self._loop.call_soon_threadsafe(self._queue_listed, listed)
-
-    def relisted(self, relisted: Relisted) -> None:
-        """Queue the claims a later list found gone or changed."""
-        self._loop.call_soon_threadsafe(self._queue_relisted, relisted)
-
-    def event(self, event: Event) -> None:
-        """Queue the claim of an event that changed the cache, or of a deletion."""
-        cluster = _endpoint_cluster(event.body)
-        if event.changed or event.type == "DELETED" or cluster is not None:
-            self._loop.call_soon_threadsafe(self._queue_event, event, cluster)
-
-    def _queue_listed(self, listed: Listed) -> None:
         op = self._op
         for _, body in listed.items:
-            meta = body.get("metadata") or {}
-            key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-            op.queue.add(key, background=op.cache.settled(body))
+            op.queue.add(_key_of(body), background=op.cache.settled(body))
             if (cluster := _endpoint_cluster(body)) is not None:
                 op.queue.add(cluster_key(*cluster))
 
-    def _queue_relisted(self, relisted: Relisted) -> None:
+    def relisted(self, relisted: Relisted) -> None:
+        """Queue the claims a later list found gone or changed."""
         queue_relisted(self._op, "claims", relisted)
         for _, body in relisted.changed:
             if (cluster := _endpoint_cluster(body)) is not None:
                 self._op.queue.add(cluster_key(*cluster))
 
-    def _queue_event(self, event: Event, cluster: tuple[str, str] | None) -> None:
+    def event(self, event: Event) -> None:
+        """Queue the claim of an event that changed the cache, or of a parked claim's deletion."""
         op = self._op
-        meta = event.body.get("metadata") or {}
-        key = claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        if event.changed or (event.type == "DELETED" and op.queue.is_parked(key)):
-            op.queue.add(key)
-        if cluster is not None:
+        key = _key_of(event.body)
+        if event.type == "DELETED":
+            if event.changed or op.queue.is_parked(key):
+                op.queue.add(key)
+        elif event.changed:
+            version = str((event.body.get("metadata") or {}).get("resourceVersion") or "")
+            op.queue.add(key, unless=functools.partial(op.cache.claims.is_own, event.key, version))
+        if (cluster := _endpoint_cluster(event.body)) is not None:
             op.queue.add(cluster_key(*cluster))
+
+
+def _key_of(body: Mapping[str, Any]) -> ClaimKey:
+    meta = body.get("metadata") or {}
+    return claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 class AddressEvents:
@@ -110,19 +106,18 @@ class AddressEvents:
     The informer keeps our IPAddresses in the cache; their watch events queue nothing (a
     claim's reconcile reads its IPAddress from the cache when it runs). A list after a
     watch restart queues the claim of each IPAddress gone or changed meanwhile
-    (`bridge.handlers.cache.queue_relisted`), on ``loop``.
+    (`bridge.handlers.cache.queue_relisted`). Called in the informer's thread.
     """
 
-    def __init__(self, op: Operator, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, op: Operator) -> None:
         self._op = op
-        self._loop = loop
 
     def listed(self, listed: Listed) -> None:
         """Nothing to queue: claims are queued by their own list."""
 
     def relisted(self, relisted: Relisted) -> None:
         """Queue the claims of the IPAddresses gone or changed."""
-        self._loop.call_soon_threadsafe(queue_relisted, self._op, "addresses", relisted)
+        queue_relisted(self._op, "addresses", relisted)
 
     def event(self, event: Event) -> None:
         """Nothing to queue (the cache has the event)."""

@@ -226,17 +226,16 @@ async def start_informers(op: Operator) -> list[Informer]:
     Each one's first list is tried before the next starts (a claim's first reconcile reads
     its IPAddress from the cache); a first list that failed is tried again in the
     background (`bridge.runtime.informer.Informer`), its part read from the API meanwhile.
-    Events are applied to the cache in the informers' threads; what needs a reconcile is
-    queued on this event loop (`bridge.handlers.claims.ClaimEvents`).
+    Events are applied to the cache in the informers' threads, which queue what needs a
+    reconcile (`bridge.handlers.claims.ClaimEvents`).
     """
-    loop = asyncio.get_running_loop()
     made = informers(
         op.cache,
         op.kube,
         version=op.versions.address,
         namespaces=op.settings.namespaces,
-        addresses=AddressEvents(op, loop),
-        claims=ClaimEvents(op, loop),
+        addresses=AddressEvents(op),
+        claims=ClaimEvents(op),
     )
     for informer in made:
         informer.start()

@@ -21,7 +21,10 @@ What this relies on, and how each risk is closed:
   echoes of our own writes, already written through: those, and events older than them,
   change nothing (`ObjectCache.put` keeps the written versions until their echo).
   `ObjectCache.apply` says whether an event changed anything, so an echo of our own write
-  queues no reconcile.
+  queues no reconcile. An echo may also come before the write's answer (the informer's
+  thread reads it first): then the answer changes nothing, since the watch already told of
+  that version and maybe of later ones (each entry remembers the last `HISTORY` versions
+  of its object), and `ObjectCache.is_own` tells afterwards that the version was ours.
 - **Watch restarts** (API server restart, 410 Gone, connection loss): a watch that lists
   again never tells of objects deleted meanwhile. The caller makes the part suspect
   (`ObjectCache.suspect`: lookups read the API meanwhile) and replaces it with a fresh
@@ -105,14 +108,25 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
 class _Stored:
     """One cached object: its resourceVersion and uid, and its body (a dict, or JSON bytes)."""
 
-    __slots__ = ("data", "typed", "uid", "version")
+    __slots__ = ("data", "history", "typed", "uid", "version")
 
-    def __init__(self, body: Mapping[str, Any], compact: bool) -> None:
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        compact: bool,
+        after: _Stored | None = None,
+        *,
+        ours: bool = False,
+    ) -> None:
         # Typed values of this version by parse function (`ObjectCache.lookup_typed`).
         self.typed: dict[Callable[[dict[str, Any]], Any], Any] | None = None
         trimmed = _trim(body)
         self.version = _version(trimmed)
         self.uid = _uid(trimmed)
+        # The versions this key held last, oldest first, this one last: (version, written by
+        # us). ``after``: the entry this one replaces (None: no history, as after a list).
+        earlier = after.history if after is not None and after.uid == self.uid else ()
+        self.history: tuple[tuple[str, bool], ...] = (*earlier, (self.version, ours))[-HISTORY:]
         self.data: dict[str, Any] | bytes = (
             json.dumps(trimmed, separators=(",", ":"), default=str).encode() if compact else trimmed
         )
@@ -125,6 +139,10 @@ class _Stored:
             return decoded
         return data
 
+
+#: How many versions of a key an entry remembers (`ObjectCache.put`, `ObjectCache.is_own`):
+#: more than the watch events that can come between one write of ours and its answer.
+HISTORY: Final = 4
 
 #: How many typed values (`ObjectCache.lookup_typed`) one part keeps at most.
 TYPED_MAX: Final = 1024
@@ -244,7 +262,7 @@ class ObjectCache:
             if current is not None and not newer(_version(body), current.version):
                 return False
             self._untype(current)
-            self._objects[key] = _Stored(body, self._compact)
+            self._objects[key] = _Stored(body, self._compact, current)
             return True
 
     def _held(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -300,10 +318,14 @@ class ObjectCache:
             for relisting in self._relistings:
                 relisting.touched.add(key)
             current = self._objects.get(key)
-            if current is not None and current.version == version:
+            if current is not None and any(v == version for v, _ in current.history):
+                # The watch told of this version first (its echo came before this answer),
+                # and maybe of later ones: what is cached is as new or newer. Only remember
+                # that the version is ours (`is_own`).
+                current.history = tuple((v, ours or v == version) for v, ours in current.history)
                 return
             self._untype(current)
-            self._objects[key] = _Stored(body, self._compact)
+            self._objects[key] = _Stored(body, self._compact, current, ours=True)
             if version:
                 versions = self._pending.get(key, ([], 0.0))[0]
                 self._pending[key] = ([*versions, version], self._clock())
@@ -453,6 +475,18 @@ class ObjectCache:
         with self._lock:
             found = self._objects.get(key)
         return None if found is None else found.body()
+
+    def is_own(self, key: Key, version: str) -> bool:
+        """Tell whether ``version`` of the cached object was written by us (`put`).
+
+        For the echo of our own write that the watch delivered before the write's answer
+        reached `put`: `apply` saw news then, and a reconcile queued for it may be
+        dropped once this answers True (`bridge.runtime.workqueue.WorkQueue.add`).
+        Remembers the last `HISTORY` versions of each cached object.
+        """
+        with self._lock:
+            current = self._objects.get(key)
+            return current is not None and (version, True) in current.history
 
     def __contains__(self, key: Key) -> bool:
         """Tell whether an object is cached under ``key`` (nothing decoded)."""

@@ -131,6 +131,8 @@ class WorkQueue:
         self._seq = itertools.count()
         self._processing: set[Key] = set()
         self._again: dict[Key, float] = {}  # added while processing: due time afterwards
+        # Added while processing with a condition (`add`'s ``unless``): asked afterwards.
+        self._again_unless: dict[Key, list[tuple[float, Callable[[], bool]]]] = {}
         self._parked: dict[Token, dict[Key, None]] = {}  # insertion-ordered sets
         self._tokens_of: dict[Key, tuple[Token, ...]] = {}
         # A wake that happens while a key is being processed must not be lost when that key
@@ -147,14 +149,34 @@ class WorkQueue:
 
     # -- adding keys (any thread) ------------------------------------------------------------
 
-    def add(self, key: Key, after: float = 0.0, *, background: bool = False) -> None:
+    def add(
+        self,
+        key: Key,
+        after: float = 0.0,
+        *,
+        background: bool = False,
+        unless: Callable[[], bool] | None = None,
+    ) -> None:
         """Queue ``key`` to be reconciled in ``after`` seconds (keeps an earlier due time).
 
         ``background``: the key runs only when no key of the front lane is due (a check of an
         object that most likely needs nothing); a key already queued in the front lane stays
         there. Safe from any thread; before `run` has started, keys are kept and run once it
         starts.
+
+        ``unless``: nothing is queued if it answers True, asked now or, when the key is
+        being processed, once that pass has ended (for a watch event that may be the echo
+        of the pass's own write, which the pass records only before it ends; see
+        `bridge.runtime.cache.ObjectCache.is_own`). It must be quick and must not call
+        this queue.
         """
+        if unless is not None:
+            with self._lock:
+                if key in self._processing:
+                    self._again_unless.setdefault(key, []).append((after, unless))
+                    return
+            if unless():
+                return
         with self._lock:
             self._unpark(key)
             self._schedule(key, self._now() + max(after, 0.0), background=background)
@@ -413,6 +435,10 @@ class WorkQueue:
             self._background_running.discard(key)
             started = self._started_at.pop(key, 0)
             again = self._again.pop(key, None)
+            for after, unless in self._again_unless.pop(key, ()):
+                if not unless():  # not an echo of this pass's own write: run again
+                    due = loop.time() + max(after, 0.0)
+                    again = due if again is None else min(again, due)
             missed = any(self._last_wake.get(token, 0) > started for token in decision.wake_on)
             if again is not None or missed:
                 self._schedule(key, loop.time() if again is None else again)

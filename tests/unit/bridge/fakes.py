@@ -618,8 +618,17 @@ class FakeQueue:
         self.woken: list[Any] = []
         self.parked_keys: dict[Any, set[Any]] = {}
 
-    def add(self, key: Any, after: float = 0.0, *, background: bool = False) -> None:
-        self.added.append((key, after))
+    def add(
+        self,
+        key: Any,
+        after: float = 0.0,
+        *,
+        background: bool = False,
+        unless: Callable[[], bool] | None = None,
+    ) -> None:
+        # As `WorkQueue.add` for a key that is not being processed: ``unless`` asked now.
+        if unless is None or not unless():
+            self.added.append((key, after))
 
     def wake(self, token: Any, count: int | None = None) -> int:
         self.woken.append(token if count is None else (token, count))

@@ -387,3 +387,31 @@ def test_typed_values_are_bounded() -> None:
     part.begin_relist()
     part.replace([])
     assert not part._typed
+
+
+def test_an_echo_before_the_answer_keeps_what_the_watch_told_since() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    part.apply(("ns", "c"), obj("c", "1"))
+    # Our write made version 2; the watch tells of it, then of someone else's version 3,
+    # before our write's answer is written through.
+    assert part.apply(("ns", "c"), obj("c", "2")) is True
+    assert part.apply(("ns", "c"), obj("c", "3")) is True
+    part.put(("ns", "c"), obj("c", "2"))
+    assert part.get(("ns", "c")) == obj("c", "3")  # never the older version back
+    assert part.held() == 0  # nothing pending: later events are not held back
+    assert part.is_own(("ns", "c"), "2") and not part.is_own(("ns", "c"), "3")
+    assert part.apply(("ns", "c"), obj("c", "4")) is True
+
+
+def test_a_write_answered_before_its_echo_is_ours_and_the_echo_is_no_news() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    part.apply(("ns", "c"), obj("c", "1"))
+    part.put(("ns", "c"), obj("c", "2"))
+    assert part.is_own(("ns", "c"), "2") and not part.is_own(("ns", "c"), "1")
+    assert part.apply(("ns", "c"), obj("c", "2")) is False
+    # A recreated object (another uid) remembers nothing of the old one.
+    recreated = {"metadata": {"name": "c", "uid": "new", "resourceVersion": "9"}}
+    assert part.apply(("ns", "c"), recreated)
+    assert not part.is_own(("ns", "c"), "2")

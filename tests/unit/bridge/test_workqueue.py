@@ -115,6 +115,38 @@ async def test_a_key_never_runs_twice_at_once_and_runs_again_after_an_add_while_
     assert rec.count("k") == 2  # once, then once more for all the adds made meanwhile
 
 
+async def test_a_conditional_add_during_a_pass_is_asked_once_the_pass_has_ended() -> None:
+    gate = threading.Event()
+    written: set[str] = set()  # what each pass "wrote", recorded only as it ends
+
+    def reconcile(key: Hashable, n: int) -> Result:
+        assert gate.wait(10)
+        written.add(f"{key}-{n}")
+        return Result.done()
+
+    rec = Recorder(reconcile)
+    queue = WorkQueue(rec, workers=2)
+    async with Running(queue):
+        queue.add("echo")
+        queue.add("news")
+        await until(lambda: rec.count("echo") == 1 and rec.count("news") == 1)
+        # While the passes run, each gets an event: for "echo" one its own pass wrote (known
+        # only once the pass ends), for "news" someone else's.
+        queue.add("echo", unless=lambda: "echo-0" in written)
+        queue.add("news", unless=lambda: "someone-else" in written)
+        assert rec.count("echo") == 1  # asked later, not now
+        gate.set()
+        await until(lambda: rec.count("news") == 2)
+        await until(idle(queue, rec))
+        assert rec.count("echo") == 1
+        # Not during a pass: asked at once.
+        queue.add("echo", unless=lambda: True)
+        queue.add("news", unless=lambda: False)
+        await until(lambda: rec.count("news") == 3)
+        await until(idle(queue, rec))
+    assert rec.count("echo") == 1
+
+
 async def test_retry_after_delay_is_honoured() -> None:
     rec = Recorder(lambda key, n: Result.requeue_after(0.2) if n == 0 else Result.done())
     queue = WorkQueue(rec, workers=1)

@@ -201,7 +201,7 @@ def informers(
                     key=Cache.key_of,
                     wanted=_ours,
                     sink=sink,
-                    scope=None if namespace is None else _Namespace(namespace),
+                    scope=_Everywhere() if namespace is None else _Namespace(namespace),
                 )
             )
     return made
@@ -225,6 +225,14 @@ def _watch(
         timeout_seconds=WATCH_SECONDS,
         read_timeout=WATCH_READ_TIMEOUT,
     )
+
+
+@dataclass(frozen=True)
+class _Everywhere:
+    """Every key (`bridge.runtime.cache.Scope`): an informer's own, apart from other lists'."""
+
+    def __call__(self, key: Key) -> bool:
+        return True
 
 
 @dataclass(frozen=True)

@@ -409,8 +409,9 @@ class ObjectCache:
         The list replaces every entry of ``scope`` (None: every entry) except those an
         event touched since ``relisting`` began (`begin_relist`; None: no event is newer
         than the list); tombstones and pending write-throughs in ``scope`` are dropped (the
-        list is newer than them), and ``scope`` is no longer suspect (`suspect`; a list of
-        the whole part ends every suspicion).
+        list is newer than them), and ``scope`` is no longer suspect (`suspect`: another
+        scope's suspicion stays, such as that of a watch still broken, even if it covers the
+        same keys).
 
         Returns
         -------
@@ -449,10 +450,7 @@ class ObjectCache:
                 for key in [k for k in held if within(k)]:
                     del held[key]
             self._synced = True
-            if scope is None:
-                self._suspects.clear()
-            else:
-                self._suspects.discard(scope)
+            self._suspects.discard(scope)
         return Relisted(
             [(key, stored.body()) for key, stored in gone],
             [(key, stored.body()) for key, stored in changed],

@@ -415,3 +415,14 @@ def test_a_write_answered_before_its_echo_is_ours_and_the_echo_is_no_news() -> N
     recreated = {"metadata": {"name": "c", "uid": "new", "resourceVersion": "9"}}
     assert part.apply(("ns", "c"), recreated)
     assert not part.is_own(("ns", "c"), "2")
+
+
+def test_a_list_of_the_whole_part_leaves_a_broken_watchs_suspicion() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    everything = in_namespace("ns")  # an informer's own scope, whose watch broke
+    part.suspect(everything)
+    part.replace([(("ns", "c"), obj("c", "1"))], part.begin_relist())  # another relist
+    assert part.suspected  # until the informer lists (its watch is back)
+    part.replace([(("ns", "c"), obj("c", "1"))], part.begin_relist(), scope=everything)
+    assert not part.suspected

@@ -37,7 +37,7 @@ from kubernetes.client import ApiException
 
 from bridge import capi
 from bridge.objects.client import ObjectClient, address_resource, claim_resource
-from bridge.runtime.cache import Key, ObjectCache, Relisted
+from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
 from bridge.runtime.gateway import Resource, WatchStream
 from bridge.runtime.informer import Informer, Sink
 
@@ -187,11 +187,16 @@ def informers(
         What each informer tells its events to (`bridge.runtime.informer.Sink`).
     """
     made: list[Informer] = []
+    scopes: dict[str | None, Scope] = {
+        namespace: _Everywhere() if namespace is None else _Namespace(namespace)
+        for namespace in namespaces or (None,)
+    }
     for resource, part, sink in (
         (address_resource(version), cache.addresses, addresses),
         (claim_resource(version), cache.claims, claims),
     ):
-        for namespace in namespaces or (None,):
+        part.expect(scopes.values())  # synced once every namespace was listed
+        for namespace, scope in scopes.items():
             made.append(
                 Informer(
                     resource.plural if namespace is None else f"{resource.plural} in {namespace}",
@@ -201,7 +206,7 @@ def informers(
                     key=Cache.key_of,
                     wanted=_ours,
                     sink=sink,
-                    scope=_Everywhere() if namespace is None else _Namespace(namespace),
+                    scope=scope,
                 )
             )
     return made

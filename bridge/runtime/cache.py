@@ -229,6 +229,8 @@ class ObjectCache:
         # it began: the event is newer than the list, which leaves them as they are.
         self._relistings: list[Relisting] = []
         self._synced = False
+        # The scopes whose first list `fill` waits for before the part is synced (`expect`).
+        self._unfilled: set[Scope | None] = set()
         # The scopes made suspect (`suspect`) and not listed afresh since.
         self._suspects: set[Scope | None] = set()
         # The stored objects holding typed values (`lookup_typed`), oldest first: at most
@@ -364,8 +366,22 @@ class ObjectCache:
         with self._lock:
             self._suspects.add(scope)
 
-    def fill(self, items: Iterable[tuple[Key, Mapping[str, Any]]]) -> int:
-        """Apply a listing's objects (as events, in order); mark synced.
+    def expect(self, scopes: Iterable[Scope]) -> None:
+        """Wait for a first list (`fill`) of each of ``scopes`` before the part is synced.
+
+        For a part filled by several lists (one per namespace): absence is trusted only
+        once every one of them has come.
+        """
+        with self._lock:
+            self._unfilled = set(scopes)
+
+    def fill(
+        self, items: Iterable[tuple[Key, Mapping[str, Any]]], scope: Scope | None = None
+    ) -> int:
+        """Apply a first list's objects (as events, in order); mark synced.
+
+        ``scope``: the keys the list covers; while another scope given to `expect` has not
+        been filled, the part is not marked synced yet.
 
         Returns
         -------
@@ -376,7 +392,10 @@ class ObjectCache:
         for key, body in items:
             self.apply(key, body)
             count += 1
-        self.mark_synced()
+        with self._lock:
+            self._unfilled.discard(scope)
+            if not self._unfilled:
+                self._synced = True
         return count
 
     def begin_relist(self) -> Relisting:

@@ -247,7 +247,7 @@ class Informer:
                 self._cache.end_relist(relisting)
             raise
         if first:
-            self._cache.fill(items)
+            self._cache.fill(items, self._scope)
             self._tell(self._sink.listed, Listed(items))
             log.info("%s listed: %d cached", self.name, len(items))
         else:

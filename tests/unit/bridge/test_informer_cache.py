@@ -426,3 +426,14 @@ def test_a_list_of_the_whole_part_leaves_a_broken_watchs_suspicion() -> None:
     assert part.suspected  # until the informer lists (its watch is back)
     part.replace([(("ns", "c"), obj("c", "1"))], part.begin_relist(), scope=everything)
     assert not part.suspected
+
+
+def test_a_part_listed_per_namespace_is_synced_once_every_namespace_was_listed() -> None:
+    part = ObjectCache("ipaddressclaims")
+    a, b = in_namespace("a"), in_namespace("b")
+    part.expect([a, b])
+    part.fill([(("a", "c"), obj("c", "1", namespace="a"))], a)
+    # Namespace b's first list has not come (it failed): its claims' absence is unknown.
+    assert not part.synced and part.lookup(("b", "c")) == MISSING_UNKNOWN
+    part.fill([], b)
+    assert part.synced and part.lookup(("b", "c")) == MISSING

@@ -2,8 +2,9 @@
 
 - `bridge.objects.client`: where claims, IPAddresses, pools, Clusters and Secrets live on
   the API (group, version, plural), over the generic gateway (`bridge.runtime.gateway`);
-- `bridge.objects.cache`: the informer cache of them (parts and keys), its initial list and
-  relists, over the generic `bridge.runtime.cache.ObjectCache`;
+- `bridge.objects.cache`: the informer cache of them (parts and keys), its initial lists, the
+  informers of claims and IPAddresses (`bridge.runtime.informer`) and relists, over the
+  generic `bridge.runtime.cache.ObjectCache`;
 - `bridge.objects.keys`: the typed work-queue keys and wake tokens.
 
 Typed values of the objects themselves: `bridge.models` (pydantic, as read) and

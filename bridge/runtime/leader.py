@@ -2,7 +2,7 @@
 
 Several replicas run; the one holding the Lease ``ipam-bridge`` in the operator's namespace
 works (`Leadership` starts the work queue and the resync when leadership is won), the others
-stand by (kopf's watches run and queue keys in memory; no IPAM call, no write). The timings
+stand by (the watches run and queue keys in memory; no IPAM call, no write). The timings
 are controller-runtime's (lease 15 s, renew deadline 10 s, retry 2 s;
 ``IPAM_BRIDGE_LEADER_ELECTION_*``).
 A leader that cannot renew within the deadline stops handling at once and the process exits 1

@@ -1,12 +1,13 @@
 """A keyed work queue: what turns watch events into level-triggered reconciles.
 
-kopf watches claims, pools and Clusters; its handlers only *add keys* here. Workers take a
+The watches (informers, kopf's handlers) only *add keys* here. Workers take a
 key, read the object as it is now and decide what it needs (`bridge.reconcilers.claims`,
 `bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue
 (https://pkg.go.dev/k8s.io/client-go/util/workqueue) that kopf lacks:
 
 - **one worker per key at a time**: a key added while it is being processed runs once more
-  afterwards, never twice in parallel;
+  afterwards, never twice in parallel (an add with a condition, for what may be the echo
+  of the pass's own write, is decided once the pass has ended);
 - **deduplication**: a key waiting in the queue is queued once, at its earliest due time;
 - **two lanes**: a key added as ``background`` (a settled object seen again by a start-up
   listing or a resync) runs only when no other key is due, so new work never waits behind

@@ -50,8 +50,10 @@ class ClaimEvents:
 
     The echo of our own write tells the cache nothing new, except when it arrives before
     the write's answer was written through: then the claim is queued unless the version
-    turns out to be ours (`bridge.runtime.cache.ObjectCache.is_own`), asked once the pass
-    that wrote it has ended (`bridge.runtime.workqueue.WorkQueue.add`'s ``unless``).
+    turns out to be ours (`bridge.runtime.cache.ObjectCache.is_own`), or the deletion our
+    own last finalizer removal made (`bridge.runtime.cache.ObjectCache.deleted_by_us`),
+    asked once the pass that wrote it has ended (`bridge.runtime.workqueue.WorkQueue.add`'s
+    ``unless``).
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster at each event: bound, it gives the Cluster its endpoint; waiting, the
@@ -86,7 +88,10 @@ class ClaimEvents:
         op = self._op
         key = _key_of(event.body)
         if event.type == "DELETED":
-            if event.changed or op.queue.is_parked(key):
+            if event.changed:  # not if our own write deleted it (the pass that wrote is done)
+                gone = functools.partial(op.cache.claims.deleted_by_us, event.key)
+                op.queue.add(key, unless=gone)
+            elif op.queue.is_parked(key):
                 op.queue.add(key)
         elif event.changed:
             version = str((event.body.get("metadata") or {}).get("resourceVersion") or "")

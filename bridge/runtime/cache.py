@@ -307,10 +307,12 @@ class ObjectCache:
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # Our last finalizer removal: the object is gone (its DELETED may already have
-            # come and gone); keeping it would leak it.
+            # come and gone); keeping it would leak it. A tombstone tells its DELETED, or
+            # `deleted_by_us` when the DELETED came first, that the deletion was ours.
             with self._lock:
                 self._untype(self._objects.pop(key, None))
                 self._pending.pop(key, None)
+                self._tombstones[key] = (_uid(body), self._clock())
             return
         version = _version(body)
         with self._lock:
@@ -492,6 +494,17 @@ class ObjectCache:
         with self._lock:
             found = self._objects.get(key)
         return None if found is None else found.body()
+
+    def deleted_by_us(self, key: Key) -> bool:
+        """Tell whether our own write deleted the object (`put` of its last finalizer removal).
+
+        For the DELETED that the watch delivered before that write's answer reached `put`:
+        `apply` saw news then. Answers once (the record goes with the answer True); the
+        record also goes with the DELETED coming after the answer, a relist, or after
+        `HOLD_SECONDS`.
+        """
+        with self._lock:
+            return self._tombstones.pop(key, None) is not None and key not in self._objects
 
     def is_own(self, key: Key, version: str) -> bool:
         """Tell whether ``version`` of the cached object was written by us (`put`).

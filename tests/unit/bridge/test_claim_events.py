@@ -170,3 +170,18 @@ def test_the_echo_of_our_write_that_came_before_its_answer_queues_nothing() -> N
     # Someone else's change after ours is news, and queues the claim.
     event(op, "MODIFIED", claim("3", finalizers=[CLAIM_FINALIZER], deleting=True))
     assert [key for key, _ in queue.added] == [KEY, KEY]
+
+
+def test_the_deletion_our_last_finalizer_write_made_queues_nothing_even_told_first() -> None:
+    op, queue = operator()
+    event(op, "ADDED", claim("1", finalizers=[CLAIM_FINALIZER]))
+    event(op, "MODIFIED", claim("2", finalizers=[CLAIM_FINALIZER], deleting=True))
+    assert [key for key, _ in queue.added] == [KEY, KEY]
+    # The release's last write: the watch's DELETED comes before the write's answer.
+    gone = claim("3", finalizers=[], deleting=True)
+    changed = op.cache.claims.apply(("ns", "c1"), gone, deleted=True)
+    assert changed
+    op.cache.stored("ipaddressclaims", gone)  # the answer, written through
+    ClaimEvents(op).event(Event("DELETED", ("ns", "c1"), gone, changed))
+    assert [key for key, _ in queue.added] == [KEY, KEY]  # no pass for our own deletion
+    assert op.cache.claims.held() == 0

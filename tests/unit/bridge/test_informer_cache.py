@@ -437,3 +437,24 @@ def test_a_part_listed_per_namespace_is_synced_once_every_namespace_was_listed()
     assert not part.synced and part.lookup(("b", "c")) == MISSING_UNKNOWN
     part.fill([], b)
     assert part.synced and part.lookup(("b", "c")) == MISSING
+
+
+def test_our_last_finalizer_removal_is_known_as_ours_whichever_comes_first() -> None:
+    part = ObjectCache("ipaddressclaims")
+    part.mark_synced()
+    deleted = {"metadata": {**obj("c", "3")["metadata"], "deletionTimestamp": "t", "uid": "u"}}
+    # The answer first, then the DELETED: no news, and nothing kept.
+    part.apply(("ns", "c"), obj("c", "1"))
+    part.put(("ns", "c"), deleted)
+    assert part.apply(("ns", "c"), deleted, deleted=True) is False
+    assert part.held() == 0 and not part.deleted_by_us(("ns", "c"))
+    # The DELETED first (news), then the answer: the deletion is ours, told once.
+    part.apply(("ns", "c"), obj("c", "1"))
+    assert part.apply(("ns", "c"), deleted, deleted=True) is True
+    part.put(("ns", "c"), deleted)
+    assert part.deleted_by_us(("ns", "c")) and not part.deleted_by_us(("ns", "c"))
+    assert part.held() == 0
+    # Someone else's deletion is not ours.
+    part.apply(("ns", "d"), obj("d", "1"))
+    assert part.apply(("ns", "d"), obj("d", "2"), deleted=True) is True
+    assert not part.deleted_by_us(("ns", "d"))

@@ -23,7 +23,7 @@ from bridge.reconcilers.audit import audit_forever
 from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.fence import Fence
 from bridge.runtime.gateway import NotServedError, access_denied, api_client
-from bridge.runtime.informer import Informer
+from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer
 from bridge.runtime.kubeconfig import kopf_connection_info
 from bridge.runtime.leader import (
     LEASE_NAME,
@@ -87,9 +87,7 @@ class EventsOnlyDiffBase(kopf.DiffBaseStorage):
         """Store nothing (no handler compares essences)."""
 
 
-#: Seconds a watch request asks the API server to serve it (``timeoutSeconds``).
-WATCH_SERVER_TIMEOUT = 300
-#: Seconds to connect for a watch request.
+#: Seconds to connect for a watch request of kopf's.
 WATCH_CONNECT_TIMEOUT = 10.0
 
 
@@ -113,12 +111,13 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     # kopf turns no log line into an Event; we post our own.
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup. A watch request asks the server to end
-    # it after WATCH_SERVER_TIMEOUT s and gives up itself a little later; kopf also drops a
+    # it after WATCH_SECONDS s and gives up itself a little later; kopf also drops a
     # watch that brought no event, not even a bookmark, for its inactivity timeout (70 s).
     # A connection that died silently (a blackhole) is found out, and the watch resumes or
     # relists (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
-    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
-    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT + 30
+    # The same timeouts as the informers' watches of claims and IPAddresses.
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_READ_TIMEOUT
     settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]

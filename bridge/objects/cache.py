@@ -39,7 +39,7 @@ from bridge import capi
 from bridge.objects.client import ObjectClient, address_resource, claim_resource
 from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
 from bridge.runtime.gateway import Resource, WatchStream
-from bridge.runtime.informer import Informer, Sink
+from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer, Sink
 
 __all__ = ["PARTS", "Cache", "Part", "informers", "prime", "relist"]
 
@@ -210,14 +210,6 @@ def informers(
                 )
             )
     return made
-
-
-#: Seconds a watch request asks the API server to serve it (``timeoutSeconds``): then the
-#: informer resumes it from the last resourceVersion.
-WATCH_SECONDS: Final = 300
-#: Seconds without a byte after which a watch's connection counts as dead (the informer
-#: lists again): the API server ends each watch after `WATCH_SECONDS`.
-WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 30.0
 
 
 def _watch(

@@ -37,10 +37,24 @@ from kubernetes.client import ApiException
 from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
 from bridge.runtime.gateway import Collection, WatchStream
 
-__all__ = ["BACKOFF_SECONDS", "Event", "Informer", "Listed", "Sink"]
+__all__ = [
+    "BACKOFF_SECONDS",
+    "WATCH_READ_TIMEOUT",
+    "WATCH_SECONDS",
+    "Event",
+    "Informer",
+    "Listed",
+    "Sink",
+]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a watch request asks the API server to serve it (``timeoutSeconds``): then it is
+#: resumed from the last resourceVersion.
+WATCH_SECONDS: Final = 300
+#: Seconds without a byte after which a watch's connection counts as dead (a connection that
+#: died silently): the API server ends each watch after `WATCH_SECONDS`.
+WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 30.0
 #: Seconds before each further attempt to list after a failure (the last one repeats).
 BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.5, 1.0, 2.0, 5.0, 10.0)
 #: What ends a watch without a bug: an error answer, a broken or silent connection, a line

@@ -21,6 +21,7 @@ from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers.audit import audit_forever
 from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.events import POSTING_THREADS
 from bridge.runtime.fence import Fence
 from bridge.runtime.gateway import NotServedError, access_denied, api_client
 from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer
@@ -186,9 +187,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     lock = await asyncio.to_thread(election_lock, bridge) if bridge.leader_election else None
     fence = Fence.open() if lock is None else lease_fence(lock)
     cache = Cache()
+    # One kept connection per thread that calls the API at once: the workers, the informers
+    # (each holds its watch's: one per resource and watched namespace), the Event posters.
+    # With fewer, urllib3 discards connections and opens new ones (a TLS handshake each).
+    connections = bridge.workers + 2 * max(1, len(bridge.namespaces)) + POSTING_THREADS
     kube = ObjectClient(
         await asyncio.to_thread(
-            api_client, pool_size=bridge.workers, timeout=bridge.kube_timeout, fence=fence.check
+            api_client, pool_size=connections, timeout=bridge.kube_timeout, fence=fence.check
         ),
         on_stored=cache.stored,
         on_deleted=cache.deleted,

@@ -12,13 +12,16 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kubernetes.client import ApiException
 
-__all__ = ["EventPoster", "EventRecorder", "EventSink"]
+__all__ = ["POSTING_THREADS", "EventPoster", "EventRecorder", "EventSink"]
 
 log = logging.getLogger(__name__)
+
+#: Threads posting Events in the background, by default (each may hold an API connection).
+POSTING_THREADS: Final = 4
 
 
 class EventPoster(Protocol):
@@ -50,7 +53,9 @@ class EventRecorder:
         Threads posting in the background.
     """
 
-    def __init__(self, poster: EventPoster, *, background: bool = True, workers: int = 4) -> None:
+    def __init__(
+        self, poster: EventPoster, *, background: bool = True, workers: int = POSTING_THREADS
+    ) -> None:
         self._poster = poster
         self._background = background
         self._workers = workers

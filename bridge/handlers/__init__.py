@@ -1,13 +1,13 @@
 """kopf handlers of ipam-bridge, loaded by ``ipam-bridge run`` (or ``kopf run -m bridge.handlers``).
 
-Each handler is thin: it feeds the operator's cache and queues keys (`bridge.handlers.cache`,
-`bridge.handlers.claims`, `bridge.handlers.pools`), or starts and stops the operator
-(`bridge.handlers.lifecycle`, which runs the periodic `bridge.handlers.resync` and the
-informers of claims and IPAddresses, whose events `bridge.handlers.claims.ClaimEvents`
-turns into queued keys); the decisions are the reconcilers' (`bridge.reconcilers`).
-One handler per resource and event, so the order of these imports does not matter.
+kopf runs the operator: start-up, clean-up, login and probes (`bridge.handlers.lifecycle`,
+which starts the informers, the periodic `bridge.handlers.resync` and the work queue). It
+watches no resource itself: every resource the reconcilers read is watched by an informer of
+the runtime (`bridge.runtime.informer`), whose events the sinks of `bridge.handlers.claims`
+and `bridge.handlers.pools` turn into queued keys; the decisions are the reconcilers'
+(`bridge.reconcilers`).
 """
 
-from bridge.handlers import cache, claims, lifecycle, pools
+from bridge.handlers import claims, lifecycle, pools
 
-__all__ = ["cache", "claims", "lifecycle", "pools"]
+__all__ = ["claims", "lifecycle", "pools"]

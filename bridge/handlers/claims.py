@@ -1,32 +1,28 @@
-"""Events of IPAddressClaims (their informer) and Clusters (kopf): they only queue keys.
+"""The sinks of the informers of claims, IPAddresses and Clusters: they only queue keys.
 
-Claims are watched by an informer of the runtime (`bridge.runtime.informer`, built by
-`bridge.objects.cache.informers`), not by kopf: the informer applies each event to the
-operator's cache in its own thread, and `ClaimEvents` queues a reconcile only for an event
-that told the cache something new, so the echoes of our own writes cost the event loop
-nothing. `claims.reconcile_claim` decides from the claim's current state. Claims of other
-providers (`bridge.capi.PoolRef.is_ours`) are left at the door: never cached, queued or
-written to. Clusters are watched by kopf (``kopf.on.event`` only: kopf keeps no
-bookkeeping on them).
+Every resource the reconcilers read is watched by an informer of the runtime
+(`bridge.runtime.informer`, built by `bridge.objects.cache.informers`): it applies each
+event to the operator's cache in its own thread and tells its sink here, which queues a
+reconcile only for what needs one; `claims.reconcile_claim` decides from the claim's current
+state. The echo of our own write (`bridge.runtime.expectations.Expectations.observed`)
+queues nothing: it wakes the pass that waits for it. Claims of other providers
+(`bridge.capi.PoolRef.is_ours`) are left at the door: never cached, queued or written to.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
-import kopf
-
 from bridge import capi
-from bridge.handlers.cache import cache_event, queue_relisted
 from bridge.objects.keys import ClaimKey, claim_key, cluster_key, cluster_token
 from bridge.operator import Operator
 from bridge.reconcilers import control_plane as endpoints
-from bridge.runtime.cache import Relisted
 from bridge.runtime.informer import Event, Listed
+from bridge.runtime.store import Relisted, version_of
 
-__all__ = ["AddressEvents", "ClaimEvents", "cluster_event"]
+__all__ = ["AddressEvents", "ClaimEvents", "ClusterEvents"]
 
 
 def _endpoint_cluster(body: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -39,21 +35,48 @@ def _endpoint_cluster(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _names(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _key_of(body: Mapping[str, Any]) -> ClaimKey:
+    return claim_key(*_names(body))
+
+
+def _observed(op: Operator, plural: str, event: Event) -> tuple[Hashable, bool]:
+    """Tell the expectations of an event; return its key there and whether it was ours.
+
+    Our echo, or a deletion, meets the expectation: the pass parked on it is woken.
+    """
+    key = (plural, *_names(event.body))
+    deleted = event.type == "DELETED"
+    ours = op.cache.expectations.observed(key, version_of(event.body), deleted=deleted)
+    if ours or deleted:
+        op.queue.wake(op.cache.expectations.token(key))
+    return key, ours
+
+
+def _relisted(op: Operator, plural: str, relisted: Relisted) -> None:
+    """Tell the expectations what a relist found: versions listed, objects gone."""
+    for _, body in relisted.changed:
+        op.cache.expectations.observed((plural, *_names(body)), version_of(body))
+    for _, body in relisted.gone:
+        key = (plural, *_names(body))
+        op.cache.expectations.observed(key, "", deleted=True)
+        op.queue.wake(op.cache.expectations.token(key))
+
+
 class ClaimEvents:
     """The claims informer's sink (`bridge.runtime.informer.Sink`): what queues a reconcile.
 
     Called in the informer's thread (the work queue is thread-safe). Any sight of a claim
-    by a list queues it; a watch event queues it when it told the cache something new, or
-    when it is the deletion of a claim parked in the work queue (its pass ends the wait). A
-    bound claim seen by the first list waits in the work queue's background lane, behind
-    new work.
-
-    The echo of our own write tells the cache nothing new, except when it arrives before
-    the write's answer was written through: then the claim is queued unless the version
-    turns out to be ours (`bridge.runtime.cache.ObjectCache.is_own`), or the deletion our
-    own last finalizer removal made (`bridge.runtime.cache.ObjectCache.deleted_by_us`),
-    asked once the pass that wrote it has ended (`bridge.runtime.workqueue.WorkQueue.add`'s
-    ``unless``).
+    by a list queues it; a watch event queues it when it told the store something new and
+    is not the echo of our own write, or when it is the deletion of a claim parked in the
+    work queue (its pass ends the wait). A bound claim seen by the first list waits in the
+    work queue's background lane, behind new work. An echo that comes before its write's
+    answer is asked about once the pass that wrote it has ended
+    (`bridge.runtime.workqueue.WorkQueue.add`'s ``unless``).
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster at each event: bound, it gives the Cluster its endpoint; waiting, the
@@ -78,40 +101,40 @@ class ClaimEvents:
 
     def relisted(self, relisted: Relisted) -> None:
         """Queue the claims a later list found gone or changed."""
-        queue_relisted(self._op, "claims", relisted)
-        for _, body in relisted.changed:
+        _relisted(self._op, "ipaddressclaims", relisted)
+        for _, body in [*relisted.gone, *relisted.changed]:
+            self._op.queue.add(_key_of(body))
             if (cluster := _endpoint_cluster(body)) is not None:
                 self._op.queue.add(cluster_key(*cluster))
 
     def event(self, event: Event) -> None:
-        """Queue the claim of an event that changed the cache, or of a parked claim's deletion."""
+        """Queue the claim of an event that changed the store, unless it is our echo."""
         op = self._op
         key = _key_of(event.body)
-        if event.type == "DELETED":
-            if event.changed:  # not if our own write deleted it (the pass that wrote is done)
-                gone = functools.partial(op.cache.claims.deleted_by_us, event.key)
-                op.queue.add(key, unless=gone)
-            elif op.queue.is_parked(key):
-                op.queue.add(key)
-        elif event.changed:
-            version = str((event.body.get("metadata") or {}).get("resourceVersion") or "")
-            op.queue.add(key, unless=functools.partial(op.cache.claims.is_own, event.key, version))
+        expected, ours = _observed(op, "ipaddressclaims", event)
+        if not ours and event.changed:
+            op.queue.add(
+                key,
+                unless=functools.partial(
+                    op.cache.expectations.ours,
+                    expected,
+                    version_of(event.body),
+                    deleted=event.type == "DELETED",
+                ),
+            )
+        elif event.type == "DELETED" and op.queue.is_parked(key):
+            op.queue.add(key)
         if (cluster := _endpoint_cluster(event.body)) is not None:
             op.queue.add(cluster_key(*cluster))
-
-
-def _key_of(body: Mapping[str, Any]) -> ClaimKey:
-    meta = body.get("metadata") or {}
-    return claim_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 class AddressEvents:
     """The IPAddresses informer's sink: a later list queues the claims of what it changed.
 
-    The informer keeps our IPAddresses in the cache; their watch events queue nothing (a
-    claim's reconcile reads its IPAddress from the cache when it runs). A list after a
-    watch restart queues the claim of each IPAddress gone or changed meanwhile
-    (`bridge.handlers.cache.queue_relisted`). Called in the informer's thread.
+    The informer keeps our IPAddresses in the store; their watch events queue nothing (a
+    claim's reconcile reads its IPAddress from the store when it runs) but wake the pass
+    waiting for our own write's echo. A list after a watch restart queues the claim of each
+    IPAddress gone or changed meanwhile. Called in the informer's thread.
     """
 
     def __init__(self, op: Operator) -> None:
@@ -122,33 +145,51 @@ class AddressEvents:
 
     def relisted(self, relisted: Relisted) -> None:
         """Queue the claims of the IPAddresses gone or changed."""
-        queue_relisted(self._op, "addresses", relisted)
+        _relisted(self._op, "ipaddresses", relisted)
+        for _, body in [*relisted.gone, *relisted.changed]:
+            namespace, name = _names(body)
+            ref = (body.get("spec") or {}).get("claimRef") or {}
+            self._op.queue.add(claim_key(namespace, str(ref.get("name") or name)))
 
     def event(self, event: Event) -> None:
-        """Nothing to queue (the cache has the event)."""
+        """Tell the expectations (the store has the event)."""
+        _observed(self._op, "ipaddresses", event)
 
 
-@kopf.on.event(capi.CLUSTER_GROUP, "clusters")
-async def cluster_event(
-    type: str | None,
-    body: kopf.Body,
-    meta: kopf.Meta,
-    resource: kopf.Resource,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """Wake the claims waiting for this Cluster when it is not paused (or is gone).
+class ClusterEvents:
+    """The Clusters informer's sink: wakes the claims waiting for a Cluster, queues endpoints.
 
     Claims of a paused or missing Cluster are parked in the work queue under the Cluster's
-    wake token; an unpause, a creation or a deletion ends their wait without any polling.
-    A Cluster asking for a control-plane endpoint (`control_plane.POOL_ANNOTATION`) is
-    queued (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not. The
-    Cluster goes into the operator's cache first (`bridge.handlers.cache.cache_event`).
+    wake token; a sight of the Cluster not paused (listed, created, changed) or gone ends
+    their wait without any polling. A Cluster asking for a control-plane endpoint
+    (`control_plane.POOL_ANNOTATION`) is queued
+    (`bridge.reconcilers.control_plane.reconcile_cluster`), paused or not. Called in the
+    informer's thread.
     """
-    await cache_event(type, body, resource, memo)
-    op: Operator = memo.bridge
-    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    if type == "DELETED" or not capi.is_paused(meta.get("annotations"), body.get("spec")):
-        op.queue.wake(cluster_token(namespace, name))
-    if endpoints.wants_endpoint(meta.get("annotations")):
-        op.queue.add(cluster_key(namespace, name))
+
+    def __init__(self, op: Operator) -> None:
+        self._op = op
+
+    def _seen(self, body: Mapping[str, Any], gone: bool) -> None:
+        namespace, name = _names(body)
+        meta = body.get("metadata") or {}
+        if gone or not capi.is_paused(meta.get("annotations"), body.get("spec")):
+            self._op.queue.wake(cluster_token(namespace, name))
+        if endpoints.wants_endpoint(meta.get("annotations")):
+            self._op.queue.add(cluster_key(namespace, name))
+
+    def listed(self, listed: Listed) -> None:
+        """Wake and queue as for an event of each listed Cluster."""
+        for _, body in listed.items:
+            self._seen(body, gone=False)
+
+    def relisted(self, relisted: Relisted) -> None:
+        """Wake and queue for each Cluster a later list found gone or changed."""
+        for _, body in relisted.gone:
+            self._seen(body, gone=True)
+        for _, body in relisted.changed:
+            self._seen(body, gone=False)
+
+    def event(self, event: Event) -> None:
+        """Wake and queue for one watch event."""
+        self._seen(event.body, gone=event.type == "DELETED")

@@ -6,17 +6,18 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any
 
 import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
-from bridge.handlers.claims import AddressEvents, ClaimEvents
+from bridge.handlers.claims import AddressEvents, ClaimEvents, ClusterEvents
+from bridge.handlers.pools import PoolEvents
 from bridge.handlers.resync import purge_forever, resync_forever
 from bridge.metrics import PortUnavailableError
-from bridge.objects.cache import Cache, informers, prime
+from bridge.objects.cache import PARTS, Cache, informers
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
 from bridge.reconcilers.audit import audit_forever
@@ -24,7 +25,7 @@ from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.events import POSTING_THREADS
 from bridge.runtime.fence import Fence
 from bridge.runtime.gateway import NotServedError, access_denied, api_client
-from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer
+from bridge.runtime.informer import Informer
 from bridge.runtime.kubeconfig import kopf_connection_info
 from bridge.runtime.leader import (
     LEASE_NAME,
@@ -53,43 +54,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: kopf's own bookkeeping names: private to ipam-bridge, never a contract name. The handlers
-#: use only ``kopf.on.event``, so kopf writes none of them on claims or pools; they are set
-#: so that nothing kopf might ever write collides with another controller's names (were it
-#: the contract's ``ReleaseAddress``, kopf would strip it from other providers' claims).
+#: kopf's own bookkeeping names: private to ipam-bridge, never a contract name. kopf has no
+#: resource handler here, so it writes none of them on claims or pools; they are set so
+#: that nothing kopf might ever write collides with another controller's names (were it the
+#: contract's ``ReleaseAddress``, kopf would strip it from other providers' claims).
 KOPF_FINALIZER = "ipam-bridge.io/kopf-finalizer"
 KOPF_ANNOTATION_PREFIX = "kopf.ipam-bridge.io"
-
-
-class EventsOnlyDiffBase(kopf.DiffBaseStorage):
-    """kopf's diff-base storage for an operator whose handlers are all event handlers.
-
-    For every watch event, kopf reads the object's last handled "essence" from an
-    annotation and builds its new one (a deep copy of the whole body, then trimmed) to tell
-    what changed for change handlers (``kopf.on.create``, ``on.update``, ``on.field``...;
-    the diff-base storage of https://kopf.readthedocs.io/en/stable/configuration/).
-    ipam-bridge registers event handlers only (``kopf.on.event``), which never read either:
-    `fetch` finds no essence and `build` returns an empty one, so neither the annotation
-    lookup nor the deep copy is paid per event, and `store` (only ever called for change
-    handlers) writes nothing.
-    """
-
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
-    ) -> kopf.BodyEssence:
-        """Return an empty essence (no handler compares essences)."""
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        """Return None: no essence was ever stored (no handler compares essences)."""
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        """Store nothing (no handler compares essences)."""
-
-
-#: Seconds to connect for a watch request of kopf's.
-WATCH_CONNECT_TIMEOUT = 10.0
 
 
 def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
@@ -106,28 +76,12 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=KOPF_ANNOTATION_PREFIX
     )
-    settings.persistence.diffbase_storage = EventsOnlyDiffBase()
-    # The event handlers only queue keys; the work queue has its own worker threads.
-    settings.execution.max_workers = max(2, min(bridge.workers, 4))
+    # kopf watches no resource (no resource handler): every watch is an informer's
+    # (`bridge.runtime.informer`), and kopf needs no scan of CRDs or namespaces either.
+    settings.scanning.disabled = True
+    settings.execution.max_workers = 2
     # kopf turns no log line into an Event; we post our own.
     settings.posting.level = logging.INFO
-    # Reconnect quickly after an API server hiccup. A watch request asks the server to end
-    # it after WATCH_SECONDS s and gives up itself a little later; kopf also drops a
-    # watch that brought no event, not even a bookmark, for its inactivity timeout (70 s).
-    # A connection that died silently (a blackhole) is found out, and the watch resumes or
-    # relists (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
-    # The same timeouts as the informers' watches of claims and IPAddresses.
-    settings.watching.server_timeout = WATCH_SECONDS
-    settings.watching.client_timeout = WATCH_READ_TIMEOUT
-    settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT
-    settings.watching.reconnect_backoff = 1.0
-    settings.networking.error_backoffs = [1, 2, 5, 10]
-    # kopf keeps one task per object for this long after its last event (default 5 s); the
-    # event handlers only queue keys, so a short idle time keeps memory low when the start-up
-    # listing brings every claim and IPAddress at once (10,000 bound claims and more: at
-    # 0.5 s, hundreds of idle tasks live at any moment of the listing). An object's next
-    # event simply starts a new task (https://kopf.readthedocs.io/en/stable/configuration/).
-    settings.queueing.idle_timeout = 0.05
 
 
 @kopf.on.login()
@@ -159,17 +113,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     """Read settings, connect, detect the served CAPI versions, start the work queue.
 
     The served versions: IPAddressClaim/IPAddress (required) and Cluster (v1beta2 on CAPI
-    >= 1.11, else v1beta1; without Clusters, control-plane endpoints are off).
+    >= 1.11, else v1beta1; without Clusters, control-plane endpoints are off). The
+    informers of every resource the reconcilers read start here (`start_informers`).
 
     Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
     is 0; the `bridge.operator.Operator` (with its own metrics registry and the work queue)
     goes to ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as
-    tasks on kopf's loop until the clean-up. The operator's cache (`bridge.objects.cache`)
-    gets its initial list here (`bridge.objects.cache.prime`), before kopf starts watching.
+    tasks on kopf's loop until the clean-up.
 
     With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
-    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then kopf's
-    event handlers only queue keys in memory. Losing the Lease cancels them and stops the
+    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then the
+    informers' sinks only queue keys in memory. Losing the Lease cancels them and stops the
     operator through ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`, given by
     ``ipam-bridge run``): the process exits 1. Every Kubernetes write and IPAM write checks
     the replica's `bridge.runtime.fence.Fence` first, in its own thread.
@@ -188,21 +142,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     fence = Fence.open() if lock is None else lease_fence(lock)
     cache = Cache()
     # One kept connection per thread that calls the API at once: the workers, the informers
-    # (each holds its watch's: one per resource and watched namespace), the Event posters.
-    # With fewer, urllib3 discards connections and opens new ones (a TLS handshake each).
-    connections = bridge.workers + 2 * max(1, len(bridge.namespaces)) + POSTING_THREADS
+    # (each holds its watch's: claims, IPAddresses, 4 pool kinds and Clusters per watched
+    # namespace), the Event posters. With fewer, urllib3 discards connections and opens new
+    # ones (a TLS handshake each).
+    connections = bridge.workers + 7 * max(1, len(bridge.namespaces)) + POSTING_THREADS
     kube = ObjectClient(
         await asyncio.to_thread(
             api_client, pool_size=connections, timeout=bridge.kube_timeout, fence=fence.check
         ),
-        on_stored=cache.stored,
-        on_deleted=cache.deleted,
+        expectations=cache.expectations,
     )
     versions = await _served_versions(kube, bridge)
     op, queue = _build(bridge, kube, versions, cache, fence)
-    # The cache's initial lists, before kopf's watches start (no API read on a claim's hot
-    # path): pools and Clusters here, IPAddresses and claims by their informers.
-    await asyncio.to_thread(prime, op.cache, kube, namespaces=bridge.namespaces)
     memo.informers = await start_informers(op)
     _serve_metrics(op)
     memo.bridge = op
@@ -225,26 +176,36 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 
 async def start_informers(op: Operator) -> list[Informer]:
-    """Start the informers of our IPAddresses, then of claims; return them.
+    """Start the informers of every part of the cache, claims last; return them.
 
-    Each one's first list is tried before the next starts (a claim's first reconcile reads
-    its IPAddress from the cache); a first list that failed is tried again in the
-    background (`bridge.runtime.informer.Informer`), its part read from the API meanwhile.
-    Events are applied to the cache in the informers' threads, which queue what needs a
-    reconcile (`bridge.handlers.claims.ClaimEvents`).
+    The first lists of IPAddresses, pools and Clusters are tried before the claims'
+    informers start (a claim's first reconcile reads them from the cache); a first list
+    that failed is tried again in the background (`bridge.runtime.informer.Informer`), its
+    part read from the API meanwhile. Events are applied to the cache in the informers'
+    threads, whose sinks queue what needs a reconcile (`bridge.handlers.claims`,
+    `bridge.handlers.pools`).
     """
     made = informers(
         op.cache,
         op.kube,
         version=op.versions.address,
+        cluster_version=op.versions.cluster,
         namespaces=op.settings.namespaces,
-        addresses=AddressEvents(op),
-        claims=ClaimEvents(op),
+        sinks={
+            "addresses": AddressEvents(op),
+            "pools": PoolEvents(op),
+            "clusters": ClusterEvents(op),
+            "claims": ClaimEvents(op),
+        },
     )
-    for informer in made:
-        informer.start()
-        await asyncio.to_thread(informer.wait_tried)
-    return made
+    started: list[Informer] = []
+    for stage in ([i for part in PARTS[:-1] for i in made[part]], made["claims"]):
+        for informer in stage:
+            informer.start()
+        started += stage
+        for informer in stage:
+            await asyncio.to_thread(informer.wait_tried)
+    return started
 
 
 async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersions:

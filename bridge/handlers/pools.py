@@ -1,58 +1,73 @@
-"""kopf handlers of our pools: they feed the cache and queue keys.
+"""The sink of the pools' informers: it queues pools and wakes their claims.
 
 `bridge.reconcilers.pools.reconcile_pool` checks a pool against its IPAM, writes its status and
 guards its deletion. A pool event queues the pool only when its state calls for it
-(`bridge.reconcilers.pools.needs_check`: found at start-up, new or moved without status, spec
+(`bridge.reconcilers.pools.needs_check`: found by a list, new or moved without status, spec
 changed, being deleted), so the pool's own status writes do not loop. A Ready pool wakes
 the claims waiting for it; the periodic refresh is `bridge.handlers.resync`.
 
-Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: kopf
-watches them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces, and
-their work-queue keys carry the namespace ``""``.
+Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: their
+informers watch them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces,
+and their work-queue keys carry the namespace ``""``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import kopf
-
-from bridge import capi
-from bridge.handlers.cache import cache_event
 from bridge.models import IPPool
 from bridge.objects.keys import pool_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers.pools import needs_check
+from bridge.runtime.informer import Event, Listed
+from bridge.runtime.store import Relisted
 
-__all__ = ["pool_event"]
+__all__ = ["PoolEvents"]
 
 
-async def pool_event(
-    type: str | None,
-    body: kopf.Body,
-    meta: kopf.Meta,
-    resource: kopf.Resource,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """Queue the pool when it needs a reconcile; wake its waiting claims when it was checked.
+class PoolEvents:
+    """The pools' informers' sink (`bridge.runtime.informer.Sink`), in their threads.
 
-    The claims waiting for a pool are woken by its events once its current spec was checked
-    (Ready True, or False for ``observedGeneration`` = ``generation``: they then show why
-    they wait) and when it is deleted. The pool goes into the operator's cache first
-    (`bridge.handlers.cache.cache_event`), so a woken claim reads what the event shows.
+    A pool is queued when it needs a reconcile (`needs_check`; every pool a list shows), and
+    the claims waiting for it are woken once its current spec was checked (Ready True, or
+    False for ``observedGeneration`` = ``generation``: they then show why they wait) and
+    when it is gone. The store has the pool first, so a woken claim reads what was seen.
+
+    Parameters
+    ----------
+    op:
+        The operator (its work queue).
     """
-    await cache_event(type, body, resource, memo)
-    op: Operator = memo.bridge
-    pool = IPPool.from_body(body)
-    namespace, kind, name = pool.key
-    if type == "DELETED" or needs_check(pool, listing=type is None):
-        op.queue.add(pool_key(namespace, kind, name))
-    ready = pool.ready[0]
-    checked = pool.observed_generation == pool.generation
-    if type == "DELETED" or ready == "True" or (ready == "False" and checked):
-        op.queue.wake(pool_token(namespace, kind, name))
 
+    def __init__(self, op: Operator) -> None:
+        self._op = op
 
-for _plural in capi.POOL_KINDS.values():
-    kopf.on.event(capi.GROUP, "v1alpha1", _plural, id="pool")(pool_event)
+    def _seen(self, body: Mapping[str, Any], *, listing: bool, gone: bool = False) -> None:
+        """Queue the pool when it needs it; wake its claims (always when ``gone``)."""
+        pool = IPPool.from_body(body)
+        namespace, kind, name = pool.key
+        if gone or needs_check(pool, listing=listing):
+            self._op.queue.add(pool_key(namespace, kind, name))
+        ready = pool.ready[0]
+        checked = pool.observed_generation == pool.generation
+        if gone or ready == "True" or (ready == "False" and checked):
+            self._op.queue.wake(pool_token(namespace, kind, name))
+
+    def listed(self, listed: Listed) -> None:
+        """Queue every listed pool."""
+        for _, body in listed.items:
+            self._seen(body, listing=True)
+
+    def relisted(self, relisted: Relisted) -> None:
+        """Queue the pools a later list found gone or changed, and wake their claims.
+
+        A changed pool wakes its claims as a gone one does: what they wait for may have
+        come and gone while the watch did not tell.
+        """
+        for _, body in [*relisted.gone, *relisted.changed]:
+            self._seen(body, listing=True, gone=True)
+
+    def event(self, event: Event) -> None:
+        """Queue and wake for one watch event."""
+        self._seen(event.body, gone=event.type == "DELETED", listing=False)

@@ -51,8 +51,8 @@ def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
 
     As client-go's resync, which replays the informer's cache rather than listing again
     (``resyncPeriod`` of https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer):
-    the watch keeps the cache current, and a watch restart relists it
-    (`bridge.handlers.cache.Relists`). While the claims part is not synced or is suspect,
+    the watch keeps the cache current, and its informer relists it on a watch restart
+    (`bridge.runtime.informer`). While the claims part is not synced or is suspect,
     the API is listed instead.
     """
     claims = op.cache.claims

@@ -4,7 +4,7 @@
   the API (group, version, plural), over the generic gateway (`bridge.runtime.gateway`);
 - `bridge.objects.cache`: the informer cache of them (parts and keys), its initial lists, the
   informers of claims and IPAddresses (`bridge.runtime.informer`) and relists, over the
-  generic `bridge.runtime.cache.ObjectCache`;
+  generic `bridge.runtime.cache.Store`;
 - `bridge.objects.keys`: the typed work-queue keys and wake tokens.
 
 Typed values of the objects themselves: `bridge.models` (pydantic, as read) and

@@ -1,86 +1,72 @@
 """The operator's informer cache: claims, our IPAddresses, pools and Clusters.
 
-Claims and our IPAddresses are watched by informers of the runtime
-(`bridge.runtime.informer`, built by `informers`): each lists, then watches, and applies
-every event to its part here in its own thread. kopf watches pools and Clusters; every one
-it sees comes here (`bridge.handlers.cache`). A claim's reconcile then reads its claim, its
-IPAddress, its pool and its Cluster from memory (`bridge.reconcilers.claims`). Each part
-is a `bridge.runtime.cache.ObjectCache` (what it relies on is said there).
+One watch stack feeds every part: an informer of the runtime (`bridge.runtime.informer`,
+built by `informers`) per resource (each pool kind apart) and watched namespace lists,
+then watches, and applies every event to its part here in its own thread; its sink
+(`bridge.handlers.claims`, `bridge.handlers.pools`) queues what needs a reconcile. A claim's
+reconcile then reads its claim, its IPAddress, its pool and its Cluster from memory
+(`bridge.reconcilers.claims`). Each part is a `bridge.runtime.store.Store`, a copy of its
+watch (what it relies on is said there); our own writes of claims and IPAddresses are
+recorded in `Cache.expectations` (`bridge.runtime.expectations`), never in a store.
 
-- **Initial lists.** The start-up handler lists pools and Clusters once itself (`prime`,
-  as an informer's initial list) before kopf's watches start: kopf does not tell when its
-  initial listing of a resource is over (only its indexes see that, and they do not scale:
-  kopf wakes every waiting object's worker at each indexed object, quadratic in the
-  objects). The IPAddresses' informer lists before the claims' does, so a claim's first
-  reconcile finds its IPAddress; a claim absent from the cache was deleted.
-- **Watch restarts.** The informers list again on every restart of their watch
-  (connection loss, an API server restart, 410 Gone). `bridge.handlers.cache.Relists` sees
-  kopf list pools or Clusters again and refreshes those parts from a fresh list of its own
-  (`relist`).
-- **Stale entries** left by a watch that resumed late: writes stay guarded (resourceVersion
-  on finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
-  create). A Cluster turning unpaused wakes claims that may have waited for hours while
-  the claims' watch, another stream, may lag behind: the claims part is suspect until it
-  is relisted. An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``
+- **Initial lists.** IPAddresses, pools and Clusters are listed before claims
+  (`bridge.handlers.lifecycle.start_informers`): a claim's first reconcile finds them; a
+  claim absent from a synced store was deleted.
+- **Watch restarts** (connection loss, an API server restart, 410 Gone): the informer that
+  owns the watch makes its scope suspect at once (lookups read the API) and lists it again.
+- **Stale entries** left by a watch that lags: writes stay guarded (resourceVersion on
+  finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
+  create). An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``
   finalizer.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from kubernetes.client import ApiException
-
 from bridge import capi
-from bridge.objects.client import ObjectClient, address_resource, claim_resource
-from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
+from bridge.objects.client import (
+    ObjectClient,
+    address_resource,
+    claim_resource,
+    cluster_resource,
+    pool_resource,
+)
+from bridge.runtime.expectations import Expectations
 from bridge.runtime.gateway import Resource, WatchStream
 from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer, Sink
+from bridge.runtime.store import Key, Store
 
-__all__ = ["PARTS", "Cache", "Part", "informers", "prime", "relist"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PARTS", "Cache", "Part", "informers"]
 
 #: The name of one part of `Cache`.
 Part = Literal["claims", "addresses", "pools", "clusters"]
-#: The parts of `Cache` a relist can refresh.
-PARTS: Final[tuple[Part, ...]] = ("claims", "addresses", "pools", "clusters")
+#: The parts of `Cache`, in the order their informers start (claims last).
+PARTS: Final[tuple[Part, ...]] = ("addresses", "pools", "clusters", "claims")
 
 
 class Cache:
-    """The operator's caches of claims, IPAddresses, pools and Clusters.
+    """The operator's stores of claims, IPAddresses, pools and Clusters, and expectations.
 
     Keys: ``(namespace, name)`` (`key_of`); pools ``(kind, namespace, name)`` (`pool_key_of`,
-    ``namespace`` empty for Global pools). Fed by `bridge.handlers.cache`, written through
-    by the `ObjectClient` (`stored`, `deleted`).
+    ``namespace`` empty for Global pools). `expectations` are keyed ``(plural, namespace,
+    name)`` (`bridge.objects.client.ObjectClient`).
     """
 
     def __init__(self) -> None:
-        self.claims = ObjectCache("ipaddressclaims", compact=True)
-        self.addresses = ObjectCache("ipaddresses", compact=True)
-        self.pools = ObjectCache("pools", trust_absence=False)
-        self.clusters = ObjectCache("clusters", trust_absence=False)
+        self.claims = Store("ipaddressclaims", compact=True)
+        self.addresses = Store("ipaddresses", compact=True)
+        self.pools = Store("pools", trust_absence=False)
+        self.clusters = Store("clusters", trust_absence=False)
+        self.expectations = Expectations()
 
-    def part(self, name: Part) -> ObjectCache:
+    def part(self, name: Part) -> Store:
         """Return the part called ``name`` (one of `PARTS`)."""
-        part: ObjectCache = getattr(self, name)
+        part: Store = getattr(self, name)
         return part
-
-    def stored(self, plural: str, body: Mapping[str, Any]) -> None:
-        """Write-through of one of our writes (`bridge.runtime.gateway.Kube.on_stored`)."""
-        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
-        if part is not None:
-            part.put(self.key_of(body), body)
-
-    def deleted(self, plural: str, namespace: str, name: str) -> None:
-        """Write-through of one of our deletions (`bridge.runtime.gateway.Kube.on_deleted`)."""
-        part = {"ipaddressclaims": self.claims, "ipaddresses": self.addresses}.get(plural)
-        if part is not None:
-            part.forget((namespace, name))
 
     def settled(self, claim: Mapping[str, Any]) -> bool:
         """Tell whether ``claim`` (a claim's body) looks bound, with nothing left to do.
@@ -102,8 +88,10 @@ class Cache:
         return (str(meta.get("namespace") or ""), str(ref)) in self.addresses
 
     def sizes(self) -> dict[str, int]:
-        """Return how many objects each part holds, by ``cache.<part>``."""
-        return {f"cache.{name}": len(self.part(name)) for name in PARTS}
+        """Return how many objects each part holds, by ``cache.<part>``, and expectations."""
+        sizes = {f"cache.{name}": len(self.part(name)) for name in PARTS}
+        sizes["cache.expectations"] = len(self.expectations)
+        return sizes
 
     @staticmethod
     def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -112,54 +100,17 @@ class Cache:
         return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
     @staticmethod
-    def pool_key_of(body: Mapping[str, Any]) -> tuple[str, str, str]:
-        """Return ``(kind, namespace, name)`` of a pool object."""
-        return (str(body.get("kind")), *Cache.key_of(body))
+    def pool_key_of(body: Mapping[str, Any], kind: str | None = None) -> tuple[str, str, str]:
+        """Return ``(kind, namespace, name)`` of a pool object (``kind``: when known)."""
+        return (kind or str(body.get("kind")), *Cache.key_of(body))
 
 
 def _ours(body: Mapping[str, Any]) -> bool:
     return capi.PoolRef.from_spec(body.get("spec") or {}).is_ours
 
 
-def _pools(kube: ObjectClient, namespaces: tuple[str, ...]) -> list[tuple[Key, dict[str, Any]]]:
-    return [
-        (Cache.pool_key_of(item), item)
-        for kind in capi.POOL_KINDS
-        for item in kube.list_pools(kind, namespaces)
-    ]
-
-
-def _ours_listed(items: list[dict[str, Any]], version: str) -> list[tuple[Key, dict[str, Any]]]:
-    """Stamp listed claims or IPAddresses with their apiVersion; keep those of our pools."""
-    for item in items:
-        item.setdefault("apiVersion", f"{capi.GROUP}/{version}")
-    return [(Cache.key_of(item), item) for item in items if _ours(item)]
-
-
-def prime(cache: Cache, kube: ObjectClient, *, namespaces: tuple[str, ...]) -> None:
-    """List pools and Clusters once into ``cache`` (an informer's first list).
-
-    Called by the start-up handler before kopf's watches of pools and Clusters start; the
-    watches keep the cache current from then on. Claims and IPAddresses are listed by their
-    own informers (`informers`). A list that fails (no permission, Clusters not served)
-    leaves its part unsynced: lookups there read the API instead (logged, never raised).
-
-    Parameters
-    ----------
-    namespaces:
-        The watched namespaces (empty: all); Global pools are listed cluster-wide.
-    """
-    try:
-        pools = cache.pools.fill(_pools(kube, namespaces))
-        log.info("cache primed: %d pools", pools)
-    except ApiException as exc:
-        log.warning("pools not listed (%s %s): reading the API instead", exc.status, exc.reason)
-    try:
-        clusters = kube.list_clusters(namespaces)
-    except ApiException as exc:
-        log.warning("Clusters not listed (%s %s): reading them instead", exc.status, exc.reason)
-        return
-    cache.clusters.fill((Cache.key_of(item), item) for item in clusters or [])
+def _every(body: Mapping[str, Any]) -> bool:
+    return True
 
 
 def informers(
@@ -167,48 +118,58 @@ def informers(
     kube: ObjectClient,
     *,
     version: str,
+    cluster_version: str | None,
     namespaces: tuple[str, ...],
-    addresses: Sink,
-    claims: Sink,
-) -> list[Informer]:
-    """Return the informers of our IPAddresses and claims, one per watched namespace.
+    sinks: Mapping[Part, Sink],
+) -> dict[Part, list[Informer]]:
+    """Return the informers of every part, one per resource and watched namespace.
 
-    IPAddresses first: a claim's first reconcile reads its IPAddress from the cache. Each
-    keeps the objects of our pools only (`bridge.capi.PoolRef.is_ours`; a poolRef is
-    immutable), under ``(namespace, name)``. Not started (`Informer.start`).
+    Claims and IPAddresses keep the objects of our pools only (`bridge.capi.PoolRef.is_ours`;
+    a poolRef is immutable). Each pool kind has informers of its own (a Global kind one
+    cluster-wide); Clusters have none when they are not served. Not started
+    (`Informer.start`).
 
     Parameters
     ----------
     version:
         The served IPAddressClaim/IPAddress version.
+    cluster_version:
+        The served Cluster version (None: not served).
     namespaces:
         The watched namespaces (empty: all, one cluster-wide watch per resource).
-    addresses, claims:
-        What each informer tells its events to (`bridge.runtime.informer.Sink`).
+    sinks:
+        What each part's informers tell their events to (`bridge.runtime.informer.Sink`).
     """
-    made: list[Informer] = []
-    scopes: dict[str | None, Scope] = {
-        namespace: _Everywhere() if namespace is None else _Namespace(namespace)
-        for namespace in namespaces or (None,)
+    resources: dict[Part, list[Resource]] = {
+        "addresses": [address_resource(version)],
+        "pools": [pool_resource(kind) for kind in capi.POOL_KINDS],
+        "clusters": [] if cluster_version is None else [cluster_resource(cluster_version)],
+        "claims": [claim_resource(version)],
     }
-    for resource, part, sink in (
-        (address_resource(version), cache.addresses, addresses),
-        (claim_resource(version), cache.claims, claims),
-    ):
-        part.expect(scopes.values())  # synced once every namespace was listed
-        for namespace, scope in scopes.items():
-            made.append(
-                Informer(
-                    resource.plural if namespace is None else f"{resource.plural} in {namespace}",
-                    list=functools.partial(kube.list_collection, resource, namespace),
-                    watch=functools.partial(_watch, kube, resource, namespace),
-                    cache=part,
-                    key=Cache.key_of,
-                    wanted=_ours,
-                    sink=sink,
-                    scope=scope,
-                )
+    made: dict[Part, list[Informer]] = {}
+    for part in PARTS:
+        store = cache.part(part)
+        plan = [
+            (resource, namespace, _Scope(resource.kind if part == "pools" else None, namespace))
+            for resource in resources[part]
+            for namespace in (namespaces or (None,) if resource.namespaced else (None,))
+        ]
+        store.expect(scope for _, _, scope in plan)  # synced once every list came
+        made[part] = [
+            Informer(
+                resource.plural if namespace is None else f"{resource.plural} in {namespace}",
+                list=functools.partial(kube.list_collection, resource, namespace),
+                watch=functools.partial(_watch, kube, resource, namespace),
+                store=store,
+                key=functools.partial(Cache.pool_key_of, kind=resource.kind)
+                if part == "pools"
+                else Cache.key_of,
+                wanted=_ours if part in ("claims", "addresses") else _every,
+                sink=sinks[part],
+                scope=scope,
             )
+            for resource, namespace, scope in plan
+        ]
     return made
 
 
@@ -225,74 +186,21 @@ def _watch(
 
 
 @dataclass(frozen=True)
-class _Everywhere:
-    """Every key (`bridge.runtime.cache.Scope`): an informer's own, apart from other lists'."""
+class _Scope:
+    """The keys one informer lists (`bridge.runtime.store.Scope`).
 
-    def __call__(self, key: Key) -> bool:
-        return True
-
-
-@dataclass(frozen=True)
-class _Namespace:
-    """The keys of one namespace (`bridge.runtime.cache.Scope`)."""
-
-    namespace: str
-
-    def __call__(self, key: Key) -> bool:
-        return isinstance(key, tuple) and bool(key) and key[0] == self.namespace
-
-
-def _listing(
-    kube: ObjectClient, part: Part, *, version: str, namespaces: tuple[str, ...]
-) -> list[tuple[Key, dict[str, Any]]] | None:
-    """List one part's objects afresh as ``(key, body)``; None when Clusters are not served."""
-    if part == "pools":
-        return _pools(kube, namespaces)
-    if part == "clusters":
-        clusters = kube.list_clusters(namespaces)
-        return None if clusters is None else [(Cache.key_of(c), c) for c in clusters]
-    if part == "claims":
-        items = kube.list_claims(version, namespaces)
-    else:
-        items = [a for ns in namespaces or (None,) for a in kube.list_ip_addresses(version, ns)]
-    return _ours_listed(items, version)
-
-
-def relist(
-    cache: Cache, kube: ObjectClient, part: Part, *, version: str, namespaces: tuple[str, ...]
-) -> Relisted | None:
-    """Refresh one part of ``cache`` from a fresh list (what an informer does on a relist).
-
-    Parameters
-    ----------
-    part:
-        One of `PARTS`.
-    version:
-        The served IPAddressClaim/IPAddress version.
-    namespaces:
-        The watched namespaces (empty: all); Global pools are listed cluster-wide.
-
-    Returns
-    -------
-    Relisted or None
-        What the list changed; None when Clusters are not served (nothing to list).
-
-    Raises
-    ------
-    kubernetes.client.ApiException
-        When the list fails (the part stays as it was, absence not trusted after
-        `bridge.runtime.cache.ObjectCache.suspect`).
-    urllib3.exceptions.HTTPError
-        When the API server cannot be reached.
+    ``kind``: a pool kind (keys ``(kind, namespace, name)``), None for keys ``(namespace,
+    name)``; ``namespace`` None: every namespace.
     """
-    target = cache.part(part)
-    relisting = target.begin_relist()
-    try:
-        items = _listing(kube, part, version=version, namespaces=namespaces)
-    except BaseException:
-        target.end_relist(relisting)
-        raise
-    if items is None:
-        target.end_relist(relisting)
-        return None
-    return target.replace(items, relisting)
+
+    kind: str | None
+    namespace: str | None
+
+    def __call__(self, key: Key) -> bool:
+        if not isinstance(key, tuple):
+            return False
+        if self.kind is not None:
+            if key[:1] != (self.kind,):
+                return False
+            key = key[1:]
+        return self.namespace is None or key[:1] == (self.namespace,)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes.client import ApiException
+from kubernetes.client import ApiClient, ApiException
 
 from bridge.capi import (
     ADDRESS_FINALIZER,
@@ -22,7 +22,9 @@ from bridge.capi import (
     Claim,
 )
 from bridge.models import Condition, IPPool, wire
+from bridge.runtime.expectations import GONE, Expectations
 from bridge.runtime.gateway import Kube, Outcome, Resource, Write
+from bridge.runtime.store import version_of
 
 __all__ = [
     "CLUSTER_VERSIONS",
@@ -71,10 +73,39 @@ def cluster_resource(version: str) -> Resource:
 class ObjectClient(Kube):
     """The gateway with the operator's resources: claims, IPAddresses, pools, Clusters.
 
-    Parameters are those of `bridge.runtime.gateway.Kube`. "Not found" is None for reads
-    and `Outcome.GONE` for writes; any other API failure propagates as
-    ``kubernetes.client.ApiException``.
+    "Not found" is None for reads and `Outcome.GONE` for writes; any other API failure
+    propagates as ``kubernetes.client.ApiException``.
+
+    Parameters
+    ----------
+    client:
+        An ``ApiClient`` (`bridge.runtime.gateway.Kube`).
+    expectations:
+        Where the answers of our writes of claims and IPAddresses go, keyed ``(plural,
+        namespace, name)``: the version written, `bridge.runtime.expectations.GONE` for a
+        deletion (`Expectations.wrote`). None: nowhere.
     """
+
+    def __init__(self, client: ApiClient, expectations: Expectations | None = None) -> None:
+        super().__init__(client)
+        self.expectations = expectations
+
+    def _expect(
+        self, plural: str, namespace: str, name: str, written: Write, *, deletion: bool = False
+    ) -> Write:
+        """Record a write's answer in `expectations`; return it.
+
+        Written: its version, or `GONE` for the last finalizer off an object being deleted
+        (the API server deletes it). ``deletion``: `GONE` also for an object found gone.
+        """
+        found_gone = deletion and written.outcome is Outcome.GONE
+        if self.expectations is None or not (written.written or found_gone):
+            return written
+        meta = (written.obj or {}).get("metadata") or {}
+        gone = written.obj is None or (meta.get("deletionTimestamp") and not meta.get("finalizers"))
+        version = GONE if gone else version_of(written.obj)
+        self.expectations.wrote((plural, namespace, name), version)
+        return written
 
     # -- claims -------------------------------------------------------------------
 
@@ -95,7 +126,7 @@ class ObjectClient(Kube):
     def create_claim(self, version: str, body: Mapping[str, Any]) -> Write:
         """Create an ``IPAddressClaim`` (a control-plane endpoint's).
 
-        Not written through (`Kube.on_stored`): the claim's own watch event queues it.
+        Not recorded in the expectations: the claim's own watch event queues it.
 
         Returns
         -------
@@ -107,7 +138,7 @@ class ObjectClient(Kube):
         kubernetes.client.ApiException
             Any failure but 409 AlreadyExists (e.g. 403 in a terminating namespace).
         """
-        return self.create(claim_resource(version), body, write_through=False)
+        return self.create(claim_resource(version), body)
 
     def patch_claim_status(
         self, version: str, namespace: str, name: str, status: Mapping[str, Any]
@@ -117,7 +148,10 @@ class ObjectClient(Kube):
         What the served schema does not know is pruned by the API server (e.g.
         ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
         """
-        return self.patch_status(claim_resource(version), namespace, name, {"status": dict(status)})
+        written = self.patch_status(
+            claim_resource(version), namespace, name, {"status": dict(status)}
+        )
+        return self._expect("ipaddressclaims", namespace, name, written)
 
     def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
         """Add or remove ``finalizer`` on a claim as read (`Kube.set_finalizer`).
@@ -125,9 +159,10 @@ class ObjectClient(Kube):
         Guarded by the claim's resourceVersion: a claim changed since it was read answers
         `Outcome.CONFLICT`.
         """
-        return self.set_finalizer(
+        written = self.set_finalizer(
             claim_resource(claim.version), claim.as_object(), finalizer, present
         )
+        return self._expect("ipaddressclaims", claim.namespace, claim.name, written)
 
     # -- IPAddresses --------------------------------------------------------------
 
@@ -140,7 +175,7 @@ class ObjectClient(Kube):
         return self.list(Resource(GROUP, version, "ipaddresses"), (namespace,))
 
     def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
-        """Create an ``IPAddress``, written through to `Kube.on_stored`.
+        """Create an ``IPAddress`` (its version recorded in `expectations`).
 
         Returns
         -------
@@ -154,10 +189,10 @@ class ObjectClient(Kube):
         kubernetes.client.ApiException
             Any failure but 409 of the create, any failure but 404 of the read.
         """
+        meta = body["metadata"]
         created = self.create(address_resource(version), body)
         if created.outcome is not Outcome.CONFLICT:
-            return created
-        meta = body["metadata"]
+            return self._expect("ipaddresses", meta["namespace"], meta["name"], created)
         return Write(
             Outcome.CONFLICT, self.get_ip_address(version, meta["namespace"], meta["name"])
         )
@@ -175,9 +210,10 @@ class ObjectClient(Kube):
         finalizer); a missing object is success; ``current`` is the IPAddress as last seen
         (see `Kube.delete`, which gives the outcome).
         """
-        return self.delete(
+        deleted = self.delete(
             address_resource(version), namespace, name, finalizer=ADDRESS_FINALIZER, current=current
         )
+        return self._expect("ipaddresses", namespace, name, deleted, deletion=True)
 
     # -- pools ----------------------------------------------------------------------
 

@@ -77,10 +77,10 @@ from bridge.reconcilers.pool_backends import (
     valid,
     with_location,
 )
-from bridge.runtime.cache import MISSING, ObjectCache
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
+from bridge.runtime.store import MISSING, Store
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
@@ -235,6 +235,8 @@ def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
         return Result.done()  # no poolRef kind/name: not a claim we can serve
     if not claim.pool_ref.is_ours:
         return Result.done()
+    if (expected := _expected(deps, claim)) is not None:
+        return expected
     try:
         if claim.deleting:
             return _release(deps, claim)
@@ -253,6 +255,23 @@ def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
         if exc.status == 409:  # the claim changed under us: its watch event queues it again
             return Result.requeue_after(1.0)
         raise
+
+
+def _expected(deps: ClaimDeps, claim: Claim) -> Result | None:
+    """Return a wait while the cache is older than our last write of the claim or its IPAddress.
+
+    Our write's answer is recorded (`bridge.runtime.expectations.Expectations.wrote`); until
+    the watch brings that version (or the wait lapses), the pass parks instead of acting on
+    the older one (kube-controller-manager's expectations). None: nothing to wait for.
+    """
+    expectations = deps.cache.expectations
+    for key in (
+        ("ipaddressclaims", claim.namespace, claim.name),
+        ("ipaddresses", claim.namespace, claim.address_ref or claim.name),
+    ):
+        if left := expectations.pending(key):
+            return Result.wait(expectations.token(key), at_most=left)
+    return None
 
 
 def _paused(deps: ClaimDeps, claim: Claim) -> None:
@@ -316,7 +335,7 @@ def _parse_address(body: Mapping[str, Any] | None) -> IPAddress | None:
 
 
 def _cached(
-    part: ObjectCache,
+    part: Store,
     key: tuple[str, ...],
     read: Callable[[], Mapping[str, Any] | None],
     version: str | None = None,
@@ -340,7 +359,7 @@ def _cached(
 
 
 def _typed(
-    part: ObjectCache,
+    part: Store,
     key: tuple[str, ...],
     parse: Callable[[Mapping[str, Any]], tuple[str, T]],
     read: Callable[[], Mapping[str, Any] | None],
@@ -351,7 +370,7 @@ def _typed(
     As `_cached`: the API is read only when the cache cannot tell, or when the object was
     watched in another served ``version`` than the one asked for (``parse`` returns the
     served version first: ``apiVersion``'s last part, ``""`` when absent). The cache keeps
-    the typed value of an object's version (`ObjectCache.lookup_typed`): a pass that comes
+    the typed value of an object's version (`Store.lookup_typed`): a pass that comes
     back to an unchanged object neither decodes nor validates it again.
     """
     found = part.lookup_typed(key, parse)

@@ -591,40 +591,16 @@ class Kube:
     ----------
     client:
         An ``ApiClient`` (see `api_client`); shared by every worker thread.
-    on_stored:
-        Write-through: called with the plural and the object as the API server returned it
-        after each successful write that returned one (a cache sees our own write at once).
-    on_deleted:
-        Called with ``(plural, namespace, name)`` after an object was deleted (or found
-        gone) by `delete`.
     """
 
-    def __init__(
-        self,
-        client: ApiClient,
-        *,
-        on_stored: Callable[[str, Mapping[str, Any]], None] | None = None,
-        on_deleted: Callable[[str, str, str], None] | None = None,
-    ) -> None:
+    def __init__(self, client: ApiClient) -> None:
         self.client = client
         self.core = CoreV1Api(client)
         self.custom = JsonObjects(client)
-        self.on_stored = on_stored
-        self.on_deleted = on_deleted
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self.client.close()
-
-    def _stored(self, plural: str, body: Any) -> Any:
-        """Pass a write's result to `on_stored` (when it is an object); return it unchanged."""
-        if self.on_stored is not None and isinstance(body, Mapping):
-            self.on_stored(plural, body)
-        return body
-
-    def _gone(self, plural: str, namespace: str, name: str) -> None:
-        if self.on_deleted is not None:
-            self.on_deleted(plural, namespace, name)
 
     # -- discovery ------------------------------------------------------------------
 
@@ -792,12 +768,8 @@ class Kube:
 
     # -- writes ---------------------------------------------------------------------
 
-    def create(
-        self, resource: Resource, body: Mapping[str, Any], *, write_through: bool = True
-    ) -> Write:
+    def create(self, resource: Resource, body: Mapping[str, Any]) -> Write:
         """Create a namespaced object.
-
-        With ``write_through`` the stored object goes to `on_stored`.
 
         Returns
         -------
@@ -820,8 +792,7 @@ class Kube:
             if exc.status == 409:
                 return CONFLICT
             raise
-        stored = self._stored(r.plural, created) if write_through else created
-        return Write(Outcome.WRITTEN, cast(dict[str, Any], stored))
+        return Write(Outcome.WRITTEN, cast(dict[str, Any], created))
 
     def patch(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
@@ -893,7 +864,7 @@ class Kube:
             if _missing(exc):
                 return None
             raise
-        return cast(dict[str, Any], self._stored(r.plural, stored))
+        return cast(dict[str, Any], stored)
 
     def set_finalizer(
         self, resource: Resource, obj: Mapping[str, Any], finalizer: str, present: bool
@@ -944,7 +915,7 @@ class Kube:
             stored = self.custom.patch_cluster_custom_object(
                 r.group, r.version, r.plural, name, dict(patch)
             )
-        return self._stored(r.plural, stored)
+        return stored
 
     def delete(
         self,
@@ -958,7 +929,7 @@ class Kube:
         """Delete a namespaced object, removing ``finalizer`` from it first (when it has it).
 
         The finalizer list is written with the object's resourceVersion, so a concurrent
-        change makes the API answer 409. A missing object is success. `on_deleted` is told.
+        change makes the API answer 409. A missing object is success.
 
         Parameters
         ----------
@@ -988,7 +959,6 @@ class Kube:
                     raise
         current = self.get(resource, namespace, name)
         if current is None:
-            self._gone(resource.plural, namespace, name)
             return GONE
         try:
             return self._delete(resource, namespace, name, finalizer, current)
@@ -1023,7 +993,6 @@ class Kube:
                 )
             except ApiException as exc:
                 if _missing(exc):
-                    self._gone(r.plural, namespace, name)
                     return GONE
                 raise
         try:
@@ -1033,9 +1002,7 @@ class Kube:
         except ApiException as exc:
             if not _missing(exc):
                 raise
-            self._gone(r.plural, namespace, name)
             return GONE
-        self._gone(r.plural, namespace, name)
         return Write(Outcome.WRITTEN)
 
     def set_secret_finalizer(

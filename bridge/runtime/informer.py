@@ -5,14 +5,13 @@ What client-go's reflector does for a shared informer
 HTTP connection pool (`bridge.runtime.gateway.Kube.list_collection`, `.watch`):
 
 1. **List** the objects of one scope (a namespace, or all), keep those wanted, and make the
-   cache (`bridge.runtime.cache.ObjectCache`) what the list says: the first list fills it,
-   a later one replaces the scope (`ObjectCache.replace`: objects gone meanwhile are
+   store (`bridge.runtime.store.Store`) what the list says: the first list fills it,
+   a later one replaces the scope (`Store.replace`: objects gone meanwhile are
    dropped, events newer than the list are kept).
 2. **Watch** from the list's resourceVersion, with bookmarks: every event after the list,
    none before (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
-   Each event is applied to the cache in this thread, in the watch's order, and then
-   handed to the informer's `Sink`: the echo of one of our own writes, already written
-   through, changes nothing.
+   Each event is applied to the store in this thread, in the watch's order, and then
+   handed to the informer's `Sink`.
 3. **Restart.** A watch the API server ends (its ``timeoutSeconds``) is resumed from the
    last resourceVersion seen (an event's or a bookmark's). Any other end (410 Gone, a
    broken or silent connection, an API server restart, an error answer) makes the scope
@@ -34,8 +33,8 @@ from typing import Any, Final, Protocol
 import urllib3
 from kubernetes.client import ApiException
 
-from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
 from bridge.runtime.gateway import Collection, WatchStream
+from bridge.runtime.store import Key, Relisted, Scope, Store
 
 __all__ = [
     "BACKOFF_SECONDS",
@@ -66,26 +65,26 @@ STOP_SECONDS: Final = 5.0
 
 @dataclass(frozen=True)
 class Listed:
-    """The first list of an informer's scope, as cached: ``(key, body)`` of each object."""
+    """The first list of an informer's scope, as stored: ``(key, body)`` of each object."""
 
     items: list[tuple[Key, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Event:
-    """One watch event of a wanted object, after the cache applied it.
+    """One watch event of a wanted object, after the store applied it.
 
     Attributes
     ----------
     type:
         ``ADDED``, ``MODIFIED`` or ``DELETED``.
     key:
-        The object's key in the cache.
+        The object's key in the store.
     body:
         The object as the event shows it (for ``DELETED``: as it was last).
     changed:
-        Whether the cache changed (False for the echo of our own write, an event older
-        than it, or a version already cached; see `ObjectCache.apply`).
+        Whether the store changed (False for a version already stored or a DELETED of
+        another object; see `Store.apply`).
     """
 
     type: str
@@ -98,13 +97,13 @@ class Sink(Protocol):
     """What an informer tells, in its own thread (hand work to the event loop yourself)."""
 
     def listed(self, listed: Listed) -> None:
-        """Take the first list of the scope, cached."""
+        """Take the first list of the scope, stored."""
 
     def relisted(self, relisted: Relisted) -> None:
         """Take what a later list of the scope changed: objects gone, objects changed."""
 
     def event(self, event: Event) -> None:
-        """Take one watch event, applied to the cache."""
+        """Take one watch event, applied to the store."""
 
 
 class _RelistError(Exception):
@@ -112,7 +111,7 @@ class _RelistError(Exception):
 
 
 class Informer:
-    """The list-then-watch of one resource in one scope, feeding one cache part.
+    """The list-then-watch of one resource in one scope, feeding one store part.
 
     Parameters
     ----------
@@ -124,12 +123,12 @@ class Informer:
     watch:
         Opens a watch of the scope from a resourceVersion
         (`bridge.runtime.gateway.Kube.watch`); raises ``ApiException`` for an error answer.
-    cache:
-        The cache part this informer feeds.
+    store:
+        The store part this informer feeds.
     key:
-        The cache key of an object (its body).
+        The store key of an object (its body).
     wanted:
-        Whether an object belongs in the cache (others are ignored: never cached, never
+        Whether an object belongs in the store (others are ignored: never stored, never
         told); it must depend only on immutable fields.
     sink:
         Told of lists and events (`Sink`).
@@ -145,7 +144,7 @@ class Informer:
         *,
         list: Callable[[], Collection],
         watch: Callable[[str], WatchStream],
-        cache: ObjectCache,
+        store: Store,
         key: Callable[[Mapping[str, Any]], Key],
         wanted: Callable[[Mapping[str, Any]], bool],
         sink: Sink,
@@ -155,14 +154,14 @@ class Informer:
         self.name = name
         self._list = list
         self._watch = watch
-        self._cache = cache
+        self._store = store
         self._key = key
         self._wanted = wanted
         self._sink = sink
         self._scope = scope
         self._backoff = tuple(backoff) or (1.0,)
         self._stopped = threading.Event()
-        self._tried = threading.Event()  # the first list was tried (cached, or failed)
+        self._tried = threading.Event()  # the first list was tried (stored, or failed)
         self._lock = threading.Lock()
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
@@ -178,10 +177,10 @@ class Informer:
         self._thread.start()
 
     def wait_tried(self, timeout: float | None = None) -> bool:
-        """Block until the first list was tried (cached or failed); True if it was.
+        """Block until the first list was tried (stored or failed); True if it was.
 
         A first list that failed is tried again in the background; until one succeeds,
-        the cache part is not synced and its lookups read the API.
+        the store part is not synced and its lookups read the API.
         """
         return self._tried.wait(timeout)
 
@@ -219,7 +218,7 @@ class Informer:
             except _RelistError as exc:
                 failures += 1
                 log.info("watch of %s must list again: %s", self.name, exc)
-                self._cache.suspect(self._scope)
+                self._store.suspect(self._scope)
                 version = None
                 if failures > 1:
                     self._pause(failures - 1)
@@ -235,7 +234,7 @@ class Informer:
                 else:
                     log.exception("%s of %s failed: listing again", what, self.name)
                 if not first:
-                    self._cache.suspect(self._scope)
+                    self._store.suspect(self._scope)
                 version = None
                 self._pause(failures)
         log.debug("informer of %s stopped", self.name)
@@ -244,28 +243,28 @@ class Informer:
         self._stopped.wait(self._backoff[min(failures, len(self._backoff)) - 1])
 
     def _list_once(self, first: bool) -> str:
-        """List the scope into the cache; return the list's resourceVersion.
+        """List the scope into the store; return the list's resourceVersion.
 
         Raises
         ------
         Exception
-            Whatever the list raised (the cache is left as it was).
+            Whatever the list raised (the store is left as it was).
         """
-        relisting = None if first else self._cache.begin_relist()
+        relisting = None if first else self._store.begin_relist()
         self.lists += 1
         try:
             collection = self._list()
             items = [(self._key(body), body) for body in collection.items if self._wanted(body)]
         except BaseException:
             if relisting is not None:
-                self._cache.end_relist(relisting)
+                self._store.end_relist(relisting)
             raise
         if first:
-            self._cache.fill(items, self._scope)
+            self._store.fill(items, self._scope)
             self._tell(self._sink.listed, Listed(items))
-            log.info("%s listed: %d cached", self.name, len(items))
+            log.info("%s listed: %d stored", self.name, len(items))
         else:
-            result = self._cache.replace(items, relisting, scope=self._scope)
+            result = self._store.replace(items, relisting, scope=self._scope)
             self._tell(self._sink.relisted, result)
             log.info(
                 "%s listed again: %d gone, %d changed",
@@ -310,7 +309,7 @@ class Informer:
                 if kind == "BOOKMARK" or not self._wanted(body):
                     continue
                 key = self._key(body)
-                changed = self._cache.apply(key, body, deleted=kind == "DELETED")
+                changed = self._store.apply(key, body, deleted=kind == "DELETED")
                 self._tell(self._sink.event, Event(kind, key, body, changed))
         finally:
             with self._lock:

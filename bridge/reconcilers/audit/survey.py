@@ -73,7 +73,7 @@ class SurveyApi(Protocol):
 
 
 class CachedPart(Protocol):
-    """One part of the informer cache, read-only (`bridge.runtime.cache.ObjectCache`)."""
+    """One part of the informer cache, read-only (`bridge.runtime.cache.Store`)."""
 
     @property
     def synced(self) -> bool:

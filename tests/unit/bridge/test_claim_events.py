@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from bridge.capi import CLAIM_FINALIZER, GROUP
 from bridge.handlers.claims import ClaimEvents
-from bridge.objects.cache import Cache, informers
+from bridge.objects.cache import PARTS, Cache, informers
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import claim_key, pool_token
 from bridge.operator import Operator
 from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.expectations import GONE, Expectations
 from bridge.runtime.gateway import Collection
 from bridge.runtime.informer import Event, Listed
 from bridge.settings import Settings
@@ -47,7 +48,7 @@ def operator() -> tuple[Operator, FakeQueue]:
         versions=ServedVersions("v1beta2"),
         queue=queue,
     )
-    op.cache.claims.mark_synced()
+    op.cache.claims.fill([])
     return op, queue
 
 
@@ -106,14 +107,15 @@ def test_a_claim_of_another_provider_is_neither_cached_nor_told() -> None:
 
         def event(self, event: Event) -> None: ...
 
-    made = informers(
+    parts = informers(
         cache,
         cast(ObjectClient, ListingKube()),
         version="v1beta2",
+        cluster_version=None,
         namespaces=(),
-        addresses=Sink(),
-        claims=Sink(),
+        sinks=dict.fromkeys(PARTS, Sink()),
     )
+    made = parts["addresses"] + parts["claims"]
     assert [i.name for i in made] == ["ipaddresses", "ipaddressclaims"]
     for informer in made:
         informer.start()
@@ -124,15 +126,74 @@ def test_a_claim_of_another_provider_is_neither_cached_nor_told() -> None:
     assert ("ns", "c1") in cache.claims and ("ns", "theirs") not in cache.claims
 
 
-def test_the_deletion_of_a_claim_whose_release_the_cache_saw_queues_nothing() -> None:
+EXPECTED = ("ipaddressclaims", "ns", "c1")
+
+
+def test_the_deletion_our_last_finalizer_write_made_queues_nothing() -> None:
     op, queue = operator()
     event(op, "ADDED", claim("1", finalizers=[CLAIM_FINALIZER]))
     event(op, "MODIFIED", claim("2", finalizers=[CLAIM_FINALIZER], deleting=True))
     assert [key for key, _ in queue.added] == [KEY, KEY]
-    # The release's last write (our finalizer off) answers the claim deleted: written through.
-    op.cache.stored("ipaddressclaims", claim("3", finalizers=[], deleting=True))
+    # The release's last write (our finalizer off) was answered: the claim is deleted.
+    op.cache.expectations.wrote(EXPECTED, GONE)
     event(op, "DELETED", claim("3", finalizers=[], deleting=True))
     assert [key for key, _ in queue.added] == [KEY, KEY]  # no pass for a claim gone and done
+    assert op.cache.expectations.pending(EXPECTED) == 0.0
+
+
+def test_the_echo_of_our_write_queues_nothing_and_wakes_the_pass_waiting_for_it() -> None:
+    op, queue = operator()
+    event(op, "ADDED", claim("1", finalizers=[]))
+    op.cache.expectations.wrote(EXPECTED, "2")  # our finalizer write, answered
+    event(op, "MODIFIED", claim("2", finalizers=[CLAIM_FINALIZER]))
+    assert [key for key, _ in queue.added] == [KEY]
+    assert Expectations.token(EXPECTED) in queue.woken
+    # Someone else's change after ours is news, and queues the claim.
+    event(op, "MODIFIED", claim("3", finalizers=[CLAIM_FINALIZER], deleting=True))
+    assert [key for key, _ in queue.added] == [KEY, KEY]
+
+
+class PassQueue(FakeQueue):
+    """A queue whose key is being processed: ``unless`` is asked when the pass ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deferred: list[tuple[Any, Callable[[], bool]]] = []
+
+    def add(
+        self,
+        key: Any,
+        after: float = 0.0,
+        *,
+        background: bool = False,
+        unless: Callable[[], bool] | None = None,
+    ) -> None:
+        if unless is None:
+            super().add(key, after, background=background)
+        else:
+            self.deferred.append((key, unless))
+
+    def end_pass(self) -> None:
+        for key, unless in self.deferred:
+            super().add(key, unless=unless)
+        self.deferred.clear()
+
+
+def test_an_echo_told_before_its_answer_queues_nothing_once_the_pass_ended() -> None:
+    op, queue = operator()
+    queue = op.queue = PassQueue()
+    event(op, "ADDED", claim("1", finalizers=[]))
+    queue.end_pass()
+    assert [key for key, _ in queue.added] == [KEY]
+    # Our finalizer write's echo, then our last finalizer removal's DELETED, both told
+    # while the pass runs, before the answers are recorded.
+    event(op, "MODIFIED", claim("2", finalizers=[CLAIM_FINALIZER]))
+    op.cache.expectations.wrote(EXPECTED, "2")
+    event(op, "DELETED", claim("3", finalizers=[], deleting=True))
+    op.cache.expectations.wrote(EXPECTED, GONE)
+    assert op.cache.expectations.pending(EXPECTED) == 0.0  # both seen: nothing to wait for
+    queue.end_pass()
+    assert [key for key, _ in queue.added] == [KEY]  # no pass for our own writes
 
 
 def test_the_deletion_of_a_claim_the_cache_holds_queues_it() -> None:
@@ -154,34 +215,3 @@ def test_a_listing_queues_every_claim_it_shows() -> None:
     event(op, None, claim("1", finalizers=[]))
     event(op, None, claim("1", finalizers=[]))
     assert [key for key, _ in queue.added] == [KEY, KEY]
-
-
-def test_the_echo_of_our_write_that_came_before_its_answer_queues_nothing() -> None:
-    op, queue = operator()
-    event(op, "ADDED", claim("1", finalizers=[]))
-    assert [key for key, _ in queue.added] == [KEY]
-    # Our finalizer write: its echo comes first (news to the cache), then its answer.
-    echo = claim("2", finalizers=[CLAIM_FINALIZER])
-    changed = op.cache.claims.apply(("ns", "c1"), echo)
-    assert changed
-    op.cache.stored("ipaddressclaims", echo)
-    ClaimEvents(op).event(Event("MODIFIED", ("ns", "c1"), echo, changed))
-    assert [key for key, _ in queue.added] == [KEY]  # ours: no pass for it
-    # Someone else's change after ours is news, and queues the claim.
-    event(op, "MODIFIED", claim("3", finalizers=[CLAIM_FINALIZER], deleting=True))
-    assert [key for key, _ in queue.added] == [KEY, KEY]
-
-
-def test_the_deletion_our_last_finalizer_write_made_queues_nothing_even_told_first() -> None:
-    op, queue = operator()
-    event(op, "ADDED", claim("1", finalizers=[CLAIM_FINALIZER]))
-    event(op, "MODIFIED", claim("2", finalizers=[CLAIM_FINALIZER], deleting=True))
-    assert [key for key, _ in queue.added] == [KEY, KEY]
-    # The release's last write: the watch's DELETED comes before the write's answer.
-    gone = claim("3", finalizers=[], deleting=True)
-    changed = op.cache.claims.apply(("ns", "c1"), gone, deleted=True)
-    assert changed
-    op.cache.stored("ipaddressclaims", gone)  # the answer, written through
-    ClaimEvents(op).event(Event("DELETED", ("ns", "c1"), gone, changed))
-    assert [key for key, _ in queue.added] == [KEY, KEY]  # no pass for our own deletion
-    assert op.cache.claims.held() == 0

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from bridge.runtime.cache import MISSING_UNKNOWN, ObjectCache, Relisted
 from bridge.runtime.gateway import Kube, Resource
 from bridge.runtime.informer import Event, Informer, Listed
+from bridge.runtime.store import MISSING_UNKNOWN, Relisted, Store
 from mock_kubernetes import EmulatedKubernetes
 from mock_kubernetes.objects import wait_for
 
@@ -118,7 +118,7 @@ def gateway(emulator: EmulatedKubernetes) -> Iterator[Kube]:
 
 def informer(
     gateway: Kube,
-    cache: ObjectCache,
+    cache: Store,
     recorder: Recorder,
     *,
     namespace: str | None = None,
@@ -131,7 +131,7 @@ def informer(
         watch=lambda version: gateway.watch(
             WIDGETS, namespace, version, timeout_seconds=watch_seconds, read_timeout=30
         ),
-        cache=cache,
+        store=cache,
         key=key_of,
         wanted=keep,
         sink=SinkOf(recorder),
@@ -148,7 +148,7 @@ def test_the_first_list_fills_the_cache_then_every_later_change_is_an_event(
 ) -> None:
     emulator.create(widget("a"))
     emulator.create(widget("theirs", ours=False))
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder)
     watcher.start()
     try:
@@ -168,29 +168,20 @@ def test_the_first_list_fills_the_cache_then_every_later_change_is_an_event(
     assert not watcher.alive
 
 
-def test_the_echo_of_our_own_write_changes_nothing(
+def test_our_own_write_reaches_the_store_through_the_watch_only(
     emulator: EmulatedKubernetes, gateway: Kube
 ) -> None:
-    cache, recorder = ObjectCache("widgets"), Recorder()
-    written_through = threading.Event()
-
-    def gated(body: Mapping[str, Any]) -> bool:
-        # The echo waits until the write-through is done (it may well come first: then it
-        # is news to the cache, and the write-through of the same version changes nothing).
-        assert written_through.wait(10)
-        return wanted(body)
-
-    watcher = informer(gateway, cache, recorder, keep=gated)
+    cache, recorder = Store("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder)
     watcher.start()
     try:
         assert watcher.wait_tried(10)
         written = gateway.custom.create_namespaced_custom_object(
             GROUP, "v1", "default", "widgets", widget("mine")
         )
-        cache.put(("default", "mine"), written)  # the gateway's write-through
-        written_through.set()
         wait_for(lambda: recorder.seen(), timeout=10)
-        assert recorder.seen() == [("ADDED", "mine", False)]
+        assert recorder.seen() == [("ADDED", "mine", True)]
+        assert cache.version(("default", "mine")) == written["metadata"]["resourceVersion"]
     finally:
         watcher.stop()
 
@@ -201,7 +192,7 @@ def test_after_an_outage_the_scope_is_suspect_then_listed_again(
 ) -> None:
     emulator.create(widget("a"))
     emulator.create(widget("b"))
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder)
     watcher.start()
     try:
@@ -229,7 +220,7 @@ def test_after_an_outage_the_scope_is_suspect_then_listed_again(
 def test_a_watch_the_server_ends_is_resumed_without_a_list(
     emulator: EmulatedKubernetes, gateway: Kube
 ) -> None:
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder, watch_seconds=1)
     watcher.start()
     try:
@@ -246,7 +237,7 @@ def test_a_watch_the_server_ends_is_resumed_without_a_list(
 def test_a_failing_sink_is_logged_and_the_watch_goes_on(
     emulator: EmulatedKubernetes, gateway: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cache, recorder = ObjectCache("widgets"), Recorder(fail=True)
+    cache, recorder = Store("widgets"), Recorder(fail=True)
     watcher = informer(gateway, cache, recorder)
     watcher.start()
     try:
@@ -265,7 +256,7 @@ def test_a_first_list_that_fails_is_tried_again(
 ) -> None:
     emulator.create(widget("a"))
     emulator.go_down()
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder)
     watcher.start()
     try:
@@ -280,7 +271,7 @@ def test_a_first_list_that_fails_is_tried_again(
 
 
 def test_stop_ends_an_open_watch_at_once(emulator: EmulatedKubernetes, gateway: Kube) -> None:
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder, watch_seconds=600)
     watcher.start()
     assert watcher.wait_tried(10)
@@ -301,7 +292,7 @@ def test_an_unexpected_error_is_logged_and_the_scope_listed_again(
             raise RuntimeError("a bug on one object")
         return wanted(body)
 
-    cache, recorder = ObjectCache("widgets"), Recorder()
+    cache, recorder = Store("widgets"), Recorder()
     watcher = informer(gateway, cache, recorder, keep=keep)
     watcher.start()
     try:

@@ -1,4 +1,4 @@
-"""kopf's settings of the operator: no per-event work that no handler needs."""
+"""kopf's part: start-up, clean-up, login and probes; it watches no resource itself."""
 
 from __future__ import annotations
 
@@ -13,30 +13,15 @@ from bridge.settings import Settings
 HANDLERS = Path(lifecycle.__file__).parent
 
 
-def test_no_essence_is_built_for_event_handlers() -> None:
-    settings = kopf.OperatorSettings()
-    lifecycle.configure(settings, Settings())
-    storage = settings.persistence.diffbase_storage
-    assert isinstance(storage, lifecycle.EventsOnlyDiffBase)
-    body = kopf.Body({"metadata": {"name": "c", "labels": {"a": "b"}}, "spec": {"x": 1}})
-    assert storage.build(body=body) == {}
-
-
-def test_no_essence_is_read_or_written() -> None:
-    # An annotation left by a change handler elsewhere is not even looked at.
-    settings = kopf.OperatorSettings()
-    lifecycle.configure(settings, Settings())
-    storage = settings.persistence.diffbase_storage
-    key = "kopf.ipam-bridge.io/last-handled-configuration"
-    body = kopf.Body({"metadata": {"name": "c", "annotations": {key: '{"spec": {"x": 0}}'}}})
-    assert storage.fetch(body=body) is None
-    patch = kopf.Patch()
-    storage.store(body=body, patch=patch, essence=kopf.BodyEssence(spec={"x": 1}))
-    assert not patch
-
-
-def test_every_resource_handler_is_an_event_handler() -> None:
-    # The empty essence is right only while no change handler reads it.
-    changing = re.compile(r"kopf\.on\.(create|update|delete|resume|field)\(")
+def test_kopf_has_no_resource_handler() -> None:
+    # Every watch is an informer's (`bridge.runtime.informer`): one watch stack.
+    resource = re.compile(r"kopf\.(on|index|daemon|timer)\.(?!startup|cleanup|login|probe)\w+")
     for path in HANDLERS.glob("*.py"):
-        assert not changing.search(path.read_text(encoding="utf-8")), path.name
+        assert not resource.search(path.read_text(encoding="utf-8")), path.name
+
+
+def test_kopf_scans_no_resource_and_keeps_its_names_private() -> None:
+    settings = kopf.OperatorSettings()
+    lifecycle.configure(settings, Settings())
+    assert settings.scanning.disabled
+    assert settings.persistence.finalizer == lifecycle.KOPF_FINALIZER

@@ -53,7 +53,7 @@ class Ctx:
 
 def test_claims_are_resynced_from_the_cache_bound_ones_in_the_background() -> None:
     ctx = Ctx(Kube([claim("in-api-only")]))
-    ctx.cache.claims.mark_synced()
+    ctx.cache.claims.fill([])
     ctx.cache.claims.apply(("ns", "new"), claim("new"))
     ctx.cache.claims.apply(("ns", "bound"), claim("bound", bound=True))
     ctx.cache.addresses.apply(("ns", "bound"), {"metadata": {"namespace": "ns", "name": "bound"}})
@@ -67,7 +67,7 @@ def test_claims_are_resynced_from_the_cache_bound_ones_in_the_background() -> No
 
 def test_claims_are_listed_while_the_cache_is_suspect() -> None:
     ctx = Ctx(Kube([claim("listed"), claim("other", kind="OtherPool")]))
-    ctx.cache.claims.mark_synced()
+    ctx.cache.claims.fill([])
     ctx.cache.claims.suspect()
     assert _queue_claims(ctx) == 1  # type: ignore[arg-type]
     assert ctx.kube.listed == 1

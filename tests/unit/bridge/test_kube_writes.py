@@ -1,4 +1,4 @@
-"""`ObjectClient` over `gateway.Kube`: write-through, and deleting an IPAddress without a read."""
+"""`ObjectClient` over `gateway.Kube`: expectations of our writes, an IPAddress deleted unread."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from kubernetes.client import ApiException
 
 from bridge.capi import ADDRESS_FINALIZER
 from bridge.objects.client import ObjectClient as Kube
+from bridge.runtime.expectations import GONE, Expectations
 from bridge.runtime.gateway import Outcome, Write, _finalizer_patch
 
 
@@ -36,13 +37,11 @@ class FakeCustom:
         return {}
 
 
-def kube_with(custom: FakeCustom) -> tuple[Kube, list[tuple[str, str, str]]]:
+def kube_with(custom: FakeCustom) -> tuple[Kube, Expectations]:
     kube = Kube.__new__(Kube)
     kube.custom = custom  # type: ignore[assignment]
-    deleted: list[tuple[str, str, str]] = []
-    kube.on_stored = None
-    kube.on_deleted = lambda *key: deleted.append(key)
-    return kube, deleted
+    kube.expectations = Expectations()
+    return kube, kube.expectations
 
 
 def seen(version: str) -> dict[str, Any]:
@@ -51,27 +50,35 @@ def seen(version: str) -> dict[str, Any]:
 
 def test_an_ipaddress_seen_in_the_cache_is_deleted_without_a_read() -> None:
     custom = FakeCustom("7")
-    kube, deleted = kube_with(custom)
+    kube, expectations = kube_with(custom)
     kube.delete_ip_address("v1beta2", "ns", "m1", seen("7"))
     assert custom.calls == [("patch", "7"), ("delete",)]
-    assert deleted == [("ipaddresses", "ns", "m1")]
+    # The claim's next pass waits until the watch tells of the deletion.
+    assert expectations.pending(("ipaddresses", "ns", "m1")) > 0
 
 
 def test_a_stale_cache_costs_one_read_on_the_conflict_path_only() -> None:
     custom = FakeCustom("9")
-    kube, deleted = kube_with(custom)
+    kube, expectations = kube_with(custom)
     kube.delete_ip_address("v1beta2", "ns", "m1", seen("7"))
     assert custom.calls == [("patch", "7"), ("get",), ("patch", "9"), ("delete",)]
-    assert deleted == [("ipaddresses", "ns", "m1")]
+    assert expectations.observed(("ipaddresses", "ns", "m1"), "10", deleted=True)
 
 
-def test_writes_of_claims_and_ipaddresses_are_passed_to_the_cache() -> None:
-    kube = Kube.__new__(Kube)
-    stored: list[tuple[str, Any]] = []
-    kube.on_stored = lambda plural, body: stored.append((plural, body))
-    assert kube._stored("ipaddresses", {"metadata": {"name": "a"}}) == {"metadata": {"name": "a"}}
-    assert kube._stored("ipaddressclaims", None) is None  # nothing written: nothing passed
-    assert stored == [("ipaddresses", {"metadata": {"name": "a"}})]
+def test_our_writes_of_claims_are_expected_by_their_version_or_deletion() -> None:
+    kube, expectations = kube_with(FakeCustom("1"))
+    key = ("ipaddressclaims", "ns", "c1")
+    written = Write(Outcome.WRITTEN, {"metadata": {"resourceVersion": "12", "finalizers": ["f"]}})
+    assert kube._expect("ipaddressclaims", "ns", "c1", written) is written
+    assert expectations.pending(key) > 0 and expectations.ours(key, "12")
+    # The last finalizer off a claim being deleted: the API server deletes it.
+    gone = {"metadata": {"resourceVersion": "13", "deletionTimestamp": "t", "finalizers": []}}
+    kube._expect("ipaddressclaims", "ns", "c1", Write(Outcome.WRITTEN, gone))
+    assert expectations.ours(key, GONE, deleted=True) and not expectations.ours(key, "13")
+    # Nothing written (a conflict, a claim gone): nothing to wait for.
+    other = ("ipaddressclaims", "ns", "c2")
+    kube._expect("ipaddressclaims", "ns", "c2", Write(Outcome.CONFLICT))
+    assert expectations.pending(other) == 0.0
 
 
 # -- typed outcomes of writes -------------------------------------------------------------------
@@ -143,7 +150,7 @@ def test_deleting_an_ipaddress_that_is_gone_is_gone_not_written() -> None:
         def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
             raise ApiException(status=404, reason="NotFound")
 
-    kube, deleted = kube_with(Gone("7"))
+    kube, expectations = kube_with(Gone("7"))
     assert kube.delete_ip_address("v1beta2", "ns", "m1").outcome is Outcome.GONE
-    assert deleted == [("ipaddresses", "ns", "m1")]
+    assert expectations.pending(("ipaddresses", "ns", "m1")) > 0  # until its DELETED comes
     assert kube.delete_ip_address("v1beta2", "ns", "m1", seen("7")).written

@@ -447,6 +447,21 @@ def test_the_finalizer_goes_on_before_the_ipam_is_asked(world: World) -> None:
     assert world.ipam.entries == {"c1.ns.lab.example": "10.0.0.2"}
 
 
+def test_a_pass_after_our_own_write_waits_for_its_watch_event_before_acting(
+    world: World,
+) -> None:
+    bind(world)
+    expectations = world.ctx.cache.expectations
+    key = ("ipaddresses", NS, "c1")
+    expectations.wrote(key, "42")  # our write's answer; the store has an older version
+    decision = world.reconcile()
+    assert decision.wake_on == (expectations.token(key),)
+    assert decision.after is not None and 0 < decision.after <= 5.0
+    assert world.kube.writes == [] and world.ipam.calls == []
+    assert expectations.observed(key, "42")  # the watch brings it: the pass acts again
+    assert world.reconcile() == Result.done()
+
+
 def test_a_bound_claim_costs_no_write_no_backend_call_and_no_cluster_read(world: World) -> None:
     world.kube.add_cluster(NS, "c")
     bind(world, cluster="c")

@@ -2,9 +2,9 @@
 
 - `bridge.objects.client`: where claims, IPAddresses, pools, Clusters and Secrets live on
   the API (group, version, plural), over the generic gateway (`bridge.runtime.gateway`);
-- `bridge.objects.cache`: the informer cache of them (parts and keys), its initial lists, the
-  informers of claims and IPAddresses (`bridge.runtime.informer`) and relists, over the
-  generic `bridge.runtime.cache.Store`;
+- `bridge.objects.cache`: the informer cache of them (parts and keys) and the informers of
+  every one (`bridge.runtime.informer`), over the generic `bridge.runtime.store.Store`, and
+  the expectations of our writes (`bridge.runtime.expectations`);
 - `bridge.objects.keys`: the typed work-queue keys and wake tokens.
 
 Typed values of the objects themselves: `bridge.models` (pydantic, as read) and

@@ -168,7 +168,7 @@ class WorkQueue:
         ``unless``: nothing is queued if it answers True, asked now or, when the key is
         being processed, once that pass has ended (for a watch event that may be the echo
         of the pass's own write, which the pass records only before it ends; see
-        `bridge.runtime.cache.Store.is_own`). It must be quick and must not call
+        `bridge.runtime.expectations.Expectations.ours`). It must be quick and must not call
         this queue.
         """
         if unless is not None:

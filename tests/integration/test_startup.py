@@ -130,7 +130,7 @@ def test_default_run_serves_in_a_cluster_with_kopf_peering_crds(
     output = log_path.read_text(errors="replace")
     assert "peering" not in output.lower(), output
     assert peering_cluster.kube.list("kopf.dev/v1", "clusterkopfpeerings") == []
-    # kopf's watches ran as the ServiceAccount (its token), none was refused
+    # the informers' watches ran as the ServiceAccount (its token), none was refused
     log = peering_cluster.kube.access_log
     mine = log.records(peering_cluster.identity)
     assert any(r.verb == "watch" and r.resource == "ipaddressclaims" for r in mine), mine
@@ -179,7 +179,7 @@ def test_rbac_refusing_kopfs_first_list_exits_1_with_the_api_servers_message(
     assert result.returncode == 1, result.stderr
     last = result.stderr.splitlines()[-1]
     # The start-up handler lists one claim: the refusal stops the process at once (before
-    # kopf's watches would retry it).
+    # the informers would retry it).
     assert last.startswith("ipam-bridge: start-up failed: the API server refused: "), last
     assert (
         'is forbidden: User "system:serviceaccount:ipam-bridge-system:nobody" cannot list '

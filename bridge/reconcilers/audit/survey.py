@@ -73,7 +73,7 @@ class SurveyApi(Protocol):
 
 
 class CachedPart(Protocol):
-    """One part of the informer cache, read-only (`bridge.runtime.cache.Store`)."""
+    """One part of the informer cache, read-only (`bridge.runtime.store.Store`)."""
 
     @property
     def synced(self) -> bool:

@@ -1079,7 +1079,7 @@ def test_a_claim_deleted_while_its_status_is_written_is_queued_again(
 
     def deleted_meanwhile(*args: Any) -> Any:
         # Deleted between the allocation and the (unguarded) status write: the stored claim
-        # the write returns shows it, and the write-through hides its watch event.
+        # the write returns shows it; the pass queues the claim again itself.
         world.delete()
         return original(*args)
 

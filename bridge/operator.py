@@ -237,7 +237,7 @@ class Operator:
         """Return the sizes of the in-memory structures that grow with objects, by name.
 
         For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
-        (objects), the work queue's (`OperatorQueue.sizes`), the backend cache's
+        (objects) and expectations, the work queue's (`OperatorQueue.sizes`), the backend cache's
         (`BackendCache.sizes`), namespace locks, the flow control's
         (`backends.flowcontrol.FlowControl.sizes`), notices and the claims counted as
         pending by the metrics.

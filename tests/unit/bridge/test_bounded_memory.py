@@ -79,6 +79,7 @@ def test_context_sizes_name_every_structure() -> None:
         "cache.addresses",
         "cache.pools",
         "cache.clusters",
+        "cache.expectations",
         "backends.entries",
         "backends.retired",
         "flow.lines",

@@ -78,6 +78,7 @@ from bridge.reconcilers.pool_backends import (
     with_location,
 )
 from bridge.runtime.events import EventSink
+from bridge.runtime.expectations import GONE
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.store import MISSING, Store
@@ -261,15 +262,16 @@ def _expected(deps: ClaimDeps, claim: Claim) -> Result | None:
     """Return a wait while the cache is older than our last write of the claim or its IPAddress.
 
     Our write's answer is recorded (`bridge.runtime.expectations.Expectations.wrote`); until
-    the watch brings that version (or the wait lapses), the pass parks instead of acting on
-    the older one (kube-controller-manager's expectations). None: nothing to wait for.
+    the watch brings that version (or the store holds it, or the wait lapses), the pass parks
+    instead of acting on the older one (kube-controller-manager's expectations). None:
+    nothing to wait for.
     """
     expectations = deps.cache.expectations
-    for key in (
-        ("ipaddressclaims", claim.namespace, claim.name),
-        ("ipaddresses", claim.namespace, claim.address_ref or claim.name),
+    for store, key in (
+        (deps.cache.claims, ("ipaddressclaims", claim.namespace, claim.name)),
+        (deps.cache.addresses, ("ipaddresses", claim.namespace, claim.address_ref or claim.name)),
     ):
-        if left := expectations.pending(key):
+        if left := expectations.pending(key, store.version(key[1:]) or GONE):
             return Result.wait(expectations.token(key), at_most=left)
     return None
 

@@ -97,15 +97,19 @@ class Expectations:
         with self._lock:
             return (key, GONE if deleted else version) in self._written
 
-    def pending(self, key: Hashable) -> float:
-        """Return the seconds the reconcile of ``key`` should still wait (0.0: none)."""
+    def pending(self, key: Hashable, current: str | None = None) -> float:
+        """Return the seconds the reconcile of ``key`` should still wait (0.0: none).
+
+        ``current``: the version the store holds now; the one expected met the wait (a
+        write that changed nothing answers the version stored, and no event comes of it).
+        """
         now = self._clock()
         with self._lock:
             found = self._pending.get(key)
             if found is None:
                 return 0.0
             left = found[1] + self._timeout - now
-            if left <= 0:
+            if left <= 0 or found[0] == current:
                 del self._pending[key]
                 return 0.0
             return left

@@ -46,6 +46,14 @@ def test_an_echo_before_the_answer_and_more_than_four_events_since_hold_nothing(
     assert store.apply(K[1:], body) is True  # later events are not held back
 
 
+def test_a_write_that_changed_nothing_is_met_by_the_version_stored() -> None:
+    # The API server answers a no-op write with the stored version and sends no event.
+    expectations = Expectations(clock=Clock())
+    expectations.wrote(K, "7")
+    assert expectations.pending(K, "6") > 0
+    assert expectations.pending(K, "7") == 0.0 and expectations.pending(K) == 0.0
+
+
 def test_our_deletion_is_met_by_the_deleted_event_and_any_deletion_ends_a_wait() -> None:
     expectations = Expectations(clock=Clock())
     expectations.wrote(K, GONE)

@@ -120,6 +120,8 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_READ_TIMEOUT
     settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT
+    # A watch with no event and no bookmark for the stall limit is dead, as the informers'.
+    settings.watching.inactivity_timeout = bridge.watch_stall_seconds
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # kopf keeps one task per object for this long after its last event (default 5 s); the
@@ -231,7 +233,8 @@ async def start_informers(op: Operator) -> list[Informer]:
     its IPAddress from the cache); a first list that failed is tried again in the
     background (`bridge.runtime.informer.Informer`), its part read from the API meanwhile.
     Events are applied to the cache in the informers' threads, which queue what needs a
-    reconcile (`bridge.handlers.claims.ClaimEvents`).
+    reconcile (`bridge.handlers.claims.ClaimEvents`). Each one's idle seconds are exported
+    (`bridge.metrics.Metrics.watched`).
     """
     made = informers(
         op.cache,
@@ -240,8 +243,11 @@ async def start_informers(op: Operator) -> list[Informer]:
         namespaces=op.settings.namespaces,
         addresses=AddressEvents(op),
         claims=ClaimEvents(op),
+        stall=op.settings.watch_stall_seconds,
     )
     for informer in made:
+        resource, _, namespace = informer.name.partition(" in ")
+        op.metrics.watched(resource, namespace, informer.quiet)
         informer.start()
         await asyncio.to_thread(informer.wait_tried)
     return made
@@ -383,18 +389,22 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         clients cached), ``claimsPending`` (claims waiting for an address),
         ``lastBackendSuccess`` (ISO 8601 UTC time of the last successful backend
         operation, or None), ``secondsSinceBackendSuccess`` (float seconds, or None) and
-        ``queueStalledSeconds`` (`bridge.runtime.workqueue.WorkQueue.stalled`).
+        ``queueStalledSeconds`` (`bridge.runtime.workqueue.WorkQueue.stalled`) and
+        ``watchIdleSeconds`` (the longest `bridge.runtime.informer.Informer.quiet` of the
+        informers in ``memo.informers``).
 
     Raises
     ------
     RuntimeError
         When due keys have waited more than ``IPAM_BRIDGE_STALL_SECONDS`` with no reconcile
-        started or finished: kopf then answers the liveness probe with HTTP 500 and the
-        kubelet restarts the pod.
+        started or finished, or when a watch had no event, bookmark or list for twice
+        ``IPAM_BRIDGE_WATCH_STALL_SECONDS`` (dead, and not even a list gets through): kopf
+        then answers the liveness probe with HTTP 500 and the kubelet restarts the pod.
     """
     op: Operator | None = memo.get("bridge")
     if op is None:
         return {"started": False}
+    idle = _dead_watches(memo.get("informers") or [], 2 * op.settings.watch_stall_seconds)
     stalled = op.queue.stalled()
     limit = op.settings.stall_seconds
     if limit and stalled > limit:
@@ -414,4 +424,23 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         else datetime.datetime.fromtimestamp(last, datetime.UTC).isoformat(),
         "secondsSinceBackendSuccess": None if last is None else round(time.time() - last, 3),
         "queueStalledSeconds": round(stalled, 3),
+        "watchIdleSeconds": round(idle, 3),
     }
+
+
+def _dead_watches(informers: Iterable[Informer], limit: float) -> float:
+    """Return the longest idle seconds of ``informers`` (0.0 for none).
+
+    Raises
+    ------
+    RuntimeError
+        When one was idle (no event, bookmark or list) for more than ``limit`` seconds.
+    """
+    quiet = {informer.name: informer.quiet() for informer in informers}
+    dead = sorted(name for name, seconds in quiet.items() if seconds > limit)
+    if dead:
+        raise RuntimeError(
+            f"no event, bookmark or list for more than {limit:.0f}s on the watch of"
+            f" {', '.join(dead)} (the API server does not answer)"
+        )
+    return max(quiet.values(), default=0.0)

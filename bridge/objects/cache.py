@@ -39,7 +39,7 @@ from bridge import capi
 from bridge.objects.client import ObjectClient, address_resource, claim_resource
 from bridge.runtime.cache import Key, ObjectCache, Relisted, Scope
 from bridge.runtime.gateway import Resource, WatchStream
-from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer, Sink
+from bridge.runtime.informer import STALL_SECONDS, WATCH_SECONDS, Informer, Sink
 
 __all__ = ["PARTS", "Cache", "Part", "informers", "prime", "relist"]
 
@@ -170,6 +170,7 @@ def informers(
     namespaces: tuple[str, ...],
     addresses: Sink,
     claims: Sink,
+    stall: float = STALL_SECONDS,
 ) -> list[Informer]:
     """Return the informers of our IPAddresses and claims, one per watched namespace.
 
@@ -185,6 +186,9 @@ def informers(
         The watched namespaces (empty: all, one cluster-wide watch per resource).
     addresses, claims:
         What each informer tells its events to (`bridge.runtime.informer.Sink`).
+    stall:
+        Seconds without an event or a bookmark after which a watch is dead and its scope
+        is listed again (`bridge.runtime.informer.Informer`).
     """
     made: list[Informer] = []
     scopes: dict[str | None, Scope] = {
@@ -207,20 +211,26 @@ def informers(
                     wanted=_ours,
                     sink=sink,
                     scope=scope,
+                    stall=stall,
                 )
             )
     return made
 
 
 def _watch(
-    kube: ObjectClient, resource: Resource, namespace: str | None, version: str
+    kube: ObjectClient,
+    resource: Resource,
+    namespace: str | None,
+    version: str,
+    *,
+    read_timeout: float,
 ) -> WatchStream:
     return kube.watch(
         resource,
         namespace,
         version,
         timeout_seconds=WATCH_SECONDS,
-        read_timeout=WATCH_READ_TIMEOUT,
+        read_timeout=read_timeout,
     )
 
 

@@ -113,14 +113,13 @@ def configure(settings: kopf.OperatorSettings, bridge: Settings) -> None:
     settings.posting.level = logging.INFO
     # Reconnect quickly after an API server hiccup. A watch request asks the server to end
     # it after WATCH_SECONDS s and gives up itself a little later; kopf also drops a
-    # watch that brought no event, not even a bookmark, for its inactivity timeout (70 s).
-    # A connection that died silently (a blackhole) is found out, and the watch resumes or
-    # relists (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
-    # The same timeouts as the informers' watches of claims and IPAddresses.
+    # watch that brought no event, not even a bookmark, for its inactivity timeout: the stall
+    # limit, as the informers' watches of claims and IPAddresses. A connection that died
+    # silently (a blackhole) is found out, and the watch resumes or relists
+    # (https://kopf.readthedocs.io/en/stable/configuration/#api-timeouts).
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_READ_TIMEOUT
     settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT
-    # A watch with no event and no bookmark for the stall limit is dead, as the informers'.
     settings.watching.inactivity_timeout = bridge.watch_stall_seconds
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = [1, 2, 5, 10]

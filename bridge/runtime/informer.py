@@ -61,8 +61,8 @@ log = logging.getLogger(__name__)
 #: Seconds a watch request asks the API server to serve it (``timeoutSeconds``): then it is
 #: resumed from the last resourceVersion.
 WATCH_SECONDS: Final = 300
-#: Seconds without a byte after which a watch's connection counts as dead (a connection that
-#: died silently): the API server ends each watch after `WATCH_SECONDS`.
+#: Seconds a watch request may last in all (kopf's ``client_timeout``): the API server ends
+#: each watch after `WATCH_SECONDS`; a silent one is found sooner, by `STALL_SECONDS`.
 WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 30.0
 #: Seconds without an event or a bookmark after which a watch is dead (a real API server
 #: sends a bookmark about every 60 s): the read timeout of the watch's socket.

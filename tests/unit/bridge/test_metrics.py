@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.base import IPAMBackend
-from bridge.handlers.lifecycle import probe
+from bridge.handlers.lifecycle import configure, probe
 from bridge.metrics import Metrics
 from bridge.operator import Operator
 from bridge.reconcilers.context import ServedVersions
@@ -286,3 +286,9 @@ def test_the_idle_seconds_of_each_watch_are_read_at_scrape_time() -> None:
     assert scraped() == {("ipaddressclaims", ""): 1.5, ("ipaddresses", "ns"): 0.25}
     watch.idle = 95.0
     assert scraped()[("ipaddressclaims", "")] == 95.0
+
+
+def test_kopf_drops_its_watches_silent_for_the_stall_limit_too() -> None:
+    settings = kopf.OperatorSettings()
+    configure(settings, Settings(watch_stall_seconds=7))
+    assert settings.watching.inactivity_timeout == 7

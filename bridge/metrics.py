@@ -192,6 +192,11 @@ class Metrics:
     drift_restored:
         ``ipam_bridge_drift_restored_total{pool, kind}``: missing entries the audit
         registered again at their address.
+    watch_idle:
+        ``ipam_bridge_watch_idle_seconds{resource, namespace}``: seconds since each watch's
+        last event, bookmark or list (``namespace`` empty for a cluster-wide watch),
+        computed at scrape time (`watched`). A real API server sends a bookmark about every
+        60 s; beyond ``IPAM_BRIDGE_WATCH_STALL_SECONDS`` the watch is dead and listed again.
     leader:
         ``ipam_bridge_leader``: 1 on the replica that handles claims and pools (the holder of
         the leader Lease, or the only process without leader election), 0 on a standby.
@@ -211,6 +216,12 @@ class Metrics:
         self._claim_metrics()
         self._backend_metrics()
         self._audit_metrics()
+        self.watch_idle = Gauge(
+            "ipam_bridge_watch_idle_seconds",
+            "Seconds since each watch's last event, bookmark or list.",
+            ["resource", "namespace"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "ipam_bridge_leader",
             "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
@@ -356,6 +367,21 @@ class Metrics:
     def request_made(self, record: RequestRecord) -> None:
         """Count one HTTP request to an IPAM endpoint (the `FlowControl` request hook)."""
         self.http_requests.labels(record.endpoint, record.result).inc()
+
+    def watched(self, resource: str, namespace: str, idle: Callable[[], float]) -> None:
+        """Export ``idle()`` (seconds since a watch's last event, bookmark or list) at scrape.
+
+        Parameters
+        ----------
+        resource:
+            The watched resource's plural (``ipaddressclaims``).
+        namespace:
+            The watched namespace; empty for a cluster-wide watch.
+        idle:
+            Returns the seconds (e.g. `bridge.runtime.informer.Informer.quiet`); called in
+            the scraping thread.
+        """
+        self.watch_idle.labels(resource, namespace).set_function(idle)
 
     def pending(self, claim: str, reason: str | None) -> None:
         """Record that a claim waits for an address, or no longer waits.

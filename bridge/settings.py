@@ -118,6 +118,13 @@ class Settings(BaseSettings):
         description="Liveness fails when the work queue starts and finishes no reconcile "
         "for this many seconds while keys are due (hung workers, a blocked loop); 0 = never.",
     )
+    watch_stall_seconds: float = Field(
+        90.0,
+        gt=0,
+        description="A watch with no event and no bookmark (a real API server sends one "
+        "every 60 s) for this many seconds is dead: its resource is listed again; /healthz "
+        "fails when one stays so for twice as long.",
+    )
     health_port: int = Field(
         8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
     )

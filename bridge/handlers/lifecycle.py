@@ -6,7 +6,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import kopf
@@ -183,7 +183,8 @@ async def start_informers(op: Operator) -> list[Informer]:
     that failed is tried again in the background (`bridge.runtime.informer.Informer`), its
     part read from the API meanwhile. Events are applied to the cache in the informers'
     threads, whose sinks queue what needs a reconcile (`bridge.handlers.claims`,
-    `bridge.handlers.pools`).
+    `bridge.handlers.pools`). Each one's idle seconds are exported
+    (`bridge.metrics.Metrics.watched`).
     """
     made = informers(
         op.cache,
@@ -197,10 +198,13 @@ async def start_informers(op: Operator) -> list[Informer]:
             "clusters": ClusterEvents(op),
             "claims": ClaimEvents(op),
         },
+        stall=op.settings.watch_stall_seconds,
     )
     started: list[Informer] = []
     for stage in ([i for part in PARTS[:-1] for i in made[part]], made["claims"]):
         for informer in stage:
+            resource, _, namespace = informer.name.partition(" in ")
+            op.metrics.watched(resource, namespace, informer.quiet)
             informer.start()
         started += stage
         for informer in stage:
@@ -344,18 +348,22 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         clients cached), ``claimsPending`` (claims waiting for an address),
         ``lastBackendSuccess`` (ISO 8601 UTC time of the last successful backend
         operation, or None), ``secondsSinceBackendSuccess`` (float seconds, or None) and
-        ``queueStalledSeconds`` (`bridge.runtime.workqueue.WorkQueue.stalled`).
+        ``queueStalledSeconds`` (`bridge.runtime.workqueue.WorkQueue.stalled`) and
+        ``watchIdleSeconds`` (the longest `bridge.runtime.informer.Informer.quiet` of the
+        informers in ``memo.informers``).
 
     Raises
     ------
     RuntimeError
         When due keys have waited more than ``IPAM_BRIDGE_STALL_SECONDS`` with no reconcile
-        started or finished: kopf then answers the liveness probe with HTTP 500 and the
-        kubelet restarts the pod.
+        started or finished, or when a watch had no event, bookmark or list for twice
+        ``IPAM_BRIDGE_WATCH_STALL_SECONDS`` (dead, and not even a list gets through): kopf
+        then answers the liveness probe with HTTP 500 and the kubelet restarts the pod.
     """
     op: Operator | None = memo.get("bridge")
     if op is None:
         return {"started": False}
+    idle = _dead_watches(memo.get("informers") or [], 2 * op.settings.watch_stall_seconds)
     stalled = op.queue.stalled()
     limit = op.settings.stall_seconds
     if limit and stalled > limit:
@@ -375,4 +383,23 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         else datetime.datetime.fromtimestamp(last, datetime.UTC).isoformat(),
         "secondsSinceBackendSuccess": None if last is None else round(time.time() - last, 3),
         "queueStalledSeconds": round(stalled, 3),
+        "watchIdleSeconds": round(idle, 3),
     }
+
+
+def _dead_watches(informers: Iterable[Informer], limit: float) -> float:
+    """Return the longest idle seconds of ``informers`` (0.0 for none).
+
+    Raises
+    ------
+    RuntimeError
+        When one was idle (no event, bookmark or list) for more than ``limit`` seconds.
+    """
+    quiet = {informer.name: informer.quiet() for informer in informers}
+    dead = sorted(name for name, seconds in quiet.items() if seconds > limit)
+    if dead:
+        raise RuntimeError(
+            f"no event, bookmark or list for more than {limit:.0f}s on the watch of"
+            f" {', '.join(dead)} (the API server does not answer)"
+        )
+    return max(quiet.values(), default=0.0)

@@ -37,7 +37,7 @@ from bridge.objects.client import (
 )
 from bridge.runtime.expectations import Expectations
 from bridge.runtime.gateway import Resource, WatchStream
-from bridge.runtime.informer import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer, Sink
+from bridge.runtime.informer import STALL_SECONDS, WATCH_SECONDS, Informer, Sink
 from bridge.runtime.store import Key, Store
 
 __all__ = ["PARTS", "Cache", "Part", "informers"]
@@ -121,6 +121,7 @@ def informers(
     cluster_version: str | None,
     namespaces: tuple[str, ...],
     sinks: Mapping[Part, Sink],
+    stall: float = STALL_SECONDS,
 ) -> dict[Part, list[Informer]]:
     """Return the informers of every part, one per resource and watched namespace.
 
@@ -139,6 +140,9 @@ def informers(
         The watched namespaces (empty: all, one cluster-wide watch per resource).
     sinks:
         What each part's informers tell their events to (`bridge.runtime.informer.Sink`).
+    stall:
+        Seconds without an event or a bookmark after which a watch is dead and its scope
+        is listed again (`bridge.runtime.informer.Informer`).
     """
     resources: dict[Part, list[Resource]] = {
         "addresses": [address_resource(version)],
@@ -167,6 +171,7 @@ def informers(
                 wanted=_ours if part in ("claims", "addresses") else _every,
                 sink=sinks[part],
                 scope=scope,
+                stall=stall,
             )
             for resource, namespace, scope in plan
         ]
@@ -174,14 +179,19 @@ def informers(
 
 
 def _watch(
-    kube: ObjectClient, resource: Resource, namespace: str | None, version: str
+    kube: ObjectClient,
+    resource: Resource,
+    namespace: str | None,
+    version: str,
+    *,
+    read_timeout: float,
 ) -> WatchStream:
     return kube.watch(
         resource,
         namespace,
         version,
         timeout_seconds=WATCH_SECONDS,
-        read_timeout=WATCH_READ_TIMEOUT,
+        read_timeout=read_timeout,
     )
 
 

@@ -17,6 +17,13 @@ HTTP connection pool (`bridge.runtime.gateway.Kube.list_collection`, `.watch`):
    broken or silent connection, an API server restart, an error answer) makes the scope
    suspect at once (lookups read the API meanwhile) and lists again, after a backoff when
    it keeps failing: a watch that restarts never tells of the objects deleted meanwhile.
+4. **Liveness.** A real API server sends a BOOKMARK on a watch asked with
+   ``allowWatchBookmarks`` about once a minute, even when nothing changes
+   (https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks). A watch
+   with no byte for the stall limit (``stall``, `STALL_SECONDS`: the socket's read timeout)
+   is dead: urllib3's ``ReadTimeoutError`` ends it and the informer lists again, as for a
+   410. `Informer.quiet` tells the seconds since the last event, bookmark or list (for
+   ``/healthz`` and a metric).
 
 Nothing here knows of CAPI or of IPAM: which objects are wanted, their keys and what an
 event leads to are the caller's (`Informer`'s parameters).
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -38,7 +46,7 @@ from bridge.runtime.store import Key, Relisted, Scope, Store
 
 __all__ = [
     "BACKOFF_SECONDS",
-    "WATCH_READ_TIMEOUT",
+    "STALL_SECONDS",
     "WATCH_SECONDS",
     "Event",
     "Informer",
@@ -51,9 +59,9 @@ log = logging.getLogger(__name__)
 #: Seconds a watch request asks the API server to serve it (``timeoutSeconds``): then it is
 #: resumed from the last resourceVersion.
 WATCH_SECONDS: Final = 300
-#: Seconds without a byte after which a watch's connection counts as dead (a connection that
-#: died silently): the API server ends each watch after `WATCH_SECONDS`.
-WATCH_READ_TIMEOUT: Final = WATCH_SECONDS + 30.0
+#: Seconds without an event or a bookmark after which a watch is dead (a real API server
+#: sends a bookmark about every 60 s): the read timeout of the watch's socket.
+STALL_SECONDS: Final = 90.0
 #: Seconds before each further attempt to list after a failure (the last one repeats).
 BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.5, 1.0, 2.0, 5.0, 10.0)
 #: What ends a watch without a bug: an error answer, a broken or silent connection, a line
@@ -121,8 +129,9 @@ class Informer:
         Lists the scope's objects (`bridge.runtime.gateway.Kube.list_collection`); raises
         on failure.
     watch:
-        Opens a watch of the scope from a resourceVersion
-        (`bridge.runtime.gateway.Kube.watch`); raises ``ApiException`` for an error answer.
+        Opens a watch of the scope from a resourceVersion, with a ``read_timeout`` keyword
+        in seconds (`bridge.runtime.gateway.Kube.watch`); raises ``ApiException`` for an
+        error answer.
     store:
         The store part this informer feeds.
     key:
@@ -136,6 +145,9 @@ class Informer:
         The keys this informer's list covers (None: every key of the part).
     backoff:
         Seconds before each further attempt after a failure (`BACKOFF_SECONDS`).
+    stall:
+        Seconds without an event or a bookmark after which the watch is dead
+        (`STALL_SECONDS`): given to ``watch`` as its ``read_timeout``.
     """
 
     def __init__(
@@ -143,13 +155,14 @@ class Informer:
         name: str,
         *,
         list: Callable[[], Collection],
-        watch: Callable[[str], WatchStream],
+        watch: Callable[..., WatchStream],
         store: Store,
         key: Callable[[Mapping[str, Any]], Key],
         wanted: Callable[[Mapping[str, Any]], bool],
         sink: Sink,
         scope: Scope | None = None,
         backoff: Sequence[float] = BACKOFF_SECONDS,
+        stall: float = STALL_SECONDS,
     ) -> None:
         self.name = name
         self._list = list
@@ -160,6 +173,9 @@ class Informer:
         self._sink = sink
         self._scope = scope
         self._backoff = tuple(backoff) or (1.0,)
+        self.stall = stall
+        #: `time.monotonic` of the last event, bookmark or list that succeeded.
+        self._heard = time.monotonic()
         self._stopped = threading.Event()
         self._tried = threading.Event()  # the first list was tried (stored, or failed)
         self._lock = threading.Lock()
@@ -193,6 +209,14 @@ class Informer:
             stream.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def quiet(self) -> float:
+        """Return the seconds since the last event, bookmark or list of this informer.
+
+        Beyond `stall` the watch is dead and being replaced; beyond twice that, not even a
+        list gets through.
+        """
+        return time.monotonic() - self._heard
 
     @property
     def alive(self) -> bool:
@@ -255,6 +279,7 @@ class Informer:
         try:
             collection = self._list()
             items = [(self._key(body), body) for body in collection.items if self._wanted(body)]
+            self._heard = time.monotonic()
         except BaseException:
             if relisting is not None:
                 self._store.end_relist(relisting)
@@ -285,7 +310,7 @@ class Informer:
             When the request fails, the connection breaks or a line is not JSON.
         """
         try:
-            stream = self._watch(version)
+            stream = self._watch(version, read_timeout=self.stall)
         except ApiException as exc:
             if exc.status == 410:
                 raise _RelistError("410 Gone") from exc
@@ -299,6 +324,7 @@ class Informer:
             for raw in stream:
                 kind = str(raw.get("type") or "")
                 body = raw.get("object")
+                self._heard = time.monotonic()
                 if not isinstance(body, dict):
                     continue
                 if kind == "ERROR":

@@ -43,6 +43,7 @@ from mock_kubernetes.auth import (
 from mock_kubernetes.faults import Faults
 from mock_kubernetes.partition import Partition
 from mock_kubernetes.resources import ResourceDef
+from mock_kubernetes.silence import Silence
 from mock_kubernetes.store import Admit, ApiError, ObjectStore
 
 __all__ = ["KubeEmulator", "Route", "kube_version_priority", "route"]
@@ -215,6 +216,12 @@ class KubeEmulator:
         are served): a network partition of one client.
     faults : Faults
         Injected failures: chosen authorized requests answered with an error status.
+    silence : Silence
+        A silent network for every client: open watch streams send nothing more, new
+        requests are held (`mock_kubernetes.silence`).
+    bookmark_seconds : float or None
+        Seconds without an event after which a watch asked with ``allowWatchBookmarks``
+        gets a ``BOOKMARK`` (60, as a real API server); ``None``: never.
 
     Notes
     -----
@@ -230,6 +237,8 @@ class KubeEmulator:
     latency: dict[str, float] = dataclasses.field(default_factory=dict)
     partition: Partition = dataclasses.field(default_factory=Partition)
     faults: Faults = dataclasses.field(default_factory=Faults)
+    silence: Silence = dataclasses.field(default_factory=Silence)
+    bookmark_seconds: float | None = 60.0
 
     def __post_init__(self) -> None:
         self.identities[self.admin.token] = self.admin
@@ -248,6 +257,7 @@ class KubeEmulator:
             The answer: JSON, a ``v1 Status`` on failure, or a watch stream (already sent).
 
         """
+        await self.silence.admit(request)
         attributes = request_attributes(request.method, request.path, request.query)
         identity = self.authenticate(request.headers.get("Authorization"))
         if identity is None:
@@ -327,11 +337,14 @@ class KubeEmulator:
             error = ApiError(500, "InternalError", f"the emulator failed: {e!r}")
             return aiohttp.web.json_response(error.to_status(), status=500)
 
-    @staticmethod
     async def _stream(
-        request: aiohttp.web.BaseRequest, events: AsyncIterator[dict[str, Any]]
+        self, request: aiohttp.web.BaseRequest, events: AsyncIterator[dict[str, Any]]
     ) -> aiohttp.web.StreamResponse:
-        """Send watch events as JSON lines; the headers go at once (a watch may stay silent)."""
+        """Send watch events as JSON lines; the headers go at once (a watch may stay silent).
+
+        A stream the `silence` silenced sends nothing more, not even its end, and stays open.
+        """
+        epoch = self.silence.epoch
         response = aiohttp.web.StreamResponse(
             status=200, headers={"Content-Type": "application/json"}
         )
@@ -339,6 +352,8 @@ class KubeEmulator:
         try:
             try:
                 async for event in events:
+                    if self.silence.silenced(epoch):
+                        break
                     await response.write(json.dumps(event).encode() + b"\n")
             except ConnectionError:
                 return response  # the client went away
@@ -348,13 +363,15 @@ class KubeEmulator:
                 await response.write(
                     json.dumps({"type": "ERROR", "object": error.to_status()}).encode() + b"\n"
                 )
+            if self.silence.silenced(epoch):
+                await _aclose(events)  # the store forgets the watcher at once
+                await self.silence.hold_open(request)
+                return response
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away while the stream ended
         finally:
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()  # the store forgets the watcher at once
+            await _aclose(events)  # the store forgets the watcher at once
         return response
 
     # -- discovery ------------------------------------------------------------------------------
@@ -518,6 +535,7 @@ class KubeEmulator:
                 405, "MethodNotAllowed", "watch a single object with a metadata.name field selector"
             )
         timeout = params.get("timeoutSeconds")
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
         return self.store.watch(
             defn,
             target.namespace,
@@ -526,6 +544,7 @@ class KubeEmulator:
             field_selector=params.get("fieldSelector"),
             timeout=float(timeout) if timeout else None,
             version=target.version,
+            bookmark=self.bookmark_seconds if bookmarks else None,
         )
 
     def _admission(self) -> Admit | None:
@@ -537,6 +556,13 @@ class KubeEmulator:
         return owner_references_admission(
             identity, attributes, self.access_log, self.store.find_kind
         )
+
+
+async def _aclose(events: AsyncIterator[dict[str, Any]]) -> None:
+    """Close an event stream (an async generator's ``aclose``); closing twice is harmless."""
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()
 
 
 def _body(raw: bytes, *, dict_only: bool = True) -> Any:

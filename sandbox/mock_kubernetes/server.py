@@ -63,6 +63,9 @@ class EmulatedKubernetes:
         Refuse requests without a bearer token (401) instead of serving them as the admin.
     host, port : str, int
         Where to listen; port 0 picks a free one.
+    bookmark_seconds : float or None
+        Seconds without an event after which a watch asked with ``allowWatchBookmarks``
+        gets a ``BOOKMARK`` (60, as a real API server); ``None``: never.
 
     Examples
     --------
@@ -91,6 +94,7 @@ class EmulatedKubernetes:
         require_token: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
+        bookmark_seconds: float | None = 60.0,
     ) -> None:
         self.store = ObjectStore(
             garbage_collection=garbage_collection,
@@ -107,8 +111,11 @@ class EmulatedKubernetes:
             self.store.create(
                 self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
             )
-        self.handler = KubeEmulator(store=self.store, require_token=require_token)
-        """The request handler: its ``faults``, ``partition`` and ``latency`` shape the answers."""
+        self.handler = KubeEmulator(
+            store=self.store, require_token=require_token, bookmark_seconds=bookmark_seconds
+        )
+        """The request handler: its ``faults``, ``partition``, ``silence`` and ``latency`` shape
+        the answers."""
         for identity in identities:
             self.add_identity(identity)
         self._host = host

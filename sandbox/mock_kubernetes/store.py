@@ -1195,6 +1195,7 @@ class ObjectStore:
         field_selector: str | None = None,
         timeout: float | None = None,
         version: str | None = None,
+        bookmark: float | None = None,
     ) -> AsyncIterator[Obj]:
         """Stream watch events (``{"type": ..., "object": ...}``) until closed or timed out.
 
@@ -1216,6 +1217,13 @@ class ObjectStore:
             ``timeoutSeconds``: end the stream after so many seconds.
         version : str or None
             The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+        bookmark : float or None
+            Seconds without an event after which a ``BOOKMARK`` event is sent (its object
+            carries only ``kind``, ``apiVersion`` and ``metadata.resourceVersion``: every
+            event up to it was sent), as a real API server does about once a minute for a
+            watch asked with ``allowWatchBookmarks``
+            (https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks);
+            ``None``: never.
 
         Returns
         -------
@@ -1264,7 +1272,7 @@ class ObjectStore:
                         )
         if not self._closed and not any(e["type"] == "ERROR" for e in initial):
             self._watchers[defn.key].add(watcher)
-        return self._stream(defn, watcher, initial, timeout, version)
+        return self._stream(defn, watcher, initial, timeout, version, bookmark)
 
     async def _stream(
         self,
@@ -1273,6 +1281,7 @@ class ObjectStore:
         initial: builtins.list[Obj],
         timeout: float | None,
         version: str | None,
+        bookmark: float | None = None,
     ) -> AsyncIterator[Obj]:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -1285,15 +1294,31 @@ class ObjectStore:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return
+                marks = bookmark is not None and (remaining is None or bookmark < remaining)
+                wait = bookmark if marks else remaining
                 try:
-                    event = await asyncio.wait_for(watcher.queue.get(), remaining)
+                    event = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
-                    return
+                    if not marks:
+                        return
+                    yield self._bookmark(defn, version)
+                    continue
                 if event is None:
                     return
                 yield {"type": event.type, "object": self._render(defn, event.obj, version)}
         finally:
             self._watchers[defn.key].discard(watcher)
+
+    def _bookmark(self, defn: ResourceDef, version: str | None) -> Obj:
+        """Return a ``BOOKMARK`` at the current resourceVersion (the watcher's queue is empty)."""
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "apiVersion": defn.api_version(version or defn.preferred_version),
+                "kind": defn.kind,
+                "metadata": {"resourceVersion": str(self.resource_version)},
+            },
+        }
 
     def drop_watches(self) -> int:
         """End every open watch stream, as an API server going down does; return how many.

@@ -40,6 +40,7 @@ ALERTS = {
     "IPAMBridgeDriftUnresolved",
     "IPAMBridgeNoLeader",
     "IPAMBridgeDown",
+    "IPAMBridgeWatchStalled",
 }
 MONITORING_VALUES = (
     "metrics.serviceMonitor.enabled",

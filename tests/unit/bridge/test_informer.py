@@ -123,19 +123,21 @@ def informer(
     *,
     namespace: str | None = None,
     watch_seconds: int = 60,
+    stall: float = 30.0,
     keep: Callable[[Mapping[str, Any]], bool] = wanted,
 ) -> Informer:
     return Informer(
         "widgets",
         list=lambda: gateway.list_collection(WIDGETS, namespace),
-        watch=lambda version: gateway.watch(
-            WIDGETS, namespace, version, timeout_seconds=watch_seconds, read_timeout=30
+        watch=lambda version, read_timeout: gateway.watch(
+            WIDGETS, namespace, version, timeout_seconds=watch_seconds, read_timeout=read_timeout
         ),
         store=cache,
         key=key_of,
         wanted=keep,
         sink=SinkOf(recorder),
         backoff=(0.05, 0.1),
+        stall=stall,
     )
 
 
@@ -308,3 +310,27 @@ def test_an_unexpected_error_is_logged_and_the_scope_listed_again(
         wait_for(lambda: ("ADDED", "after", True) in recorder.seen(), timeout=10)
     finally:
         watcher.stop()
+
+
+def test_a_silent_watch_is_dead_after_the_stall_limit_and_the_scope_is_listed_again() -> None:
+    with EmulatedKubernetes(crds=[CRD], bookmark_seconds=0.2) as kube, kube.api_client() as client:
+        gateway = Kube(client)  # a list held during the silence is answered at the heal
+        cache, recorder = Store("widgets"), Recorder()
+        watcher = informer(gateway, cache, recorder, stall=1.0)
+        watcher.start()
+        try:
+            assert watcher.wait_tried(10)
+            kube.create(widget("before"))
+            wait_for(lambda: ("default", "before") in cache, timeout=10)
+            assert watcher.quiet() < 1.0  # bookmarks keep the quiet watch alive
+            kube.handler.silence.begin()  # the watch stays open and silent, for good
+            kube.create(widget("during"))
+            wait_for(lambda: watcher.quiet() > 1.0, timeout=10)
+            kube.handler.silence.heal()
+            # Its read timeout (the stall limit) ended the watch: listed again, watched anew.
+            wait_for(lambda: ("default", "during") in cache and watcher.lists >= 2, timeout=30)
+            kube.create(widget("after"))
+            wait_for(lambda: ("default", "after") in cache, timeout=10)
+            assert watcher.quiet() < 1.0
+        finally:
+            watcher.stop()

@@ -204,6 +204,7 @@ def test_probe_reports_in_memory_facts_only() -> None:
         "lastBackendSuccess": None,
         "secondsSinceBackendSuccess": None,
         "queueStalledSeconds": 0.0,
+        "watchIdleSeconds": 0.0,
     }
 
     backend: IPAMBackend = _Backend()  # type: ignore[assignment]
@@ -240,3 +241,48 @@ def test_probe_fails_when_the_work_queue_makes_no_progress_while_keys_are_due() 
         probe(memo=memo)
     ctx.settings = Settings(stall_seconds=0)  # 0: never
     assert probe(memo=memo)["queueStalledSeconds"] == 61.0
+
+
+class _Watch:
+    """An informer as the probe and the metric see it: a name and its idle seconds."""
+
+    def __init__(self, name: str, idle: float) -> None:
+        self.name = name
+        self.idle = idle
+
+    def quiet(self) -> float:
+        return self.idle
+
+
+def test_probe_fails_when_a_watch_had_nothing_for_twice_the_stall_limit() -> None:
+    ctx = Operator(
+        settings=Settings(watch_stall_seconds=10), kube=_Kube(), versions=ServedVersions("v1beta2")
+    )  # type: ignore[arg-type]
+    memo = kopf.Memo()
+    memo.bridge = ctx
+    claims = _Watch("ipaddressclaims in ns", 19.0)
+    memo.informers = [_Watch("ipaddresses in ns", 1.0), claims]
+    # Dead beyond the limit but younger than twice it: the relist may still get through.
+    assert probe(memo=memo)["watchIdleSeconds"] == 19.0
+    claims.idle = 21.0
+    with pytest.raises(RuntimeError, match=r"more than 20s on the watch of ipaddressclaims in ns"):
+        probe(memo=memo)
+
+
+def test_the_idle_seconds_of_each_watch_are_read_at_scrape_time() -> None:
+    metrics = Metrics()
+    watch = _Watch("ipaddressclaims", 1.5)
+    metrics.watched("ipaddressclaims", "", watch.quiet)
+    metrics.watched("ipaddresses", "ns", lambda: 0.25)
+
+    def scraped() -> dict[tuple[str, str], float]:
+        return {
+            (sample.labels["resource"], sample.labels["namespace"]): sample.value
+            for family in metrics.registry.collect()
+            if family.name == "ipam_bridge_watch_idle_seconds"
+            for sample in family.samples
+        }
+
+    assert scraped() == {("ipaddressclaims", ""): 1.5, ("ipaddresses", "ns"): 0.25}
+    watch.idle = 95.0
+    assert scraped()[("ipaddressclaims", "")] == 95.0

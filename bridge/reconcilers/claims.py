@@ -882,15 +882,16 @@ def _release_decided(deps: ClaimDeps, claim: Claim) -> Result:
     The release is skipped (the IPAM entry kept) only on positive evidence of a
     ``clusterctl move``: its annotation (`capi.MOVE_ANNOTATION`) on the claim or its
     IPAddress as the API server has them. Whenever the cache does not show the claim's
-    IPAddress, or shows that annotation, the claim and its IPAddress are read from the API
-    (`_from_api`): the cache can say "absent" wrongly, and letting a claim go without a
-    release cannot be undone.
+    IPAddress (bound or not: a leader may have stopped between the IPAddress's create and
+    the status write), or shows that annotation, the claim and its IPAddress are read from
+    the API (`_from_api`): the cache can say "absent" wrongly, and letting a claim go
+    without a release, or leaving its IPAddress behind, cannot be undone.
     """
     _paused(deps, claim)
     address = _address_of(deps, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
     problem = None
-    if (address is None and claim.address_ref) or _moved(claim.annotations, address):
+    if address is None or _moved(claim.annotations, address):
         read = _from_api(deps, claim)
         if read is None:
             _log_release(claim, "done", "the claim or our finalizer is gone")

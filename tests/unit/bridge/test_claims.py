@@ -756,6 +756,20 @@ def test_an_ipaddress_absent_from_the_cache_but_in_the_api_is_released(world: Wo
     assert world.kube.addresses == {} and world.kube.events == []
 
 
+def test_an_unbound_claims_ipaddress_absent_from_the_cache_is_deleted(world: World) -> None:
+    # A leader stopped between the IPAddress's create and the status write: the claim has no
+    # status.addressRef, the cache has not seen the IPAddress yet.
+    bind(world)
+    del world.stored()["status"]
+    _cache_lists_no_addresses(world)
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert [c[0] for c in world.ipam.calls] == ["release"]
+    assert world.ipam.entries == {}
+    assert world.kube.ops() == ["address.finalizer", "address.delete", "claim.finalizer"]
+    assert world.kube.addresses == {} and world.kube.events == []
+
+
 def test_a_bound_claim_whose_ipaddress_is_gone_without_evidence_of_a_move_is_released(
     world: World,
 ) -> None:

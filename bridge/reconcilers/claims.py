@@ -20,7 +20,9 @@ claim's current state each time (``docs/architecture.md``, "The flow of a claim"
 
 Every write's outcome (`gateway.Write`: written, unchanged, gone, conflict) decides what
 follows; a release that stopped before its last step is finished from what the IPAM and the
-IPAddress show, never guessed.
+IPAddress show, never guessed. A claim goes without an IPAM release only on positive evidence of
+a ``clusterctl move`` (its ``delete-for-move`` annotation on the claim or its IPAddress as the
+API server has them) or when its pool is gone.
 
 A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
 up without a namespace (`bridge.capi.pool_namespace`), the hostname stays
@@ -840,7 +842,7 @@ def _release(deps: ClaimDeps, claim: Claim) -> Result:
 
     Raises
     ------
-    _Wait, ClaimError
+    _Wait, ClaimError, kubernetes.client.ApiException
         As `_release_decided` (logged here).
     """
     if capi.CLAIM_FINALIZER not in claim.finalizers:
@@ -854,6 +856,9 @@ def _release(deps: ClaimDeps, claim: Claim) -> Result:
         _log_release(
             claim, "waiting", f"{error.reason}: {error.message}; again in {error.delay:g} s"
         )
+        raise
+    except ApiException as exc:
+        _log_release(claim, "waiting", f"the API server answered {exc.status} {exc.reason}")
         raise
 
 

@@ -231,7 +231,7 @@ def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     typed = _claim_of(deps, namespace, name)
     if typed is None:
         deps.metrics.pending(f"{namespace}/{name}", None)
-        return Result.done()
+        return _orphan(deps, namespace, name)
     claim = typed[1]
     if claim is None:
         return Result.done()  # no poolRef kind/name: not a claim we can serve
@@ -984,6 +984,72 @@ def _from_api(
         problem = f"{what} is another claim's ({ref}): left as it is, not deleted"
         address = None
     return read, address, problem, moved
+
+
+def _orphan(deps: ClaimDeps, namespace: str, name: str) -> Result:
+    """Release what an IPAddress of ours holds whose claim is gone (``ProtectAddress`` on it).
+
+    A claim deleted before the finalizer write of a release that allocated anyway (as
+    1f7aac2 did) goes at once; its IPAddress, collected with it (``deletionTimestamp``), is
+    held by our finalizer, its IPAM entry still registered. Such an IPAddress, named after
+    the claim, of one of our pool kinds, without `capi.MOVE_ANNOTATION`, is checked against
+    the API server (the claim absent, the IPAddress still so), then released as a claim's:
+    its IPAM entry where its annotations say, then the IPAddress. One INFO line says so.
+
+    Raises
+    ------
+    _Wait, ClaimError, kubernetes.client.ApiException
+        As `_release_decided` (the claim is queued again by the IPAddress's events).
+    """
+    version = deps.versions.address
+    cached = _cached(
+        deps.cache.addresses,
+        (namespace, name),
+        lambda: deps.kube.get_ip_address(version, namespace, name),
+    )
+    if not _orphaned(_parse_address(cached), name):
+        return Result.done()
+    if deps.kube.get_claim(version, namespace, name) is not None:
+        return Result.done()
+    address = _parse_address(deps.kube.get_ip_address(version, namespace, name))
+    if address is None or not _orphaned(address, name):
+        return Result.done()
+    owner = next(
+        (o.uid for o in address.metadata.owner_references if o.kind == "IPAddressClaim"), ""
+    )
+    ref = address.spec.pool_ref
+    claim = Claim.from_body(
+        {
+            "apiVersion": address.api_version,
+            "metadata": {"namespace": namespace, "name": name, "uid": owner},
+            "spec": {"poolRef": {"apiGroup": ref.api_group, "kind": ref.kind, "name": ref.name}},
+        }
+    )
+    labels = (f"{_pool_ns(claim)}/{ref.name}", ref.kind)
+    pool = _pool_of(deps, claim)
+    message = f"{_pool_display(claim)} is gone; {address.spec.address} left in the IPAM"
+    if pool is not None:
+        hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
+        registered = address.spec.address or hostname
+        message = _released_message(pool, registered, hostname, released, until)
+    _delete_address(deps, claim, address)
+    _log_release(claim, "released", f"its claim is gone; IPAddress {name} deleted; {message}")
+    return Result.done()
+
+
+def _orphaned(address: IPAddress | None, name: str) -> bool:
+    """Return True for an IPAddress of ours being deleted that names claim ``name``."""
+    if address is None:
+        return False
+    meta, ref = address.metadata, address.spec.pool_ref
+    return (
+        meta.deleting
+        and capi.ADDRESS_FINALIZER in meta.finalizers
+        and capi.MOVE_ANNOTATION not in meta.annotations
+        and address.spec.claim_ref.name == name
+        and ref.api_group == capi.GROUP
+        and ref.kind in capi.POOL_KINDS
+    )
 
 
 def _release_in_ipam(

@@ -845,6 +845,28 @@ def test_a_claim_gone_from_the_api_is_not_released_from_the_cache(world: World) 
     assert world.ipam.calls == [] and world.kube.writes == []
 
 
+@pytest.mark.parametrize("case", ["orphan", "moved", "claim-exists", "not-deleting"])
+def test_an_ipaddress_of_ours_whose_claim_is_gone_is_released(world: World, case: str) -> None:
+    # 1f7aac2 allocated for a claim deleted before its finalizer write landed: the claim went
+    # at once, its IPAddress was collected (deletionTimestamp) and is held by ProtectAddress.
+    bind(world)
+    address = world.kube.addresses[(NS, "c1")]
+    if case != "not-deleting":
+        address["metadata"]["deletionTimestamp"] = DELETED_AT
+    if case == "moved":
+        address["metadata"]["annotations"][capi.MOVE_ANNOTATION] = ""
+    if case != "claim-exists":
+        del world.kube.claims[(NS, "c1")]
+    assert world.reconcile() == Result.done()
+    if case == "orphan":
+        assert [c[0] for c in world.ipam.calls] == ["release"]
+        assert world.ipam.entries == {} and world.kube.addresses == {}
+        assert world.kube.ops() == ["address.finalizer", "address.delete"]
+    else:
+        assert world.ipam.calls == [] and world.kube.writes == []
+        assert world.ipam.entries == {"c1.ns": "10.0.0.2"}
+
+
 def test_every_release_decision_is_one_info_line(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

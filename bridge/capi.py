@@ -88,6 +88,10 @@ HOSTNAME_ANNOTATION = "ipam.cluster.x-k8s.io/hostname"
 #: registered in (the pool's endpoint, app id, subnet...: `pool_backends.location_of`), so a
 #: release always goes where the allocation went.
 LOCATION_ANNOTATION = "ipam.cluster.x-k8s.io/ipam-location"
+#: Annotation ``clusterctl move`` puts on every source object before it deletes it (CAPI
+#: ``cmd/clusterctl/client/cluster/mover.go`` ``deleteSourceObject``, CAPI >= 1.5): the one
+#: positive evidence that a claim goes away because it was moved, its address kept.
+MOVE_ANNOTATION = "clusterctl.cluster.x-k8s.io/delete-for-move"
 
 
 class Reason(enum.StrEnum):

@@ -20,7 +20,9 @@ claim's current state each time (``docs/architecture.md``, "The flow of a claim"
 
 Every write's outcome (`gateway.Write`: written, unchanged, gone, conflict) decides what
 follows; a release that stopped before its last step is finished from what the IPAM and the
-IPAddress show, never guessed.
+IPAddress show, never guessed. A claim goes without an IPAM release only on positive evidence of
+a ``clusterctl move`` (its ``delete-for-move`` annotation on the claim or its IPAddress as the
+API server has them) or when its pool is gone.
 
 A claim may reference a Global (cluster-scoped) pool from any namespace: the pool is looked
 up without a namespace (`bridge.capi.pool_namespace`), the hostname stays
@@ -230,7 +232,7 @@ def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
     typed = _claim_of(deps, namespace, name)
     if typed is None:
         deps.metrics.pending(f"{namespace}/{name}", None)
-        return Result.done()
+        return _orphan(deps, namespace, name)
     claim = typed[1]
     if claim is None:
         return Result.done()  # no poolRef kind/name: not a claim we can serve
@@ -433,12 +435,17 @@ def _claim_of(deps: ClaimDeps, namespace: str, name: str) -> tuple[str, Claim | 
 
 
 def _last_seen(address: IPAddress) -> dict[str, Any]:
-    """Return the metadata of an IPAddress as last seen (`gateway.Kube.delete_ip_address`)."""
+    """Return the metadata of an IPAddress as last seen (`gateway.Kube.delete_ip_address`).
+
+    Its ``uid`` makes the DELETE carry ``preconditions.uid``: another object of the same
+    name is never deleted in its place.
+    """
     meta = address.metadata
     return {
         "metadata": {
             "finalizers": list(meta.finalizers),
             "resourceVersion": meta.resource_version,
+            "uid": meta.uid,
         }
     }
 
@@ -851,28 +858,77 @@ def _update_bound(
 def _release(deps: ClaimDeps, claim: Claim) -> Result:
     """Release a claim being deleted that carries our ``ReleaseAddress`` finalizer.
 
-    Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
-    IPAM cannot be reached (its server URL and credentials went with it): the address is left in
-    the IPAM, a Warning says so, and the claim is let go. The same happens when a bound claim's
-    IPAddress was removed with its ``ProtectAddress`` finalizer stripped (``clusterctl move``
-    deletes the source objects so): the entry now belongs to the moved claim.
+    Every decision is one INFO log line ``release of claim <ns>/<name>: <decision>: ...``
+    (released; skipped and why; waiting and on what).
+
+    Raises
+    ------
+    _Wait, ClaimError, kubernetes.client.ApiException
+        As `_release_decided` (logged here).
     """
     if capi.CLAIM_FINALIZER not in claim.finalizers:
         return Result.done()  # nothing of ours holds the claim
+    try:
+        return _release_decided(deps, claim)
+    except _Wait as wait:
+        _log_release(claim, "waiting", _waiting_on(wait))
+        raise
+    except ClaimError as error:
+        _log_release(
+            claim, "waiting", f"{error.reason}: {error.message}; again in {error.delay:g} s"
+        )
+        raise
+    except ApiException as exc:
+        _log_release(claim, "waiting", f"the API server answered {exc.status} {exc.reason}")
+        raise
+
+
+def _log_release(claim: Claim, decision: str, message: str) -> None:
+    """Log one release decision of a deleted claim (one INFO line)."""
+    log.info("release of claim %s: %s: %s", claim.key, decision, message)
+
+
+def _waiting_on(wait: _Wait) -> str:
+    """Return what a release's `_Wait` waits on, for its log line."""
+    if wait.error is not None:
+        return f"{wait.error.reason}: {wait.error.message}"
+    decision = wait.decision
+    if decision.wake_on:
+        return "until woken by " + ", ".join(str(token) for token in decision.wake_on)
+    return f"again in {decision.after:g} s" if decision.after is not None else "until queued"
+
+
+def _release_decided(deps: ClaimDeps, claim: Claim) -> Result:
+    """Release the claim (`_release`): free its IPAM entry, delete its IPAddress, let it go.
+
+    Proceeds when the Cluster is gone; waits while paused. When the pool no longer exists the
+    IPAM cannot be reached (its server URL and credentials went with it): the address is left in
+    the IPAM, a Warning says so, and the claim is let go.
+
+    The release is skipped (the IPAM entry kept) only on positive evidence of a
+    ``clusterctl move``: its annotation (`capi.MOVE_ANNOTATION`) on the claim or its
+    IPAddress as the API server has them. Whenever the cache does not show the claim's
+    IPAddress (bound or not: a leader may have stopped between the IPAddress's create and
+    the status write), or shows that annotation, the claim and its IPAddress are read from
+    the API (`_from_api`): the cache can say "absent" wrongly, and letting a claim go
+    without a release, or leaving its IPAddress behind, cannot be undone.
+    """
     _paused(deps, claim)
     address = _address_of(deps, claim)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
-
-    if address is None and claim.address_ref:
-        finished = _released_before(deps, claim, labels)
-        if finished is not None:
-            return finished
-        message = (
-            f"IPAddress {claim.namespace}/{claim.address_ref} was removed without this "
-            "operator (finalizers stripped, e.g. by clusterctl move); the IPAM entry of "
-            f"{claim.key} is left as it is"
-        )
-        return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
+    problem = None
+    if address is None or _moved(claim.annotations, address):
+        read = _from_api(deps, claim)
+        if read is None:
+            _log_release(claim, "done", "the claim or our finalizer is gone")
+            return Result.done()
+        claim, address, problem, moved = read
+        if moved is not None:
+            message = (
+                f"{moved} carries {capi.MOVE_ANNOTATION} (clusterctl move): the IPAM entry "
+                f"of {claim.key} is left as it is, for the moved claim"
+            )
+            return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
     pool = _pool_of(deps, claim)
     registered = address.spec.address if address is not None else None
@@ -885,16 +941,136 @@ def _release(deps: ClaimDeps, claim: Claim) -> Result:
         )
         return _finish_release(deps, claim, Reason.RELEASE_SKIPPED, message, labels, "skipped")
 
+    if problem is not None:
+        log.warning("claim %s: %s", claim.key, problem)
+        deps.events.post(claim.as_object(), "Warning", Reason.ADDRESS_CONFLICT, problem)
     hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
     if address is not None:
         _delete_address(deps, claim, address)
     message = _released_message(pool, registered or hostname, hostname, released, until)
+    if problem is not None:
+        message += f" ({problem})"
     decision = _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
         deps.flow.refilled(pool.key)
         deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     return decision
+
+
+def _moved(annotations: Mapping[str, str], address: IPAddress | None) -> bool:
+    """Return True when the claim's or its IPAddress's annotations show a clusterctl move."""
+    if capi.MOVE_ANNOTATION in annotations:
+        return True
+    return address is not None and capi.MOVE_ANNOTATION in address.metadata.annotations
+
+
+def _from_api(
+    deps: ClaimDeps, claim: Claim
+) -> tuple[Claim, IPAddress | None, str | None, str | None] | None:
+    """Read the claim and its IPAddress from the API server (GET, never the cache).
+
+    Returns
+    -------
+    tuple or None
+        None when the claim is gone, is another object of its name (another uid), or no
+        longer carries our finalizer. Else the claim as read; its IPAddress when it exists
+        and is the claim's (None when absent, not valid, or another claim's); why an
+        IPAddress that exists is not used (None: no such problem); and which object carries
+        `capi.MOVE_ANNOTATION` (None: neither).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found".
+    """
+    version = deps.versions.address
+    body = deps.kube.get_claim(version, claim.namespace, claim.name)
+    read = _claim_typed(body)[1] if body is not None else None
+    if read is None or read.uid != claim.uid or capi.CLAIM_FINALIZER not in read.finalizers:
+        return None
+    name = read.address_ref or read.name
+    what = f"IPAddress {read.namespace}/{name}"
+    found = deps.kube.get_ip_address(version, read.namespace, name)
+    address = _parse_address(found)
+    annotations = (found or {}).get("metadata", {}).get("annotations") or {}
+    moved = f"claim {read.key}" if capi.MOVE_ANNOTATION in read.annotations else None
+    if moved is None and isinstance(annotations, Mapping) and capi.MOVE_ANNOTATION in annotations:
+        moved = what
+    problem = None
+    if found is not None and address is None:
+        problem = f"{what} is not a valid IPAddress: left as it is, not deleted"
+    elif address is not None and not _belongs_to(address, read):
+        ref = address.spec.claim_ref.name
+        problem = f"{what} is another claim's ({ref}): left as it is, not deleted"
+        address = None
+    return read, address, problem, moved
+
+
+def _orphan(deps: ClaimDeps, namespace: str, name: str) -> Result:
+    """Release what an IPAddress of ours holds whose claim is gone (``ProtectAddress`` on it).
+
+    A claim deleted before the finalizer write of a release that allocated anyway (as
+    1f7aac2 did) goes at once; its IPAddress, collected with it (``deletionTimestamp``), is
+    held by our finalizer, its IPAM entry still registered. Such an IPAddress, named after
+    the claim, of one of our pool kinds, without `capi.MOVE_ANNOTATION`, is checked against
+    the API server (the claim absent, the IPAddress still so), then released as a claim's:
+    its IPAM entry where its annotations say, then the IPAddress. One INFO line says so.
+
+    Raises
+    ------
+    _Wait, ClaimError, kubernetes.client.ApiException
+        As `_release_decided` (the claim is queued again by the IPAddress's events).
+    """
+    version = deps.versions.address
+    cached = _cached(
+        deps.cache.addresses,
+        (namespace, name),
+        lambda: deps.kube.get_ip_address(version, namespace, name),
+    )
+    if not _orphaned(_parse_address(cached), name):
+        return Result.done()
+    if deps.kube.get_claim(version, namespace, name) is not None:
+        return Result.done()
+    address = _parse_address(deps.kube.get_ip_address(version, namespace, name))
+    if address is None or not _orphaned(address, name):
+        return Result.done()
+    owner = next(
+        (o.uid for o in address.metadata.owner_references if o.kind == "IPAddressClaim"), ""
+    )
+    ref = address.spec.pool_ref
+    claim = Claim.from_body(
+        {
+            "apiVersion": address.api_version,
+            "metadata": {"namespace": namespace, "name": name, "uid": owner},
+            "spec": {"poolRef": {"apiGroup": ref.api_group, "kind": ref.kind, "name": ref.name}},
+        }
+    )
+    labels = (f"{_pool_ns(claim)}/{ref.name}", ref.kind)
+    pool = _pool_of(deps, claim)
+    message = f"{_pool_display(claim)} is gone; {address.spec.address} left in the IPAM"
+    if pool is not None:
+        hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
+        registered = address.spec.address or hostname
+        message = _released_message(pool, registered, hostname, released, until)
+    _delete_address(deps, claim, address)
+    _log_release(claim, "released", f"its claim is gone; IPAddress {name} deleted; {message}")
+    return Result.done()
+
+
+def _orphaned(address: IPAddress | None, name: str) -> bool:
+    """Return True for an IPAddress of ours being deleted that names claim ``name``."""
+    if address is None:
+        return False
+    meta, ref = address.metadata, address.spec.pool_ref
+    return (
+        meta.deleting
+        and capi.ADDRESS_FINALIZER in meta.finalizers
+        and capi.MOVE_ANNOTATION not in meta.annotations
+        and address.spec.claim_ref.name == name
+        and ref.api_group == capi.GROUP
+        and ref.kind in capi.POOL_KINDS
+    )
 
 
 def _release_in_ipam(
@@ -979,48 +1155,6 @@ def _delete_address(deps: ClaimDeps, claim: Claim, address: IPAddress) -> None:
         raise _Wait(Result.requeue_after(1.0))
 
 
-def _released_before(deps: ClaimDeps, claim: Claim, labels: tuple[str, str]) -> Result | None:
-    """Finish a release whose IPAM entry and IPAddress are both gone already.
-
-    A bound claim (``status.addressRef`` set) whose IPAddress is gone was either released
-    by an earlier pass that stopped before its finalizer went (a 409, a crash), or moved
-    (``clusterctl move`` strips the IPAddress's finalizers: the entry stays, now another
-    claim's). The IPAM tells them apart: no entry under the claim's hostname means released
-    (quarantined entries are not found, `backends.base.IPAMBackend.find`).
-
-    Returns
-    -------
-    Result or None
-        The decision of letting the claim go as ``Released``; None when its pool is gone
-        (nothing can be asked) or the IPAM still has the entry.
-
-    Raises
-    ------
-    ClaimError
-        When the IPAM cannot be asked (retried).
-    _Wait
-        When the pool's IPAM server is full.
-    """
-    pool = _pool_of(deps, claim)
-    if pool is None:
-        return None
-    hostname = capi.hostname_for(claim, pool.hostname_suffix)
-    try:
-        with _admitted(deps, claim, pool):
-            backend = deps.clients.backend_for(pool, reuse=True)
-            found = deps.metrics.call(
-                BACKEND_NAMES[pool.kind], "find", lambda: backend.find(hostname)
-            )
-    except PoolError as exc:
-        raise _not_ready(deps, claim, exc) from exc
-    except BackendError as exc:
-        raise _backend_error(deps, exc, pool) from exc
-    if found is not None:
-        return None
-    message = f"released {hostname} in {pool.display}"
-    return _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
-
-
 def _finish_release(
     deps: ClaimDeps,
     claim: Claim,
@@ -1032,19 +1166,20 @@ def _finish_release(
     """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
 
     A 409 on the finalizer write counts nothing and retries in one second: the next pass
-    decides again from the IPAM and the IPAddress (`_released_before`).
+    decides again from the API server's claim and IPAddress (an IPAM release of an entry
+    released already finds nothing to release). The decision is logged as one INFO line.
     """
     if deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, False).outcome is (
         Outcome.CONFLICT
     ):
+        _log_release(claim, "waiting", f"{reason}, but our finalizer's removal met a 409: again")
         return Result.requeue_after(1.0)
     deps.metrics.releases.labels(*labels, result).inc()
     deps.metrics.pending(claim.key, None)
+    _log_release(claim, "skipped" if reason == Reason.RELEASE_SKIPPED else "released", message)
     if reason == Reason.RELEASE_SKIPPED:
-        log.warning("claim %s: %s", claim.key, message)
         deps.events.post(claim.as_object(), "Warning", reason, message)
-    else:  # a release that went as it should posts no Event: the claim is going away
-        log.info("claim %s: %s", claim.key, message)
+    # A release that went as it should posts no Event: the claim is going away.
     # A pool being deleted waits for its claims: look at it again now. A live pool is not
     # checked per release (its periodic refresh keeps its usage current).
     ref = claim.pool_ref

@@ -489,10 +489,19 @@ class JsonObjects:
         return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
 
     def delete_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
+        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str = ""
     ) -> Any:
-        """DELETE a namespaced object (the API server's default propagation)."""
-        return self._request("DELETE", *self._params(group, version, plural, namespace, name))
+        """DELETE a namespaced object (the API server's default propagation).
+
+        With ``uid``, the request's ``DeleteOptions`` carry ``preconditions.uid``: the API
+        server answers 409 Conflict when the object of that name has another uid.
+        """
+        body = None
+        if uid:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        path, params = self._params(group, version, plural, namespace, name)
+        content_type = "application/json" if body is not None else None
+        return self._request("DELETE", path, params, body=body, content_type=content_type)
 
 
 class WatchStream:
@@ -938,7 +947,9 @@ class Kube:
         current:
             The object as last seen (``metadata.finalizers`` and ``resourceVersion``, e.g.
             from a cache): no read is sent. When it is stale (409 Conflict), or not given,
-            the object is read once and the write tried again with what was read.
+            the object is read once and the write tried again with what was read. The
+            DELETE carries ``preconditions.uid`` (the uid as seen or read); when ``current``
+            has a uid and the object read has another, the object seen is gone (`GONE`).
 
         Returns
         -------
@@ -957,9 +968,10 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+        uid = _meta(current).get("uid") if current is not None else None
         current = self.get(resource, namespace, name)
-        if current is None:
-            return GONE
+        if current is None or (uid and _meta(current).get("uid") != uid):
+            return GONE  # the object seen is gone: another of its name is not ours to delete
         try:
             return self._delete(resource, namespace, name, finalizer, current)
         except ApiException as exc:
@@ -997,7 +1009,7 @@ class Kube:
                 raise
         try:
             self.custom.delete_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, name
+                r.group, r.version, namespace, r.plural, name, str(meta.get("uid") or "")
             )
         except ApiException as exc:
             if not _missing(exc):

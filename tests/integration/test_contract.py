@@ -28,6 +28,7 @@ from bridge.capi import (
     CLAIM_FINALIZER,
     CLUSTER_NAME_LABEL,
     GROUP,
+    MOVE_ANNOTATION,
     PAUSED_ANNOTATION,
     POOL_FINALIZER,
 )
@@ -344,7 +345,9 @@ def clusterctl_move(
 
     Spec (or ``data``) and metadata (labels, annotations, finalizers) are copied; status,
     UIDs and resourceVersions are not; owner references get the new owners' UIDs. At the
-    source every finalizer is stripped before the delete, so no release runs there; the
+    source each object is annotated ``clusterctl.cluster.x-k8s.io/delete-for-move``, deleted,
+    then stripped of its finalizers (``mover.go`` ``deleteSourceObject``, real-cluster.md
+    13c), so no release runs there: the annotation says the address moved; the
     resources named in ``keep`` (plurals) are copied but stay at the source (a pool without
     the cluster-name label is not moved: its user recreates it at the target).
     """
@@ -379,10 +382,13 @@ def clusterctl_move(
             continue
         for obj in source.kube.list(api_version, plural, NAMESPACE):
             name = obj["metadata"]["name"]
-            source.kube.patch(
-                api_version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE
-            )
+            moving = {"metadata": {"annotations": {MOVE_ANNOTATION: ""}}}
+            source.kube.patch(api_version, plural, name, moving, NAMESPACE)
             source.kube.delete(api_version, plural, name, NAMESPACE)
+            if source.kube.get(api_version, plural, name, NAMESPACE) is not None:
+                source.kube.patch(
+                    api_version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE
+                )
 
 
 @pytest.mark.parametrize("labelled", [True, False], ids=["pool-moved", "pool-shared"])
@@ -424,8 +430,8 @@ def test_clusterctl_move_rebuilds_status_and_allocates_nothing(
         source, target, keep=frozenset() if labelled else frozenset({"phpipamippools", "secrets"})
     )
     target.start_operator()
-    # kopf may put the claim finalizer back between clusterctl's strip and delete: such a
-    # claim goes once its Cluster is gone, and must not free its (moved) address then.
+    # A claim the source operator still holds (its finalizer) when its Cluster is gone goes
+    # without freeing its (moved) address: it carries clusterctl's delete-for-move.
     source.wait_gone(NAMESPACE, timeout=15)
     assert hosts(phpipam, 7) == in_ipam  # nothing was released at the source
     unpause_cluster(target, "c1")

@@ -16,13 +16,17 @@ from bridge.runtime.gateway import Outcome, Write, _finalizer_patch
 class FakeCustom:
     """The CustomObjectsApi calls `Kube.delete_ip_address` makes, recorded."""
 
-    def __init__(self, stored_version: str) -> None:
+    def __init__(self, stored_version: str, stored_uid: str = "") -> None:
         self.stored_version = stored_version
+        self.stored_uid = stored_uid
         self.calls: list[tuple[str, ...]] = []
+        self.delete_uids: list[str] = []  # the preconditions.uid of each DELETE ("": none)
 
     def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("get",))
         meta = {"finalizers": [ADDRESS_FINALIZER], "resourceVersion": self.stored_version}
+        if self.stored_uid:
+            meta["uid"] = self.stored_uid
         return {"metadata": meta}
 
     def patch_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
@@ -34,6 +38,7 @@ class FakeCustom:
 
     def delete_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("delete",))
+        self.delete_uids.append(args[5] if len(args) > 5 else "")
         return {}
 
 
@@ -79,6 +84,27 @@ def test_our_writes_of_claims_are_expected_by_their_version_or_deletion() -> Non
     other = ("ipaddressclaims", "ns", "c2")
     kube._expect("ipaddressclaims", "ns", "c2", Write(Outcome.CONFLICT))
     assert expectations.pending(other) == 0.0
+
+
+def test_the_delete_of_an_ipaddress_carries_the_uid_seen() -> None:
+    custom = FakeCustom("7", stored_uid="u1")
+    kube, _ = kube_with(custom)
+    body = seen("7")
+    body["metadata"]["uid"] = "u1"
+    assert kube.delete_ip_address("v1beta2", "ns", "m1", body).outcome is Outcome.WRITTEN
+    assert custom.delete_uids == ["u1"]
+
+
+def test_another_ipaddress_of_the_same_name_is_not_deleted_in_place_of_the_one_seen() -> None:
+    # The one seen (uid u1) was deleted and another made under its name (uid u2): the
+    # finalizer write of the stale view meets a 409, the read shows another uid.
+    custom = FakeCustom("9", stored_uid="u2")
+    kube, _ = kube_with(custom)
+    body = seen("7")
+    body["metadata"]["uid"] = "u1"
+    assert kube.delete_ip_address("v1beta2", "ns", "m1", body).outcome is Outcome.GONE
+    assert custom.calls == [("patch", "7"), ("get",)]  # no write to the other object
+    assert custom.delete_uids == []
 
 
 # -- typed outcomes of writes -------------------------------------------------------------------

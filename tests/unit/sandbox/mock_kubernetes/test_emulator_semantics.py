@@ -192,6 +192,20 @@ def test_delete_precondition_mismatch_is_409(api: Api) -> None:
     assert api("GET", f"{WIDGETS_PATH}/a")[0] == 200
 
 
+def test_delete_precondition_uid_tells_an_object_from_another_of_its_name(api: Api) -> None:
+    first = create(api, "a")
+    assert api("DELETE", f"{WIDGETS_PATH}/a")[0] == 200
+    second = create(api, "a")  # another object under the same name
+    stale = {"preconditions": {"uid": first["metadata"]["uid"]}}
+    status, answer = api("DELETE", f"{WIDGETS_PATH}/a", stale)
+    assert (status, answer["reason"]) == (409, "Conflict")
+    assert "Precondition failed: uid" in answer["message"]
+    assert api("GET", f"{WIDGETS_PATH}/a")[0] == 200
+    current = {"preconditions": {"uid": second["metadata"]["uid"]}}
+    assert api("DELETE", f"{WIDGETS_PATH}/a", current)[0] == 200
+    assert api("GET", f"{WIDGETS_PATH}/a")[0] == 404
+
+
 def test_generate_name(api: Api) -> None:
     names = set()
     for _ in range(5):

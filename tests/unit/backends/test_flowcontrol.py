@@ -7,6 +7,7 @@ the login budget in test_transport.py; the parking of claims in tests/unit/bridg
 from __future__ import annotations
 
 import ast
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +180,33 @@ def test_backends_import_nothing_of_the_operator_or_kubernetes() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"
+
+
+@pytest.mark.parametrize(
+    ("answer", "lowered"),
+    [
+        ({"status": 429}, True),
+        ({"status": 500}, True),
+        ({"status": 503}, True),
+        ({"body": requests.ConnectTimeout("slow")}, True),
+        ({"body": requests.ConnectionError("refused")}, True),
+        ({"status": 404}, False),
+        ({"status": 409}, False),
+        ({"status": 200}, False),
+    ],
+)
+def test_the_transport_feeds_the_limit_the_ipams_failures_only(
+    rsps: responses.RequestsMock, answer: dict[str, object], lowered: bool
+) -> None:
+    flow = FlowControl(max_concurrent=4, failure_threshold=100)
+    rsps.get(f"{URL}/x", **answer)  # type: ignore[arg-type]
+    transport = Transport(
+        TransportConfig(endpoint=URL),
+        retry=RetryPolicy(attempts=1, sleep=lambda _: None),
+        endpoints=flow,
+        label="test",
+    )
+    with contextlib.suppress(BackendUnavailableError):
+        transport.call("x", lambda: transport.request("GET", f"{URL}/x", what="GET x"))
+    assert flow.limit(EP) == (2 if lowered else 4)
+    assert flow.endpoint(EP).in_flight == 0  # the operation's place is given back

@@ -505,8 +505,11 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
         Before the block runs, while the server's circuit breaker is open.
     """
     endpoint = endpoint_key(pool.endpoint)
-    if not deps.flow.try_admit(endpoint):
-        raise _Wait(Result.wait(endpoint_token(endpoint)))
+    token = endpoint_token(endpoint)
+    key = claim_key(claim.namespace, claim.name)
+    if not (deps.places.may_take(token, key) and deps.flow.try_admit(endpoint)):
+        raise _Wait(Result.wait(token))
+    deps.places.took(token, key)
     with deps.flow.held(endpoint):
         yield
 
@@ -650,7 +653,7 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
-    if deps.flow.room(endpoint) <= 0:
+    if not deps.places.may_take(endpoint_token(endpoint), claim_key(claim.namespace, claim.name)):
         # Its IPAM server is busy: wait for a place before writing anything.
         raise _Wait(Result.wait(endpoint_token(endpoint)))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)

@@ -1,9 +1,10 @@
 """Waits beside the work queue: keys parked for a place, and tokens held off for a while.
 
 `Places`: keys parked for a place at something with a limit (a claim waiting for a place at
-its IPAM server) are woken one per free place, longest parked first; a woken key that ends its
-pass without taking the place passes it on to the next. `HoldOff`: a token (a pool found with
-no free address) is held off for some seconds, or until `HoldOff.lift` (an address freed).
+its IPAM server) are woken one per free place, longest parked first; the place is kept for the
+woken key (`Places.may_take`), and one that ends its pass without taking it passes it on.
+`HoldOff`: a token (a pool found with no free address) is held off for some seconds, or until
+`HoldOff.lift` (an address freed).
 Both keep nothing per key beyond a pass; neither knows what the tokens stand for.
 """
 
@@ -67,16 +68,38 @@ class Places:
             if len(keys) < want:
                 self._queue.wake(token)
 
+    def may_take(self, token: Token, key: Key) -> bool:
+        """Return True when ``key`` may take a place under ``token`` now.
+
+        A key woken for a place may while one is free; any other only while a place is free
+        beyond those promised to woken keys, so no key jumps ahead of one woken before it.
+        """
+        with self._lock:
+            woken = self._woken.get(token, set())
+            room = self._room(token)
+            return room > 0 if key in woken else room - len(woken) > 0
+
+    def took(self, token: Token, key: Key) -> None:
+        """Record that ``key`` took its place under ``token`` (no longer promised to it)."""
+        with self._lock:
+            self._drop(token, key)
+
     def passed(self, key: Key) -> None:
         """End ``key``'s pass: a place it was woken for and left goes to the next key."""
         with self._lock:
             tokens = [t for t, keys in self._woken.items() if key in keys]
             for token in tokens:
-                self._woken[token].discard(key)
-                if not self._woken[token]:
-                    del self._woken[token]
+                self._drop(token, key)
         for token in tokens:
             self.freed(token)
+
+    def _drop(self, token: Token, key: Key) -> None:
+        """Forget that a place under ``token`` is promised to ``key`` (lock held)."""
+        keys = self._woken.get(token)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._woken[token]
 
     def __len__(self) -> int:
         """Return how many keys were woken for a place and have not ended their pass."""

@@ -80,6 +80,19 @@ def test_a_place_taken_by_the_woken_claim_wakes_nobody_else() -> None:
     assert queue.parked(endpoint_token(EP)) == frozenset({"c"})  # still full: c waits
 
 
+def test_nobody_jumps_ahead_of_a_woken_claim() -> None:
+    flow = FlowControl(max_concurrent=1)
+    queue = parked_queue("b")
+    places = places_of(queue, flow)
+    token = endpoint_token(EP)
+    places.freed(token)  # one place: promised to b
+    assert not places.may_take(token, "new")  # a claim that was not parked waits
+    assert places.may_take(token, "b")
+    assert flow.try_admit(EP)
+    places.took(token, "b")
+    assert len(places) == 0 and not places.may_take(token, "new")  # full now
+
+
 # -- in claims ------------------------------------------------------------------------
 
 

@@ -69,9 +69,6 @@ class OperatorQueue(Queue, Protocol):
     def is_parked(self, key: Hashable) -> bool:
         """Return True while ``key`` is parked under a wake token."""
 
-    def wake_first(self, token: Hashable, count: int) -> list[Hashable]:
-        """Queue the ``count`` keys parked longest under ``token``; return them."""
-
 
 class NoQueue:
     """An `OperatorQueue` that drops every key (no work queue runs)."""
@@ -89,10 +86,6 @@ class NoQueue:
     def wake(self, token: Hashable, count: int | None = None) -> int:
         """Wake nothing; return 0."""
         return 0
-
-    def wake_first(self, token: Hashable, count: int) -> list[Hashable]:
-        """Wake nothing; return no key."""
-        return []
 
     def parked(self, token: Hashable) -> frozenset[Hashable]:
         """Return no key."""
@@ -272,7 +265,7 @@ class Operator:
         sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
         sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
         sizes |= {f"flow.{k}": v for k, v in self.flow.sizes().items()}
-        sizes["places.woken"] = len(self.places)
+        sizes |= {f"places.{k}": v for k, v in self.places.sizes().items()}
         sizes["exhausted"] = len(self.exhausted)
         sizes["namespace_locks"] = len(self.locks)
         sizes["notices"] = len(self.notices)

@@ -508,7 +508,7 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
     token = endpoint_token(endpoint)
     key = claim_key(claim.namespace, claim.name)
     if not (deps.places.may_take(token, key) and deps.flow.try_admit(endpoint)):
-        raise _Wait(Result.wait(token))
+        raise _Wait(deps.places.wait(token, key))
     deps.places.took(token, key)
     with deps.flow.held(endpoint):
         yield
@@ -653,9 +653,10 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
-    if not deps.places.may_take(endpoint_token(endpoint), claim_key(claim.namespace, claim.name)):
+    token, key = endpoint_token(endpoint), claim_key(claim.namespace, claim.name)
+    if not deps.places.may_take(token, key):
         # Its IPAM server is busy: wait for a place before writing anything.
-        raise _Wait(Result.wait(endpoint_token(endpoint)))
+        raise _Wait(deps.places.wait(token, key))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
     return _after_finalizer_write(deps, claim, written)
 

@@ -192,33 +192,17 @@ class WorkQueue:
             Wake at most this many, longest parked first (None: all). With a count, a wake
             that finds no key parked is not remembered for keys being processed.
         """
-        if count is None:
-            with self._lock:
-                self._last_wake[token] = next(self._wakes)
-                keys = list(self._parked.get(token, ()))
-                self._wake_keys(keys)
-            if keys:
-                self._notify()
-            return len(keys)
-        return len(self.wake_first(token, count))
-
-    def wake_first(self, token: Token, count: int) -> list[Key]:
-        """Queue the ``count`` keys parked longest under ``token``; return them.
-
-        A wake that finds no key parked is not remembered for keys being processed.
-        """
         with self._lock:
-            keys = list(self._parked.get(token, ()))[:count]
-            self._wake_keys(keys)
+            parked = list(self._parked.get(token, ()))
+            keys = parked if count is None else parked[:count]
+            if count is None:
+                self._last_wake[token] = next(self._wakes)
+            for key in keys:
+                self._unpark(key)
+                self._schedule(key, self._now())
         if keys:
             self._notify()
-        return keys
-
-    def _wake_keys(self, keys: list[Key]) -> None:
-        """Unpark ``keys`` and make them due now (lock held)."""
-        for key in keys:
-            self._unpark(key)
-            self._schedule(key, self._now())
+        return len(keys)
 
     def backoff(self, failures: int) -> float:
         """Return the delay in seconds after ``failures`` (>= 1) failed passes in a row."""

@@ -36,7 +36,6 @@ from bridge.capi import (
     Claim,
 )
 from bridge.models import IPPool
-from bridge.objects.keys import EndpointToken
 from bridge.reconcilers import backend_clients
 from bridge.reconcilers.pool_backends import Pool, location_of
 from bridge.runtime.gateway import Outcome
@@ -617,7 +616,6 @@ class FakeQueue:
     def __init__(self) -> None:
         self.added: list[tuple[Any, float]] = []
         self.woken: list[Any] = []
-        self.woken_places: list[Any] = []  # wakes for a place at an IPAM server
         self.parked_keys: dict[Any, set[Any]] = {}
 
     def add(
@@ -633,13 +631,8 @@ class FakeQueue:
             self.added.append((key, after))
 
     def wake(self, token: Any, count: int | None = None) -> int:
-        woken = self.woken_places if isinstance(token, EndpointToken) else self.woken
-        woken.append(token if count is None else (token, count))
+        self.woken.append(token if count is None else (token, count))
         return 0
-
-    def wake_first(self, token: Any, count: int) -> list[Any]:
-        self.woken_places.append((token, count))  # `bridge.runtime.waits.Places`
-        return []
 
     def parked(self, token: Any) -> frozenset[Any]:
         return frozenset(self.parked_keys.get(token, ()))

@@ -17,80 +17,129 @@ from fakes import pool_condition as pool_ready
 from backends import errors as be
 from backends.flowcontrol import FlowControl
 from bridge.objects.client import ObjectClient
-from bridge.objects.keys import EndpointToken, endpoint_token
+from bridge.objects.keys import EndpointToken, claim_key, endpoint_token
 from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
 from bridge.reconcilers.context import ServedVersions
 from bridge.runtime.waits import Places
-from bridge.runtime.workqueue import Result, WorkQueue
+from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
 EP = "http://ipam.test:80"
 
 
-def parked_queue(*keys: str) -> WorkQueue:
-    """A work queue with ``keys`` parked under the endpoint's token, oldest first."""
-    queue = WorkQueue(lambda key: Result.wait(endpoint_token(EP)), workers=1)
-    for key in keys:
-        queue._park(key, (endpoint_token(EP),))  # as a pass that ended in Result.wait
-    return queue
+class Holder:
+    """A worker thread that holds a place at ``endpoint`` until `leave`."""
+
+    def __init__(self, flow: FlowControl, endpoint: str) -> None:
+        self._in, self._out = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(flow, endpoint))
+        self._thread.start()
+        assert self._in.wait(10)
+
+    def _run(self, flow: FlowControl, endpoint: str) -> None:
+        assert flow.try_admit(endpoint)
+        with flow.held(endpoint):
+            self._in.set()
+            self._out.wait(10)
+
+    def leave(self) -> None:
+        """Give the place back (as the end of the claim's IPAM work does) and wait for it."""
+        self._out.set()
+        self._thread.join()
 
 
-def places_of(queue: WorkQueue, flow: FlowControl) -> Places:
+class Added:
+    """A work queue that records the keys `Places` queues."""
+
+    def __init__(self) -> None:
+        self.keys: list[Hashable] = []
+
+    def add(self, key: Hashable, after: float = 0.0) -> None:
+        self.keys.append(key)
+
+
+def places_of(flow: FlowControl) -> tuple[Places, Added]:
+    queue = Added()
+
     def room(token: Hashable) -> int:
         return flow.room(token.endpoint) if isinstance(token, EndpointToken) else 0
 
     places = Places(queue, room)
     flow.on_free = lambda endpoint: places.freed(endpoint_token(endpoint))
-    return places
+    return places, queue
 
 
-def test_a_freed_place_wakes_the_longest_parked_claim_only() -> None:
+TOKEN = endpoint_token(EP)
+
+
+def refused(places: Places, *keys: str) -> None:
+    """Refuse ``keys`` a place, each in a pass of its own that ends parked."""
+    for key in keys:
+        assert places.wait(TOKEN, key) == Result.wait(TOKEN)
+        places.passed(key)
+
+
+def test_a_freed_place_wakes_the_longest_waiting_claim_only() -> None:
     flow = FlowControl(max_concurrent=1)
-    queue = parked_queue("b", "c")
-    places = places_of(queue, flow)
-    assert flow.try_admit(EP)  # "a" works
-    flow.endpoint(EP).release()  # and ends: one place
-    assert queue.parked(endpoint_token(EP)) == frozenset({"c"})  # b woken, c still parked
-    assert len(places) == 1
-    places.freed(endpoint_token(EP))  # told again: the place is promised to b already
-    assert queue.parked(endpoint_token(EP)) == frozenset({"c"})
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)  # "a" works
+    refused(places, "b", "c")
+    assert queue.keys == []
+    holder.leave()  # and ends: one place, for b
+    assert queue.keys == ["b"]
+    places.freed(TOKEN)  # told again: the place is promised to b already
+    assert queue.keys == ["b"]
+    assert places.sizes() == {"waiting": 1, "woken": 1}
+
+
+def test_a_claim_refused_while_a_place_frees_is_not_forgotten() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    places.wait(TOKEN, "b")  # refused; its pass has not ended (not parked yet)
+    holder.leave()  # the place frees now
+    assert queue.keys == ["b"]  # queued: the work queue runs it once more after its pass
+    places.passed("b")  # that pass ends; the promise is passed on: nobody else waits
+    assert places.sizes() == {"waiting": 0, "woken": 0}
 
 
 def test_a_woken_claim_that_leaves_the_place_passes_it_on() -> None:
     flow = FlowControl(max_concurrent=1)
-    queue = parked_queue("b", "c")
-    places = places_of(queue, flow)
-    places.freed(endpoint_token(EP))
-    assert queue.parked(endpoint_token(EP)) == frozenset({"c"})
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b", "c")
+    holder.leave()
+    assert queue.keys == ["b"]
     places.passed("b")  # b's pass ended without taking the place (its claim was deleted)
-    assert queue.parked(endpoint_token(EP)) == frozenset() and len(places) == 1
-    assert flow.try_admit(EP)  # c takes it
+    assert queue.keys == ["b", "c"]
+    assert places.may_take(TOKEN, "c") and flow.try_admit(EP)  # c takes it
+    places.took(TOKEN, "c")
     places.passed("c")
-    assert len(places) == 0  # nothing kept once the passes ended
-
-
-def test_a_place_taken_by_the_woken_claim_wakes_nobody_else() -> None:
-    flow = FlowControl(max_concurrent=1)
-    queue = parked_queue("b", "c")
-    places = places_of(queue, flow)
-    places.freed(endpoint_token(EP))
-    assert flow.try_admit(EP)  # b takes its place
-    places.passed("b")
-    assert queue.parked(endpoint_token(EP)) == frozenset({"c"})  # still full: c waits
+    assert places.sizes() == {"waiting": 0, "woken": 0}  # nothing kept once passes ended
 
 
 def test_nobody_jumps_ahead_of_a_woken_claim() -> None:
     flow = FlowControl(max_concurrent=1)
-    queue = parked_queue("b")
-    places = places_of(queue, flow)
-    token = endpoint_token(EP)
-    places.freed(token)  # one place: promised to b
-    assert not places.may_take(token, "new")  # a claim that was not parked waits
-    assert places.may_take(token, "b")
+    places, _queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b")
+    holder.leave()  # one place: promised to b
+    assert not places.may_take(TOKEN, "new")  # a claim that did not wait waits
+    assert places.may_take(TOKEN, "b")
     assert flow.try_admit(EP)
-    places.took(token, "b")
-    assert len(places) == 0 and not places.may_take(token, "new")  # full now
+    places.took(TOKEN, "b")
+    assert places.sizes()["woken"] == 0 and not places.may_take(TOKEN, "new")  # full now
+
+
+def test_a_waiting_claim_whose_pass_ends_without_a_refusal_waits_no_more() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b")
+    places.passed("b")  # a later pass (the claim was deleted): no refusal
+    holder.leave()
+    assert queue.keys == [] and places.sizes() == {"waiting": 0, "woken": 0}
 
 
 # -- in claims ------------------------------------------------------------------------
@@ -116,27 +165,6 @@ class Ctx:
         self.endpoint = "https://ipam.example.com:443"  # the pool's, as the registry keys it
 
 
-class Holder:
-    """A worker thread that holds a place at ``endpoint`` until `leave`."""
-
-    def __init__(self, flow: FlowControl, endpoint: str) -> None:
-        self._in, self._out = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(flow, endpoint))
-        self._thread.start()
-        assert self._in.wait(10)
-
-    def _run(self, flow: FlowControl, endpoint: str) -> None:
-        assert flow.try_admit(endpoint)
-        with flow.held(endpoint):
-            self._in.set()
-            self._out.wait(10)
-
-    def leave(self) -> None:
-        """Give the place back (as the end of the claim's IPAM work does) and wait for it."""
-        self._out.set()
-        self._thread.join()
-
-
 def in_other_thread(fn: Callable[[], Any]) -> None:
     """Run ``fn`` in a thread of its own (a place is per thread) and wait for it."""
     worker = threading.Thread(target=fn)
@@ -160,10 +188,10 @@ def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_release_wakes_it(
     assert world.kube.writes == []  # parked before its finalizer: no write at all
     assert reconcile_claim(ctx.claims, "ns", "c2") == decision  # a resync: still nothing written
     assert world.kube.writes == []
-    # c1 ends: the runtime is asked to wake one claim parked for the endpoint.
-    world.queue.woken_places.clear()
+    # c1 ends: c2 (and only c2) is queued, and its pass is admitted and binds it.
+    world.queue.added.clear()
     c1.leave()
-    assert world.queue.woken_places[0] == (endpoint_token(endpoint), 1)
+    assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
     assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     assert ("ns", "c2") in world.kube.addresses
     assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
@@ -195,7 +223,7 @@ def test_a_claims_ipam_call_releases_its_place_and_wakes_the_next(
     monkeypatch.setattr(ctx.metrics, "call", call)
     assert reconcile_claim(ctx.claims, "ns", "c1") == Result.done()
     assert seen == [1]
-    assert (endpoint_token(endpoint), 1) in world.queue.woken_places  # woken once c1 ended
+    assert world.queue.added[-1] == (claim_key("ns", "c2"), 0.0)  # woken once c1 ended
     assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     # A failing call (the endpoint unreachable) frees its place too.
     world.kube.add_claim(claim("c3"))

@@ -83,6 +83,7 @@ def test_context_sizes_name_every_structure() -> None:
         "backends.entries",
         "backends.retired",
         "flow.in_flight",
+        "places.waiting",
         "places.woken",
         "notices",
         "metrics.pending",

@@ -60,7 +60,7 @@ class EndpointUnavailableError(BackendUnavailableError):
     """The endpoint is short-circuited or busy, so the call was not even sent.
 
     Raised when the endpoint's circuit breaker is open ("endpoint <url> unreachable, next
-    try at <time>") or every slot of the endpoint is taken ("endpoint <url> busy"; see
+    try at <time>") or every place of the endpoint is taken ("endpoint <url> busy"; see
     `backends.flowcontrol.FlowControl`). Not retried inside the call: waiting there
     would hold the worker the limit exists to free; the operator tries again later.
     """

@@ -1,11 +1,11 @@
-"""Flow control per IPAM endpoint: one object per ``scheme://host:port``, one policy.
+"""Flow control per IPAM server: one `EndpointFlow` per ``scheme://host:port``.
 
-`FlowControl` (one per operator) keeps an `EndpointFlow` per IPAM endpoint and decides, for
-each of them, which claims may call it, which operations and requests are sent, which logins
-are tried, and which pools are not asked for an address; its docstring states the policy.
-`backends.transport.Transport` sends through it; the operator's claims reconciler admits claims
-through it. Nothing here imports Kubernetes or the operator: claims and pools are opaque
-hashable keys.
+Three parts per server, nothing else: a circuit breaker, one concurrency limit fed only by
+the server's own failures (AIMD), and the login budget. `backends.transport.Transport` sends
+through it; the operator's claims reconciler takes places in the limit before a claim's IPAM
+work (`FlowControl.try_admit`). Which claims wait for a place and which is woken when one
+frees is the operator's runtime (`bridge.runtime.waits`): this module keeps no keys of
+claims or pools and imports nothing of Kubernetes or the operator.
 """
 
 from __future__ import annotations
@@ -14,37 +14,23 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 from urllib.parse import urlsplit
 
-from backends.errors import (
-    AuthenticationFailedError,
-    BackendUnavailableError,
-    EndpointUnavailableError,
-)
+from backends.errors import AuthenticationFailedError, EndpointUnavailableError
 from backends.retry import time_left
 
-__all__ = [
-    "EndpointFlow",
-    "EndpointState",
-    "FlowControl",
-    "RequestRecord",
-    "endpoint_key",
-    "endpoint_token",
-]
+__all__ = ["EndpointFlow", "EndpointState", "FlowControl", "RequestRecord", "endpoint_key"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a login waits for a login of the same credential in flight before it is held
 #: back (`EndpointFlow.check_login`).
 LOGIN_WAIT_SECONDS = 30.0
-
-#: A claim's key (the work queue's), or a pool's: opaque here.
-Key = Hashable
 
 
 def endpoint_key(url: str) -> str:
@@ -59,11 +45,6 @@ def endpoint_key(url: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"{scheme}://{host}:{port}"
-
-
-def endpoint_token(endpoint: str) -> tuple[str, str]:
-    """Return the wake token claims waiting for ``endpoint`` (``scheme://host:port``) park under."""
-    return ("endpoint", endpoint)
 
 
 def _at(wall: float) -> str:
@@ -102,51 +83,11 @@ class RequestRecord:
     seconds: float
 
 
-@dataclass
-class _Line:
-    """The claims of one endpoint: its AIMD limit and its line (guarded by `FlowControl`)."""
-
-    limit: int
-    credit: int = 0  # successes since the limit last changed
-    in_flight: dict[Key, int] = field(default_factory=dict)  # key -> epoch at admission
-    reserved: dict[Key, None] = field(default_factory=dict)  # woken, place kept for them
-    waiting: dict[Key, None] = field(default_factory=dict)  # refused, oldest first
-    epoch: int = 0  # decreases so far: a call admitted before the last one cannot decrease
-
-    def room(self) -> int:
-        """Places free now (the limit minus those taken or reserved; negative after a cut)."""
-        return self.limit - len(self.in_flight) - len(self.reserved)
-
-    def adapt(self, epoch: int, error: BaseException | None, max_limit: int) -> None:
-        """Adapt the limit to the outcome of a call admitted at ``epoch`` (AIMD)."""
-        if error is None and self.limit < max_limit:
-            self.credit += 1
-            if self.credit >= self.limit:
-                self.limit += 1
-                self.credit = 0
-        elif isinstance(error, BackendUnavailableError) and epoch == self.epoch:
-            self.limit = max(1, self.limit // 2)
-            self.credit = 0
-            self.epoch += 1
-
-    def hand_out(self) -> list[Key]:
-        """Keep the free places for the longest-waiting keys and return them."""
-        woken: list[Key] = []
-        while self.waiting and self.room() > 0:
-            key = next(iter(self.waiting))
-            del self.waiting[key]
-            self.reserved[key] = None
-            woken.append(key)
-        return woken
-
-
 class EndpointFlow:
     """The flow control of one IPAM endpoint (``scheme://host:port``); thread-safe.
 
-    Holds, for that endpoint, every state the policy of `FlowControl` decides from: the
-    circuit breaker, the operation slots, the login budget, the pools found exhausted, and
-    the line of claims (AIMD limit, guarded by the `FlowControl` lock because a claim's place
-    spans endpoints). Made by `FlowControl.endpoint`.
+    Holds the endpoint's circuit breaker, its concurrency limit and its login budget (the
+    policy is `FlowControl`'s). Made by `FlowControl.endpoint`.
     """
 
     def __init__(self, key: str, control: FlowControl) -> None:
@@ -155,12 +96,16 @@ class EndpointFlow:
         self._lock = threading.Lock()
         # Told when a login of an unproven credential ends (`check_login` waits for it).
         self._login_done = threading.Condition(self._lock)
-        self._slots = threading.BoundedSemaphore(control.max_concurrent)
-        self._held = threading.local()
+        self._place_free = threading.Condition(self._lock)  # told when a place frees
+        self._held = threading.local()  # depth: places this thread holds; epoch: its window
         self._state = EndpointState.CLOSED
         self._failures = 0
         self._open_until = 0.0
         self._probing = False
+        self._limit = control.max_concurrent
+        self._credit = 0  # answers since the limit last changed
+        self._epoch = 0  # decreases so far: work placed before the last one cannot decrease
+        self.in_flight = 0
         # Login budget: times of refused logins, and per credential its last refusal/success.
         self._refusals: collections.deque[float] = collections.deque()
         self._last_refused: dict[str, tuple[float, str]] = {}
@@ -170,8 +115,6 @@ class EndpointFlow:
         self._pending = 0
         self._trying: dict[str, int] = {}  # those logins in flight, by credential
         self._blocked_until = 0.0
-        self._exhausted: dict[Key, float] = {}  # pool -> when it was found exhausted
-        self.line: _Line | None = None  # claims; made at the first admission
 
     @property
     def state(self) -> EndpointState:
@@ -179,57 +122,109 @@ class EndpointFlow:
         with self._lock:
             return self._state
 
-    # ------------------------------------------------------------------ slots
+    @property
+    def limit(self) -> int:
+        """The places (works in flight at once) the endpoint has now: 1 to ``max_concurrent``."""
+        with self._lock:
+            return self._limit
+
+    def room(self) -> int:
+        """Return the places free now (negative after a decrease below those in flight)."""
+        with self._lock:
+            return self._limit - self.in_flight
+
+    # ------------------------------------------------------------------ the limit
+
+    def acquire(self, wait: float = 0.0) -> bool:
+        """Take a place for the calling thread's work; True when taken (re-entrant per thread).
+
+        ``wait``: seconds to wait for a place to free (0: do not wait). A thread that holds a
+        place already takes none more. Every True must be ended by `release`.
+        """
+        depth = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            return True
+        with self._lock:
+            if not self._place_free.wait_for(lambda: self.in_flight < self._limit, wait):
+                return False
+            self.in_flight += 1
+            self._held.epoch = self._epoch
+        self._held.depth = 1
+        return True
+
+    def release(self) -> None:
+        """Give back the calling thread's place (see `acquire`); tells ``on_free``."""
+        self._held.depth -= 1
+        if self._held.depth:
+            return
+        with self._lock:
+            self.in_flight -= 1
+            self._place_free.notify()
+        self._control.freed(self.key)
 
     @contextmanager
     def operation(self) -> Iterator[None]:
-        """Run one operation: refused while the breaker is open, else in a slot.
+        """Run one operation in a place: refused while the breaker is open.
+
+        A thread that holds a place (an admitted claim) runs in it; another waits for one
+        at most `FlowControl.slot_wait_seconds` (cut to the time left of the current
+        `backends.retry.deadline`), so a hung endpoint holds at most its limit of threads.
 
         Raises
         ------
         EndpointUnavailableError
             "endpoint <url> unreachable, next try at <time>" while the breaker is open
-            within its cool-down (no slot is taken, nothing is sent); "endpoint <url> busy"
-            when no slot frees in time (see `slot`).
+            within its cool-down; "endpoint <url> busy" when no place frees in time. Neither
+            changes the limit: only the endpoint's answers do (`congested`, `answered`).
         """
         self.refuse_while_open()
-        with self.slot():
-            yield
-
-    @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of the endpoint's slots for an operation (re-entrant per thread).
-
-        Raises
-        ------
-        EndpointUnavailableError
-            "endpoint <url> busy" when no slot frees within `FlowControl.slot_wait_seconds`
-            (cut to the time left of the current `backends.retry.deadline`).
-        """
-        depth = getattr(self._held, "depth", 0)
-        if depth:
-            self._held.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._held.depth -= 1
-            return
-        control = self._control
-        wait = control.slot_wait_seconds
+        wait = self._control.slot_wait_seconds
         left = time_left()
         if left is not None:
             wait = max(0.0, min(wait, left))
-        if not self._slots.acquire(timeout=wait):
+        if not self.acquire(wait):
             raise EndpointUnavailableError(
-                f"endpoint {self.key} busy: {control.max_concurrent} calls to it are "
+                f"endpoint {self.key} busy: {self.limit} calls to it are "
                 f"in flight (slow or hung?); not waiting longer than {wait:g}s"
             )
-        self._held.depth = 1
         try:
             yield
         finally:
-            self._held.depth = 0
-            self._slots.release()
+            self.release()
+
+    def congested(self) -> None:
+        """Record a timeout, connection error, HTTP 429 or 5xx: halve the limit (AIMD).
+
+        At most once per window: a failure of work placed before the last decrease does not
+        decrease the limit again.
+        """
+        held = getattr(self._held, "depth", 0)
+        with self._lock:
+            epoch = self._held.epoch if held else self._epoch
+            if epoch != self._epoch or self._limit == 1:
+                return
+            before, self._limit = self._limit, max(1, self._limit // 2)
+            after = self._limit
+            self._credit = 0
+            self._epoch += 1
+        log.info("endpoint %s: %d calls may be in flight (was %d)", self.key, after, before)
+        self._control.tell_limit(self.key, after)
+
+    def answered(self) -> None:
+        """Record any other answer: ``limit`` of them raise the limit by one (to the max)."""
+        with self._lock:
+            if self._limit >= self._control.max_concurrent:
+                return
+            self._credit += 1
+            if self._credit < self._limit:
+                return
+            self._limit += 1
+            self._credit = 0
+            self._place_free.notify()
+            limit = self._limit
+        self._control.tell_limit(self.key, limit)
+        self._control.freed(self.key)
 
     # ------------------------------------------------------------------ breaker
 
@@ -319,12 +314,7 @@ class EndpointFlow:
         if state is self._state:
             return
         self._state = state
-        hook = self._control.on_state
-        if hook is not None:
-            try:
-                hook(self.key, state)
-            except Exception:  # a metric must never break a call
-                log.exception("endpoint state hook failed")
+        self._control._hook(self._control.on_state, self.key, state)
 
     # ------------------------------------------------------------------ logins
 
@@ -452,31 +442,6 @@ class EndpointFlow:
             if now - at >= window:
                 del self._last_refused[credential]
 
-    # ------------------------------------------------------------------ exhaustion
-
-    def pool_exhausted(self, pool: Key) -> None:
-        """Record that ``pool`` (its subnets at this endpoint) was just found exhausted."""
-        with self._lock:
-            self._exhausted[pool] = self._control.clock()
-
-    def pool_is_exhausted(self, pool: Key) -> bool:
-        """Return True when ``pool`` was found exhausted within `FlowControl.exhausted_seconds`."""
-        with self._lock:
-            since = self._exhausted.get(pool)
-            return since is not None and self._control.clock() - since < (
-                self._control.exhausted_seconds
-            )
-
-    def pool_refilled(self, pool: Key) -> bool:
-        """Forget that ``pool`` was exhausted; return True when it was remembered."""
-        with self._lock:
-            return self._exhausted.pop(pool, None) is not None
-
-    def exhausted_pools(self) -> int:
-        """Return how many pools are remembered as exhausted at this endpoint."""
-        with self._lock:
-            return len(self._exhausted)
-
 
 class FlowControl:
     """Flow control of every IPAM endpoint of one operator, under one policy. Thread-safe.
@@ -484,40 +449,27 @@ class FlowControl:
     Built once per operator and given to every backend client and to the claims reconciler,
     so its state outlives pool, Secret and client changes. Endpoints are keyed by
     ``scheme://host:port`` (`endpoint_key`); every method taking an ``endpoint`` accepts any
-    URL of it. Claims and pools are opaque hashable keys.
+    URL of it. The policy, per endpoint (`EndpointFlow` holds its state):
 
-    The policy, per endpoint (`EndpointFlow` holds its state), in the order a claim's IPAM
-    work meets it:
-
-    1. **Exhaustion.** A pool found exhausted (`exhausted`) is not asked for a first-free
-       address for ``exhausted_seconds`` (`is_exhausted`; its claims wait for an address);
-       a release in the pool, or the pool gone, ends that at once (`refilled`). A request for
-       a specific address is not held back.
-    2. **Breaker.** Requests that get no answer (timeout, connection error, HTTP 502/504)
+    1. **Breaker.** Requests that get no answer (timeout, connection error, HTTP 502/504)
        count as failures; any other answer, a TLS failure included, resets the count.
        ``failure_threshold`` consecutive failures open the breaker for ``cooldown_seconds``:
-       while it is open, no claim is admitted and no operation starts (`try_admit` and
-       `EndpointFlow.operation` raise the breaker's "endpoint <url> unreachable, next try at
-       <time>"), and no request is sent. After the cool-down exactly one request goes
-       through as the probe (half-open), the others fail fast until it ends: an answer
-       closes the breaker, no answer opens it for another cool-down. Requests stopped
-       before they reached the network (an invalid URL) end a probe without a verdict.
-    3. **Claims.** At most ``limit`` claims of the endpoint do IPAM work at once
-       (`try_admit`, `held`); others wait in arrival order, cost no worker, and are queued
-       through ``wake`` one by one when a place is kept for them (a reservation: nobody
-       jumps ahead of a woken claim; one that no longer needs the endpoint gives its place
-       to the next, `settle`). The limit adapts by AIMD, as TCP's congestion window does
-       (https://www.rfc-editor.org/rfc/rfc5681): it starts at ``max_concurrent``; a claim's
-       work that ends in `backends.errors.BackendUnavailableError` (timeout, connection
-       error, 429/5xx, breaker open, endpoint busy) halves it, at most once per window
-       (only work admitted after the last decrease decreases it again); ``limit`` successes
-       raise it by one, never above ``max_concurrent`` nor below 1; other errors (refused
-       login, exhausted pool) leave it.
-    4. **Operations.** One backend operation (its retries and re-logins included) holds one
-       of ``max_concurrent`` slots of the endpoint (`EndpointFlow.slot`); one that gets no
-       slot within ``slot_wait_seconds`` fails with "endpoint <url> busy", so a hung
-       endpoint holds at most that many threads.
-    5. **Logins.** A credential (user and password) that logged in and was not refused
+       while it is open, no claim is admitted, no operation starts and no request is sent
+       ("endpoint <url> unreachable, next try at <time>"). After the cool-down exactly one
+       request goes through as the probe (half-open), the others fail fast until it ends:
+       an answer closes the breaker, no answer opens it for another cool-down. Requests
+       stopped before they reached the network (an invalid URL) end a probe without a verdict.
+    2. **One limit.** At most ``limit`` works run against the endpoint at once: a claim's
+       IPAM work (`try_admit`, which never waits: a claim refused waits parked in the
+       operator's runtime and is woken through ``on_free``) or an operation of any other
+       caller (`EndpointFlow.operation`, which waits at most ``slot_wait_seconds``). The
+       limit adapts by AIMD, as TCP's congestion window does
+       (https://www.rfc-editor.org/rfc/rfc5681), fed only by the endpoint's answers: it
+       starts at ``max_concurrent``; a timeout, connection error, HTTP 429 or 5xx halves it,
+       at most once per window (only work placed after the last decrease decreases it
+       again); ``limit`` other answers raise it by one, never above ``max_concurrent`` nor
+       below 1. Refusals of this object (breaker open, busy) never change it.
+    3. **Logins.** A credential (user and password) that logged in and was not refused
        since is never held back by others' refusals. A refused one is not tried again for
        ``login_retry_seconds``. Unproven credentials are tried only while the endpoint's
        refusals in the last ``login_window_seconds`` plus the unproven logins in flight stay
@@ -527,7 +479,7 @@ class FlowControl:
        https://github.com/phpipam/phpipam/blob/master/functions/classes/class.User.php); an
        IPAM that says it blocks the address holds back every login until then
        (`EndpointFlow.check_login`).
-    6. **Writes.** Every request that is not a read (GET, HEAD, OPTIONS) passes ``fence``
+    4. **Writes.** Every request that is not a read (GET, HEAD, OPTIONS) passes ``fence``
        first, in the calling thread; it raises to keep the request from being sent.
 
     Why no library does a part: pybreaker (https://github.com/danielfm/pybreaker) holds its
@@ -535,12 +487,11 @@ class FlowControl:
     time), counts failures from exceptions (here a 502 answer is a failure and a TLS error
     is not), has no single probe while half-open, and reads the wall clock
     (``datetime.now``), which tests cannot replace; aiobreaker and purgatory are for
-    asyncio, and the backends run in threads.
-    limits (https://limits.readthedocs.io/) would count the refusals of the login budget
-    only (a deque here), with its own clock, and none of the per-credential rules;
-    aiolimiter is an asyncio leaky bucket (a rate, where this limits concurrency). No
-    maintained Python library implements an adaptive concurrency limit with a line of
-    parked work-queue keys.
+    asyncio, and the backends run in threads. limits (https://limits.readthedocs.io/) would
+    count the refusals of the login budget only (a deque here), with its own clock, and none
+    of the per-credential rules; aiolimiter is an asyncio leaky bucket (a rate, where this
+    limits concurrency). No maintained Python library implements an adaptive concurrency
+    limit for threads.
 
     Parameters
     ----------
@@ -549,28 +500,25 @@ class FlowControl:
     cooldown_seconds:
         How long an open breaker refuses before its probe.
     max_concurrent:
-        Operations one endpoint may run at once, and the most claims it may have in flight
-        (>= 1).
+        The most works one endpoint may have in flight at once (>= 1).
     slot_wait_seconds:
-        How long an operation waits for a slot before "endpoint <url> busy".
+        How long an operation outside a claim's place waits for one before "busy".
     login_limit, login_window_seconds:
         The budget of refused logins per endpoint (>= 1; 5 per 300 s).
     login_retry_seconds:
         How long a refused credential is not tried again.
-    exhausted_seconds:
-        How long a pool found exhausted is not asked again for a first-free address.
-    wake:
-        Queues a claim's key when a place is kept for it (the work queue's ``add``; it must
-        run the key once more when the key is being processed); called without the lock.
+    on_free:
+        Called with the endpoint key when a place may have freed (a work ended, the limit
+        grew); without a lock held.
     on_limit:
-        Called with ``(endpoint, limit)`` when an endpoint's claim limit changes and when
-        it is first used; it must not call back into this object.
+        Called with ``(endpoint, limit)`` when an endpoint's limit changes and when it is
+        first used.
     on_state:
         Called with ``(endpoint, EndpointState)`` when a breaker changes state.
     on_request:
         Called with a `RequestRecord` after each HTTP request.
     fence:
-        Called before each request that is not a read (see 6); None: every request is sent.
+        Called before each request that is not a read (see 4); None: every request is sent.
     clock, wall_clock:
         Monotonic and POSIX time in seconds (tests pass fakes).
 
@@ -593,8 +541,7 @@ class FlowControl:
         login_limit: int = 5,
         login_window_seconds: float = 300.0,
         login_retry_seconds: float = 60.0,
-        exhausted_seconds: float = 5.0,
-        wake: Callable[[Key], None] | None = None,
+        on_free: Callable[[str], None] | None = None,
         on_limit: Callable[[str, int], None] | None = None,
         on_state: Callable[[str, EndpointState], None] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
@@ -611,31 +558,25 @@ class FlowControl:
         self.login_limit = login_limit
         self.login_window_seconds = login_window_seconds
         self.login_retry_seconds = login_retry_seconds
-        self.exhausted_seconds = exhausted_seconds
-        self.wake = wake
+        self.on_free = on_free
         self.on_limit = on_limit
         self.on_state = on_state
         self.on_request = on_request
         self.fence = fence
         self.clock = clock
         self.wall_clock = wall_clock
-        self._lock = threading.Lock()  # the endpoints, every line, and `_lines_of`
+        self._lock = threading.Lock()
         self._endpoints: dict[str, EndpointFlow] = {}
-        self._lines_of: dict[Key, set[str]] = {}  # waiting or reserved keys -> endpoints
-
-    # -- endpoints -------------------------------------------------------------------------------
 
     def endpoint(self, url: str) -> EndpointFlow:
-        """Return the `EndpointFlow` of ``url`` (made on first use)."""
+        """Return the `EndpointFlow` of ``url`` (made on first use; tells ``on_limit``)."""
         key = endpoint_key(url)
         with self._lock:
-            return self._flow(key)
-
-    def _flow(self, key: str) -> EndpointFlow:
-        """Return the flow of an endpoint key, made on first use (lock held)."""
-        found = self._endpoints.get(key)
-        if found is None:
+            found = self._endpoints.get(key)
+            if found is not None:
+                return found
             found = self._endpoints[key] = EndpointFlow(key, self)
+        self.tell_limit(key, found.limit)  # first use: the gauge starts at the max
         return found
 
     def states(self) -> dict[str, EndpointState]:
@@ -644,219 +585,65 @@ class FlowControl:
             endpoints = list(self._endpoints.values())
         return {e.key: e.state for e in endpoints}
 
-    def record(self, record: RequestRecord) -> None:
-        """Pass a request to the metrics hook (errors of the hook are logged, not raised)."""
-        if self.on_request is not None:
-            try:
-                self.on_request(record)
-            except Exception:
-                log.exception("request metrics hook failed")
-
     def sizes(self) -> dict[str, int]:
         """Return the sizes of the state kept, by name (for benchmarks).
 
-        ``endpoints``: endpoints used so far, and ``lines`` those with a line of claims
-        (both bounded by the pools' configuration, not by claims); ``keys``: claims waiting
-        or reserved somewhere; ``exhausted``: pools remembered as exhausted.
+        ``endpoints``: endpoints used so far (bounded by the pools' configuration);
+        ``in_flight``: works holding a place now, all endpoints together.
         """
         with self._lock:
             flows = list(self._endpoints.values())
-            lines = sum(1 for f in flows if f.line is not None)
-            keys = len(self._lines_of)
-        return {
-            "endpoints": len(flows),
-            "lines": lines,
-            "keys": keys,
-            "exhausted": sum(f.exhausted_pools() for f in flows),
-        }
-
-    # -- exhaustion (policy 1) -------------------------------------------------------------------
-
-    def exhausted(self, endpoint: str, pool: Key) -> None:
-        """Record that ``pool`` at ``endpoint`` was just found exhausted."""
-        self.endpoint(endpoint).pool_exhausted(pool)
-
-    def is_exhausted(self, endpoint: str, pool: Key) -> bool:
-        """Return True when ``pool`` at ``endpoint`` was found exhausted within the hold time."""
-        return self.endpoint(endpoint).pool_is_exhausted(pool)
-
-    def refilled(self, pool: Key) -> None:
-        """Record that ``pool`` may have a free address (a release, or the pool is gone)."""
-        with self._lock:
-            flows = list(self._endpoints.values())
-        for flow in flows:
-            flow.pool_refilled(pool)
-
-    # -- claims (policy 3) -----------------------------------------------------------------------
+        return {"endpoints": len(flows), "in_flight": sum(f.in_flight for f in flows)}
 
     def limit(self, endpoint: str) -> int:
-        """Return the claims ``endpoint`` may have in flight now (``max_concurrent`` if unused)."""
-        with self._lock:
-            line = self._line(endpoint)
-            return self.max_concurrent if line is None else line.limit
+        """Return the works ``endpoint`` may have in flight now."""
+        return self.endpoint(endpoint).limit
 
-    def in_flight(self, endpoint: str) -> int:
-        """Return how many claims of ``endpoint`` are admitted and not finished."""
-        with self._lock:
-            line = self._line(endpoint)
-            return 0 if line is None else len(line.in_flight)
+    def room(self, endpoint: str) -> int:
+        """Return the places of ``endpoint`` free now (negative after a decrease)."""
+        return self.endpoint(endpoint).room()
 
-    def waiting(self, endpoint: str) -> list[Key]:
-        """Return the keys refused by ``endpoint`` and not yet woken, oldest first."""
-        with self._lock:
-            line = self._line(endpoint)
-            return [] if line is None else list(line.waiting)
+    def try_admit(self, endpoint: str) -> bool:
+        """Take a place at ``endpoint`` for the calling thread's IPAM work, without waiting.
 
-    def try_admit(self, endpoint: str, key: Key) -> bool:
-        """Admit ``key``'s IPAM work on ``endpoint``, or record it as waiting.
-
-        Returns
-        -------
-        bool
-            True: the claim may call the IPAM now and must then call `finish` (use `held`).
-            False: the endpoint is full; the claim is remembered (in arrival order) and will
-            be queued through ``wake`` when a place is kept for it: it should park under
-            `endpoint_token` and call `settle` when its pass ends.
+        Returns True when taken: the caller must end it with `release` (use `held`). False:
+        the endpoint is full; the caller waits (the runtime's parking) for ``on_free``.
 
         Raises
         ------
         EndpointUnavailableError
-            The endpoint's breaker is open (policy 2): nothing is taken, the claim keeps
-            any place it had in line.
+            The endpoint's breaker is open (policy 1): nothing is taken.
         """
-        endpoint = endpoint_key(endpoint)
-        self.endpoint(endpoint).refuse_while_open()
-        with self._lock:
-            flow = self._flow(endpoint)
-            line = flow.line
-            if line is None:
-                line = flow.line = _Line(limit=self.max_concurrent)
-                self._tell(endpoint, line.limit)  # first use: the gauge starts at the max
-            if key in line.in_flight:  # one worker per key: never count it twice
-                return True
-            if key in line.reserved:  # woken for this place
-                del line.reserved[key]
-            elif line.room() > 0:
-                # Nobody waits while there is room (every change of room hands it out).
-                line.waiting.pop(key, None)
-            else:
-                line.waiting.setdefault(key, None)
-                self._lines_of.setdefault(key, set()).add(endpoint)
-                return False
-            self._forget(key, endpoint, line)
-            line.in_flight[key] = line.epoch
-            return True
-
-    def wait_if_full(self, endpoint: str, key: Key) -> bool:
-        """Record ``key`` as waiting and return True when ``endpoint`` has no room for it now.
-
-        A peek for the writes a claim makes before its IPAM work (its finalizer): a claim
-        that `try_admit` would refuse parks before writing anything. Takes no place: with
-        room, or a place kept for ``key``, or ``key`` in flight, returns False and
-        `try_admit` decides at the IPAM call. After True the claim parks exactly as after a
-        refused `try_admit`.
-        """
-        endpoint = endpoint_key(endpoint)
-        with self._lock:
-            line = self._line(endpoint)
-            if line is None or key in line.in_flight or key in line.reserved:
-                return False
-            if line.room() > 0:
-                return False
-            line.waiting.setdefault(key, None)
-            self._lines_of.setdefault(key, set()).add(endpoint)
-            return True
-
-    def finish(self, endpoint: str, key: Key, error: BaseException | None = None) -> None:
-        """End ``key``'s admitted IPAM work on ``endpoint``; adapt the limit; wake the next.
-
-        ``error``: what the work raised (None: it succeeded); it adapts the limit (policy 3).
-        The place is released, and kept for the longest-waiting claims, before they are
-        queued (``wake`` is called after the lock is let go). A key not in flight is ignored.
-        """
-        endpoint = endpoint_key(endpoint)
-        with self._lock:
-            line = self._line(endpoint)
-            if line is None or key not in line.in_flight:
-                return
-            before = line.limit
-            line.adapt(line.in_flight.pop(key), error, self.max_concurrent)
-            after = line.limit
-            woken = line.hand_out()
-        if after != before:
-            log.info("endpoint %s: %d claims may be in flight (was %d)", endpoint, after, before)
-            self._tell(endpoint, after)
-        self._wake_all(woken)
+        flow = self.endpoint(endpoint)
+        flow.refuse_while_open()
+        return flow.acquire()
 
     @contextmanager
-    def held(self, endpoint: str, key: Key) -> Iterator[None]:
-        """Run the enclosed IPAM work of an admitted ``key``, then `finish` it.
-
-        The exception of the block (if any) is passed to `finish` and propagates unchanged;
-        the place is given back whatever happens.
-        """
-        error: BaseException | None = None
+    def held(self, endpoint: str) -> Iterator[None]:
+        """Run the enclosed work in the place `try_admit` took, then give it back."""
         try:
             yield
-        except BaseException as exc:
-            error = exc
-            raise
         finally:
-            self.finish(endpoint, key, error)
+            self.endpoint(endpoint).release()
 
-    def settle(self, key: Key, waits_on: tuple[Hashable, ...] = ()) -> None:
-        """End a pass of ``key``: give back what it holds for endpoints it no longer waits on.
+    def record(self, record: RequestRecord) -> None:
+        """Pass a request to the metrics hook (errors of the hook are logged, not raised)."""
+        self._hook(self.on_request, record)
 
-        Called at the end of every pass of a claim (whatever it decided). ``waits_on`` is
-        the wake tokens of its decision: for an endpoint whose `endpoint_token` is among
-        them the claim keeps its place in line; for any other, it leaves the line, and a
-        reservation it did not use goes to the next waiting claim.
-        """
-        with self._lock:
-            endpoints = self._lines_of.get(key)
-            if not endpoints:
-                return
-            woken: list[Key] = []
-            for endpoint in list(endpoints):
-                if endpoint_token(endpoint) in waits_on:
-                    continue
-                line = self._line(endpoint)
-                if line is not None:
-                    line.waiting.pop(key, None)
-                    line.reserved.pop(key, None)
-                    woken += line.hand_out()
-                endpoints.discard(endpoint)
-            if not endpoints:
-                self._lines_of.pop(key, None)
-        self._wake_all(woken)
+    def freed(self, endpoint: str) -> None:
+        """Tell ``on_free`` that a place of ``endpoint`` may have freed."""
+        self._hook(self.on_free, endpoint)
 
-    def _line(self, endpoint: str) -> _Line | None:
-        """Return the line of claims of an endpoint key, None if unused (lock held)."""
-        flow = self._endpoints.get(endpoint)
-        return None if flow is None else flow.line
+    def tell_limit(self, endpoint: str, limit: int) -> None:
+        """Tell ``on_limit`` an endpoint's limit."""
+        self._hook(self.on_limit, endpoint, limit)
 
-    def _forget(self, key: Key, endpoint: str, line: _Line) -> None:
-        """Drop ``endpoint`` from what ``key`` waits for when it neither waits nor is reserved."""
-        if key in line.waiting or key in line.reserved:
-            return
-        endpoints = self._lines_of.get(key)
-        if endpoints is not None:
-            endpoints.discard(endpoint)
-            if not endpoints:
-                del self._lines_of[key]
-
-    def _wake_all(self, keys: list[Key]) -> None:
-        """Queue ``keys`` through ``wake`` (nothing when there is no hook)."""
-        if self.wake is None:
-            return
-        for key in keys:
-            self.wake(key)
-
-    def _tell(self, endpoint: str, limit: int) -> None:
-        """Tell the limit hook an endpoint's new limit (its errors are logged)."""
-        if self.on_limit is None:
+    @staticmethod
+    def _hook(hook: Callable[..., object] | None, *args: object) -> None:
+        """Call ``hook`` with ``args`` (if set); its errors are logged, never raised."""
+        if hook is None:
             return
         try:
-            self.on_limit(endpoint, limit)
-        except Exception:  # a metric must never break a claim
-            log.exception("endpoint limit hook failed")
+            hook(*args)
+        except Exception:  # a metric or a wake-up must never break a call
+            log.exception("flow control hook %r failed", hook)

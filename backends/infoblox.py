@@ -387,7 +387,7 @@ class InfobloxBackend:
     needs it: the object-function form of next-available-IP to exclude gateways in the
     same create (infoblox-client has no exclusion), ``network_view`` on every host record
     (infoblox-client omits it and relies on the DNS view's default), names lower-cased
-    before every search, and every call bounded by the shared transport (one slot of the
+    before every search, and every call bounded by the shared transport (one place of the
     endpoint, a time budget, a login budget) instead of infoblox-client's unbounded
     connector retries.
 
@@ -399,14 +399,14 @@ class InfobloxBackend:
         The HTTP session to use (tests pass one); by default a new `requests.Session`.
         The backend owns it and closes it in `close`.
     endpoints:
-        The operator's `backends.flowcontrol.FlowControl` (breaker, slots, login budget per
+        The operator's `backends.flowcontrol.FlowControl` (breaker, limit, login budget per
         endpoint); None gives this client one of its own.
 
     Notes
     -----
     Thread-safe: the session's cookie jar is only changed under a lock, and the cached
     gateways are read and written under a lock. Every public method is one operation of
-    the shared `backends.transport.Transport` (bounded, in a slot of the endpoint, under
+    the shared `backends.transport.Transport` (bounded, in a place of the endpoint, under
     ``config.retry``) and raises only `backends.errors.BackendError` subclasses.
 
     """

@@ -413,7 +413,7 @@ class PHPIPAMBackend:
     session:
         An HTTP session to use instead of a new one (it is then not closed by `close`).
     endpoints:
-        The operator's `backends.flowcontrol.FlowControl` (breaker, slots, login budget per
+        The operator's `backends.flowcontrol.FlowControl` (breaker, limit, login budget per
         endpoint); None gives this client one of its own.
 
     Notes

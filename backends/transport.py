@@ -18,8 +18,8 @@ their API's semantics. It owns:
 - `basic_auth`: HTTP Basic with UTF-8 credentials (requests would use Latin-1).
 
 Every operation, request and login passes the endpoint's flow control
-(`backends.flowcontrol.FlowControl`, one per operator: circuit breaker, operation slots, login
-budget, the fence before writes, the request metrics hook), which states the policy.
+(`backends.flowcontrol.FlowControl`, one per operator: circuit breaker, one concurrency
+limit, login budget, the fence before writes, the request metrics hook), which states the policy.
 """
 
 from __future__ import annotations
@@ -329,13 +329,13 @@ class Transport:
     def call(self, operation: str, fn: Callable[[], T]) -> T:
         """Run one backend operation: as one of the endpoint's operations, under the retry policy.
 
-        The whole of it (the wait for a slot, retries, re-logins, each request) ends within
+        The whole of it (the wait for a place, retries, re-logins, each request) ends within
         ``retry.total_seconds``.
 
         Raises
         ------
         EndpointUnavailableError
-            The breaker is open, or no slot freed in time
+            The breaker is open, or no place freed in time
             (`backends.flowcontrol.EndpointFlow.operation`); ``fn`` is not called.
         BackendError
             What ``fn`` raised last (`backends.retry.RetryPolicy.call`).
@@ -563,6 +563,10 @@ class Transport:
             endpoint.unreachable()
         else:
             endpoint.reachable()
+        if status == 429 or status >= 500:
+            endpoint.congested()  # the IPAM is overloaded: fewer calls at once
+        else:
+            endpoint.answered()
         self.endpoints.record(RequestRecord(endpoint.key, method, str(status), seconds))
         log.debug("%s %s -> %d in %.3fs", self.label, what, status, seconds)
         if 300 <= status < 400:
@@ -583,6 +587,7 @@ class Transport:
             self.endpoint.reachable()
         elif reached is False:
             self.endpoint.unreachable()
+            self.endpoint.congested()
         else:
             self.endpoint.settled()
         record = RequestRecord(self.endpoint.key, method, result, time.monotonic() - started)

@@ -176,9 +176,9 @@ class Metrics:
         (``scheme://host:port``): 0 closed (calls go through), 1 open (calls fail fast),
         2 half-open (one probe call in flight).
     endpoint_concurrency:
-        ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many claims each IPAM
+        ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many works each IPAM
         endpoint may have in flight now (`backends.flowcontrol.FlowControl`: between 1 and
-        ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved when the endpoint times out or fails).
+        ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved on a timeout, connection error, 429 or 5xx).
     http_requests:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
         IPAM endpoint by result (the status code, or ``timeout``, ``connection_error``,

@@ -20,7 +20,7 @@ from bridge.capi import CLUSTER_GROUP, GROUP
 from bridge.metrics import Metrics
 from bridge.objects.cache import Cache
 from bridge.objects.client import ObjectClient
-from bridge.objects.keys import ClaimKey, ClusterKey, PoolKey
+from bridge.objects.keys import ClaimKey, ClusterKey, EndpointToken, PoolKey, endpoint_token
 from bridge.reconcilers.audit import AuditDeps
 from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.claims import ClaimDeps, reconcile_claim
@@ -35,6 +35,7 @@ from bridge.reconcilers.pools import PoolDeps, reconcile_pool
 from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
 from bridge.runtime.holds import PendingHolds
+from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
@@ -122,9 +123,16 @@ class Operator:
         caller's thread, an error other than a refusal raised (tests).
     flow:
         The flow control per IPAM server (`backends.flowcontrol.FlowControl`, built by
-        `Settings.flow_control`), shared by every backend client and every claim: exhausted
-        pools, circuit breaker, claims in flight, slots, login budget. Its hooks feed
-        `metrics`, and the claims it keeps a place for are queued again (``queue``).
+        `Settings.flow_control`), shared by every backend client and every claim: circuit
+        breaker, one concurrency limit, login budget. Its hooks feed `metrics` and, when a
+        place frees, ``places``.
+    places:
+        The claims parked for a place at an IPAM server, woken one per free place
+        (`bridge.runtime.waits.Places`; made, not an argument).
+    exhausted:
+        The pools found with no free address, not asked again for a first-free address for
+        ``requeue_exhausted_seconds`` or until one is freed (`bridge.runtime.waits.HoldOff`;
+        made, not an argument).
     clients:
         The pools' backend clients (made from ``flow`` and ``backends``).
     claims, pools, clusters:
@@ -146,6 +154,8 @@ class Operator:
     cache: Cache = field(default_factory=Cache)
     holds: PendingHolds = field(default_factory=PendingHolds)
     locks: NamespaceLocks = field(default_factory=NamespaceLocks)
+    places: Places = field(init=False, repr=False)
+    exhausted: HoldOff = field(init=False, repr=False)
     events: EventRecorder = field(init=False, repr=False)
     clients: PoolClients = field(init=False, repr=False)
     claims: ClaimDeps = field(init=False, repr=False)
@@ -154,10 +164,12 @@ class Operator:
     audit: AuditDeps = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.places = Places(self.queue, self._room)
+        self.exhausted = HoldOff(self.settings.requeue_exhausted_seconds, self.flow.clock)
         self.flow.on_state = self.metrics.endpoint_changed
         self.flow.on_request = self.metrics.request_made
         self.flow.on_limit = self.metrics.endpoint_limit
-        self.flow.wake = lambda key: self.queue.add(key)
+        self.flow.on_free = lambda endpoint: self.places.freed(endpoint_token(endpoint))
         self.events = events = EventRecorder(self.kube, background=self.background_events)
         self.clients = clients = PoolClients(self.settings, self.kube, self.flow, self.backends)
         self.claims = ClaimDeps(
@@ -170,6 +182,8 @@ class Operator:
             metrics=self.metrics,
             clients=clients,
             flow=self.flow,
+            places=self.places,
+            exhausted=self.exhausted,
             holds=self.holds,
         )
         self.pools = PoolDeps(
@@ -181,7 +195,7 @@ class Operator:
             events=events,
             metrics=self.metrics,
             clients=clients,
-            flow=self.flow,
+            exhausted=self.exhausted,
             holds=self.holds,
             locks=self.locks,
         )
@@ -233,19 +247,26 @@ class Operator:
                     return reconcile_cluster(self.clusters, namespace, name)
         raise ValueError(f"unknown work-queue key {key!r}")
 
+    def _room(self, token: Hashable) -> int:
+        """Return the free places under a wake token (an IPAM server's; 0 for any other)."""
+        return self.flow.room(token.endpoint) if isinstance(token, EndpointToken) else 0
+
     def sizes(self) -> dict[str, int]:
         """Return the sizes of the in-memory structures that grow with objects, by name.
 
         For the soak benchmark (``python -m benchmarks --only soak``): the cache's parts
         (objects) and expectations, the work queue's (`OperatorQueue.sizes`), the backend cache's
         (`BackendCache.sizes`), namespace locks, the flow control's
-        (`backends.flowcontrol.FlowControl.sizes`), notices and the claims counted as
+        (`backends.flowcontrol.FlowControl.sizes`), the woken-for-a-place claims and
+        the pools held off as exhausted (`bridge.runtime.waits`), notices and the claims counted as
         pending by the metrics.
         """
         sizes = self.cache.sizes()
         sizes |= {f"queue.{k}": v for k, v in self.queue.sizes().items()}
         sizes |= {f"backends.{k}": v for k, v in self.backends.sizes().items()}
         sizes |= {f"flow.{k}": v for k, v in self.flow.sizes().items()}
+        sizes |= {f"places.{k}": v for k, v in self.places.sizes().items()}
+        sizes["exhausted"] = len(self.exhausted)
         sizes["namespace_locks"] = len(self.locks)
         sizes["notices"] = len(self.notices)
         sizes["metrics.pending"] = len(self.metrics.pending_claims())

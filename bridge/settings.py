@@ -218,9 +218,8 @@ class Settings(BaseSettings):
     ) -> FlowControl:
         """Return the flow control per IPAM endpoint these settings describe.
 
-        Breaker threshold and cool-down, slots and claims in flight per endpoint (0: half
-        the workers), and how long a pool found exhausted is not asked again
-        (``requeue_exhausted_seconds``). Refused logins are budgeted at 5 per 5 minutes per
+        Breaker threshold and cool-down, and the most works in flight per endpoint (0: half
+        the workers). Refused logins are budgeted at 5 per 5 minutes per
         phpIPAM endpoint (phpIPAM blocks the operator's address after more than 10) and 3
         per Infoblox endpoint (NIOS locks the account after 5;
         `backends.infoblox.InfobloxConfig.login_limit`). ``fence`` is called before every
@@ -230,7 +229,6 @@ class Settings(BaseSettings):
             failure_threshold=self.endpoint_failure_threshold,
             cooldown_seconds=self.endpoint_cooldown_seconds,
             max_concurrent=self.endpoint_max_concurrent or max(1, self.workers // 2),
-            exhausted_seconds=self.requeue_exhausted_seconds,
             on_state=on_state,
             on_request=on_request,
             fence=fence,

@@ -4,8 +4,8 @@ A key names what a reconcile is about (`ClaimKey`: a claim, `PoolKey`: a pool,
 `ClusterKey`: a Cluster's control-plane endpoint); the work queue runs one reconcile per
 key at a time (`bridge.runtime.workqueue`). A wake token names what parked keys wait for
 (`ClusterToken`: the claims of a paused or missing Cluster, `PoolToken`: the claims waiting
-for a pool to be Ready or to have a free address); the claims waiting for a place at an
-IPAM server are parked under `backends.flowcontrol.endpoint_token`.
+for a pool to be Ready or to have a free address, `EndpointToken`: the claims waiting for a
+place at an IPAM server).
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ __all__ = [
     "ClaimKey",
     "ClusterKey",
     "ClusterToken",
+    "EndpointToken",
     "PoolKey",
     "PoolToken",
     "claim_key",
     "cluster_key",
     "cluster_token",
+    "endpoint_token",
     "pool_key",
     "pool_token",
 ]
@@ -66,6 +68,21 @@ class PoolToken:
     namespace: str
     kind: str
     name: str
+
+
+@dataclass(frozen=True)
+class EndpointToken:
+    """The wake token of the claims waiting for a place at an IPAM server.
+
+    ``endpoint``: ``scheme://host:port`` (`backends.flowcontrol.endpoint_key`).
+    """
+
+    endpoint: str
+
+
+def endpoint_token(endpoint: str) -> EndpointToken:
+    """Return the wake token of the claims waiting for a place at ``endpoint``."""
+    return EndpointToken(endpoint)
 
 
 def claim_key(namespace: str, name: str) -> ClaimKey:

@@ -249,8 +249,8 @@ class PoolClients:
     secrets:
         Reads the pools' Secrets.
     flow:
-        The flow control per IPAM server shared by every client (circuit breaker, slots,
-        login budget; `Settings.flow_control`).
+        The flow control per IPAM server shared by every client (circuit breaker, one
+        concurrency limit, login budget; `Settings.flow_control`).
     backends:
         The clients by pool and location.
     """

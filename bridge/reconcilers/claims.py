@@ -34,10 +34,10 @@ changes, and is parked in the work queue under what ends the wait (its Cluster, 
 instead of being retried through kopf (whose retries write progress annotations on the
 claim at every attempt).
 
-A claim's IPAM work is admitted per IPAM server (`flowcontrol`): when its pool's server
-already has its limit of claims in flight, the claim parks under
-`flowcontrol.endpoint_token` (no API request, no status change, no worker held) and is
-queued again when a place is kept for it.
+A claim's IPAM work takes a place in its IPAM server's limit (`backends.flowcontrol`): when
+the server has none free, the claim parks under `bridge.objects.keys.endpoint_token` (no API
+request, no status change, no worker held) and is woken when a place frees
+(`bridge.runtime.waits.Places`).
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ from pydantic import ValidationError
 
 from backends.base import Allocation
 from backends.errors import AddressUnavailableError, BackendError
-from backends.flowcontrol import FlowControl, endpoint_key, endpoint_token
+from backends.flowcontrol import FlowControl, endpoint_key
 from bridge import capi
 from bridge.capi import Claim, Cluster, Reason
 from bridge.metrics import Metrics
 from bridge.models import IPAddress, IPPool
 from bridge.objects.cache import Cache
-from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
+from bridge.objects.keys import claim_key, cluster_token, endpoint_token, pool_key, pool_token
 from bridge.reconcilers.backend_clients import PoolClients
 from bridge.reconcilers.context import Queue, ServedVersions
 from bridge.reconcilers.control_plane import allocates_while_paused
@@ -84,6 +84,7 @@ from bridge.runtime.expectations import GONE
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.store import MISSING, Store
+from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
@@ -149,8 +150,13 @@ class ClaimDeps:
     clients:
         The pools' backend clients.
     flow:
-        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): claims of a
-        pool found exhausted wait without an IPAM call; claims in flight per server.
+        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): a claim's
+        IPAM work takes a place in its server's limit.
+    places:
+        The claims parked for a place at an IPAM server (`bridge.runtime.waits.Places`).
+    exhausted:
+        The pools found with no free address (`bridge.runtime.waits.HoldOff`): their
+        claims wait without an IPAM call.
     holds:
         Claims between their look at their pool and their finalizer write (counted by a
         pool's deletion guard, `bridge.runtime.holds.PendingHolds`).
@@ -165,6 +171,8 @@ class ClaimDeps:
     metrics: Metrics
     clients: PoolClients
     flow: FlowControl
+    places: Places
+    exhausted: HoldOff
     holds: PendingHolds
 
 
@@ -214,17 +222,13 @@ def reconcile_claim(deps: ClaimDeps, namespace: str, name: str) -> Result:
 
     Notes
     -----
-    Whatever the pass decides (or raises), the claim's place in an IPAM server's line is
-    settled afterwards (`backends.flowcontrol.FlowControl.settle`): kept while it
-    waits for that server, else given to the next waiting claim.
+    Whatever the pass decides (or raises), a place the claim was woken for and did not
+    take goes to the next claim parked for it (`bridge.runtime.waits.Places.passed`).
     """
-    decision: Result | None = None
     try:
-        decision = _reconcile(deps, namespace, name)
-        return decision
+        return _reconcile(deps, namespace, name)
     finally:
-        waits_on = decision.wake_on if decision is not None else ()
-        deps.flow.settle(claim_key(namespace, name), waits_on)
+        deps.places.passed(claim_key(namespace, name))
 
 
 def _reconcile(deps: ClaimDeps, namespace: str, name: str) -> Result:
@@ -517,22 +521,24 @@ def _admitted(deps: ClaimDeps, claim: Claim, pool: Pool) -> Iterator[None]:
 
     ``pool`` is where the work goes (for a release, the recorded location). The server is
     ``scheme://host:port`` of ``spec.endpoint`` (`backends.transport.endpoint_key`, as the
-    transport's registry keys it). The block's outcome adapts the server's limit
-    (`backends.flowcontrol.FlowControl.finish`); its exception propagates unchanged.
+    transport's registry keys it). The place is given back whatever the block does; its
+    exception propagates unchanged.
 
     Raises
     ------
     _Wait
         Before the block runs, when the server is full: the claim parks under
-        `backends.flowcontrol.endpoint_token` without a status write.
+        `bridge.objects.keys.endpoint_token` without a status write.
     backends.errors.EndpointUnavailableError
         Before the block runs, while the server's circuit breaker is open.
     """
     endpoint = endpoint_key(pool.endpoint)
+    token = endpoint_token(endpoint)
     key = claim_key(claim.namespace, claim.name)
-    if not deps.flow.try_admit(endpoint, key):
-        raise _Wait(Result.wait(endpoint_token(endpoint)))
-    with deps.flow.held(endpoint, key):
+    if not (deps.places.may_take(token, key) and deps.flow.try_admit(endpoint)):
+        raise _Wait(deps.places.wait(token, key))
+    deps.places.took(token, key)
+    with deps.flow.held(endpoint):
         yield
 
 
@@ -675,9 +681,10 @@ def _add_finalizer(deps: ClaimDeps, claim: Claim, pool: Pool) -> Claim | Result:
     if capi.CLAIM_FINALIZER in claim.finalizers:
         return claim
     endpoint = endpoint_key(pool.endpoint)
-    if deps.flow.wait_if_full(endpoint, claim_key(claim.namespace, claim.name)):
+    token, key = endpoint_token(endpoint), claim_key(claim.namespace, claim.name)
+    if not deps.places.may_take(token, key):
         # Its IPAM server is busy: wait for a place before writing anything.
-        raise _Wait(Result.wait(endpoint_token(endpoint)))
+        raise _Wait(deps.places.wait(token, key))
     written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
     return _after_finalizer_write(deps, claim, written)
 
@@ -704,7 +711,7 @@ def _parsed(stored: Mapping[str, Any] | None, claim: Claim) -> Claim:
 def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
     """Register the claim's hostname in the IPAM (find first) and bind the claim to it."""
     requested = _requested_address(deps, claim)
-    if requested is None and deps.flow.is_exhausted(endpoint_key(pool.endpoint), pool.key):
+    if requested is None and deps.exhausted.held(pool.key):
         raise _wait_for_address(deps, pool)
     hostname = capi.hostname_for(claim, pool.hostname_suffix)
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
@@ -725,10 +732,10 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
         error = _backend_error(deps, exc, pool)
         deps.metrics.allocations.labels(*labels, error.reason).inc()
         if error.reason == Reason.POOL_EXHAUSTED and requested is None:
-            deps.flow.exhausted(endpoint_key(pool.endpoint), pool.key)
+            deps.exhausted.hold(pool.key)
             raise _wait_for_address(deps, pool) from exc
         raise error from exc
-    deps.flow.refilled(pool.key)
+    deps.exhausted.lift(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     created = _register(deps, claim, pool, allocation, hostname)
@@ -953,7 +960,7 @@ def _release_decided(deps: ClaimDeps, claim: Claim) -> Result:
     decision = _finish_release(deps, claim, Reason.RELEASED, message, labels, "success")
     if until is None:
         # An address was freed: the longest waiting claim of this pool may now get it.
-        deps.flow.refilled(pool.key)
+        deps.exhausted.lift(pool.key)
         deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
     return decision
 

@@ -310,8 +310,8 @@ def build_backend(
         The retry policy; its ``total_seconds`` bounds every backend operation.
     endpoints:
         The operator's `backends.flowcontrol.FlowControl` (``Operator.flow``): breaker,
-        slots and login budget per IPAM server, shared by every pool's client. None gives
-        the client one of its own.
+        concurrency limit and login budget per IPAM server, shared by every pool's client.
+        None gives the client one of its own.
 
     Raises
     ------

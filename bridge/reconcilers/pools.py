@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 
 from backends.errors import BackendError
-from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Reason
 from bridge.metrics import Metrics
@@ -58,6 +57,7 @@ from bridge.reconcilers.pool_backends import (
 from bridge.runtime.events import EventSink
 from bridge.runtime.gateway import Outcome, Write
 from bridge.runtime.holds import PendingHolds
+from bridge.runtime.waits import HoldOff
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
@@ -147,9 +147,9 @@ class PoolDeps:
         The Prometheus metrics.
     clients:
         The pools' backend clients.
-    flow:
-        The flow control per IPAM server (`backends.flowcontrol.FlowControl`): a pool's
-        exhaustion is forgotten when it has a free address.
+    exhausted:
+        The pools found with no free address (`bridge.runtime.waits.HoldOff`): forgotten
+        when the pool has a free address or is gone.
     holds:
         Claims about to hold a pool (its deletion guard counts them).
     locks:
@@ -164,7 +164,7 @@ class PoolDeps:
     events: EventSink
     metrics: Metrics
     clients: PoolClients
-    flow: FlowControl
+    exhausted: HoldOff
     holds: PendingHolds
     locks: NamespaceLocks
 
@@ -197,7 +197,7 @@ def check_pool(deps: PoolDeps, pool: Pool) -> PoolStatus:
     total = sum(info.total for info in infos)
     deps.metrics.pool_total.labels(f"{pool.namespace}/{pool.name}", pool.kind).set(total)
     if free > 0:
-        deps.flow.refilled(pool.key)
+        deps.exhausted.lift(pool.key)
     return pool_status(pool, infos)
 
 
@@ -422,7 +422,7 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
     body = deps.kube.get_pool(namespace, kind, name)
     if body is None:
         deps.clients.backends.drop((namespace, kind, name))
-        deps.flow.refilled((namespace, kind, name))  # forgotten: the pool is gone
+        deps.exhausted.lift((namespace, kind, name))  # forgotten: the pool is gone
         deps.metrics.forget_pool(f"{namespace}/{name}", kind)
         deps.queue.wake(pool_token(namespace, kind, name))
         return Result.done()
@@ -501,7 +501,7 @@ def _reconcile_deleting(deps: PoolDeps, pool: Pool) -> Result:
     if deps.kube.set_pool_finalizer(pool, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
     deps.clients.backends.drop((namespace, kind, name))
-    deps.flow.refilled((namespace, kind, name))
+    deps.exhausted.lift((namespace, kind, name))
     deps.metrics.forget_pool(f"{namespace}/{name}", kind)
     log.info("pool %s/%s: nothing holds an address in it any more; let go", namespace, name)
     return Result.done()
@@ -546,7 +546,7 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
         log.info(
             "pool %s: quarantine ended for %s; entries deleted", pool.display, ", ".join(purged)
         )
-        deps.flow.refilled(pool.key)
+        deps.exhausted.lift(pool.key)
         deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
         deps.queue.add(pool_key(pool.namespace, pool.kind, pool.name))
     return list(purged)

@@ -1,15 +1,15 @@
 """backends.flowcontrol: where the controls of one IPAM endpoint decide together.
 
-The parts alone are tested where they were used first: the breaker, the slots and the login
-budget in test_transport.py, the claims' line in tests/unit/bridge/test_admission.py, the
-exhaustion hold in tests/unit/bridge/test_context_and_errors.py.
+The parts alone are tested where they were used first: the breaker, the limit's places and
+the login budget in test_transport.py; the parking of claims in tests/unit/bridge/test_admission.py.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import responses
 
 import backends
 from backends.errors import BackendUnavailableError, EndpointUnavailableError
-from backends.flowcontrol import EndpointState, FlowControl, endpoint_key, endpoint_token
+from backends.flowcontrol import EndpointState, FlowControl, endpoint_key
 from backends.retry import RetryPolicy
 from backends.transport import Transport, TransportConfig
 
@@ -50,33 +50,30 @@ def opened(flow: FlowControl, endpoint: str = EP) -> None:
 
 def test_an_open_breaker_admits_no_claim_and_takes_no_place() -> None:
     clock = FakeClock()
-    woken: list[Hashable] = []
+    freed: list[str] = []
     flow = FlowControl(
         failure_threshold=2,
         cooldown_seconds=10,
         max_concurrent=1,
         clock=clock,
         wall_clock=lambda: 1_790_000_000.0,
-        wake=woken.append,
+        on_free=freed.append,
     )
-    assert flow.try_admit(EP, "a")
-    assert not flow.try_admit(EP, "b")  # b waits in line
+    assert flow.try_admit(EP)
     opened(flow)
     with pytest.raises(
         EndpointUnavailableError, match=r"endpoint http://ipam\.test:80 unreachable"
     ):
-        flow.try_admit(EP, "c")
-    flow.finish(EP, "a", BackendUnavailableError("no answer"))
-    assert woken == ["b"]  # a's place is kept for b
+        flow.try_admit(EP)
+    flow.endpoint(EP).release()
+    assert freed == [EP]  # the runtime is told a place freed
     with pytest.raises(EndpointUnavailableError, match="next try at 2026-09-21T"):
-        flow.try_admit(EP, "b")  # woken, but the breaker is open: refused, nothing taken
-    assert flow.in_flight(EP) == 0 and flow.waiting(EP) == []
-    assert flow.limit(EP) == 1  # only admitted work adapts the limit
-    # Another endpoint is not affected.
-    assert flow.try_admit(OTHER, "d")
+        flow.try_admit(EP)  # the breaker is open: refused, nothing taken
+    assert flow.endpoint(EP).in_flight == 0
+    assert flow.limit(EP) == 1
     # After the cool-down claims are admitted again: one of them carries the probe.
     clock.now += 10
-    assert flow.try_admit(EP, "b")
+    assert flow.try_admit(EP)
     assert flow.states()[EP] is EndpointState.OPEN  # the probe is the first request
     flow.endpoint(EP).admit()
     assert flow.states()[EP] is EndpointState.HALF_OPEN
@@ -126,44 +123,48 @@ def test_the_breaker_counts_requests_of_every_client_and_claims_see_it(
             transport.request("GET", f"{URL}/x", what="GET x")
     # Any URL of the endpoint names the same flow.
     with pytest.raises(EndpointUnavailableError):
-        flow.try_admit("http://IPAM.test/other/path", "claim")
+        flow.try_admit("http://IPAM.test/other/path")
 
 
-def test_exhaustion_is_per_endpoint_and_a_release_anywhere_ends_it() -> None:
-    clock = FakeClock()
-    flow = FlowControl(exhausted_seconds=5, clock=clock)
-    pool = ("ns", "PHPIPAMIPPool", "p")
-    flow.exhausted(URL, pool)
-    assert flow.is_exhausted(EP, pool)  # any URL of the endpoint
-    assert not flow.is_exhausted(OTHER, pool)  # the pool moved: asked at its new endpoint
-    assert flow.sizes()["exhausted"] == 1
-    flow.refilled(pool)  # a release, or the pool is gone: forgotten everywhere
-    assert not flow.is_exhausted(EP, pool) and flow.sizes()["exhausted"] == 0
-    # Exhaustion is not unavailability: it neither opens the breaker nor halves the limit.
-    assert flow.try_admit(EP, "c")
-    flow.finish(EP, "c", Exception("pool exhausted"))
-    assert flow.limit(EP) == flow.max_concurrent
-    assert flow.states()[EP] is EndpointState.CLOSED
+def test_one_limit_for_claims_and_operations_fed_only_by_the_ipams_answers() -> None:
+    limits: list[tuple[str, int]] = []
+    flow = FlowControl(
+        max_concurrent=2, slot_wait_seconds=0, on_limit=lambda e, n: limits.append((e, n))
+    )
+    assert flow.limit(EP) == 2 and limits == [(EP, 2)]  # the gauge starts at the max
+    endpoint = flow.endpoint(EP)
+    assert flow.try_admit(EP)  # a claim's place
+    with endpoint.operation():  # its operations run in it: no second place
+        assert endpoint.in_flight == 1
+    other = threading.Thread(target=lambda: flow.try_admit(EP))
+    other.start()
+    other.join()
+    assert endpoint.in_flight == 2 and flow.room(EP) == 0
+    refused: list[BaseException] = []
+
+    def third() -> None:  # an operation of a third thread finds no place
+        try:
+            with endpoint.operation():
+                pass
+        except EndpointUnavailableError as exc:
+            refused.append(exc)
+
+    worker = threading.Thread(target=third)
+    worker.start()
+    worker.join()
+    assert len(refused) == 1 and "busy" in str(refused[0])
+    assert flow.limit(EP) == 2  # refusals of the flow control never change the limit
+    endpoint.congested()  # a timeout, 429 or 5xx of the IPAM: halved
+    endpoint.congested()  # of work placed before that decrease: not again
+    assert flow.limit(EP) == 1 and flow.room(EP) == -1
+    endpoint.answered()  # one answer per place raises it by one
+    assert flow.limit(EP) == 2 and limits[-2:] == [(EP, 1), (EP, 2)]
+    assert flow.sizes() == {"endpoints": 1, "in_flight": 2}
 
 
-def test_one_limit_for_slots_and_claims_and_sizes_name_every_part() -> None:
-    flow = FlowControl(max_concurrent=3)
-    assert flow.limit(EP) == 3  # the claims' limit starts at the slots' count
-    assert flow.sizes() == {"endpoints": 0, "lines": 0, "keys": 0, "exhausted": 0}
-    flow.endpoint(URL)  # a transport's endpoint: no line of claims yet
-    assert flow.sizes()["endpoints"] == 1 and flow.sizes()["lines"] == 0
-    for key in ("a", "b", "c"):
-        assert flow.try_admit(EP, key)
-    assert not flow.try_admit(EP, "d")
-    assert flow.sizes() == {"endpoints": 1, "lines": 1, "keys": 1, "exhausted": 0}
-    flow.settle("d", ())
-    assert flow.sizes()["keys"] == 0
-
-
-def test_endpoint_key_and_token() -> None:
+def test_endpoint_key() -> None:
     assert endpoint_key(endpoint_key(URL)) == endpoint_key(URL) == EP
     assert endpoint_key("https://[2001:db8::1]/wapi") == "https://[2001:db8::1]:443"
-    assert endpoint_token(EP) == ("endpoint", EP)
 
 
 def test_backends_import_nothing_of_the_operator_or_kubernetes() -> None:
@@ -179,3 +180,33 @@ def test_backends_import_nothing_of_the_operator_or_kubernetes() -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{module.name} imports {name}"
+
+
+@pytest.mark.parametrize(
+    ("answer", "lowered"),
+    [
+        ({"status": 429}, True),
+        ({"status": 500}, True),
+        ({"status": 503}, True),
+        ({"body": requests.ConnectTimeout("slow")}, True),
+        ({"body": requests.ConnectionError("refused")}, True),
+        ({"status": 404}, False),
+        ({"status": 409}, False),
+        ({"status": 200}, False),
+    ],
+)
+def test_the_transport_feeds_the_limit_the_ipams_failures_only(
+    rsps: responses.RequestsMock, answer: dict[str, object], lowered: bool
+) -> None:
+    flow = FlowControl(max_concurrent=4, failure_threshold=100)
+    rsps.get(f"{URL}/x", **answer)  # type: ignore[arg-type]
+    transport = Transport(
+        TransportConfig(endpoint=URL),
+        retry=RetryPolicy(attempts=1, sleep=lambda _: None),
+        endpoints=flow,
+        label="test",
+    )
+    with contextlib.suppress(BackendUnavailableError):
+        transport.call("x", lambda: transport.request("GET", f"{URL}/x", what="GET x"))
+    assert flow.limit(EP) == (2 if lowered else 4)
+    assert flow.endpoint(EP).in_flight == 0  # the operation's place is given back

@@ -1,11 +1,12 @@
-"""backends.flowcontrol: claims in flight per IPAM endpoint, AIMD limit, hand-over of places.
+"""bridge.runtime.waits.Places: claims parked for a place at an IPAM server, woken one per place.
 
-Also how `claims` uses it: a claim over its endpoint's limit parks on the endpoint's
-token without a write or an IPAM call, and the end of an admitted claim queues the next.
+Also how `claims` uses it: a claim over its endpoint's limit parks on the endpoint's token
+without a write or an IPAM call, and the end of an admitted claim wakes the next.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any, cast
 
@@ -14,147 +15,140 @@ from fakes import FakeIPAM, FakeKube, FakeQueue, claim, install_backend, phpipam
 from fakes import pool_condition as pool_ready
 
 from backends import errors as be
-from backends.flowcontrol import FlowControl, endpoint_token
+from backends.flowcontrol import FlowControl
 from bridge.objects.client import ObjectClient
-from bridge.objects.keys import claim_key
+from bridge.objects.keys import EndpointToken, claim_key, endpoint_token
 from bridge.operator import Operator
 from bridge.reconcilers.claims import reconcile_claim
 from bridge.reconcilers.context import ServedVersions
+from bridge.runtime.waits import Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
-EP = "https://a.example.com:443"
-OTHER = "https://b.example.com:443"
+EP = "http://ipam.test:80"
 
 
-class Woken:
-    """Records the keys the admission queues."""
+class Holder:
+    """A worker thread that holds a place at ``endpoint`` until `leave`."""
+
+    def __init__(self, flow: FlowControl, endpoint: str) -> None:
+        self._in, self._out = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(flow, endpoint))
+        self._thread.start()
+        assert self._in.wait(10)
+
+    def _run(self, flow: FlowControl, endpoint: str) -> None:
+        assert flow.try_admit(endpoint)
+        with flow.held(endpoint):
+            self._in.set()
+            self._out.wait(10)
+
+    def leave(self) -> None:
+        """Give the place back (as the end of the claim's IPAM work does) and wait for it."""
+        self._out.set()
+        self._thread.join()
+
+
+class Added:
+    """A work queue that records the keys `Places` queues."""
 
     def __init__(self) -> None:
         self.keys: list[Hashable] = []
 
-    def __call__(self, key: Hashable) -> None:
+    def add(self, key: Hashable, after: float = 0.0) -> None:
         self.keys.append(key)
 
 
-def admission(max_limit: int = 2) -> tuple[FlowControl, Woken, dict[str, int]]:
-    woken = Woken()
-    gauge: dict[str, int] = {}
-    flow = FlowControl(max_concurrent=max_limit, wake=woken, on_limit=gauge.__setitem__)
-    return flow, woken, gauge
+def places_of(flow: FlowControl) -> tuple[Places, Added]:
+    queue = Added()
+
+    def room(token: Hashable) -> int:
+        return flow.room(token.endpoint) if isinstance(token, EndpointToken) else 0
+
+    places = Places(queue, room)
+    flow.on_free = lambda endpoint: places.freed(endpoint_token(endpoint))
+    return places, queue
 
 
-def test_the_limit_starts_at_the_max_and_is_per_endpoint() -> None:
-    adm, woken, gauge = admission(2)
-    assert adm.limit(EP) == 2
-    assert adm.try_admit(EP, "a") and adm.try_admit(EP, "b")
-    assert not adm.try_admit(EP, "c")  # full: waits, nothing queued
-    assert adm.try_admit(OTHER, "d")  # another endpoint is not held by a full one
-    assert adm.in_flight(EP) == 2 and adm.waiting(EP) == ["c"]
-    assert woken.keys == [] and gauge == {EP: 2, OTHER: 2}
-    with pytest.raises(ValueError):
-        FlowControl(max_concurrent=0, wake=woken)
+TOKEN = endpoint_token(EP)
 
 
-def test_the_peek_before_the_finalizer_takes_no_place_and_queues_in_line() -> None:
-    adm, woken, _ = admission(1)
-    assert not adm.wait_if_full(EP, "a")  # unknown endpoint: room
-    assert adm.try_admit(EP, "a")
-    assert not adm.wait_if_full(EP, "a")  # in flight itself: never parks
-    assert adm.wait_if_full(EP, "b")  # full: b waits in line, nothing taken
-    assert adm.in_flight(EP) == 1 and adm.waiting(EP) == ["b"]
-    adm.finish(EP, "a")
-    assert woken.keys == ["b"]  # the place is kept for b ...
-    assert not adm.wait_if_full(EP, "b")  # ... so its next pass goes on to write
-    assert adm.wait_if_full(EP, "c") and adm.waiting(EP) == ["c"]  # b's kept place is no room
-    assert adm.try_admit(EP, "b") and adm.in_flight(EP) == 1
+def refused(places: Places, *keys: str) -> None:
+    """Refuse ``keys`` a place, each in a pass of its own that ends parked."""
+    for key in keys:
+        assert places.wait(TOKEN, key) == Result.wait(TOKEN)
+        places.passed(key)
 
 
-def test_a_finish_queues_the_longest_waiting_claim_and_keeps_its_place() -> None:
-    adm, woken, _ = admission(1)
-    assert adm.try_admit(EP, "a")
-    assert not adm.try_admit(EP, "b")
-    assert not adm.try_admit(EP, "c")
-    assert not adm.try_admit(EP, "b")  # asked again (a resync): keeps its place in line
-    adm.finish(EP, "a")
-    assert woken.keys == ["b"]  # one, the oldest
-    assert not adm.try_admit(EP, "newcomer")  # the place is b's
-    assert adm.try_admit(EP, "b")
-    assert adm.waiting(EP) == ["c", "newcomer"]
+def test_a_freed_place_wakes_the_longest_waiting_claim_only() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)  # "a" works
+    refused(places, "b", "c")
+    assert queue.keys == []
+    holder.leave()  # and ends: one place, for b
+    assert queue.keys == ["b"]
+    places.freed(TOKEN)  # told again: the place is promised to b already
+    assert queue.keys == ["b"]
+    assert places.sizes() == {"waiting": 1, "woken": 1}
 
 
-def test_no_count_leaks_when_the_work_raises() -> None:
-    adm, woken, _ = admission(1)
-    assert adm.try_admit(EP, "a")
-    assert not adm.try_admit(EP, "b")
-    with pytest.raises(RuntimeError), adm.held(EP, "a"):
-        raise RuntimeError("boom")
-    assert adm.in_flight(EP) == 0 and woken.keys == ["b"]
-    adm.finish(EP, "a")  # a second finish changes nothing
-    assert adm.in_flight(EP) == 0 and adm.limit(EP) == 1
+def test_a_claim_refused_while_a_place_frees_is_not_forgotten() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    places.wait(TOKEN, "b")  # refused; its pass has not ended (not parked yet)
+    holder.leave()  # the place frees now
+    assert queue.keys == ["b"]  # queued: the work queue runs it once more after its pass
+    places.passed("b")  # that pass ends; the promise is passed on: nobody else waits
+    assert places.sizes() == {"waiting": 0, "woken": 0}
 
 
-def test_a_woken_claim_that_no_longer_needs_the_endpoint_passes_its_place_on() -> None:
-    adm, woken, _ = admission(1)
-    assert adm.try_admit(EP, "a")
-    assert not adm.try_admit(EP, "b")
-    assert not adm.try_admit(EP, "c")
-    adm.finish(EP, "a")
-    assert woken.keys == ["b"]
-    adm.settle("b", ())  # b's pass ended without asking (bound, paused, gone)
-    assert woken.keys == ["b", "c"]
-    # A waiting claim whose pass parks elsewhere leaves the line; one still waiting stays.
-    adm.settle("c", (endpoint_token(EP),))
-    assert adm.try_admit(EP, "c")
+def test_a_woken_claim_that_leaves_the_place_passes_it_on() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b", "c")
+    holder.leave()
+    assert queue.keys == ["b"]
+    places.passed("b")  # b's pass ended without taking the place (its claim was deleted)
+    assert queue.keys == ["b", "c"]
+    assert places.may_take(TOKEN, "c") and flow.try_admit(EP)  # c takes it
+    places.took(TOKEN, "c")
+    places.passed("c")
+    assert places.sizes() == {"waiting": 0, "woken": 0}  # nothing kept once passes ended
 
 
-def test_timeouts_halve_the_limit_once_per_window_and_successes_grow_it() -> None:
-    adm, _, gauge = admission(8)
-    keys = [f"k{i}" for i in range(8)]
-    assert all(adm.try_admit(EP, k) for k in keys)
-    unavailable = be.BackendUnavailableError("no answer within 10s")
-    for key in keys[:4]:  # one burst of timeouts: one decrease
-        adm.finish(EP, key, unavailable)
-    assert adm.limit(EP) == 4 and gauge[EP] == 4
-    for key in keys[4:]:
-        adm.finish(EP, key, be.AuthenticationFailedError("refused"))  # neither up nor down
-    assert adm.limit(EP) == 4
-    assert adm.try_admit(EP, "x")  # admitted after the decrease: may decrease again
-    adm.finish(EP, "x", be.EndpointUnavailableError("endpoint busy"))
-    assert adm.limit(EP) == 2
-    for step in range(3):
-        assert adm.try_admit(EP, f"y{step}")
-        adm.finish(EP, f"y{step}", be.BackendUnavailableError("503"))
-    assert adm.limit(EP) == 1  # never below 1
-    for step in range(3):  # +1 per limit successes: 1 -> 2 after 1, -> 3 after 2 more
-        assert adm.try_admit(EP, f"z{step}")
-        adm.finish(EP, f"z{step}")
-    assert adm.limit(EP) == 3 and gauge[EP] == 3
-    for step in range(100):
-        assert adm.try_admit(EP, f"w{step}")
-        adm.finish(EP, f"w{step}")
-    assert adm.limit(EP) == 8  # never above the transport's limit
+def test_nobody_jumps_ahead_of_a_woken_claim() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, _queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b")
+    holder.leave()  # one place: promised to b
+    assert not places.may_take(TOKEN, "new")  # a claim that did not wait waits
+    assert places.may_take(TOKEN, "b")
+    assert flow.try_admit(EP)
+    places.took(TOKEN, "b")
+    assert places.sizes()["woken"] == 0 and not places.may_take(TOKEN, "new")  # full now
 
 
-def test_growth_hands_the_new_room_to_waiting_claims() -> None:
-    adm, woken, _ = admission(2)
-    assert adm.try_admit(EP, "a") and adm.try_admit(EP, "b")
-    adm.finish(EP, "a", be.BackendUnavailableError("timeout"))  # 2 -> 1
-    adm.finish(EP, "b", be.BackendUnavailableError("timeout"))  # same window: stays 1
-    assert adm.limit(EP) == 1
-    assert adm.try_admit(EP, "c")
-    assert not adm.try_admit(EP, "d") and not adm.try_admit(EP, "e")
-    adm.finish(EP, "c")  # 1 -> 2: two places, both go to the waiting claims
-    assert adm.limit(EP) == 2 and woken.keys == ["d", "e"]
+def test_a_waiting_claim_whose_pass_ends_without_a_refusal_waits_no_more() -> None:
+    flow = FlowControl(max_concurrent=1)
+    places, queue = places_of(flow)
+    holder = Holder(flow, EP)
+    refused(places, "b")
+    places.passed("b")  # a later pass (the claim was deleted): no refusal
+    holder.leave()
+    assert queue.keys == [] and places.sizes() == {"waiting": 0, "woken": 0}
 
 
 # -- in claims ------------------------------------------------------------------------
 
 
 class Ctx:
-    """A context whose endpoint allows one claim in flight, over the fakes."""
+    """A context whose endpoint allows ``limit`` claims in flight, over the fakes."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, limit: int = 1) -> None:
         self.kube = FakeKube()
         self.ipam = FakeIPAM(cidr="10.0.0.0/28")
         self.built = install_backend(monkeypatch, self.ipam)
@@ -163,7 +157,7 @@ class Ctx:
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions("v1beta2"),
-            flow=FlowControl(max_concurrent=1),
+            flow=FlowControl(max_concurrent=limit),
             queue=self.queue,
         )
         self.kube.add_secret("ns", "creds", {"username": "u", "password": "p"})
@@ -171,33 +165,40 @@ class Ctx:
         self.endpoint = "https://ipam.example.com:443"  # the pool's, as the registry keys it
 
 
-def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_finish_queues_it(
+def in_other_thread(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` in a thread of its own (a place is per thread) and wait for it."""
+    worker = threading.Thread(target=fn)
+    worker.start()
+    worker.join()
+
+
+def test_a_claim_over_the_limit_parks_on_its_endpoint_and_a_release_wakes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     world = Ctx(monkeypatch)
     ctx, endpoint = world.ctx, world.endpoint
     for name in ("c1", "c2"):
         world.kube.add_claim(claim(name))
-    # c1 is in its IPAM call (admitted) when c2 comes.
-    assert ctx.flow.try_admit(endpoint, claim_key("ns", "c1"))
+    # c1 is in its IPAM call (admitted, in another worker) when c2 comes.
+    c1 = Holder(ctx.flow, endpoint)
     world.kube.writes.clear()
     decision = reconcile_claim(ctx.claims, "ns", "c2")
     assert decision == Result.wait(endpoint_token(endpoint))  # parked, no timer
     assert world.ipam.calls == []  # the IPAM was not asked
     assert world.kube.writes == []  # parked before its finalizer: no write at all
-    world.kube.writes.clear()
     assert reconcile_claim(ctx.claims, "ns", "c2") == decision  # a resync: still nothing written
     assert world.kube.writes == []
     # c1 ends: c2 (and only c2) is queued, and its pass is admitted and binds it.
-    ctx.flow.finish(endpoint, claim_key("ns", "c1"))
+    world.queue.added.clear()
+    c1.leave()
     assert world.queue.added == [(claim_key("ns", "c2"), 0.0)]
     assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
     assert ("ns", "c2") in world.kube.addresses
     assert world.kube.ops()[0] == "claim.finalizer"  # the contract: finalizer first
-    assert ctx.flow.in_flight(endpoint) == 0
+    assert ctx.flow.endpoint(endpoint).in_flight == 0
 
 
-def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
+def test_a_claims_ipam_call_releases_its_place_and_wakes_the_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     world = Ctx(monkeypatch)
@@ -206,9 +207,11 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
         world.kube.add_claim(claim(name))
     seen: list[int] = []
 
-    def during() -> None:  # c2 comes while c1 is in its IPAM call
-        seen.append(ctx.flow.in_flight(endpoint))
-        assert reconcile_claim(ctx.claims, "ns", "c2") == Result.wait(endpoint_token(endpoint))
+    def during() -> None:  # c2 comes (in another worker) while c1 is in its IPAM call
+        seen.append(ctx.flow.endpoint(endpoint).in_flight)
+        decisions: list[Result] = []
+        in_other_thread(lambda: decisions.append(reconcile_claim(ctx.claims, "ns", "c2")))
+        assert decisions == [Result.wait(endpoint_token(endpoint))]
 
     real_call = ctx.metrics.call
 
@@ -222,12 +225,26 @@ def test_a_claims_ipam_call_releases_its_place_and_queues_the_next(
     assert seen == [1]
     assert world.queue.added[-1] == (claim_key("ns", "c2"), 0.0)  # woken once c1 ended
     assert reconcile_claim(ctx.claims, "ns", "c2") == Result.done()
-    # A failing call (the endpoint unreachable) frees its place too, and halves nothing
-    # below 1.
+    # A failing call (the endpoint unreachable) frees its place too.
     world.kube.add_claim(claim("c3"))
     world.ipam.error = be.BackendUnavailableError("no answer")
     reconcile_claim(ctx.claims, "ns", "c3")
-    assert ctx.flow.in_flight(endpoint) == 0 and ctx.flow.limit(endpoint) == 1
+    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.limit(endpoint) == 1
+
+
+def test_the_flow_controls_own_refusals_never_lower_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = Ctx(monkeypatch, limit=4)
+    ctx, endpoint = world.ctx, world.endpoint
+    for name in ("c1", "c2"):
+        world.kube.add_claim(claim(name))
+    # A "busy" refusal (no place for an operation) is not an answer of the IPAM: the limit
+    # stays (it used to be halved, which shrank a healthy endpoint under load).
+    world.ipam.error = be.EndpointUnavailableError(f"endpoint {endpoint} busy: 4 calls")
+    reconcile_claim(ctx.claims, "ns", "c1")
+    reconcile_claim(ctx.claims, "ns", "c2")
+    assert ctx.flow.limit(endpoint) == 4
 
 
 def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
@@ -246,4 +263,4 @@ def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
     ]
     assert ready["reason"] == "AllocationFailed"
     assert f"endpoint {endpoint} unreachable, next try at" in ready["message"]
-    assert ctx.flow.in_flight(endpoint) == 0 and ctx.flow.limit(endpoint) == 1
+    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.limit(endpoint) == 1

@@ -71,9 +71,10 @@ def test_a_namespace_lock_still_excludes_while_another_thread_waits() -> None:
 
 def test_context_sizes_name_every_structure() -> None:
     ctx = context()
-    ctx.flow.exhausted("https://ipam.example.com", ("ns", "PHPIPAMIPPool", "pool"))
+    ctx.exhausted.hold(("ns", "PHPIPAMIPPool", "pool"))
+    ctx.flow.endpoint("https://ipam.example.com")
     sizes = ctx.sizes()
-    assert sizes["flow.exhausted"] == 1 and sizes["flow.endpoints"] == 1
+    assert sizes["exhausted"] == 1 and sizes["flow.endpoints"] == 1
     for name in (
         "cache.claims",
         "cache.addresses",
@@ -82,8 +83,9 @@ def test_context_sizes_name_every_structure() -> None:
         "cache.expectations",
         "backends.entries",
         "backends.retired",
-        "flow.lines",
-        "flow.keys",
+        "flow.in_flight",
+        "places.waiting",
+        "places.woken",
         "notices",
         "metrics.pending",
     ):

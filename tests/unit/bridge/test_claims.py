@@ -62,7 +62,7 @@ class World:
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions(version),
-            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: self.now),
+            flow=FlowControl(clock=lambda: self.now),
             queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
@@ -704,7 +704,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     pool["spec"].update(endpoint="https://new.example.com", hostnameSuffix="new.example")
     pool["metadata"]["generation"] = 2
     # An exhausted gate is opened by a release.
-    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
+    world.ctx.exhausted.hold((NS, KIND, POOL))
     world.delete()
     assert world.reconcile() == Result.done()
     assert world.ipam.calls == [("release", "c1.ns.old.example", recorded)]
@@ -720,7 +720,7 @@ def test_release_goes_where_the_allocation_went(world: World) -> None:
     assert world.kube.events == []
     assert world.queue.added == [(pool_key(NS, KIND, POOL), 0.0)]
     assert world.queue.woken == [(POOL_TOKEN, 1)]  # one address freed: one waiter tries
-    assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
+    assert not world.ctx.exhausted.held((NS, KIND, POOL))
 
 
 def test_an_unbound_claim_being_deleted_still_asks_the_pool(world: World) -> None:
@@ -1048,7 +1048,7 @@ def test_a_requested_address_outside_the_pool_or_malformed_fails(
 
 def test_a_requested_address_is_tried_even_behind_the_exhaustion_gate(world: World) -> None:
     world.kube.add_pool(phpipam_pool(status=pool_condition()))
-    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, POOL))
+    world.ctx.exhausted.hold((NS, KIND, POOL))
     world.kube.add_claim(claim(annotations={REQUESTED: "10.0.0.6"}))
     assert world.reconcile() == Result.done()
     assert world.ipam.entries == {"c1.ns": "10.0.0.6"}

@@ -1,9 +1,9 @@
 import pytest
 
 from backends import errors as be
-from backends.flowcontrol import FlowControl
 from bridge.reconcilers.backend_clients import BackendCache
 from bridge.reconcilers.errors import claim_error_from, pool_error_from
+from bridge.runtime.waits import HoldOff
 
 
 class FakeBackend:
@@ -47,18 +47,18 @@ def test_backend_cache_does_not_cache_failures():
 
 def test_exhaustion_gate_holds_then_reopens():
     now = [100.0]
-    flow = FlowControl(exhausted_seconds=5.0, clock=lambda: now[0])
-    endpoint, key = "https://ipam.example.com", ("ns", "K", "p")
-    assert not flow.is_exhausted(endpoint, key)
-    flow.exhausted(endpoint, key)
-    assert flow.is_exhausted(endpoint, key)
+    exhausted = HoldOff(5.0, clock=lambda: now[0])
+    key = ("ns", "K", "p")
+    assert not exhausted.held(key)
+    exhausted.hold(key)
+    assert exhausted.held(key)
     now[0] += 4.9
-    assert flow.is_exhausted(endpoint, key)
+    assert exhausted.held(key)
     now[0] += 0.2
-    assert not flow.is_exhausted(endpoint, key)
-    flow.exhausted(endpoint, key)
-    flow.refilled(key)
-    assert not flow.is_exhausted(endpoint, key)
+    assert not exhausted.held(key) and len(exhausted) == 0  # ran out: forgotten
+    exhausted.hold(key)
+    exhausted.lift(key)  # an address freed, or the pool gone
+    assert not exhausted.held(key) and len(exhausted) == 0
 
 
 @pytest.mark.parametrize(

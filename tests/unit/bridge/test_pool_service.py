@@ -58,7 +58,7 @@ class World:
             settings=Settings(),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions("v1beta2"),
-            flow=FlowControl(exhausted_seconds=5.0, clock=lambda: 0.0),
+            flow=FlowControl(clock=lambda: 0.0),
             queue=self.queue,
         )
         self.kube.add_secret(NS, "creds", {"username": "u", "password": "p"})
@@ -186,7 +186,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     world.kube.add_secret(NS, "ca", {"ca.crt": "PEM"})
     world.kube.add_pool(phpipam_pool(tls={"caSecretRef": {"name": "ca"}}))
     world.ipam.entries["someone"] = "10.0.0.2"
-    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
+    world.ctx.exhausted.hold((NS, KIND, "pool"))
     assert world.reconcile() == Result.done()
     assert world.kube.ops() == [
         "pool.finalizer",
@@ -213,7 +213,7 @@ def test_a_new_pool_is_protected_checked_and_wakes_its_claims(world: World) -> N
     assert world.queue.woken == [TOKEN]
     assert [c[0] for c in world.ipam.calls] == ["describe_subnets"]
     # A check that finds free addresses opens the exhaustion gate.
-    assert not world.ctx.flow.is_exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
+    assert not world.ctx.exhausted.held((NS, KIND, "pool"))
     # The periodic refresh of a pool that did not change writes nothing.
     world.reset()
     assert world.reconcile() == Result.done()
@@ -346,14 +346,14 @@ def test_an_invalid_pool_is_shown_without_asking_any_ipam(world: World) -> None:
 def test_a_pool_that_is_gone_drops_its_client_and_wakes_its_claims(world: World) -> None:
     world.kube.add_pool(phpipam_pool())
     world.reconcile()
-    world.ctx.flow.exhausted(POOL_ENDPOINT, (NS, KIND, "pool"))
+    world.ctx.exhausted.hold((NS, KIND, "pool"))
     del world.kube.pools[(NS, KIND, "pool")]
     world.reset()
     assert world.reconcile() == Result.done()
     assert world.kube.writes == []
     assert world.built[0].closed and len(world.ctx.backends) == 0
     assert world.queue.woken == [TOKEN]
-    assert world.ctx.flow.sizes()["exhausted"] == 0  # nothing of the pool stays in memory
+    assert len(world.ctx.exhausted) == 0  # nothing of the pool stays in memory
 
 
 # -- the deletion guard ---------------------------------------------------------------------

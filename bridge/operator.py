@@ -34,6 +34,7 @@ from bridge.reconcilers.control_plane import ClusterDeps, reconcile_cluster
 from bridge.reconcilers.pools import PoolDeps, reconcile_pool
 from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
+from bridge.runtime.fence import Fence
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
@@ -125,8 +126,11 @@ class Operator:
         `Settings.flow_control`), shared by every backend client and every claim: exhausted
         pools, circuit breaker, claims in flight, slots, login budget. Its hooks feed
         `metrics`, and the claims it keeps a place for are queued again (``queue``).
+    fence:
+        This replica's write fence (`bridge.runtime.fence.Fence`; open without leader
+        election): IPAM writes' timeouts are cut to its time left (`PoolClients.fence`).
     clients:
-        The pools' backend clients (made from ``flow`` and ``backends``).
+        The pools' backend clients (made from ``flow``, ``backends`` and ``fence``).
     claims, pools, clusters:
         What each reconciler uses (made from the above; not arguments).
     audit:
@@ -146,6 +150,7 @@ class Operator:
     cache: Cache = field(default_factory=Cache)
     holds: PendingHolds = field(default_factory=PendingHolds)
     locks: NamespaceLocks = field(default_factory=NamespaceLocks)
+    fence: Fence = field(default_factory=Fence.open)
     events: EventRecorder = field(init=False, repr=False)
     clients: PoolClients = field(init=False, repr=False)
     claims: ClaimDeps = field(init=False, repr=False)
@@ -159,7 +164,9 @@ class Operator:
         self.flow.on_limit = self.metrics.endpoint_limit
         self.flow.wake = lambda key: self.queue.add(key)
         self.events = events = EventRecorder(self.kube, background=self.background_events)
-        self.clients = clients = PoolClients(self.settings, self.kube, self.flow, self.backends)
+        self.clients = clients = PoolClients(
+            self.settings, self.kube, self.flow, self.backends, self.fence
+        )
         self.claims = ClaimDeps(
             settings=self.settings,
             kube=self.kube,

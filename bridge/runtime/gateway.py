@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -207,8 +208,12 @@ class OperatorApiClient(ApiClient):
 
     Before each POST, PUT, PATCH and DELETE other than an Event, ``fence`` is called in the
     calling thread (`bridge.runtime.fence.Fence.check`): it raises when this replica may not write,
-    and the request is not sent. Events are notes, not state, and the Event saying that a
-    replica stopped leading is posted after its fence closed.
+    and the request is not sent. Such a write is then sent with one total timeout (urllib3's
+    ``Timeout(total=...)``, which the kubernetes client makes of a single number: connecting
+    and each wait for bytes end by it) of its read timeout cut by ``write_timeout``
+    (`bridge.runtime.fence.Fence.bound`: to the time the Lease stays valid), so the replica
+    stops waiting on a write before its fence closes. Events are notes, not state, and the
+    Event saying that a replica stopped leading is posted after its fence closed.
 
     Parameters
     ----------
@@ -220,6 +225,9 @@ class OperatorApiClient(ApiClient):
         default (no timeout).
     fence:
         Raises before a write that must not be sent; None: every write is sent.
+    write_timeout:
+        Takes a write's timeout in seconds (``math.inf``: none) and returns it cut to the
+        Lease's time left, or raises to refuse the write; None: writes keep ``timeout``.
     """
 
     def __init__(
@@ -228,10 +236,12 @@ class OperatorApiClient(ApiClient):
         *,
         timeout: tuple[float, float] | None = None,
         fence: Callable[[], None] | None = None,
+        write_timeout: Callable[[float], float] | None = None,
     ) -> None:
         super().__init__(configuration)
         self.timeout = timeout
         self.fence = fence
+        self.write_timeout = write_timeout
 
     def call_api(
         self,
@@ -251,9 +261,12 @@ class OperatorApiClient(ApiClient):
         kubernetes.client.ApiException, urllib3.exceptions.HTTPError
             As ``ApiClient.call_api`` (a timeout is urllib3's ``TimeoutError``).
         """
-        if self.fence is not None and method.upper() in WRITE_METHODS and not _is_event(url):
-            self.fence()
         timeout = self.timeout if _request_timeout is None else _request_timeout
+        if method.upper() in WRITE_METHODS and not _is_event(url):
+            if self.fence is not None:
+                self.fence()
+            if self.write_timeout is not None:
+                timeout = self.write_timeout(_whole(timeout))
         return super().call_api(
             method,
             url,
@@ -264,12 +277,27 @@ class OperatorApiClient(ApiClient):
         )
 
 
+def _whole(timeout: Any) -> float:
+    """Return the seconds a write may take in all under ``_request_timeout`` ``timeout``.
+
+    A number is already a total (the kubernetes client's ``rest`` module makes it
+    ``urllib3.Timeout(total=...)``); a ``(connect, read)`` pair gives its read timeout (the
+    longer wait, for an answer); None gives ``math.inf``.
+    """
+    if isinstance(timeout, int | float):
+        return float(timeout)
+    if isinstance(timeout, tuple) and len(timeout) == 2:
+        return float(max(timeout))
+    return math.inf
+
+
 def api_client(
     configuration: kubernetes.client.Configuration | None = None,
     *,
     pool_size: int = 10,
     timeout: tuple[float, float] | None = None,
     fence: Callable[[], None] | None = None,
+    write_timeout: Callable[[float], float] | None = None,
 ) -> OperatorApiClient:
     """Return an `OperatorApiClient` on ``configuration`` (default: `load_configuration()`).
 
@@ -284,10 +312,15 @@ def api_client(
         ``(connect, read)`` seconds of every request (``Settings.kube_timeout``); None: none.
     fence:
         Called before every write but Events; raises to refuse it (`fence.Fence.check`).
+    write_timeout:
+        Cuts the timeout of every write but Events (`fence.Fence.bound`); see
+        `OperatorApiClient`.
     """
     configuration = configuration or load_configuration()
     configuration.connection_pool_maxsize = max(pool_size, 4)
-    return OperatorApiClient(configuration, timeout=timeout, fence=fence)
+    return OperatorApiClient(
+        configuration, timeout=timeout, fence=fence, write_timeout=write_timeout
+    )
 
 
 def _missing(exc: ApiException) -> bool:

@@ -110,14 +110,44 @@ class ObjectClient(Kube):
         return self.create(claim_resource(version), body, write_through=False)
 
     def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> Write:
         """Merge-patch a claim's status subresource (`Kube.patch_status`).
 
         What the served schema does not know is pruned by the API server (e.g.
-        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept. With
+        ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
+        applies it only to that version of the claim
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts), so a
+        condition another writer added since is never dropped (a merge patch replaces
+        ``status.conditions`` whole).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the claim as stored, `Outcome.GONE` (404), or
+            `Outcome.CONFLICT` (409: the claim changed since ``resource_version``).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
         """
-        return self.patch_status(claim_resource(version), namespace, name, {"status": dict(status)})
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return self.patch_status(claim_resource(version), namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return Write(Outcome.CONFLICT)
+            raise
 
     def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
         """Add or remove ``finalizer`` on a claim as read (`Kube.set_finalizer`).

@@ -313,11 +313,21 @@ class FakeKube:
         return copy.deepcopy(stored)
 
     def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> KubeWrite:
         stored = self.claims.get((namespace, name))
         if stored is None:
             return KubeWrite(Outcome.GONE)
+        if resource_version is not None and resource_version != stored["metadata"].get(
+            "resourceVersion"
+        ):
+            return KubeWrite(Outcome.CONFLICT)
         self._record("claim.status", f"{namespace}/{name}", copy.deepcopy(dict(status)))
         current = stored.setdefault("status", {})
         _merge(current, status)

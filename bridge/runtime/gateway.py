@@ -1118,6 +1118,48 @@ class Kube:
 
     # -- events ---------------------------------------------------------------------
 
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Create the ``core/v1`` Event ``event`` (JSON, its name set) in ``namespace``.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API refuses it (409: the name exists).
+        """
+        meta, involved = event["metadata"], event["involvedObject"]
+        body = CoreV1Event(
+            metadata=V1ObjectMeta(name=meta["name"], namespace=namespace),
+            involved_object=V1ObjectReference(
+                api_version=involved.get("apiVersion"),
+                kind=involved.get("kind"),
+                name=involved.get("name"),
+                namespace=involved.get("namespace"),
+                uid=involved.get("uid"),
+            ),
+            type=event["type"],
+            reason=event["reason"],
+            message=event["message"],
+            source=V1EventSource(component=event["source"]["component"]),
+            reporting_component=event["reportingComponent"],
+            first_timestamp=_parse_time(event["firstTimestamp"]),
+            last_timestamp=_parse_time(event["lastTimestamp"]),
+            count=event["count"],
+        )
+        self.core.create_namespaced_event(namespace, body)
+
+    def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Patch the Event ``name`` (``count``, ``lastTimestamp``, ``message``).
+
+        Sent as the client sends a PATCH of a mapping (a strategic merge patch, which for
+        these scalar fields is a JSON merge patch).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API refuses it (404: the Event is gone).
+        """
+        self.core.patch_namespaced_event(name, namespace, dict(patch))
+
     def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
         """Create a core/v1 Event about ``obj``.
 
@@ -1151,6 +1193,11 @@ class Kube:
             count=1,
         )
         self.core.create_namespaced_event(namespace, event)
+
+
+def _parse_time(stamp: str) -> datetime.datetime:
+    """Return the UTC time of an RFC 3339 ``...Z`` timestamp."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _finalizer_patch(

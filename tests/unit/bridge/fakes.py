@@ -430,6 +430,23 @@ class FakeKube:
             "event", f"{meta.get('namespace')}/{meta.get('name')}", (type, reason, message)
         )
 
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Record the Event as `post_event` does (``events`` lists it)."""
+        if self.event_error is not None:
+            raise self.event_error
+        involved = event["involvedObject"]
+        self._record(
+            "event",
+            f"{involved.get('namespace')}/{involved.get('name')}",
+            (event["type"], event["reason"], event["message"]),
+        )
+
+    def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Record a repeat of an Event as ``event.patch`` (not in ``events``)."""
+        if self.event_error is not None:
+            raise self.event_error
+        self._record("event.patch", f"{namespace}/{name}", dict(patch))
+
     def close(self) -> None:
         pass
 

@@ -1,33 +1,30 @@
-"""The only module that talks to the Kubernetes API (the official ``kubernetes`` client).
+"""The Kubernetes gateway: typed operations on any resource (the official ``kubernetes`` client).
 
-A generic gateway (`Kube`): get, list, create, merge-patch, patch status, set a finalizer,
-delete and post Events, for any resource named by group, version and plural (`Resource`);
-which resources the operator uses is said outside the runtime (`bridge.objects.client`).
-Custom objects travel as plain JSON (`JsonObjects`: the client's ``ApiClient``, without
-its models), the hot path of every claim.
-Calls are synchronous: the work queue's worker threads make them. "Not found" is a value
-(None) for reads; a write answers a `Write` (written, unchanged, gone, conflict) that its
-caller handles case by case. Every other API failure propagates as
-``kubernetes.client.ApiException``. Also here: the ``ApiClient`` every request goes through
-(`OperatorApiClient`: a timeout on each request, a fence before each write) and the
-API server's refusals (`AccessDeniedError`, `NotServedError`).
+Three modules talk to the Kubernetes API: `bridge.runtime.client` (the ``ApiClient``, its
+configuration and connection pool), `bridge.runtime.rest` (the JSON request layer: custom
+objects as plain JSON, watch streams, lists) and this one, the generic gateway (`Kube`): get,
+list, create, merge-patch, patch status, set a finalizer, delete and post Events, for any
+resource named by group, version and plural (`Resource`); which resources the operator uses
+is said outside the runtime (`bridge.objects.client`). Custom objects travel as plain JSON
+(`JsonObjects`), the hot path of every claim. Calls are synchronous: the work queue's worker
+threads make them. "Not found" is a value (None) for reads; a write answers a `Write`
+(written, unchanged, gone, conflict) that its caller handles case by case. Every other API
+failure propagates as ``kubernetes.client.ApiException``. Also here: the API server's
+refusals (`AccessDeniedError`, `NotServedError`). The names of `bridge.runtime.client` and
+`bridge.runtime.rest` that callers import from here are re-exported.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import json
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
 
-import kubernetes
-import urllib3
 from kubernetes.client import (
     ApiClient,
     ApiException,
@@ -40,9 +37,12 @@ from kubernetes.client import (
     V1ObjectReference,
 )
 
-from bridge.runtime.kubeconfig import load_configuration
+from bridge.runtime.client import WRITE_METHODS, OperatorApiClient, api_client
+from bridge.runtime.rest import MERGE_PATCH, Collection, JsonObjects, WatchStream
 
 __all__ = [
+    "MERGE_PATCH",
+    "WRITE_METHODS",
     "AccessDeniedError",
     "Collection",
     "JsonObjects",
@@ -187,392 +187,8 @@ def access_denied(exc: ApiException) -> AccessDeniedError | None:
     return None
 
 
-#: HTTP methods that change something on the API server (checked by the fence).
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def _is_event(url: str) -> bool:
-    """Return True for a request on Events (``core/v1`` or ``events.k8s.io``)."""
-    path = url.split("?", 1)[0]
-    return path.endswith("/events") or "/events/" in path or "/events.k8s.io/" in path
-
-
-class OperatorApiClient(ApiClient):
-    """An ``ApiClient`` whose every request has a timeout and whose writes pass a fence.
-
-    The kubernetes client sends a request without any timeout unless each call passes
-    ``_request_timeout`` (a documented per-call parameter of every API method): a connection
-    that died silently then hangs its worker for ever. ``ApiClient.call_api`` is the public
-    method every API method's request goes through, so this subclass supplies the default
-    there; a call's own ``_request_timeout`` wins.
-
-    Before each POST, PUT, PATCH and DELETE other than an Event, ``fence`` is called in the
-    calling thread (`bridge.runtime.fence.Fence.check`): it raises when this replica may not write,
-    and the request is not sent. Such a write is then sent with one total timeout (urllib3's
-    ``Timeout(total=...)``, which the kubernetes client makes of a single number: connecting
-    and each wait for bytes end by it) of its read timeout cut by ``write_timeout``
-    (`bridge.runtime.fence.Fence.bound`: to the time the Lease stays valid), so the replica
-    stops waiting on a write before its fence closes. Events are notes, not state, and the
-    Event saying that a replica stopped leading is posted after its fence closed.
-
-    Parameters
-    ----------
-    configuration:
-        The client configuration (`load_configuration`).
-    timeout:
-        ``(connect, read)`` timeout of each request in seconds (urllib3's meaning: the read
-        timeout bounds each wait for bytes, not the whole answer); None: the client's
-        default (no timeout).
-    fence:
-        Raises before a write that must not be sent; None: every write is sent.
-    write_timeout:
-        Takes a write's timeout in seconds (``math.inf``: none) and returns it cut to the
-        Lease's time left, or raises to refuse the write; None: writes keep ``timeout``.
-    """
-
-    def __init__(
-        self,
-        configuration: kubernetes.client.Configuration,
-        *,
-        timeout: tuple[float, float] | None = None,
-        fence: Callable[[], None] | None = None,
-        write_timeout: Callable[[float], float] | None = None,
-    ) -> None:
-        super().__init__(configuration)
-        self.timeout = timeout
-        self.fence = fence
-        self.write_timeout = write_timeout
-
-    def call_api(
-        self,
-        method: str,
-        url: str,
-        header_params: Any = None,
-        body: Any = None,
-        post_params: Any = None,
-        _request_timeout: Any = None,
-    ) -> Any:
-        """``ApiClient.call_api`` with the default timeout and the fence (see the class).
-
-        Raises
-        ------
-        bridge.runtime.fence.LeadershipLostError
-            From ``fence``, for a write this replica may not send.
-        kubernetes.client.ApiException, urllib3.exceptions.HTTPError
-            As ``ApiClient.call_api`` (a timeout is urllib3's ``TimeoutError``).
-        """
-        timeout = self.timeout if _request_timeout is None else _request_timeout
-        if method.upper() in WRITE_METHODS and not _is_event(url):
-            if self.fence is not None:
-                self.fence()
-            if self.write_timeout is not None:
-                timeout = self.write_timeout(_whole(timeout))
-        return super().call_api(
-            method,
-            url,
-            header_params=header_params,
-            body=body,
-            post_params=post_params,
-            _request_timeout=timeout,
-        )
-
-
-def _whole(timeout: Any) -> float:
-    """Return the seconds a write may take in all under ``_request_timeout`` ``timeout``.
-
-    A number is already a total (the kubernetes client's ``rest`` module makes it
-    ``urllib3.Timeout(total=...)``); a ``(connect, read)`` pair gives its read timeout (the
-    longer wait, for an answer); None gives ``math.inf``.
-    """
-    if isinstance(timeout, int | float):
-        return float(timeout)
-    if isinstance(timeout, tuple) and len(timeout) == 2:
-        return float(max(timeout))
-    return math.inf
-
-
-def api_client(
-    configuration: kubernetes.client.Configuration | None = None,
-    *,
-    pool_size: int = 10,
-    timeout: tuple[float, float] | None = None,
-    fence: Callable[[], None] | None = None,
-    write_timeout: Callable[[float], float] | None = None,
-) -> OperatorApiClient:
-    """Return an `OperatorApiClient` on ``configuration`` (default: `load_configuration()`).
-
-    Loading the configuration may read files and run a kubeconfig's exec plugin: call this
-    off the event loop.
-
-    Parameters
-    ----------
-    pool_size:
-        HTTP connections kept per host (one per concurrent worker thread).
-    timeout:
-        ``(connect, read)`` seconds of every request (``Settings.kube_timeout``); None: none.
-    fence:
-        Called before every write but Events; raises to refuse it (`fence.Fence.check`).
-    write_timeout:
-        Cuts the timeout of every write but Events (`fence.Fence.bound`); see
-        `OperatorApiClient`.
-    """
-    configuration = configuration or load_configuration()
-    configuration.connection_pool_maxsize = max(pool_size, 4)
-    return OperatorApiClient(
-        configuration, timeout=timeout, fence=fence, write_timeout=write_timeout
-    )
-
-
 def _missing(exc: ApiException) -> bool:
     return bool(exc.status == 404)
-
-
-#: The JSON merge patch media type (RFC 7386), which custom resources accept
-#: (https://kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply).
-MERGE_PATCH = "application/merge-patch+json"
-_NAMESPACED = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
-_CLUSTER = "/apis/{group}/{version}/{plural}"
-
-
-class JsonObjects:
-    """Custom objects as plain JSON: the requests of ``kubernetes.client.CustomObjectsApi``.
-
-    The same methods (names and positional parameters) as the generated
-    ``CustomObjectsApi`` the gateway uses, sending the same requests through the same
-    ``ApiClient`` (``param_serialize`` builds the URL, headers and credentials;
-    ``call_api`` sends it, so an `OperatorApiClient`'s timeout and fence apply to each),
-    answering the API server's JSON as plain dicts (``json.loads``): no validation of the
-    arguments by pydantic, no walk of the body by ``sanitize_for_serialization``, no
-    deserialisation into the client's types. Bodies are JSON-ready mappings; patches are
-    JSON merge patches (RFC 7386, https://www.rfc-editor.org/rfc/rfc7386).
-
-    Each method raises ``kubernetes.client.ApiException`` (its subclasses: 404
-    ``NotFoundException``, 409 ``ConflictException``...) for a non-2xx answer, as the
-    generated methods do (``ApiException.from_response``), and urllib3's errors (a
-    timeout, a refused connection) unchanged.
-
-    Parameters
-    ----------
-    client:
-        The ``ApiClient`` every request goes through.
-    """
-
-    def __init__(self, client: ApiClient) -> None:
-        self.client = client
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str],
-        *,
-        body: Any = None,
-        query: Sequence[tuple[str, Any]] = (),
-        content_type: str | None = None,
-    ) -> Any:
-        """Send one request; return the answer's JSON (None for an empty body)."""
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        method, url, headers, _, post = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params=dict(params),
-            query_params=list(query) or None,
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        # The body goes as it is: param_serialize would only copy a JSON-ready mapping.
-        response = self.client.call_api(method, url, headers, body, post)
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return json.loads(data) if data else None
-
-    @staticmethod
-    def _params(
-        group: str, version: str, plural: str, namespace: str | None = None, name: str = ""
-    ) -> tuple[str, dict[str, str]]:
-        params = {"group": group, "version": version, "plural": plural}
-        path = _CLUSTER if namespace is None else _NAMESPACED
-        if namespace is not None:
-            params["namespace"] = namespace
-        if name:
-            params["name"] = name
-            path += "/{name}"
-        return path, params
-
-    def get_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> Any:
-        """GET one namespaced object."""
-        return self._request("GET", *self._params(group, version, plural, namespace, name))
-
-    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str) -> Any:
-        """GET one cluster-scoped object."""
-        return self._request("GET", *self._params(group, version, plural, None, name))
-
-    def list_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, limit: int | None = None
-    ) -> Any:
-        """LIST the objects of a namespace (at most ``limit`` when given)."""
-        query = [("limit", limit)] if limit else []
-        return self._request("GET", *self._params(group, version, plural, namespace), query=query)
-
-    def list_cluster_custom_object(
-        self, group: str, version: str, plural: str, limit: int | None = None
-    ) -> Any:
-        """LIST the objects of all namespaces, or of a cluster-scoped resource."""
-        query = [("limit", limit)] if limit else []
-        return self._request("GET", *self._params(group, version, plural), query=query)
-
-    def watch_custom_objects(
-        self,
-        group: str,
-        version: str,
-        plural: str,
-        namespace: str | None,
-        *,
-        resource_version: str,
-        timeout_seconds: int,
-        read_timeout: float,
-    ) -> WatchStream:
-        """WATCH the objects of a namespace (None: all) from ``resource_version``.
-
-        Asks for bookmarks (``allowWatchBookmarks``) and for the server to end the watch
-        after ``timeout_seconds``; a wait of more than ``read_timeout`` seconds for the next
-        bytes raises urllib3's ``ReadTimeoutError`` from the stream (a connection that died
-        silently). The watch protocol:
-        https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            When the API server answers the request with an error (410 Gone: the version is
-            too old, list again).
-        """
-        query = [
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", timeout_seconds),
-        ]
-        path, params = self._params(group, version, plural, namespace)
-        method, url, headers, _, _ = self.client.param_serialize(
-            method="GET",
-            resource_path=path,
-            path_params=params,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        connect = getattr(self.client, "timeout", None)
-        timeout = (connect[0] if connect else read_timeout, read_timeout)
-        response = self.client.call_api(method, url, headers, _request_timeout=timeout)
-        if not 200 <= response.status <= 299:
-            response.read()
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return WatchStream(response.response)
-
-    def create_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
-    ) -> Any:
-        """POST a new namespaced object."""
-        path, params = self._params(group, version, plural, namespace)
-        return self._request("POST", path, params, body=body, content_type="application/json")
-
-    def patch_namespaced_custom_object(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-    ) -> Any:
-        """Merge-patch a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
-
-    def patch_namespaced_custom_object_status(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-    ) -> Any:
-        """Merge-patch the status subresource of a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object_status(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch the status subresource of a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def delete_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> Any:
-        """DELETE a namespaced object (the API server's default propagation)."""
-        return self._request("DELETE", *self._params(group, version, plural, namespace, name))
-
-
-class WatchStream:
-    """The events of one watch request, as they come: ``{"type": ..., "object": {...}}``.
-
-    Iterating reads the response line by line (one JSON event per line, the API server's
-    watch encoding) in the calling thread; `close` may be called from another thread and
-    ends a read waiting for the next line at once.
-
-    Parameters
-    ----------
-    response:
-        The streamed urllib3 response of a watch request.
-    """
-
-    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
-        self._response = response
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Yield each event as JSON.
-
-        Raises
-        ------
-        urllib3.exceptions.HTTPError
-            When the connection breaks or a read times out.
-        """
-        for line in self._response:
-            if line.strip():
-                event: dict[str, Any] = json.loads(line)
-                yield event
-
-    def close(self) -> None:
-        """End the stream (from any thread): a waiting read returns, the connection closes.
-
-        ``HTTPResponse.shutdown`` (urllib3 >= 2.3) shuts the socket's reading side down.
-        """
-        with contextlib.suppress(RuntimeError, ValueError, OSError):  # released or closed
-            self._response.shutdown()
-        self._response.close()
-
-
-@dataclass(frozen=True)
-class Collection:
-    """A list of objects and the resourceVersion it was read at (to watch from)."""
-
-    items: list[dict[str, Any]]
-    resource_version: str
 
 
 @dataclass(frozen=True)

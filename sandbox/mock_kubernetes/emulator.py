@@ -465,6 +465,8 @@ class KubeEmulator:
                     label_selector=params.get("labelSelector"),
                     field_selector=params.get("fieldSelector"),
                     version=version,
+                    limit=_limit(params.get("limit")),
+                    continue_token=params.get("continue"),
                 )
             if method == "POST":
                 return self.store.create(
@@ -537,6 +539,25 @@ class KubeEmulator:
         return owner_references_admission(
             identity, attributes, self.access_log, self.store.find_kind
         )
+
+
+def _limit(value: str | None) -> int | None:
+    """Return the ``limit`` query parameter as a number (None when absent or 0).
+
+    Raises
+    ------
+    ApiError
+        400 when it is not a non-negative integer.
+    """
+    if not value:
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        raise ApiError(400, "BadRequest", f"invalid limit {value!r}") from None
+    if limit < 0:
+        raise ApiError(400, "BadRequest", f"invalid limit {value!r}")
+    return limit or None
 
 
 def _body(raw: bytes, *, dict_only: bool = True) -> Any:

@@ -42,6 +42,7 @@ from bridge.runtime.rest import MERGE_PATCH, Collection, JsonObjects, WatchStrea
 
 __all__ = [
     "MERGE_PATCH",
+    "PAGE_SIZE",
     "WRITE_METHODS",
     "AccessDeniedError",
     "Collection",
@@ -59,6 +60,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+#: Objects asked for per page of a list (client-go's pager: ``tools/pager``, 500).
+PAGE_SIZE = 500
 
 
 class Outcome(Enum):
@@ -223,6 +228,16 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
+def _items(r: Resource, page: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return a list page's items, with ``kind`` and ``apiVersion`` when `Resource.kind` is set."""
+    items = [dict(item) for item in page.get("items") or []]
+    if r.kind:
+        for item in items:
+            item.setdefault("kind", r.kind)
+            item.setdefault("apiVersion", r.api_version)
+    return items
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -343,8 +358,9 @@ class Kube:
         """Return the objects of ``resource`` in ``namespaces`` (empty, or None: all).
 
         A cluster-scoped resource is listed whole, whatever ``namespaces``. Items lacking
-        ``kind`` and ``apiVersion`` get the resource's (when `Resource.kind` is set).
-        ``limit`` asks the API server for at most that many per namespace.
+        ``kind`` and ``apiVersion`` get the resource's (when `Resource.kind` is set). The
+        list is read in pages (`list_collection`); ``limit`` instead asks the API server for
+        one page of at most that many per namespace (a probe).
 
         Raises
         ------
@@ -352,33 +368,25 @@ class Kube:
             Any failure (404 when the resource is not served).
         """
         r = resource
-        extra: dict[str, Any] = {"limit": limit} if limit else {}
-        wanted = [ns for ns in namespaces if ns] if r.namespaced else []
-        if wanted:
-            results = [
-                self.custom.list_namespaced_custom_object(r.group, r.version, ns, r.plural, **extra)
-                for ns in wanted
-            ]
-        else:
-            results = [
-                self.custom.list_cluster_custom_object(r.group, r.version, r.plural, **extra)
-            ]
-        items = [
-            dict(item)
-            for result in results
-            for item in cast(dict[str, Any], result).get("items") or []
-        ]
-        if r.kind:
-            for item in items:
-                item.setdefault("kind", r.kind)
-                item.setdefault("apiVersion", r.api_version)
-        return items
+        wanted: list[str | None] = [ns for ns in namespaces if ns] if r.namespaced else []
+        scopes = wanted or [None]
+        if limit:
+            pages = [self._page(r, ns, limit, None) for ns in scopes]
+            return [item for page in pages for item in _items(r, page)]
+        return [item for ns in scopes for item in self.list_collection(r, ns).items]
 
-    def list_collection(self, resource: Resource, namespace: str | None) -> Collection:
+    def list_collection(
+        self, resource: Resource, namespace: str | None, *, page_size: int = PAGE_SIZE
+    ) -> Collection:
         """Return the objects of ``resource`` in ``namespace`` (None: all) and the list's version.
 
-        The list's ``metadata.resourceVersion`` is where a watch of the same objects starts
-        (`watch`), so that it tells every change after the list and none before.
+        Read in pages of ``page_size`` (``limit`` and ``continue``, as client-go's pager,
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks);
+        the list's ``metadata.resourceVersion`` (the first page's) is where a watch of the
+        same objects starts (`watch`), so that it tells every change after the list and none
+        before. When a continue token has expired (410: the API server compacted past the
+        list's resourceVersion) the list is read again whole, in one request, as client-go's
+        ``ListPager`` does with ``FullListIfExpired``.
 
         Raises
         ------
@@ -386,19 +394,38 @@ class Kube:
             Any failure.
         """
         r = resource
+        namespace = namespace if r.namespaced else None
+        items: list[dict[str, Any]] = []
+        version, token = "", None
+        while True:
+            try:
+                page = self._page(r, namespace, page_size, token)
+            except ApiException as exc:
+                if exc.status != 410 or token is None:
+                    raise
+                log.info("list of %s: the continue token expired (410): listing whole", r.plural)
+                page = self._page(r, namespace, None, None)
+                return Collection(_items(r, page), str(_meta(page).get("resourceVersion") or ""))
+            items.extend(_items(r, page))
+            meta = _meta(page)
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue") or None
+            if token is None:
+                return Collection(items, version)
+
+    def _page(
+        self, r: Resource, namespace: str | None, limit: int | None, token: str | None
+    ) -> dict[str, Any]:
+        """Return one page of a list (``limit`` None: the whole list)."""
         if r.namespaced and namespace:
             found = self.custom.list_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural
+                r.group, r.version, namespace, r.plural, limit, token
             )
         else:
-            found = self.custom.list_cluster_custom_object(r.group, r.version, r.plural)
-        body = cast(dict[str, Any], found)
-        items = [dict(item) for item in body.get("items") or []]
-        if r.kind:
-            for item in items:
-                item.setdefault("kind", r.kind)
-                item.setdefault("apiVersion", r.api_version)
-        return Collection(items, str(_meta(body).get("resourceVersion") or ""))
+            found = self.custom.list_cluster_custom_object(
+                r.group, r.version, r.plural, limit, token
+            )
+        return cast(dict[str, Any], found)
 
     def watch(
         self,

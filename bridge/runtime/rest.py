@@ -29,6 +29,14 @@ _NAMESPACED = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
 _CLUSTER = "/apis/{group}/{version}/{plural}"
 
 
+def _page_query(limit: int | None, token: str | None) -> list[tuple[str, Any]]:
+    """Return the ``limit`` and ``continue`` query parameters of one page of a list."""
+    query: list[tuple[str, Any]] = [("limit", limit)] if limit else []
+    if token:
+        query.append(("continue", token))
+    return query
+
+
 class JsonObjects:
     """Custom objects as plain JSON: the requests of ``kubernetes.client.CustomObjectsApi``.
 
@@ -108,17 +116,28 @@ class JsonObjects:
         return self._request("GET", *self._params(group, version, plural, None, name))
 
     def list_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, limit: int | None = None
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        limit: int | None = None,
+        _continue: str | None = None,
     ) -> Any:
-        """LIST the objects of a namespace (at most ``limit`` when given)."""
-        query = [("limit", limit)] if limit else []
+        """LIST the objects of a namespace (at most ``limit``; from a ``continue`` token)."""
+        query = _page_query(limit, _continue)
         return self._request("GET", *self._params(group, version, plural, namespace), query=query)
 
     def list_cluster_custom_object(
-        self, group: str, version: str, plural: str, limit: int | None = None
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        limit: int | None = None,
+        _continue: str | None = None,
     ) -> Any:
-        """LIST the objects of all namespaces, or of a cluster-scoped resource."""
-        query = [("limit", limit)] if limit else []
+        """LIST the objects of all namespaces, or of a cluster-scoped resource (paged alike)."""
+        query = _page_query(limit, _continue)
         return self._request("GET", *self._params(group, version, plural), query=query)
 
     def watch_custom_objects(

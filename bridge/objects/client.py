@@ -335,17 +335,22 @@ class ObjectClient(Kube):
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a CAPI ``Cluster``; return it as stored (None when it is gone).
+    ) -> Write:
+        """Merge-patch a CAPI ``Cluster`` (`Kube.patch`).
 
-        The caller puts the ``metadata.resourceVersion`` it read into ``patch`` (see
-        `Kube.patch`); lists in the patch (``spec.topology.variables``) replace the stored
-        ones whole.
+        The caller puts the ``metadata.resourceVersion`` it read into ``patch``; lists in the
+        patch (``spec.topology.variables``) replace the stored ones whole.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the Cluster as stored, `Outcome.GONE`, or
+            `Outcome.CONFLICT` (the resourceVersion is stale).
 
         Raises
         ------
         kubernetes.client.ApiException
-            409 when the resourceVersion is stale; 422 when the Cluster's schema refuses the
-            result; any other failure but 404.
+            422 when the Cluster's schema refuses the result; any other failure but 404
+            and 409.
         """
         return self.patch(cluster_resource(version), namespace, name, patch)

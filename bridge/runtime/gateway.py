@@ -501,21 +501,32 @@ class Kube:
 
     def patch(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch (RFC 7386) an object; return it as stored, or None when it is gone.
+    ) -> Write:
+        """Merge-patch (RFC 7386) an object.
 
         Custom resources take no strategic merge: lists in ``patch`` replace the stored
         ones whole. A ``metadata.resourceVersion`` in ``patch`` makes the API server answer
         409 Conflict when the object changed since
         (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts).
 
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the object as stored, `Outcome.GONE` (404), or
+            `Outcome.CONFLICT` (409: a stale resourceVersion).
+
         Raises
         ------
         kubernetes.client.ApiException
-            409 for a stale resourceVersion, 422 when the schema refuses the result; any
-            other failure but 404.
+            422 when the schema refuses the result; any other failure but 404 and 409.
         """
-        return self._merge_patch(resource, namespace, name, patch, status=False)
+        try:
+            stored = self._merge_patch(resource, namespace, name, patch, status=False)
+        except ApiException as exc:
+            if exc.status == 409:
+                return CONFLICT
+            raise
+        return GONE if stored is None else Write(Outcome.WRITTEN, stored)
 
     def patch_status(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]

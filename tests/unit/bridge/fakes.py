@@ -247,10 +247,6 @@ class FakeKube:
 
     # -- writes -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _conflict() -> ApiException:
-        return ApiException(status=409, reason="Conflict")
-
     def _set_finalizers(
         self,
         store: dict[Any, dict[str, Any]],
@@ -299,18 +295,18 @@ class FakeKube:
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a Cluster; a stale ``metadata.resourceVersion`` in it is a 409."""
+    ) -> KubeWrite:
+        """Merge-patch a Cluster; a stale ``metadata.resourceVersion`` in it is a conflict."""
         stored = self.clusters.get((namespace, name))
         if stored is None:
-            return None
+            return KubeWrite(Outcome.GONE)
         wanted = (patch.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != stored["metadata"].get("resourceVersion"):
-            raise self._conflict()
+            return KubeWrite(Outcome.CONFLICT)
         self._record("cluster.patch", f"{namespace}/{name}", copy.deepcopy(dict(patch)))
         _merge(stored, {k: v for k, v in patch.items() if k != "metadata"})
         stored["metadata"]["resourceVersion"] = self._rv()
-        return copy.deepcopy(stored)
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def patch_claim_status(
         self,

@@ -63,3 +63,20 @@ def test_a_claim_status_patch_on_a_stale_resource_version_is_a_conflict_and_writ
     )
     assert fresh.outcome is Outcome.WRITTEN and fresh.obj is not None
     assert [c["type"] for c in fresh.obj["status"]["conditions"]] == ["Audited", "Ready"]
+
+
+def test_a_merge_patch_answers_a_write_conflict_on_a_stale_version_and_gone_when_absent(
+    kube: ObjectClient,
+) -> None:
+    resource = claim_resource("v1beta2")
+    created = kube.create(resource, claim_body("c1"))
+    assert created.obj is not None
+    read = created.obj["metadata"]["resourceVersion"]
+    labelled = kube.patch(resource, NS, "c1", {"metadata": {"labels": {"a": "1"}}})
+    assert labelled.outcome is Outcome.WRITTEN and labelled.obj is not None
+    assert labelled.obj["metadata"]["labels"] == {"a": "1"}
+    stale = {"metadata": {"resourceVersion": read, "labels": {"a": "2"}}}
+    assert kube.patch(resource, NS, "c1", stale).outcome is Outcome.CONFLICT
+    assert kube.patch(resource, NS, "absent", {"metadata": {"labels": {}}}).outcome is (
+        Outcome.GONE
+    )

@@ -1121,7 +1121,7 @@ def _write_status(
             return None
         if written.outcome is not Outcome.CONFLICT:
             return _parsed(written.obj, current)
-        body = deps.kube.get_claim(claim.version, claim.namespace, claim.name)
+        body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
         if body is None:
             return None
         fresh = current.updated(body)

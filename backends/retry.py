@@ -83,6 +83,10 @@ class RetryPolicy:
         and no attempt starts (nor a wait before one) that would end after it.
     sleep:
         The function that waits (tests pass a no-op).
+    write_timeout:
+        Takes the whole timeout in seconds a request that is not a read would have and
+        returns it cut to the time this replica may still write (the operator passes its
+        Lease fence's ``bound``), or raises to refuse the request; None: not cut.
     """
 
     attempts: int = 5
@@ -90,6 +94,7 @@ class RetryPolicy:
     max_delay_seconds: float = 5.0
     total_seconds: float = 30.0
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+    write_timeout: Callable[[float], float] | None = field(default=None, compare=False)
 
     def call(self, operation: str, fn: Callable[[], T]) -> T:
         """Run ``fn()`` under this policy and return its result.

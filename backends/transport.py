@@ -12,7 +12,10 @@ their API's semantics. It owns:
 - TLS: verification on by default; a CA bundle given as PEM text is loaded into an
   `ssl.SSLContext` mounted with an `HTTPAdapter` (no temporary file);
 - timeouts: connect and read timeout per request, both cut to the time left of the
-  operation's `backends.retry.deadline`, and no request once it is used up;
+  operation's `backends.retry.deadline`, and no request once it is used up; a request that
+  is not a read also gets one total timeout (urllib3's ``Timeout(total=...)``: connecting and
+  each wait for bytes end by it) cut by the retry policy's ``write_timeout`` (the operator's
+  Lease fence), which may refuse it;
 - the mapping of transport failures to `backends.errors` (timeouts and connection errors:
   `BackendUnavailableError`; TLS: `TLSVerificationError`; 429/5xx: `status_error`);
 - `basic_auth`: HTTP Basic with UTF-8 credentials (requests would use Latin-1).
@@ -33,12 +36,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 from requests.auth import AuthBase, HTTPBasicAuth
+from urllib3.util import Timeout
 
 from backends.errors import (
     AuthenticationFailedError,
@@ -427,13 +431,14 @@ class Transport:
         """
         self._pass_fence(method)
         timeout = self._timeout(what)
+        limits = self._limits(method, timeout)
         self.endpoint.admit()
         started = time.monotonic()
         response = self._send(
             method,
             url,
             what,
-            timeout,
+            limits,
             started,
             headers=headers,
             params=params,
@@ -468,12 +473,31 @@ class Transport:
             )
         return min(timeout, left)
 
+    def _limits(self, method: str, timeout: float) -> tuple[float, float] | Timeout:
+        """Return the urllib3 timeouts of one request whose per-wait timeout is ``timeout``.
+
+        A read waits ``timeout`` to connect and ``timeout`` for each read. A request that is
+        not a read also ends in all (connecting and reading) within the policy's
+        ``write_timeout(2 * timeout)`` (the Lease's time left; requests passes a urllib3
+        ``Timeout`` on, https://requests.readthedocs.io/en/latest/api/#requests.adapters.HTTPAdapter.send).
+
+        Raises
+        ------
+        Exception
+            Whatever ``write_timeout`` raises to refuse the request (it is not sent).
+        """
+        cut = self.retry.write_timeout
+        if cut is None or method.upper() in _READ_METHODS:
+            return (timeout, timeout)
+        total = cut(2 * timeout)
+        return Timeout(connect=min(timeout, total), read=min(timeout, total), total=total)
+
     def _send(
         self,
         method: str,
         url: str,
         what: str,
-        timeout: float,
+        limits: tuple[float, float] | Timeout,
         started: float,
         **kwargs: Any,
     ) -> requests.Response:
@@ -500,13 +524,16 @@ class Transport:
             ).prepare()
             return session.send(
                 prepared,
-                timeout=(timeout, timeout),
+                # HTTPAdapter.send takes a urllib3 Timeout (its documented parameter);
+                # types-requests' Session.send stub names only floats and pairs.
+                timeout=cast(Any, limits),
                 verify=self._verify,
                 proxies=session.proxies,
                 allow_redirects=False,
             )
         except requests.RequestException as exc:
-            raise self._request_failed(method, what, timeout, started, exc) from exc
+            wait = limits[1] if isinstance(limits, tuple) else cast(float, limits.total)
+            raise self._request_failed(method, what, wait, started, exc) from exc
         except OSError as exc:
             self._failed(method, "error", started, reached=None)
             raise InvalidRequestError(

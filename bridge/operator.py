@@ -34,6 +34,7 @@ from bridge.reconcilers.control_plane import ClusterDeps, reconcile_cluster
 from bridge.reconcilers.pools import PoolDeps, reconcile_pool
 from bridge.runtime import logcontext
 from bridge.runtime.events import EventRecorder
+from bridge.runtime.fence import Fence
 from bridge.runtime.holds import PendingHolds
 from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
@@ -133,8 +134,11 @@ class Operator:
         The pools found with no free address, not asked again for a first-free address for
         ``requeue_exhausted_seconds`` or until one is freed (`bridge.runtime.waits.HoldOff`;
         made, not an argument).
+    fence:
+        This replica's write fence (`bridge.runtime.fence.Fence`; open without leader
+        election): IPAM writes' timeouts are cut to its time left (`PoolClients.fence`).
     clients:
-        The pools' backend clients (made from ``flow`` and ``backends``).
+        The pools' backend clients (made from ``flow``, ``backends`` and ``fence``).
     claims, pools, clusters:
         What each reconciler uses (made from the above; not arguments).
     audit:
@@ -156,6 +160,7 @@ class Operator:
     locks: NamespaceLocks = field(default_factory=NamespaceLocks)
     places: Places = field(init=False, repr=False)
     exhausted: HoldOff = field(init=False, repr=False)
+    fence: Fence = field(default_factory=Fence.open)
     events: EventRecorder = field(init=False, repr=False)
     clients: PoolClients = field(init=False, repr=False)
     claims: ClaimDeps = field(init=False, repr=False)
@@ -171,7 +176,9 @@ class Operator:
         self.flow.on_limit = self.metrics.endpoint_limit
         self.flow.on_free = lambda endpoint: self.places.freed(endpoint_token(endpoint))
         self.events = events = EventRecorder(self.kube, background=self.background_events)
-        self.clients = clients = PoolClients(self.settings, self.kube, self.flow, self.backends)
+        self.clients = clients = PoolClients(
+            self.settings, self.kube, self.flow, self.backends, self.fence
+        )
         self.claims = ClaimDeps(
             settings=self.settings,
             kube=self.kube,

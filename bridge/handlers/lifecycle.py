@@ -148,7 +148,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     connections = bridge.workers + 7 * max(1, len(bridge.namespaces)) + POSTING_THREADS
     kube = ObjectClient(
         await asyncio.to_thread(
-            api_client, pool_size=connections, timeout=bridge.kube_timeout, fence=fence.check
+            api_client,
+            pool_size=connections,
+            timeout=bridge.kube_timeout,
+            fence=fence.check,
+            write_timeout=fence.bound,
         ),
         expectations=cache.expectations,
     )
@@ -269,6 +273,7 @@ def _build(
         background_events=True,
         cache=cache,
         flow=bridge.flow_control(fence=fence.check),
+        fence=fence,
     )
     return op, queue
 

@@ -141,16 +141,44 @@ class ObjectClient(Kube):
         return self.create(claim_resource(version), body)
 
     def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> Write:
         """Merge-patch a claim's status subresource (`Kube.patch_status`).
 
         What the served schema does not know is pruned by the API server (e.g.
-        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept.
+        ``status.v1beta2`` on CAPI < 1.9): the returned object shows what was kept. With
+        ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
+        applies it only to that version of the claim
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts), so a
+        condition another writer added since is never dropped (a merge patch replaces
+        ``status.conditions`` whole).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the claim as stored, `Outcome.GONE` (404), or
+            `Outcome.CONFLICT` (409: the claim changed since ``resource_version``).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            Any failure but 404 and 409.
         """
-        written = self.patch_status(
-            claim_resource(version), namespace, name, {"status": dict(status)}
-        )
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            written = self.patch_status(claim_resource(version), namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return Write(Outcome.CONFLICT)
+            raise
         return self._expect("ipaddressclaims", namespace, name, written)
 
     def set_claim_finalizer(self, claim: Claim, finalizer: str, present: bool) -> Write:
@@ -341,17 +369,22 @@ class ObjectClient(Kube):
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a CAPI ``Cluster``; return it as stored (None when it is gone).
+    ) -> Write:
+        """Merge-patch a CAPI ``Cluster`` (`Kube.patch`).
 
-        The caller puts the ``metadata.resourceVersion`` it read into ``patch`` (see
-        `Kube.patch`); lists in the patch (``spec.topology.variables``) replace the stored
-        ones whole.
+        The caller puts the ``metadata.resourceVersion`` it read into ``patch``; lists in the
+        patch (``spec.topology.variables``) replace the stored ones whole.
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the Cluster as stored, `Outcome.GONE`, or
+            `Outcome.CONFLICT` (the resourceVersion is stale).
 
         Raises
         ------
         kubernetes.client.ApiException
-            409 when the resourceVersion is stale; 422 when the Cluster's schema refuses the
-            result; any other failure but 404.
+            422 when the Cluster's schema refuses the result; any other failure but 404
+            and 409.
         """
         return self.patch(cluster_resource(version), namespace, name, patch)

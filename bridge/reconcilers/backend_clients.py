@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from backends.base import IPAMBackend
@@ -20,6 +20,7 @@ from bridge.capi import Reason
 from bridge.reconcilers.context import PoolId
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import Pool, build_backend, fingerprint, location_of
+from bridge.runtime.fence import Fence
 from bridge.settings import Settings
 
 __all__ = ["BackendCache", "PoolClients", "SecretReader"]
@@ -253,12 +254,17 @@ class PoolClients:
         concurrency limit, login budget; `Settings.flow_control`).
     backends:
         The clients by pool and location.
+    fence:
+        This replica's write fence: every IPAM request that is not a read has its whole
+        timeout cut to the time the Lease stays valid, or is not sent
+        (`bridge.runtime.fence.Fence.bound`, given as the retry policy's ``write_timeout``).
     """
 
     settings: Settings
     secrets: SecretReader
     flow: FlowControl
     backends: BackendCache = field(default_factory=BackendCache)
+    fence: Fence = field(default_factory=Fence.open)
 
     def backend_for(self, pool: Pool, *, reuse: bool = False) -> IPAMBackend:
         """Return the pool's backend client, built from its Secret(s) or taken from the cache.
@@ -317,7 +323,7 @@ class PoolClients:
                 secret,
                 ca_pem,
                 timeout_seconds=self.settings.backend_timeout_seconds,
-                retry=self.settings.retry_policy(),
+                retry=replace(self.settings.retry_policy(), write_timeout=self.fence.bound),
                 endpoints=self.flow,
             ),
             spec=pool.spec,

@@ -114,9 +114,15 @@ class ClaimApi(Protocol):
         """Add or remove a finalizer of the claim as read."""
 
     def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> Write:
-        """Merge-patch the claim's status."""
+        """Merge-patch the claim's status (guarded by ``resource_version`` when given)."""
 
     def create_ip_address(self, version: str, body: Mapping[str, Any]) -> Write:
         """Create an IPAddress (a conflict carries the existing one)."""
@@ -1238,6 +1244,58 @@ def _changed_since(before: Claim, after: Claim) -> bool:
     )
 
 
+#: Re-reads of a claim whose status write met 409 Conflict before the write is left to the
+#: claim's next pass (each re-read means another writer just wrote).
+STATUS_ATTEMPTS = 5
+
+
+def _write_status(
+    deps: ClaimDeps,
+    claim: Claim,
+    *,
+    ready: bool,
+    reason: Reason,
+    message: str,
+    ref: str | None,
+) -> Claim | None:
+    """Merge-patch the claim's status guarded by its resourceVersion; return it as stored.
+
+    On 409 Conflict the claim is read again from the API: when what the decision rests on
+    changed (`_changed_since`: a deletion, the spec, annotations, labels) nothing is
+    written and the claim is queued to decide again; else the status is merged into the
+    claim as it is now and written again, guarded by that version (at most
+    `STATUS_ATTEMPTS` writes; then the claim is queued). None: not written (gone, or queued).
+    """
+    key = claim_key(claim.namespace, claim.name)
+    current = claim
+    for _ in range(STATUS_ATTEMPTS):
+        status = _status(deps, current, ready=ready, reason=reason, message=message, ref=ref)
+        changed = _changes(current, status)
+        if not changed:
+            return current
+        written = deps.kube.patch_claim_status(
+            deps.versions.address,
+            claim.namespace,
+            claim.name,
+            changed,
+            resource_version=current.resource_version or None,
+        )
+        if written.outcome is Outcome.GONE:
+            return None
+        if written.outcome is not Outcome.CONFLICT:
+            return _parsed(written.obj, current)
+        body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
+        if body is None:
+            return None
+        fresh = current.updated(body)
+        if _changed_since(claim, fresh):
+            break
+        current = fresh
+    log.info("claim %s: status not written (the claim changed): deciding again", key)
+    deps.queue.add(key)
+    return None
+
+
 def _update_status(
     deps: ClaimDeps,
     claim: Claim,
@@ -1249,26 +1307,20 @@ def _update_status(
 ) -> None:
     """Write the claim's Ready condition (and addressRef) where it changed; Event on change.
 
-    An unchanged status is never written again. On a v1beta1 claim the first write shows
-    whether the served schema keeps ``status.v1beta2`` (CAPI >= 1.9): the API server
-    returns what it stored, and what it pruned is never written again.
+    An unchanged status is never written again. The write is guarded by the resourceVersion
+    the status was merged into (`_write_status`), so a condition another writer added since
+    is never dropped. On a v1beta1 claim the first write shows whether the served schema
+    keeps ``status.v1beta2`` (CAPI >= 1.9): the API server returns what it stored, and what
+    it pruned is never written again.
     """
     status = _status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
     changed = _changes(claim, status)
     if not changed:
         return
-    written = deps.kube.patch_claim_status(
-        deps.versions.address, claim.namespace, claim.name, changed
-    )
-    if written.outcome is Outcome.GONE:
-        return  # nobody is left to read its status or an Event about it
-    stored = _parsed(written.obj, claim) if written.obj is not None else None
-    if stored is not None and _changed_since(claim, stored):
-        # The write is not guarded by resourceVersion: what it returns may show a change
-        # made since ``claim`` was read (a deletion, a new annotation). Its watch event is
-        # now an echo of the written-through claim and queues nothing: queue it here.
-        deps.queue.add(claim_key(claim.namespace, claim.name))
-    if stored is not None and claim.version == "v1beta1" and "v1beta2" in changed:
+    stored = _write_status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
+    if stored is None:
+        return  # gone (nobody is left to read its status or an Event), or decided again
+    if claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in stored.status
         if deps.versions.v1beta2_kept != kept:
             deps.versions.v1beta2_kept = kept

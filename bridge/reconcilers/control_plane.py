@@ -59,7 +59,7 @@ from bridge.capi import (
 from bridge.models import IPAddress, IPPool
 from bridge.reconcilers.context import Notices, ServedVersions
 from bridge.runtime.events import EventSink
-from bridge.runtime.gateway import Write, api_status_message
+from bridge.runtime.gateway import Outcome, Write, api_status_message
 from bridge.runtime.workqueue import Result
 
 __all__ = [
@@ -397,8 +397,8 @@ class ClusterApi(Protocol):
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a Cluster; return it as stored, or None."""
+    ) -> Write:
+        """Merge-patch a Cluster (a stale resourceVersion answers `Outcome.CONFLICT`)."""
 
     def get_claim(self, version: str, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a claim, or None."""
@@ -643,11 +643,12 @@ def _write_endpoint(
         _forget_notice(deps, namespace, name)
         return Result.done()
     try:
-        stored = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
+        written = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
-        if exc.status == 409:  # changed since read: decide again on what it is now
-            return Result.requeue_after(1.0)
         return _refused(deps, cluster, exc, "the Cluster patch")
+    if written.outcome is Outcome.CONFLICT:  # changed since read: decide again on what it is now
+        return Result.requeue_after(1.0)
+    stored = written.obj
     if stored is None:
         return Result.done()
     _forget_notice(deps, namespace, name)

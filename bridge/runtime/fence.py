@@ -8,6 +8,10 @@ whether or not its event loop runs, before a standby can take the Lease (the lea
 after the last renew it saw; client-go's ``leaderelection`` package uses the same three
 timings, https://pkg.go.dev/k8s.io/client-go/tools/leaderelection).
 
+A write is not only checked when it starts: its whole timeout is cut to the time the Lease
+stays valid (`Fence.bound`), so this replica gives up waiting on a write (Kubernetes or IPAM)
+before its fence closes, and sends none with less than `MIN_WRITE_SECONDS` left.
+
 With leader election off, `Fence.open` always lets writes through.
 """
 
@@ -17,7 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Fence", "LeadershipLostError"]
+__all__ = ["MIN_WRITE_SECONDS", "Fence", "LeadershipLostError"]
+
+#: Below this many seconds of Lease left, no write is sent (its answer could not come in time).
+MIN_WRITE_SECONDS = 0.05
 
 
 class LeadershipLostError(RuntimeError):
@@ -88,6 +95,32 @@ class Fence:
             return 0.0
         return renewed + self.renew_deadline_seconds - self._clock()
 
+    def bound(self, seconds: float) -> float:
+        """Return ``seconds`` (a write's whole timeout) cut to the time the Lease stays valid.
+
+        Parameters
+        ----------
+        seconds:
+            The timeout the write would have without the fence (``math.inf``: none).
+
+        Returns
+        -------
+        float
+            ``min(seconds, left())``; ``seconds`` unchanged without leader election.
+
+        Raises
+        ------
+        LeadershipLostError
+            Less than `MIN_WRITE_SECONDS` of the Lease is left (or it is not held, or the fence
+            was revoked): the write is not to be sent.
+        """
+        left = self.left()
+        if left is None:
+            return seconds
+        if left < MIN_WRITE_SECONDS:
+            raise LeadershipLostError(self._refusal(left))
+        return min(seconds, left)
+
     def check(self) -> None:
         """Return when this replica may write; else raise.
 
@@ -100,10 +133,19 @@ class Fence:
         left = self.left()
         if left is None or left > 0:
             return
+        raise LeadershipLostError(self._refusal(left))
+
+    def _refusal(self, left: float) -> str:
+        """Return why a write is refused with ``left`` seconds of the Lease left."""
         reason = self.revoked
-        if reason is None:
-            reason = (
-                f"the leader Lease is not renewed within {self.renew_deadline_seconds:g} s: "
+        if reason is not None:
+            return reason
+        if left > 0:
+            return (
+                f"the leader Lease stays valid {left:.3f} s only, too short for a write: "
                 "this replica does not write"
             )
-        raise LeadershipLostError(reason)
+        return (
+            f"the leader Lease is not renewed within {self.renew_deadline_seconds:g} s: "
+            "this replica does not write"
+        )

@@ -1,32 +1,30 @@
-"""The only module that talks to the Kubernetes API (the official ``kubernetes`` client).
+"""The Kubernetes gateway: typed operations on any resource (the official ``kubernetes`` client).
 
-A generic gateway (`Kube`): get, list, create, merge-patch, patch status, set a finalizer,
-delete and post Events, for any resource named by group, version and plural (`Resource`);
-which resources the operator uses is said outside the runtime (`bridge.objects.client`).
-Custom objects travel as plain JSON (`JsonObjects`: the client's ``ApiClient``, without
-its models), the hot path of every claim.
-Calls are synchronous: the work queue's worker threads make them. "Not found" is a value
-(None) for reads; a write answers a `Write` (written, unchanged, gone, conflict) that its
-caller handles case by case. Every other API failure propagates as
-``kubernetes.client.ApiException``. Also here: the ``ApiClient`` every request goes through
-(`OperatorApiClient`: a timeout on each request, a fence before each write) and the
-API server's refusals (`AccessDeniedError`, `NotServedError`).
+Three modules talk to the Kubernetes API: `bridge.runtime.client` (the ``ApiClient``, its
+configuration and connection pool), `bridge.runtime.rest` (the JSON request layer: custom
+objects as plain JSON, watch streams, lists) and this one, the generic gateway (`Kube`): get,
+list, create, merge-patch, patch status, set a finalizer, delete and post Events, for any
+resource named by group, version and plural (`Resource`); which resources the operator uses
+is said outside the runtime (`bridge.objects.client`). Custom objects travel as plain JSON
+(`JsonObjects`), the hot path of every claim. Calls are synchronous: the work queue's worker
+threads make them. "Not found" is a value (None) for reads; a write answers a `Write`
+(written, unchanged, gone, conflict) that its caller handles case by case. Every other API
+failure propagates as ``kubernetes.client.ApiException``. Also here: the API server's
+refusals (`AccessDeniedError`, `NotServedError`). The names of `bridge.runtime.client` and
+`bridge.runtime.rest` that callers import from here are re-exported.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
 
-import kubernetes
-import urllib3
 from kubernetes.client import (
     ApiClient,
     ApiException,
@@ -39,9 +37,13 @@ from kubernetes.client import (
     V1ObjectReference,
 )
 
-from bridge.runtime.kubeconfig import load_configuration
+from bridge.runtime.client import WRITE_METHODS, OperatorApiClient, api_client
+from bridge.runtime.rest import MERGE_PATCH, Collection, JsonObjects, WatchStream
 
 __all__ = [
+    "MERGE_PATCH",
+    "PAGE_SIZE",
+    "WRITE_METHODS",
     "AccessDeniedError",
     "Collection",
     "JsonObjects",
@@ -58,6 +60,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+#: Objects asked for per page of a list (client-go's pager: ``tools/pager``, 500).
+PAGE_SIZE = 500
 
 
 class Outcome(Enum):
@@ -186,369 +192,8 @@ def access_denied(exc: ApiException) -> AccessDeniedError | None:
     return None
 
 
-#: HTTP methods that change something on the API server (checked by the fence).
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def _is_event(url: str) -> bool:
-    """Return True for a request on Events (``core/v1`` or ``events.k8s.io``)."""
-    path = url.split("?", 1)[0]
-    return path.endswith("/events") or "/events/" in path or "/events.k8s.io/" in path
-
-
-class OperatorApiClient(ApiClient):
-    """An ``ApiClient`` whose every request has a timeout and whose writes pass a fence.
-
-    The kubernetes client sends a request without any timeout unless each call passes
-    ``_request_timeout`` (a documented per-call parameter of every API method): a connection
-    that died silently then hangs its worker for ever. ``ApiClient.call_api`` is the public
-    method every API method's request goes through, so this subclass supplies the default
-    there; a call's own ``_request_timeout`` wins.
-
-    Before each POST, PUT, PATCH and DELETE other than an Event, ``fence`` is called in the
-    calling thread (`bridge.runtime.fence.Fence.check`): it raises when this replica may not write,
-    and the request is not sent. Events are notes, not state, and the Event saying that a
-    replica stopped leading is posted after its fence closed.
-
-    Parameters
-    ----------
-    configuration:
-        The client configuration (`load_configuration`).
-    timeout:
-        ``(connect, read)`` timeout of each request in seconds (urllib3's meaning: the read
-        timeout bounds each wait for bytes, not the whole answer); None: the client's
-        default (no timeout).
-    fence:
-        Raises before a write that must not be sent; None: every write is sent.
-    """
-
-    def __init__(
-        self,
-        configuration: kubernetes.client.Configuration,
-        *,
-        timeout: tuple[float, float] | None = None,
-        fence: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(configuration)
-        self.timeout = timeout
-        self.fence = fence
-
-    def call_api(
-        self,
-        method: str,
-        url: str,
-        header_params: Any = None,
-        body: Any = None,
-        post_params: Any = None,
-        _request_timeout: Any = None,
-    ) -> Any:
-        """``ApiClient.call_api`` with the default timeout and the fence (see the class).
-
-        Raises
-        ------
-        bridge.runtime.fence.LeadershipLostError
-            From ``fence``, for a write this replica may not send.
-        kubernetes.client.ApiException, urllib3.exceptions.HTTPError
-            As ``ApiClient.call_api`` (a timeout is urllib3's ``TimeoutError``).
-        """
-        if self.fence is not None and method.upper() in WRITE_METHODS and not _is_event(url):
-            self.fence()
-        timeout = self.timeout if _request_timeout is None else _request_timeout
-        return super().call_api(
-            method,
-            url,
-            header_params=header_params,
-            body=body,
-            post_params=post_params,
-            _request_timeout=timeout,
-        )
-
-
-def api_client(
-    configuration: kubernetes.client.Configuration | None = None,
-    *,
-    pool_size: int = 10,
-    timeout: tuple[float, float] | None = None,
-    fence: Callable[[], None] | None = None,
-) -> OperatorApiClient:
-    """Return an `OperatorApiClient` on ``configuration`` (default: `load_configuration()`).
-
-    Loading the configuration may read files and run a kubeconfig's exec plugin: call this
-    off the event loop.
-
-    Parameters
-    ----------
-    pool_size:
-        HTTP connections kept per host (one per concurrent worker thread).
-    timeout:
-        ``(connect, read)`` seconds of every request (``Settings.kube_timeout``); None: none.
-    fence:
-        Called before every write but Events; raises to refuse it (`fence.Fence.check`).
-    """
-    configuration = configuration or load_configuration()
-    configuration.connection_pool_maxsize = max(pool_size, 4)
-    return OperatorApiClient(configuration, timeout=timeout, fence=fence)
-
-
 def _missing(exc: ApiException) -> bool:
     return bool(exc.status == 404)
-
-
-#: The JSON merge patch media type (RFC 7386), which custom resources accept
-#: (https://kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply).
-MERGE_PATCH = "application/merge-patch+json"
-_NAMESPACED = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
-_CLUSTER = "/apis/{group}/{version}/{plural}"
-
-
-class JsonObjects:
-    """Custom objects as plain JSON: the requests of ``kubernetes.client.CustomObjectsApi``.
-
-    The same methods (names and positional parameters) as the generated
-    ``CustomObjectsApi`` the gateway uses, sending the same requests through the same
-    ``ApiClient`` (``param_serialize`` builds the URL, headers and credentials;
-    ``call_api`` sends it, so an `OperatorApiClient`'s timeout and fence apply to each),
-    answering the API server's JSON as plain dicts (``json.loads``): no validation of the
-    arguments by pydantic, no walk of the body by ``sanitize_for_serialization``, no
-    deserialisation into the client's types. Bodies are JSON-ready mappings; patches are
-    JSON merge patches (RFC 7386, https://www.rfc-editor.org/rfc/rfc7386).
-
-    Each method raises ``kubernetes.client.ApiException`` (its subclasses: 404
-    ``NotFoundException``, 409 ``ConflictException``...) for a non-2xx answer, as the
-    generated methods do (``ApiException.from_response``), and urllib3's errors (a
-    timeout, a refused connection) unchanged.
-
-    Parameters
-    ----------
-    client:
-        The ``ApiClient`` every request goes through.
-    """
-
-    def __init__(self, client: ApiClient) -> None:
-        self.client = client
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str],
-        *,
-        body: Any = None,
-        query: Sequence[tuple[str, Any]] = (),
-        content_type: str | None = None,
-    ) -> Any:
-        """Send one request; return the answer's JSON (None for an empty body)."""
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        method, url, headers, _, post = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params=dict(params),
-            query_params=list(query) or None,
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        # The body goes as it is: param_serialize would only copy a JSON-ready mapping.
-        response = self.client.call_api(method, url, headers, body, post)
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return json.loads(data) if data else None
-
-    @staticmethod
-    def _params(
-        group: str, version: str, plural: str, namespace: str | None = None, name: str = ""
-    ) -> tuple[str, dict[str, str]]:
-        params = {"group": group, "version": version, "plural": plural}
-        path = _CLUSTER if namespace is None else _NAMESPACED
-        if namespace is not None:
-            params["namespace"] = namespace
-        if name:
-            params["name"] = name
-            path += "/{name}"
-        return path, params
-
-    def get_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> Any:
-        """GET one namespaced object."""
-        return self._request("GET", *self._params(group, version, plural, namespace, name))
-
-    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str) -> Any:
-        """GET one cluster-scoped object."""
-        return self._request("GET", *self._params(group, version, plural, None, name))
-
-    def list_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, limit: int | None = None
-    ) -> Any:
-        """LIST the objects of a namespace (at most ``limit`` when given)."""
-        query = [("limit", limit)] if limit else []
-        return self._request("GET", *self._params(group, version, plural, namespace), query=query)
-
-    def list_cluster_custom_object(
-        self, group: str, version: str, plural: str, limit: int | None = None
-    ) -> Any:
-        """LIST the objects of all namespaces, or of a cluster-scoped resource."""
-        query = [("limit", limit)] if limit else []
-        return self._request("GET", *self._params(group, version, plural), query=query)
-
-    def watch_custom_objects(
-        self,
-        group: str,
-        version: str,
-        plural: str,
-        namespace: str | None,
-        *,
-        resource_version: str,
-        timeout_seconds: int,
-        read_timeout: float,
-    ) -> WatchStream:
-        """WATCH the objects of a namespace (None: all) from ``resource_version``.
-
-        Asks for bookmarks (``allowWatchBookmarks``) and for the server to end the watch
-        after ``timeout_seconds``; a wait of more than ``read_timeout`` seconds for the next
-        bytes raises urllib3's ``ReadTimeoutError`` from the stream (a connection that died
-        silently). The watch protocol:
-        https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes
-
-        Raises
-        ------
-        kubernetes.client.ApiException
-            When the API server answers the request with an error (410 Gone: the version is
-            too old, list again).
-        """
-        query = [
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", timeout_seconds),
-        ]
-        path, params = self._params(group, version, plural, namespace)
-        method, url, headers, _, _ = self.client.param_serialize(
-            method="GET",
-            resource_path=path,
-            path_params=params,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        connect = getattr(self.client, "timeout", None)
-        timeout = (connect[0] if connect else read_timeout, read_timeout)
-        response = self.client.call_api(method, url, headers, _request_timeout=timeout)
-        if not 200 <= response.status <= 299:
-            response.read()
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        return WatchStream(response.response)
-
-    def create_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
-    ) -> Any:
-        """POST a new namespaced object."""
-        path, params = self._params(group, version, plural, namespace)
-        return self._request("POST", path, params, body=body, content_type="application/json")
-
-    def patch_namespaced_custom_object(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-    ) -> Any:
-        """Merge-patch a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
-
-    def patch_namespaced_custom_object_status(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-    ) -> Any:
-        """Merge-patch the status subresource of a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object_status(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch the status subresource of a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def delete_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str = ""
-    ) -> Any:
-        """DELETE a namespaced object (the API server's default propagation).
-
-        With ``uid``, the request's ``DeleteOptions`` carry ``preconditions.uid``: the API
-        server answers 409 Conflict when the object of that name has another uid.
-        """
-        body = None
-        if uid:
-            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        path, params = self._params(group, version, plural, namespace, name)
-        content_type = "application/json" if body is not None else None
-        return self._request("DELETE", path, params, body=body, content_type=content_type)
-
-
-class WatchStream:
-    """The events of one watch request, as they come: ``{"type": ..., "object": {...}}``.
-
-    Iterating reads the response line by line (one JSON event per line, the API server's
-    watch encoding) in the calling thread; `close` may be called from another thread and
-    ends a read waiting for the next line at once.
-
-    Parameters
-    ----------
-    response:
-        The streamed urllib3 response of a watch request.
-    """
-
-    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
-        self._response = response
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Yield each event as JSON.
-
-        Raises
-        ------
-        urllib3.exceptions.HTTPError
-            When the connection breaks or a read times out.
-        """
-        for line in self._response:
-            if line.strip():
-                event: dict[str, Any] = json.loads(line)
-                yield event
-
-    def close(self) -> None:
-        """End the stream (from any thread): a waiting read returns, the connection closes.
-
-        ``HTTPResponse.shutdown`` (urllib3 >= 2.3) shuts the socket's reading side down.
-        """
-        with contextlib.suppress(RuntimeError, ValueError, OSError):  # released or closed
-            self._response.shutdown()
-        self._response.close()
-
-
-@dataclass(frozen=True)
-class Collection:
-    """A list of objects and the resourceVersion it was read at (to watch from)."""
-
-    items: list[dict[str, Any]]
-    resource_version: str
 
 
 @dataclass(frozen=True)
@@ -581,6 +226,16 @@ class Resource:
     def api_version(self) -> str:
         """``group/version`` (``version`` alone for the core group)."""
         return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def _items(r: Resource, page: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return a list page's items, with ``kind`` and ``apiVersion`` when `Resource.kind` is set."""
+    items = [dict(item) for item in page.get("items") or []]
+    if r.kind:
+        for item in items:
+            item.setdefault("kind", r.kind)
+            item.setdefault("apiVersion", r.api_version)
+    return items
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -679,8 +334,9 @@ class Kube:
         """Return the objects of ``resource`` in ``namespaces`` (empty, or None: all).
 
         A cluster-scoped resource is listed whole, whatever ``namespaces``. Items lacking
-        ``kind`` and ``apiVersion`` get the resource's (when `Resource.kind` is set).
-        ``limit`` asks the API server for at most that many per namespace.
+        ``kind`` and ``apiVersion`` get the resource's (when `Resource.kind` is set). The
+        list is read in pages (`list_collection`); ``limit`` instead asks the API server for
+        one page of at most that many per namespace (a probe).
 
         Raises
         ------
@@ -688,33 +344,25 @@ class Kube:
             Any failure (404 when the resource is not served).
         """
         r = resource
-        extra: dict[str, Any] = {"limit": limit} if limit else {}
-        wanted = [ns for ns in namespaces if ns] if r.namespaced else []
-        if wanted:
-            results = [
-                self.custom.list_namespaced_custom_object(r.group, r.version, ns, r.plural, **extra)
-                for ns in wanted
-            ]
-        else:
-            results = [
-                self.custom.list_cluster_custom_object(r.group, r.version, r.plural, **extra)
-            ]
-        items = [
-            dict(item)
-            for result in results
-            for item in cast(dict[str, Any], result).get("items") or []
-        ]
-        if r.kind:
-            for item in items:
-                item.setdefault("kind", r.kind)
-                item.setdefault("apiVersion", r.api_version)
-        return items
+        wanted: list[str | None] = [ns for ns in namespaces if ns] if r.namespaced else []
+        scopes = wanted or [None]
+        if limit:
+            pages = [self._page(r, ns, limit, None) for ns in scopes]
+            return [item for page in pages for item in _items(r, page)]
+        return [item for ns in scopes for item in self.list_collection(r, ns).items]
 
-    def list_collection(self, resource: Resource, namespace: str | None) -> Collection:
+    def list_collection(
+        self, resource: Resource, namespace: str | None, *, page_size: int = PAGE_SIZE
+    ) -> Collection:
         """Return the objects of ``resource`` in ``namespace`` (None: all) and the list's version.
 
-        The list's ``metadata.resourceVersion`` is where a watch of the same objects starts
-        (`watch`), so that it tells every change after the list and none before.
+        Read in pages of ``page_size`` (``limit`` and ``continue``, as client-go's pager,
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks);
+        the list's ``metadata.resourceVersion`` (the first page's) is where a watch of the
+        same objects starts (`watch`), so that it tells every change after the list and none
+        before. When a continue token has expired (410: the API server compacted past the
+        list's resourceVersion) the list is read again whole, in one request, as client-go's
+        ``ListPager`` does with ``FullListIfExpired``.
 
         Raises
         ------
@@ -722,19 +370,38 @@ class Kube:
             Any failure.
         """
         r = resource
+        namespace = namespace if r.namespaced else None
+        items: list[dict[str, Any]] = []
+        version, token = "", None
+        while True:
+            try:
+                page = self._page(r, namespace, page_size, token)
+            except ApiException as exc:
+                if exc.status != 410 or token is None:
+                    raise
+                log.info("list of %s: the continue token expired (410): listing whole", r.plural)
+                page = self._page(r, namespace, None, None)
+                return Collection(_items(r, page), str(_meta(page).get("resourceVersion") or ""))
+            items.extend(_items(r, page))
+            meta = _meta(page)
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue") or None
+            if token is None:
+                return Collection(items, version)
+
+    def _page(
+        self, r: Resource, namespace: str | None, limit: int | None, token: str | None
+    ) -> dict[str, Any]:
+        """Return one page of a list (``limit`` None: the whole list)."""
         if r.namespaced and namespace:
             found = self.custom.list_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural
+                r.group, r.version, namespace, r.plural, limit, token
             )
         else:
-            found = self.custom.list_cluster_custom_object(r.group, r.version, r.plural)
-        body = cast(dict[str, Any], found)
-        items = [dict(item) for item in body.get("items") or []]
-        if r.kind:
-            for item in items:
-                item.setdefault("kind", r.kind)
-                item.setdefault("apiVersion", r.api_version)
-        return Collection(items, str(_meta(body).get("resourceVersion") or ""))
+            found = self.custom.list_cluster_custom_object(
+                r.group, r.version, r.plural, limit, token
+            )
+        return cast(dict[str, Any], found)
 
     def watch(
         self,
@@ -805,21 +472,32 @@ class Kube:
 
     def patch(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch (RFC 7386) an object; return it as stored, or None when it is gone.
+    ) -> Write:
+        """Merge-patch (RFC 7386) an object.
 
         Custom resources take no strategic merge: lists in ``patch`` replace the stored
         ones whole. A ``metadata.resourceVersion`` in ``patch`` makes the API server answer
         409 Conflict when the object changed since
         (https://kubernetes.io/docs/reference/using-api/api-concepts/#conflicts).
 
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the object as stored, `Outcome.GONE` (404), or
+            `Outcome.CONFLICT` (409: a stale resourceVersion).
+
         Raises
         ------
         kubernetes.client.ApiException
-            409 for a stale resourceVersion, 422 when the schema refuses the result; any
-            other failure but 404.
+            422 when the schema refuses the result; any other failure but 404 and 409.
         """
-        return self._merge_patch(resource, namespace, name, patch, status=False)
+        try:
+            stored = self._merge_patch(resource, namespace, name, patch, status=False)
+        except ApiException as exc:
+            if exc.status == 409:
+                return CONFLICT
+            raise
+        return GONE if stored is None else Write(Outcome.WRITTEN, stored)
 
     def patch_status(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
@@ -1064,6 +742,48 @@ class Kube:
 
     # -- events ---------------------------------------------------------------------
 
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Create the ``core/v1`` Event ``event`` (JSON, its name set) in ``namespace``.
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API refuses it (409: the name exists).
+        """
+        meta, involved = event["metadata"], event["involvedObject"]
+        body = CoreV1Event(
+            metadata=V1ObjectMeta(name=meta["name"], namespace=namespace),
+            involved_object=V1ObjectReference(
+                api_version=involved.get("apiVersion"),
+                kind=involved.get("kind"),
+                name=involved.get("name"),
+                namespace=involved.get("namespace"),
+                uid=involved.get("uid"),
+            ),
+            type=event["type"],
+            reason=event["reason"],
+            message=event["message"],
+            source=V1EventSource(component=event["source"]["component"]),
+            reporting_component=event["reportingComponent"],
+            first_timestamp=_parse_time(event["firstTimestamp"]),
+            last_timestamp=_parse_time(event["lastTimestamp"]),
+            count=event["count"],
+        )
+        self.core.create_namespaced_event(namespace, body)
+
+    def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Patch the Event ``name`` (``count``, ``lastTimestamp``, ``message``).
+
+        Sent as the client sends a PATCH of a mapping (a strategic merge patch, which for
+        these scalar fields is a JSON merge patch).
+
+        Raises
+        ------
+        kubernetes.client.ApiException
+            When the API refuses it (404: the Event is gone).
+        """
+        self.core.patch_namespaced_event(name, namespace, dict(patch))
+
     def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
         """Create a core/v1 Event about ``obj``.
 
@@ -1097,6 +817,11 @@ class Kube:
             count=1,
         )
         self.core.create_namespaced_event(namespace, event)
+
+
+def _parse_time(stamp: str) -> datetime.datetime:
+    """Return the UTC time of an RFC 3339 ``...Z`` timestamp."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _finalizer_patch(

@@ -482,6 +482,8 @@ class KubeEmulator:
                     label_selector=params.get("labelSelector"),
                     field_selector=params.get("fieldSelector"),
                     version=version,
+                    limit=_limit(params.get("limit")),
+                    continue_token=params.get("continue"),
                 )
             if method == "POST":
                 return self.store.create(
@@ -563,6 +565,25 @@ async def _aclose(events: AsyncIterator[dict[str, Any]]) -> None:
     close = getattr(events, "aclose", None)
     if close is not None:
         await close()
+
+
+def _limit(value: str | None) -> int | None:
+    """Return the ``limit`` query parameter as a number (None when absent or 0).
+
+    Raises
+    ------
+    ApiError
+        400 when it is not a non-negative integer.
+    """
+    if not value:
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        raise ApiError(400, "BadRequest", f"invalid limit {value!r}") from None
+    if limit < 0:
+        raise ApiError(400, "BadRequest", f"invalid limit {value!r}")
+    return limit or None
 
 
 def _body(raw: bytes, *, dict_only: bool = True) -> Any:

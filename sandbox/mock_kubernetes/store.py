@@ -8,6 +8,7 @@ import builtins
 import copy
 import dataclasses
 import datetime
+import json
 import random
 import uuid
 from collections import deque
@@ -402,8 +403,19 @@ class ObjectStore:
         label_selector: str | None = None,
         field_selector: str | None = None,
         version: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
     ) -> Obj:
         """Return a ``<Kind>List`` of matching objects with the current resourceVersion.
+
+        Paged as the API server pages a list (``limit`` and ``continue``,
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks):
+        with ``limit``, at most that many items, in the order of (name, namespace), and
+        ``metadata.continue`` when more remain; a continued page carries the first page's
+        resourceVersion. Unlike etcd, a continued page shows the objects as they are now
+        (not a snapshot at that resourceVersion); a token whose resourceVersion is older
+        than the oldest event kept (the history was compacted: `expire_history`, or more than
+        ``history_limit`` events) answers 410 Expired, as the API server does.
 
         Parameters
         ----------
@@ -415,27 +427,65 @@ class ObjectStore:
             Query parameters ``labelSelector`` and ``fieldSelector``.
         version : str or None
             The requested API version (``apiVersion`` of the answer); preferred when ``None``.
+        limit : int or None
+            Query parameter ``limit`` (0 or None: all).
+        continue_token : str or None
+            Query parameter ``continue``: the ``metadata.continue`` of the previous page.
 
         Raises
         ------
         ApiError
-            400 on an unparseable selector.
+            400 on an unparseable selector or continue token, 410 on an expired token.
 
         """
         namespace = self._check_ns(defn, namespace)
         labels, fields = self._selectors(label_selector, field_selector)
-        items = [
-            self._render(defn, obj, version)
-            for (ns, _), obj in sorted(self._objects[defn.key].items(), key=lambda kv: kv[0][1])
+        list_rv, after = self._rv, None
+        if continue_token:
+            list_rv, after = self._continued(defn, continue_token)
+        ordered = sorted(self._objects[defn.key].items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        chosen = [
+            ((name, ns), obj)
+            for (ns, name), obj in ordered
             if namespace is None or ns == namespace
+            if after is None or (name, ns) > after
             if labels.matches(obj) and fields.matches(obj)
         ]
+        meta: Obj = {"resourceVersion": str(list_rv)}
+        if limit and len(chosen) > limit:
+            chosen = chosen[:limit]
+            last = chosen[-1][0]
+            token = {"rv": list_rv, "after": list(last)}
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(token).encode()).decode()
         return {
             "apiVersion": defn.api_version(version or defn.preferred_version),
             "kind": f"{defn.kind}List",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "items": items,
+            "metadata": meta,
+            "items": [self._render(defn, obj, version) for _, obj in chosen],
         }
+
+    def _continued(self, defn: ResourceDef, token: str) -> tuple[int, tuple[str, str]]:
+        """Return the list resourceVersion and the last (name, namespace) of a continue token.
+
+        Raises
+        ------
+        ApiError
+            400 when the token is not one of ours; 410 Expired when its resourceVersion is
+            older than the oldest event kept.
+        """
+        try:
+            decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+            list_rv, (name, ns) = int(decoded["rv"]), decoded["after"]
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, "BadRequest", f"invalid continue token {token!r}") from None
+        if list_rv < self._expired_rv.get(defn.key, 0):
+            raise ApiError(
+                410,
+                "Expired",
+                "The provided continue parameter is too old to display a consistent list "
+                "result. You can start a new list without the continue parameter.",
+            )
+        return list_rv, (str(name), str(ns))
 
     @staticmethod
     def _selectors(

@@ -17,6 +17,7 @@ import requests
 import responses
 import trustme
 import urllib3
+from urllib3.util import Timeout
 
 from backends.errors import (
     AuthenticationFailedError,
@@ -133,6 +134,39 @@ def test_request_timeouts_are_cut_to_the_time_left(rsps: responses.RequestsMock)
     get(transport(timeout_seconds=10, retry=RetryPolicy(attempts=1, total_seconds=2.0)))
     connect, read = rsps.calls[0].request.req_kwargs["timeout"]  # type: ignore[attr-defined]
     assert 1.5 < connect <= 2.0 and 1.5 < read <= 2.0
+
+
+def test_a_writes_whole_timeout_is_cut_by_the_write_timeout_reads_are_not(
+    rsps: responses.RequestsMock,
+) -> None:
+    asked: list[float] = []
+
+    def lease_left(seconds: float) -> float:
+        asked.append(seconds)
+        return min(seconds, 3.0)
+
+    rsps.get(f"{URL}/x", json={})
+    rsps.post(f"{URL}/x", json={})
+    retry = RetryPolicy(attempts=1, write_timeout=lease_left)
+    t = transport(timeout_seconds=10, retry=retry)
+    get(t)
+    t.call("post", lambda: t.request("POST", f"{URL}/x", what="POST x"))
+    assert rsps.calls[0].request.req_kwargs["timeout"] == (10, 10)  # type: ignore[attr-defined]
+    limits = rsps.calls[1].request.req_kwargs["timeout"]  # type: ignore[attr-defined]
+    assert isinstance(limits, Timeout)
+    assert limits.total == 3.0 and limits.connect_timeout == 3.0
+    assert len(asked) == 1 and 19.0 < asked[0] <= 20.0  # connect + read of 10 s each
+
+
+def test_a_write_the_write_timeout_refuses_is_not_sent(rsps: responses.RequestsMock) -> None:
+    def nothing_left(seconds: float) -> float:
+        raise RefusedError("the Lease ends now")
+
+    rsps.post(f"{URL}/x", json={})
+    t = transport(retry=RetryPolicy(attempts=1, write_timeout=nothing_left))
+    with pytest.raises(RefusedError):
+        t.call("post", lambda: t.request("POST", f"{URL}/x", what="POST x"))
+    assert len(rsps.calls) == 0
 
 
 def test_no_request_after_the_deadline(rsps: responses.RequestsMock) -> None:

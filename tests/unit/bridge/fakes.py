@@ -247,10 +247,6 @@ class FakeKube:
 
     # -- writes -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _conflict() -> ApiException:
-        return ApiException(status=409, reason="Conflict")
-
     def _set_finalizers(
         self,
         store: dict[Any, dict[str, Any]],
@@ -299,25 +295,35 @@ class FakeKube:
 
     def patch_cluster(
         self, version: str, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any] | None:
-        """Merge-patch a Cluster; a stale ``metadata.resourceVersion`` in it is a 409."""
+    ) -> KubeWrite:
+        """Merge-patch a Cluster; a stale ``metadata.resourceVersion`` in it is a conflict."""
         stored = self.clusters.get((namespace, name))
         if stored is None:
-            return None
+            return KubeWrite(Outcome.GONE)
         wanted = (patch.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != stored["metadata"].get("resourceVersion"):
-            raise self._conflict()
+            return KubeWrite(Outcome.CONFLICT)
         self._record("cluster.patch", f"{namespace}/{name}", copy.deepcopy(dict(patch)))
         _merge(stored, {k: v for k, v in patch.items() if k != "metadata"})
         stored["metadata"]["resourceVersion"] = self._rv()
-        return copy.deepcopy(stored)
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def patch_claim_status(
-        self, version: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        version: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> KubeWrite:
         stored = self.claims.get((namespace, name))
         if stored is None:
             return KubeWrite(Outcome.GONE)
+        if resource_version is not None and resource_version != stored["metadata"].get(
+            "resourceVersion"
+        ):
+            return KubeWrite(Outcome.CONFLICT)
         self._record("claim.status", f"{namespace}/{name}", copy.deepcopy(dict(status)))
         current = stored.setdefault("status", {})
         _merge(current, status)
@@ -419,6 +425,23 @@ class FakeKube:
         self._record(
             "event", f"{meta.get('namespace')}/{meta.get('name')}", (type, reason, message)
         )
+
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Record the Event as `post_event` does (``events`` lists it)."""
+        if self.event_error is not None:
+            raise self.event_error
+        involved = event["involvedObject"]
+        self._record(
+            "event",
+            f"{involved.get('namespace')}/{involved.get('name')}",
+            (event["type"], event["reason"], event["message"]),
+        )
+
+    def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Record a repeat of an Event as ``event.patch`` (not in ``events``)."""
+        if self.event_error is not None:
+            raise self.event_error
+        self._record("event.patch", f"{namespace}/{name}", dict(patch))
 
     def close(self) -> None:
         pass

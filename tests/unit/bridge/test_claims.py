@@ -74,7 +74,9 @@ class World:
         return self.kube.claims[(NS, name)]
 
     def delete(self, name: str = "c1") -> None:
-        self.stored(name)["metadata"]["deletionTimestamp"] = DELETED_AT
+        meta = self.stored(name)["metadata"]
+        meta["deletionTimestamp"] = DELETED_AT
+        meta["resourceVersion"] = self.kube._rv()  # as the API server does on a change
 
     def reset(self) -> None:
         """Forget what was recorded so far (the store keeps its objects)."""
@@ -1235,11 +1237,11 @@ def test_a_claim_deleted_while_its_status_is_written_is_queued_again(
     world.kube.add_claim(claim())
     original = world.kube.patch_claim_status
 
-    def deleted_meanwhile(*args: Any) -> Any:
-        # Deleted between the allocation and the (unguarded) status write: the stored claim
-        # the write returns shows it; the pass queues the claim again itself.
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        # Deleted between the allocation and the status write: the write, guarded by the
+        # resourceVersion read, meets 409; the claim read again shows the deletion.
         world.delete()
-        return original(*args)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(world.kube, "patch_claim_status", deleted_meanwhile)
     assert world.reconcile() == Result.done()
@@ -1255,10 +1257,36 @@ def test_a_claim_gone_at_its_status_write_gets_no_event(
     world.kube.add_claim(claim())  # its pool is missing: a Warning status is due
     original = world.kube.patch_claim_status
 
-    def gone(*args: Any) -> Any:
+    def gone(*args: Any, **kwargs: Any) -> Any:
         world.kube.claims.pop((NS, "c1"), None)
-        return original(*args)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(world.kube, "patch_claim_status", gone)
     world.reconcile()
     assert world.kube.events == []
+
+
+def test_a_condition_another_writer_added_before_the_status_write_is_kept(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status write is guarded by the resourceVersion read: a 409 re-reads and merges."""
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+    original = world.kube.patch_claim_status
+    other = {"type": "Audited", "status": "True", "reason": "Checked", "message": "by another"}
+    calls: list[str | None] = []
+
+    def another_writer_first(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("resource_version"))
+        if len(calls) == 1:  # another writer's status write lands between read and write
+            meta = world.stored()["metadata"]
+            world.stored().setdefault("status", {})["conditions"] = [other]
+            meta["resourceVersion"] = world.kube._rv()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(world.kube, "patch_claim_status", another_writer_first)
+    assert world.reconcile() == Result.done()
+    conditions = world.stored()["status"]["conditions"]
+    assert other in conditions
+    assert [c["status"] for c in conditions if c["type"] == "Ready"] == ["True"]
+    assert len(calls) == 2 and calls[0] != calls[1] and None not in calls

@@ -53,3 +53,20 @@ def test_a_revoked_fence_stays_closed_even_after_a_renew() -> None:
     with pytest.raises(LeadershipLostError, match=r"^lost the leader Lease ns/ipam-bridge$"):
         fence.check()
     assert fence.left() == 0.0
+
+
+def test_a_writes_timeout_is_cut_to_the_lease_left_and_refused_when_too_little_is_left() -> None:
+    clock = Clock()
+    fence = Fence(lambda: 100.0, 10.0, clock=clock)
+    assert fence.bound(30.0) == pytest.approx(10.0)
+    assert fence.bound(4.0) == 4.0
+    clock.now += 9.5
+    assert fence.bound(30.0) == pytest.approx(0.5)
+    clock.now += 0.46  # 40 ms left: too short to get an answer
+    with pytest.raises(LeadershipLostError, match="too short for a write"):
+        fence.bound(30.0)
+    assert Fence.open().bound(30.0) == 30.0
+    revoked = Fence(lambda: clock.now, 10.0, clock=clock)
+    revoked.revoke("lost the Lease")
+    with pytest.raises(LeadershipLostError, match="lost the Lease"):
+        revoked.bound(1.0)

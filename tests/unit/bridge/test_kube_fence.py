@@ -89,3 +89,40 @@ def test_every_request_has_the_default_timeout_a_hung_server_is_an_error(
     assert time.monotonic() - started < 0.45
     kube.handler.partition.heal()
     client.close()
+
+
+def test_a_write_gets_no_longer_than_the_lease_left_and_none_when_nothing_is_left(
+    kube: EmulatedKubernetes,
+) -> None:
+    me = kube.add_identity(Identity(User("replica-a")))
+    left = [0.3]
+    asked: list[float] = []
+
+    def lease_left(seconds: float) -> float:
+        asked.append(seconds)
+        if left[0] < 0.05:
+            raise LeadershipLostError("the Lease ends now")
+        return min(seconds, left[0])
+
+    client = api_client(configuration(kube, me), timeout=(30.0, 30.0), write_timeout=lease_left)
+    core = kubernetes.client.CoreV1Api(client)
+    core.create_namespace({"metadata": {"name": "one"}})
+    assert asked == [30.0]
+    kube.handler.partition.cut(me)  # requests hang: no answer, ever
+    started = time.monotonic()
+    with pytest.raises(urllib3.exceptions.HTTPError):  # a timeout of 0.3 s, not 30 s
+        core.patch_namespace("one", {"metadata": {"labels": {"a": "b"}}})
+    assert time.monotonic() - started < 10
+    kube.handler.partition.heal()
+    left[0] = 0.0
+    with pytest.raises(LeadershipLostError):
+        core.create_namespace({"metadata": {"name": "two"}})
+    core.create_namespaced_event(  # Events are not cut nor refused
+        "default",
+        {"metadata": {"generateName": "x-"}, "involvedObject": {"kind": "Lease", "name": "l"}},
+    )
+    writes = [(r.verb, r.resource) for r in kube.access_log.records(me) if r.verb in WRITES]
+    assert ("create", "namespaces") in writes and ("create", "events") in writes
+    assert writes.count(("create", "namespaces")) == 1  # "two" was not sent
+    assert len(asked) == 3
+    client.close()

@@ -226,3 +226,35 @@ def test_an_address_endpoint_writes_no_cert_sans(objects: dict[str, dict[str, An
     plan = plan_control_plane(objects["KubeadmControlPlane"], address=VIP)
     assert plan.patch is not None
     assert "clusterConfiguration" not in plan.patch["spec"]["kubeadmConfigSpec"]
+
+
+def test_the_sandbox_carries_the_same_template() -> None:
+    from mock_kubernetes.capv import TEMPLATE as SANDBOX_TEMPLATE
+
+    assert SANDBOX_TEMPLATE.read_bytes() == TEMPLATE.read_bytes()
+
+
+def test_cluster_refs_in_v1beta2_and_v1beta1() -> None:
+    from bridge.capi import Cluster, ObjectRef
+
+    (v1beta2,) = [b for b in render(VARS).values() if b["kind"] == "Cluster"]
+    cluster = Cluster.from_body(v1beta2)
+    assert cluster.infrastructure_ref == ObjectRef(
+        "infrastructure.cluster.x-k8s.io", "", "VSphereCluster", "wl1"
+    )
+    assert cluster.control_plane_ref == ObjectRef(
+        "controlplane.cluster.x-k8s.io", "", "KubeadmControlPlane", "wl1"
+    )
+    v1beta1 = {
+        "spec": {
+            "controlPlaneRef": {
+                "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                "kind": "KubeadmControlPlane",
+                "name": "cp",
+            }
+        }
+    }
+    assert Cluster.from_body(v1beta1).control_plane_ref == ObjectRef(
+        "controlplane.cluster.x-k8s.io", "v1beta1", "KubeadmControlPlane", "cp"
+    )
+    assert Cluster.from_body({"spec": {}}).infrastructure_ref is None

@@ -37,6 +37,16 @@ SERVED = {"v1.14": "v1beta2", "v1.10": "v1beta1"}
 ASK = {POOL_ANNOTATION: "PHPIPAMIPPool/vips", UNPAUSE_ANNOTATION: "true"}
 INFRA = "infrastructure.cluster.x-k8s.io"
 KCP = "controlplane.cluster.x-k8s.io"
+#: ``clusterctl generate cluster``'s variables; CONTROL_PLANE_ENDPOINT_IP left out (empty).
+VALUES = {
+    "CLUSTER_NAME": "wl1",
+    "NAMESPACE": NAMESPACE,
+    "CONTROL_PLANE_MACHINE_COUNT": "1",
+    "KUBERNETES_VERSION": "v1.33.0",
+    "VSPHERE_SERVER": "vcenter.example",
+    "VSPHERE_TLS_THUMBPRINT": "01:02:03:04",
+    "VSPHERE_SSH_AUTHORIZED_KEY": "ssh-ed25519 AAAAC3Nz test",
+}
 PLURALS = {"VSphereCluster": "vsphereclusters", "KubeadmControlPlane": "kubeadmcontrolplanes"}
 
 
@@ -89,16 +99,7 @@ def apply_template(
     sandbox: Sandbox, name: str = "wl1", annotations: dict[str, str] | None = None, **values: str
 ) -> dict[str, dict[str, Any]]:
     """Create CAPV's Cluster, VSphereCluster and KubeadmControlPlane, the Cluster paused."""
-    variables = {
-        "CLUSTER_NAME": name,
-        "NAMESPACE": NAMESPACE,
-        "CONTROL_PLANE_MACHINE_COUNT": "1",
-        "KUBERNETES_VERSION": "v1.33.0",
-        "VSPHERE_SERVER": "vcenter.example",
-        "VSPHERE_TLS_THUMBPRINT": "01:02:03:04",
-        "VSPHERE_SSH_AUTHORIZED_KEY": "ssh-ed25519 AAAAC3Nz test",
-        **values,
-    }
+    variables = {**VALUES, "CLUSTER_NAME": name, **values}
     created = {}
     for body in generate_cluster(variables):
         if body["kind"] == "Cluster":
@@ -329,3 +330,83 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
     )
     assert writes(target) == []
     assert vip_of(get(target, "KubeadmControlPlane")) == address["spec"]["address"]
+
+
+DOCKER_CLUSTER_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"dockerclusters.{INFRA}"},
+    "spec": {
+        "group": INFRA,
+        "names": {
+            "kind": "DockerCluster",
+            "plural": "dockerclusters",
+            "listKind": "DockerClusterList",
+            "singular": "dockercluster",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1beta2",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
+    make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer, tmp_path: Path
+) -> None:
+    crd = tmp_path / "dockerclusters.yaml"
+    crd.write_text(yaml.safe_dump(DOCKER_CLUSTER_CRD))
+    sandbox = make_sandbox(
+        capi_versions=("v1beta2",),
+        capi_crds=[*CLUSTER_CRDS["v1.14"], *CRDS, crd],
+        identity="operator",
+    )
+    phpipam_pool(sandbox, phpipam)
+    objects = {o["kind"]: o for o in generate_cluster(VALUES)}
+    sandbox.create(
+        {
+            "apiVersion": f"{INFRA}/v1beta2",
+            "kind": "DockerCluster",
+            "metadata": {"name": "wl1", "namespace": NAMESPACE},
+            "spec": {},
+        }
+    )
+    sandbox.create(objects["KubeadmControlPlane"])
+    cluster = objects["Cluster"]
+    cluster["spec"]["infrastructureRef"] = {
+        "apiGroup": INFRA,
+        "kind": "DockerCluster",
+        "name": "wl1",
+    }
+    cluster["spec"]["paused"] = True
+    cluster["metadata"]["annotations"] = dict(ASK)
+    sandbox.create(cluster)
+    (forbidden,) = wait_for(
+        lambda: events(sandbox, "ControlPlaneEndpointForbidden"), timeout=30, message="403"
+    )
+    assert forbidden["type"] == "Warning"
+    assert (
+        "DockerCluster" in forbidden["message"]
+        and "resources: [dockerclusters]" in forbidden["message"]
+    )
+    assert "verbs: [get, patch]" in forbidden["message"]
+    (address,) = [a["spec"]["address"] for a in sandbox.addresses(NAMESPACE)]
+    wait_for(
+        lambda: vip_of(get(sandbox, "KubeadmControlPlane")) == address,
+        timeout=30,
+        message="the KubeadmControlPlane written all the same",
+    )
+    wait_for(lambda: events(sandbox, "ControlPlaneEndpointWaiting"), timeout=30, message="waits")
+    assert get(sandbox, "Cluster")["spec"]["paused"] is True
+    assert writes(sandbox) == [("kubeadmcontrolplanes", "patch")]

@@ -255,7 +255,7 @@ def _capv_step(sandbox: Sandbox, kind: str, say: Callable[[str], None]) -> bool:
         sandbox.delete_object(*where[kind_], name, NAMESPACE)
     sandbox.wait_gone(NAMESPACE, timeout=60)
     say("   Cluster deleted: its claim went with it and the address was released")
-    return host == infra_host == vip
+    return bool(host == infra_host == vip)
 
 
 #: Step 6: a pool of two subnets, the first with two host addresses.

@@ -690,7 +690,9 @@ def _write_endpoint(
     if deps.targets is not None and cluster.variables is None:
         places = _write_places(deps, cluster, _Endpoint(ip, host, source))
         if places is _Place.RETRY:
-            return Result.requeue_after(_RETRY_SECONDS)
+            return Result.requeue_after(1.0)
+        if places is _Place.MISSING:
+            return Result.requeue_after(_MISSING_SECONDS)
         if places is _Place.WAIT and "unpaused" in plan.changes:
             _warn(
                 deps,
@@ -772,8 +774,8 @@ def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
 
 # -- the objects a Cluster names ----------------------------------------------------------
 
-#: Seconds before a pass that found a named object missing or changed (409) reads again.
-_RETRY_SECONDS = 2.0
+#: Seconds before a pass that found a named object missing reads it again (reads only).
+_MISSING_SECONDS = 5.0
 #: The group of KubeadmControlPlane (CAPI's kubeadm control plane provider).
 KCP_GROUP = "controlplane.cluster.x-k8s.io"
 
@@ -783,7 +785,8 @@ class _Place(enum.Enum):
 
     SETTLED = "settled"  # each holds the address (written now or before)
     WAIT = "wait"  # one may not be written (conflict, Machines, RBAC, refused): a Warning
-    RETRY = "retry"  # one is missing yet or changed meanwhile: read again soon
+    RETRY = "retry"  # one changed meanwhile (409): decide again at once
+    MISSING = "missing"  # one is not created yet (applied after the Cluster): read it later
 
 
 @dataclass(frozen=True)
@@ -802,7 +805,7 @@ def _write_places(deps: ClusterDeps, cluster: Cluster, endpoint: _Endpoint) -> _
     if ref is not None and ref.group == KCP_GROUP and ref.kind == "KubeadmControlPlane":
         refs.append(ref)
     outcomes = {_write_place(deps, cluster, ref, endpoint) for ref in refs}
-    for outcome in (_Place.RETRY, _Place.WAIT):
+    for outcome in (_Place.RETRY, _Place.MISSING, _Place.WAIT):
         if outcome in outcomes:
             return outcome
     return _Place.SETTLED
@@ -826,8 +829,8 @@ def _write_place(
     what, place = f"{ref.kind} {namespace}/{ref.name}", ref.kind
     try:
         body = targets.get_referenced(namespace, ref)
-        if body is None:  # created after the Cluster: read again soon
-            return _Place.RETRY
+        if body is None:  # created after the Cluster: read again later
+            return _Place.MISSING
         plan = _plan_place(cluster, ref, body, endpoint)
         if plan.conflict is not None or plan.blocked is not None:
             reason = EndpointReason.CONFLICT if plan.conflict else EndpointReason.ROLLOUT
@@ -842,8 +845,8 @@ def _write_place(
         return _Place.WAIT
     except ApiException as exc:
         return _place_refused(deps, cluster, ref, exc)
-    if stored is None:
-        return _Place.RETRY
+    if stored is None:  # deleted meanwhile
+        return _Place.MISSING
     _forget_notice(deps, namespace, cluster.name, place)
     message = f"{what}: {', '.join(plan.changes)}: {endpoint.source}"
     log.info("Cluster %s: %s", cluster.key, message)

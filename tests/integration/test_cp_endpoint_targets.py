@@ -20,7 +20,8 @@ import pytest
 import yaml
 from integration_env import CREDENTIALS, NAMESPACE
 
-from bridge.reconcilers.control_plane import POOL_ANNOTATION, UNPAUSE_ANNOTATION
+from bridge.reconcilers.control_plane import HOST_ANNOTATION, POOL_ANNOTATION, UNPAUSE_ANNOTATION
+from mock_infoblox.server import MockInfobloxServer
 from mock_kubernetes.capv import CRDS, generate_cluster
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
@@ -410,3 +411,42 @@ def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
     wait_for(lambda: events(sandbox, "ControlPlaneEndpointWaiting"), timeout=30, message="waits")
     assert get(sandbox, "Cluster")["spec"]["paused"] is True
     assert writes(sandbox) == [("kubeadmcontrolplanes", "patch")]
+
+
+def test_a_dns_endpoint_goes_into_cert_sans_with_the_address(
+    make_sandbox: Callable[..., Sandbox], infoblox: MockInfobloxServer
+) -> None:
+    sandbox = capv_sandbox(make_sandbox, "v1.14")
+    sandbox.infoblox_pool(
+        NAMESPACE,
+        "ib",
+        endpoint=infoblox.url,
+        subnet="10.20.0.0/24",
+        credentials=CREDENTIALS,
+        dnsZone="nodes.example.com",
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
+    created = apply_template(
+        sandbox,
+        annotations={
+            POOL_ANNOTATION: "InfobloxIPPool/ib",
+            UNPAUSE_ANNOTATION: "true",
+            HOST_ANNOTATION: "dns",
+        },
+    )
+    wait_for(
+        lambda: get(sandbox, "Cluster")["spec"].get("paused") is False,
+        timeout=30,
+        message="the Cluster unpaused",
+    )
+    fqdn = f"wl1-control-plane-endpoint.{NAMESPACE}.nodes.example.com"
+    (address,) = [a["spec"]["address"] for a in sandbox.addresses(NAMESPACE)]
+    assert endpoint_of(get(sandbox, "Cluster"))["host"] == fqdn
+    assert endpoint_of(get(sandbox, "VSphereCluster"))["host"] == fqdn
+    kcp = get(sandbox, "KubeadmControlPlane")
+    assert vip_of(kcp) == address  # kube-vip advertises the address itself
+    config = kcp["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]
+    assert config["apiServer"]["certSANs"] == [fqdn, address]
+    before = created["KubeadmControlPlane"]["spec"]["kubeadmConfigSpec"]["clusterConfiguration"]
+    assert {k: v for k, v in config.items() if k != "apiServer"} == before
+    assert writes(sandbox, "kubeadmcontrolplanes") == [("kubeadmcontrolplanes", "patch")]

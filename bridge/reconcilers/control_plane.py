@@ -687,24 +687,16 @@ def _write_endpoint(
         f"address {ip} from {claim.pool_ref.kind} {claim.pool_ref.name} "
         f"(IPAddressClaim {namespace}/{claim.name})"
     )
+    places = _Place.SETTLED
     if deps.targets is not None and cluster.variables is None:
         places = _write_places(deps, cluster, _Endpoint(ip, host, source))
-        if places is _Place.RETRY:
-            return Result.requeue_after(1.0)
-        if places is _Place.MISSING:
-            return Result.requeue_after(_MISSING_SECONDS)
-        if places is _Place.WAIT and "unpaused" in plan.changes:
-            _warn(
-                deps,
-                cluster,
-                EndpointReason.WAITING,
-                "the Cluster stays paused, without its endpoint, until every object it names "
-                "holds the address (see the other Warnings)",
-            )
-            return Result.done()
+        held = _hold_cluster(deps, cluster, plan, places)
+        if held is not None:
+            return held
+    then = Result.requeue_after(_MISSING_SECONDS) if places is _Place.MISSING else Result.done()
     if plan.patch is None:
         _forget_notice(deps, namespace, name)
-        return Result.done()
+        return then
     try:
         stored = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
@@ -717,7 +709,7 @@ def _write_endpoint(
     message = f"{', '.join(plan.changes)}: {source}"
     log.info("Cluster %s/%s: %s", namespace, name, message)
     deps.events.post(Cluster.from_body(stored).as_object(), "Normal", EndpointReason.SET, message)
-    return Result.done()
+    return then
 
 
 def _conditions(claim: Claim) -> list[Mapping[str, Any]]:
@@ -811,6 +803,30 @@ def _write_places(deps: ClusterDeps, cluster: Cluster, endpoint: _Endpoint) -> _
     return _Place.SETTLED
 
 
+def _hold_cluster(deps: ClusterDeps, cluster: Cluster, plan: Plan, places: _Place) -> Result | None:
+    """Return what to do instead of the Cluster write, or None to write it now.
+
+    A 409 on a named object decides again at once. A Cluster this write would unpause waits
+    (unwritten) until every named object holds the address: a missing one is read again
+    later, one that may not be written is told (`EndpointReason.WAITING`). Any other
+    Cluster gets its endpoint all the same.
+    """
+    if places is _Place.RETRY:
+        return Result.requeue_after(1.0)
+    if places is _Place.SETTLED or "unpaused" not in plan.changes:
+        return None
+    if places is _Place.MISSING:
+        return Result.requeue_after(_MISSING_SECONDS)
+    _warn(
+        deps,
+        cluster,
+        EndpointReason.WAITING,
+        "the Cluster stays paused, without its endpoint, until every object it names "
+        "holds the address (see the other Warnings)",
+    )
+    return Result.done()
+
+
 def _plan_place(
     cluster: Cluster, ref: ObjectRef, body: Mapping[str, Any], endpoint: _Endpoint
 ) -> TargetPlan:
@@ -869,7 +885,7 @@ def _place_refused(
         message = (
             f"{what}: the operator may not read or patch it ({api_status_message(exc)}); add "
             f"the rule {{apiGroups: [{ref.group}], resources: [{plural}], verbs: [get, "
-            "patch]}} to its ClusterRole (README: another InfraCluster kind)"
+            "patch]} to its ClusterRole (README: another InfraCluster kind)"
         )
         _warn(deps, cluster, EndpointReason.FORBIDDEN, message, ref.kind)
     else:

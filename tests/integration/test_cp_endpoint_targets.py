@@ -401,7 +401,10 @@ def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
         "DockerCluster" in forbidden["message"]
         and "resources: [dockerclusters]" in forbidden["message"]
     )
-    assert "verbs: [get, patch]" in forbidden["message"]
+    assert (
+        f"add the rule {{apiGroups: [{INFRA}], resources: [dockerclusters], verbs: [get, patch]}}"
+        " to its ClusterRole" in forbidden["message"]
+    )
     (address,) = [a["spec"]["address"] for a in sandbox.addresses(NAMESPACE)]
     wait_for(
         lambda: vip_of(get(sandbox, "KubeadmControlPlane")) == address,

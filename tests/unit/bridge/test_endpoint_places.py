@@ -156,3 +156,18 @@ def test_an_object_not_created_yet_is_read_again_later(world: tuple[World, FakeT
     assert w.reconcile() == Result.done()
     assert targets.patches == ["VSphereCluster", "KubeadmControlPlane"]
     assert len(w.kube.of("cluster.patch")) == 1
+
+
+def test_a_cluster_not_to_unpause_gets_its_endpoint_while_an_object_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    targets = FakeTargets()
+    w.ctx.clusters.targets = targets
+    w.add_cluster(**copy.deepcopy(REFS))
+    assert w.reconcile() == Result.done()
+    w.bind()
+    del targets.objects["VSphereCluster"]
+    assert w.reconcile() == Result.requeue_after(5.0)  # read again later
+    assert targets.patches == ["KubeadmControlPlane"]
+    assert len(w.kube.of("cluster.patch")) == 1

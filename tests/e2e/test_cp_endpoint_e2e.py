@@ -113,12 +113,16 @@ def test_capv_template_without_vip_gets_it_in_all_three_places(
                 UNPAUSE_ANNOTATION: "true",
             }
             body["spec"]["paused"] = True
-        created[body["kind"]] = cluster.create(body)
+        group, version = WHERE[body["kind"]][0].split("/")
+        created[body["kind"]] = cluster.custom.create_namespaced_custom_object(
+            group, version, namespace, WHERE[body["kind"]][1], body, field_validation="Strict"
+        )
 
     def read(kind: str) -> dict[str, Any]:
-        found = cluster.get_object(*WHERE[kind], "wl1", namespace)
-        assert found is not None
-        return found
+        (api_version, plural), name = WHERE[kind], "wl1"
+        group, version = api_version.split("/")
+        found = cluster.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+        return dict(found)
 
     operator()
     wait_for(

@@ -156,14 +156,14 @@ def set_kube_vip_address(content: str, address: str) -> tuple[str | None, str | 
         (e for name in ADDRESS_ENV for e in env if isinstance(e, dict) and e.get("name") == name),
         None,
     )
-    current = "" if var is None else str(var.get("value") or "")
-    if current == address:
-        return None, None
-    if current:
-        return None, f"env {var['name']} is {current}, not {address}"  # type: ignore[index]
     if var is None:
         env.append({"name": ADDRESS_ENV[0], "value": address})
     else:
+        current = str(var.get("value") or "")
+        if current == address:
+            return None, None
+        if current:
+            return None, f"env {var['name']} is {current}, not {address}"
         var["value"] = address
     return yaml.safe_dump(pod, sort_keys=False, default_flow_style=False), None
 

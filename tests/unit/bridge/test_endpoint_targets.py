@@ -258,3 +258,15 @@ def test_cluster_refs_in_v1beta2_and_v1beta1() -> None:
         "controlplane.cluster.x-k8s.io", "v1beta1", "KubeadmControlPlane", "cp"
     )
     assert Cluster.from_body({"spec": {}}).infrastructure_ref is None
+
+
+def test_a_kube_vip_container_without_the_var_gets_address() -> None:
+    pod = {
+        "spec": {"containers": [{"name": "kube-vip", "env": [{"name": "port", "value": "6443"}]}]}
+    }
+    content, conflict = set_kube_vip_address(yaml.safe_dump(pod), VIP)
+    assert conflict is None and content is not None
+    assert yaml.safe_load(content)["spec"]["containers"][0]["env"] == [
+        {"name": "port", "value": "6443"},
+        {"name": "address", "value": VIP},
+    ]

@@ -34,6 +34,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "Claim",
     "Cluster",
+    "ObjectRef",
     "PoolRef",
     "Reason",
     "build_ip_address",
@@ -331,6 +332,39 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ObjectRef:
+    """A reference of a Cluster to another object of its namespace (``spec.infrastructureRef``...).
+
+    Attributes
+    ----------
+    group:
+        The API group (v1beta2: ``apiGroup``; v1beta1: the group of ``apiVersion``).
+    version:
+        The version named (v1beta1 ``apiVersion``); ``""`` in v1beta2, which names none.
+    kind, name:
+        The object's kind and name.
+    """
+
+    group: str
+    version: str
+    kind: str
+    name: str
+
+    @classmethod
+    def from_body(cls, ref: Any) -> ObjectRef | None:
+        """Return the reference as v1beta2 (``apiGroup``) or v1beta1 (``apiVersion``) write it.
+
+        None when ``ref`` is absent or lacks a kind or name.
+        """
+        if not isinstance(ref, Mapping) or not ref.get("kind") or not ref.get("name"):
+            return None
+        group, version = str(ref.get("apiGroup") or ""), ""
+        if not group and ref.get("apiVersion"):
+            group, _, version = str(ref["apiVersion"]).rpartition("/")
+        return cls(group, version, str(ref["kind"]), str(ref["name"]))
+
+
+@dataclass(frozen=True)
 class Cluster:
     """The parts of a CAPI ``Cluster`` the operator uses (v1beta2 or v1beta1).
 
@@ -349,6 +383,8 @@ class Cluster:
     variables:
         ``spec.topology.variables`` as read (``{name, value}`` items); None when the Cluster
         has no ``spec.topology`` (not built from a ClusterClass).
+    infrastructure_ref, control_plane_ref:
+        ``spec.infrastructureRef`` and ``spec.controlPlaneRef`` (None when absent).
     """
 
     api_version: str
@@ -362,6 +398,8 @@ class Cluster:
     endpoint_host: str = ""
     endpoint_port: int = 0
     variables: tuple[Mapping[str, Any], ...] | None = None
+    infrastructure_ref: ObjectRef | None = None
+    control_plane_ref: ObjectRef | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Cluster:
@@ -384,6 +422,8 @@ class Cluster:
             variables=(
                 tuple(topology.get("variables") or ()) if isinstance(topology, Mapping) else None
             ),
+            infrastructure_ref=ObjectRef.from_body(spec.get("infrastructureRef")),
+            control_plane_ref=ObjectRef.from_body(spec.get("controlPlaneRef")),
         )
 
     @property

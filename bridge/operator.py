@@ -207,7 +207,11 @@ class Operator:
             locks=self.locks,
         )
         self.clusters = ClusterDeps(
-            kube=self.kube, versions=self.versions, events=events, notices=self.notices
+            kube=self.kube,
+            versions=self.versions,
+            events=events,
+            notices=self.notices,
+            targets=self.kube,
         )
         self.audit = AuditDeps(
             kube=self.kube,

@@ -3,15 +3,17 @@
 `ObjectClient` is the generic gateway (`bridge.runtime.gateway.Kube`) plus the resources
 the operator uses: IPAddressClaims and IPAddresses (``ipam.cluster.x-k8s.io``, the served
 CAPI version), our pools (``v1alpha1``, namespaced and Global kinds), CAPI Clusters
-(``cluster.x-k8s.io``) and Secrets. Write outcomes are the gateway's `Write`.
+(``cluster.x-k8s.io``), the objects a Cluster references (its InfraCluster and control plane,
+any kind: resolved by API discovery) and Secrets. Write outcomes are the gateway's `Write`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes.client import ApiClient, ApiException
+from kubernetes.client import ApiClient, ApiException, ApisApi, CustomObjectsApi
 
 from bridge.capi import (
     ADDRESS_FINALIZER,
@@ -20,10 +22,11 @@ from bridge.capi import (
     GROUP,
     POOL_KINDS,
     Claim,
+    ObjectRef,
 )
 from bridge.models import Condition, IPPool, wire
 from bridge.runtime.expectations import GONE, Expectations
-from bridge.runtime.gateway import Kube, Outcome, Resource, Write
+from bridge.runtime.gateway import Kube, NotServedError, Outcome, Resource, Write
 from bridge.runtime.store import version_of
 
 __all__ = [
@@ -89,6 +92,8 @@ class ObjectClient(Kube):
     def __init__(self, client: ApiClient, expectations: Expectations | None = None) -> None:
         super().__init__(client)
         self.expectations = expectations
+        self._referenced: dict[tuple[str, str, str], Resource] = {}
+        self._referenced_lock = threading.Lock()
 
     def _expect(
         self, plural: str, namespace: str, name: str, written: Write, *, deletion: bool = False
@@ -388,3 +393,72 @@ class ObjectClient(Kube):
             and 409.
         """
         return self.patch(cluster_resource(version), namespace, name, patch)
+
+    # -- objects a Cluster references ---------------------------------------------------
+
+    def referenced_resource(self, ref: ObjectRef) -> Resource:
+        """Return where the object of ``ref`` (a Cluster's InfraCluster, control plane) lives.
+
+        The version is the one ``ref`` names when it is served (v1beta1 references), else
+        the group's preferred version; the plural is the resource of that kind (API
+        discovery: ``/apis`` and ``/apis/<group>/<version>``,
+        https://kubernetes.io/docs/concepts/overview/kubernetes-api/#discovery-api). Found
+        resources are remembered for the process's life (CRDs are installed before use).
+
+        Raises
+        ------
+        NotServedError
+            When the group or the kind is not served.
+        kubernetes.client.ApiException
+            When discovery fails.
+        """
+        key = (ref.group, ref.version, ref.kind)
+        found = self._referenced.get(key)
+        if found is not None:
+            return found
+        groups = ApisApi(self.client).get_api_versions().groups or []
+        group = next((g for g in groups if g.name == ref.group), None)
+        if group is None:
+            raise NotServedError(f"API group {ref.group} is not served")
+        served = [str(v.version) for v in group.versions or []]
+        preferred = str(group.preferred_version.version) if group.preferred_version else ""
+        versions = [v for v in dict.fromkeys([ref.version, preferred, *served]) if v in served]
+        for version in versions:
+            listed = CustomObjectsApi(self.client).get_api_resources(ref.group, version)
+            for r in listed.resources or []:
+                if r.kind == ref.kind and "/" not in r.name:
+                    found = Resource(ref.group, version, r.name, ref.kind, bool(r.namespaced))
+                    with self._referenced_lock:
+                        self._referenced[key] = found
+                    return found
+        raise NotServedError(f"{ref.kind}.{ref.group} is not served")
+
+    def get_referenced(self, namespace: str, ref: ObjectRef) -> dict[str, Any] | None:
+        """Return the object ``ref`` names in ``namespace``, or None when it does not exist.
+
+        Raises
+        ------
+        NotServedError
+            When its kind is not served (`referenced_resource`).
+        kubernetes.client.ApiException
+            Any failure but 404 (403: the operator may not read that kind).
+        """
+        return self.get(self.referenced_resource(ref), namespace, ref.name)
+
+    def patch_referenced(self, namespace: str, ref: ObjectRef, patch: Mapping[str, Any]) -> Write:
+        """Merge-patch the object ``ref`` names; answer the write (`Kube.patch`).
+
+        Written with the object as stored, gone, or a conflict (409: the resourceVersion is
+        stale).
+
+        The caller puts the ``metadata.resourceVersion`` it read into ``patch`` (`Kube.patch`).
+
+        Raises
+        ------
+        NotServedError
+            When its kind is not served.
+        kubernetes.client.ApiException
+            403 when the operator may not patch that kind; 422 when the schema or a webhook
+            refuses; any other failure but 404 and 409.
+        """
+        return self.patch(self.referenced_resource(ref), namespace, ref.name, patch)

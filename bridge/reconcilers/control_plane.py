@@ -21,11 +21,17 @@ restart or a repeated event leads to the same result and no extra write):
    (`allocates_while_paused`). A Cluster whose endpoint is already set gets no claim (an
    address it could not use): a Warning says so, unless it is paused (a ``clusterctl move``
    creates the Cluster before its claim);
-2. once that claim is bound (``status.addressRef`` and its IPAddress), it patches the Cluster
-   once: ``spec.controlPlaneEndpoint`` (host; port kept, else `DEFAULT_PORT`), the listed
-   topology variables, and ``spec.paused: false`` when asked. The patch carries the
-   resourceVersion read, so it never overwrites what changed meanwhile, and an endpoint
-   already set to another host is never touched (Warning Event instead).
+2. once that claim is bound (``status.addressRef`` and its IPAddress), a Cluster without a
+   ClusterClass (no ``spec.topology``: the class's patches carry the address otherwise) first
+   gets the address into the objects it names (`bridge.reconcilers.endpoint_targets`): the
+   InfraCluster of ``spec.infrastructureRef`` and the KubeadmControlPlane of
+   ``spec.controlPlaneRef`` (kube-vip, certSANs), one patch each, each only where empty;
+3. then it patches the Cluster once: ``spec.controlPlaneEndpoint`` (host; port kept, else
+   `DEFAULT_PORT`), the listed topology variables, and ``spec.paused: false`` when asked,
+   last: a Cluster to unpause is written only once every place holds the address, so CAPI
+   creates no Machine before kube-vip knows it. Each patch carries the resourceVersion read,
+   so it never overwrites what changed meanwhile, and a value already set to another one is
+   never touched (Warning Event instead).
 
 Bad input (a malformed annotation, a claim of that name that is not this Cluster's, a pool
 the claim waits for, a write the API server refuses) is a Warning Event on the Cluster, told
@@ -54,12 +60,14 @@ from bridge.capi import (
     POOL_KINDS,
     Claim,
     Cluster,
+    ObjectRef,
     PoolRef,
 )
 from bridge.models import IPAddress, IPPool
 from bridge.reconcilers.context import Notices, ServedVersions
+from bridge.reconcilers.endpoint_targets import TargetPlan, plan_control_plane, plan_infra_cluster
 from bridge.runtime.events import EventSink
-from bridge.runtime.gateway import Outcome, Write, api_status_message
+from bridge.runtime.gateway import NotServedError, Outcome, Resource, Write, api_status_message
 from bridge.runtime.workqueue import Result
 
 __all__ = [
@@ -67,6 +75,7 @@ __all__ = [
     "DEFAULT_PORT",
     "ENDPOINT_LABEL",
     "HOST_ANNOTATION",
+    "KCP_GROUP",
     "POOL_ANNOTATION",
     "UNPAUSE_ANNOTATION",
     "VARIABLES_ANNOTATION",
@@ -76,6 +85,7 @@ __all__ = [
     "EndpointReason",
     "EndpointRequest",
     "Plan",
+    "TargetApi",
     "allocates_while_paused",
     "build_claim",
     "endpoint_claim_name",
@@ -131,6 +141,14 @@ class EndpointReason(enum.StrEnum):
     #: Warning: the API server refused the claim or the Cluster patch (webhook, schema,
     #: RBAC): a person must look.
     REFUSED = "ControlPlaneEndpointRefused"
+    #: Normal: an object the Cluster names (InfraCluster, KubeadmControlPlane) got the address.
+    COPIED = "ControlPlaneEndpointCopied"
+    #: Warning: the KubeadmControlPlane has Machines; writing would roll them out: not written.
+    ROLLOUT = "ControlPlaneEndpointWouldRollOut"
+    #: Warning: the operator may not read or patch an object the Cluster names (RBAC).
+    FORBIDDEN = "ControlPlaneEndpointForbidden"
+    #: Warning: the Cluster stays paused until every object it names holds the address.
+    WAITING = "ControlPlaneEndpointWaiting"
 
 
 class AnnotationError(ValueError):
@@ -413,6 +431,19 @@ class ClusterApi(Protocol):
         """Return a pool, or None."""
 
 
+class TargetApi(Protocol):
+    """Reads and writes of the objects a Cluster names (`bridge.objects.client.ObjectClient`)."""
+
+    def referenced_resource(self, ref: ObjectRef) -> Resource:
+        """Return the resource of ``ref``'s kind (raises `NotServedError`)."""
+
+    def get_referenced(self, namespace: str, ref: ObjectRef) -> dict[str, Any] | None:
+        """Return the object ``ref`` names, or None."""
+
+    def patch_referenced(self, namespace: str, ref: ObjectRef, patch: Mapping[str, Any]) -> Write:
+        """Merge-patch the object ``ref`` names (guarded by its resourceVersion): the write."""
+
+
 @dataclass
 class ClusterDeps:
     """What the control-plane endpoint reconciler uses (`reconcile_cluster`).
@@ -427,17 +458,27 @@ class ClusterDeps:
         Where Events about Clusters are told.
     notices:
         Warnings already told, so that a steady problem is told once.
+    targets:
+        The objects a Cluster names (InfraCluster, KubeadmControlPlane); None: only the
+        Cluster is written.
     """
 
     kube: ClusterApi
     versions: ServedVersions
     events: EventSink
     notices: Notices
+    targets: TargetApi | None = None
 
 
-def _warn(deps: ClusterDeps, cluster: Cluster, reason: EndpointReason, message: str) -> None:
-    """Log and post a Warning Event on the Cluster, once while the message stays the same."""
-    subject = ("cluster-endpoint", cluster.namespace, cluster.name)
+def _warn(
+    deps: ClusterDeps, cluster: Cluster, reason: EndpointReason, message: str, place: str = ""
+) -> None:
+    """Log and post a Warning Event on the Cluster, once while the message stays the same.
+
+    ``place`` (an object the Cluster names) keeps that object's notice apart.
+    """
+    subject: tuple[str, ...] = ("cluster-endpoint", cluster.namespace, cluster.name)
+    subject += (place,) if place else ()
     if deps.notices.first(subject, f"{reason}: {message}"):
         log.warning("Cluster %s: %s", cluster.key, message)
         deps.events.post(cluster.as_object(), "Warning", reason, message)
@@ -461,8 +502,9 @@ def _refused(deps: ClusterDeps, cluster: Cluster, exc: ApiException, what: str) 
     return Result.done()
 
 
-def _forget_notice(deps: ClusterDeps, namespace: str, name: str) -> None:
-    deps.notices.forget(("cluster-endpoint", namespace, name))
+def _forget_notice(deps: ClusterDeps, namespace: str, name: str, place: str = "") -> None:
+    subject: tuple[str, ...] = ("cluster-endpoint", namespace, name)
+    deps.notices.forget(subject + ((place,) if place else ()))
 
 
 def reconcile_cluster(deps: ClusterDeps, namespace: str, name: str) -> Result:
@@ -639,9 +681,20 @@ def _write_endpoint(
     if plan.conflict is not None:
         _warn(deps, cluster, EndpointReason.CONFLICT, plan.conflict)
         return Result.done()
+    source = (
+        f"address {ip} from {claim.pool_ref.kind} {claim.pool_ref.name} "
+        f"(IPAddressClaim {namespace}/{claim.name})"
+    )
+    places = _Place.SETTLED
+    if deps.targets is not None and cluster.variables is None:
+        places = _write_places(deps, cluster, _Endpoint(ip, host, source))
+        held = _hold_cluster(deps, cluster, plan, places)
+        if held is not None:
+            return held
+    then = Result.requeue_after(_MISSING_SECONDS) if places is _Place.MISSING else Result.done()
     if plan.patch is None:
         _forget_notice(deps, namespace, name)
-        return Result.done()
+        return then
     try:
         written = deps.kube.patch_cluster(str(deps.versions.cluster), namespace, name, plan.patch)
     except ApiException as exc:
@@ -652,13 +705,10 @@ def _write_endpoint(
     if stored is None:
         return Result.done()
     _forget_notice(deps, namespace, name)
-    message = (
-        f"{', '.join(plan.changes)}: address {ip} from {claim.pool_ref.kind} "
-        f"{claim.pool_ref.name} (IPAddressClaim {namespace}/{claim.name})"
-    )
+    message = f"{', '.join(plan.changes)}: {source}"
     log.info("Cluster %s/%s: %s", namespace, name, message)
     deps.events.post(Cluster.from_body(stored).as_object(), "Normal", EndpointReason.SET, message)
-    return Result.done()
+    return then
 
 
 def _conditions(claim: Claim) -> list[Mapping[str, Any]]:
@@ -711,3 +761,135 @@ def _fqdn(deps: ClusterDeps, claim: Claim, hostname: str) -> str | None:
     if not zone or where.get("recordType", "host") != "host":
         return None
     return f"{hostname.rstrip('.')}.{zone}"
+
+
+# -- the objects a Cluster names ----------------------------------------------------------
+
+#: Seconds before a pass that found a named object missing reads it again (reads only).
+_MISSING_SECONDS = 5.0
+#: The group of KubeadmControlPlane (CAPI's kubeadm control plane provider).
+KCP_GROUP = "controlplane.cluster.x-k8s.io"
+
+
+class _Place(enum.Enum):
+    """How the objects a Cluster names stand after a pass."""
+
+    SETTLED = "settled"  # each holds the address (written now or before)
+    WAIT = "wait"  # one may not be written (conflict, Machines, RBAC, refused): a Warning
+    RETRY = "retry"  # one changed meanwhile (409): decide again at once
+    MISSING = "missing"  # one is not created yet (applied after the Cluster): read it later
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    ip: str
+    host: str
+    source: str
+
+
+def _write_places(deps: ClusterDeps, cluster: Cluster, endpoint: _Endpoint) -> _Place:
+    """Give the Cluster's InfraCluster and KubeadmControlPlane the address; each is tried."""
+    refs: list[ObjectRef] = []
+    if cluster.infrastructure_ref is not None:
+        refs.append(cluster.infrastructure_ref)
+    ref = cluster.control_plane_ref
+    if ref is not None and ref.group == KCP_GROUP and ref.kind == "KubeadmControlPlane":
+        refs.append(ref)
+    outcomes = {_write_place(deps, cluster, ref, endpoint) for ref in refs}
+    for outcome in (_Place.RETRY, _Place.MISSING, _Place.WAIT):
+        if outcome in outcomes:
+            return outcome
+    return _Place.SETTLED
+
+
+def _hold_cluster(deps: ClusterDeps, cluster: Cluster, plan: Plan, places: _Place) -> Result | None:
+    """Return what to do instead of the Cluster write, or None to write it now.
+
+    A 409 on a named object decides again at once. A Cluster this write would unpause waits
+    (unwritten) until every named object holds the address: a missing one is read again
+    later, one that may not be written is told (`EndpointReason.WAITING`). Any other
+    Cluster gets its endpoint all the same.
+    """
+    if places is _Place.RETRY:
+        return Result.requeue_after(1.0)
+    if places is _Place.SETTLED or "unpaused" not in plan.changes:
+        return None
+    if places is _Place.MISSING:
+        return Result.requeue_after(_MISSING_SECONDS)
+    _warn(
+        deps,
+        cluster,
+        EndpointReason.WAITING,
+        "the Cluster stays paused, without its endpoint, until every object it names "
+        "holds the address (see the other Warnings)",
+    )
+    return Result.done()
+
+
+def _plan_place(
+    cluster: Cluster, ref: ObjectRef, body: Mapping[str, Any], endpoint: _Endpoint
+) -> TargetPlan:
+    if ref == cluster.infrastructure_ref:
+        return plan_infra_cluster(body, host=endpoint.host, cluster_port=cluster.endpoint_port)
+    dns_name = endpoint.host if endpoint.host != endpoint.ip else None
+    return plan_control_plane(body, address=endpoint.ip, dns_name=dns_name)
+
+
+def _write_place(
+    deps: ClusterDeps, cluster: Cluster, ref: ObjectRef, endpoint: _Endpoint
+) -> _Place:
+    """Read one named object, plan its edit, patch it once (guarded): how it stands."""
+    targets, namespace = deps.targets, cluster.namespace
+    assert targets is not None
+    what, place = f"{ref.kind} {namespace}/{ref.name}", ref.kind
+    try:
+        body = targets.get_referenced(namespace, ref)
+        if body is None:  # created after the Cluster: read again later
+            return _Place.MISSING
+        plan = _plan_place(cluster, ref, body, endpoint)
+        if plan.conflict is not None or plan.blocked is not None:
+            reason = EndpointReason.CONFLICT if plan.conflict else EndpointReason.ROLLOUT
+            _warn(deps, cluster, reason, f"{what}: {plan.conflict or plan.blocked}", place)
+            return _Place.WAIT
+        if plan.patch is None:
+            _forget_notice(deps, namespace, cluster.name, place)
+            return _Place.SETTLED
+        written = targets.patch_referenced(namespace, ref, plan.patch)
+    except NotServedError as exc:
+        _warn(deps, cluster, EndpointReason.REFUSED, f"{what}: {exc}", place)
+        return _Place.WAIT
+    except ApiException as exc:
+        return _place_refused(deps, cluster, ref, exc)
+    if written.outcome is Outcome.CONFLICT:  # changed since it was read: read it again
+        return _Place.RETRY
+    if not written.written:  # deleted meanwhile
+        return _Place.MISSING
+    _forget_notice(deps, namespace, cluster.name, place)
+    message = f"{what}: {', '.join(plan.changes)}: {endpoint.source}"
+    log.info("Cluster %s: %s", cluster.key, message)
+    deps.events.post(cluster.as_object(), "Normal", EndpointReason.COPIED, message)
+    return _Place.SETTLED
+
+
+def _place_refused(
+    deps: ClusterDeps, cluster: Cluster, ref: ObjectRef, exc: ApiException
+) -> _Place:
+    """Tell why a named object was not read or written: 409 retries, 403 names the rule."""
+    if exc.status == 409:
+        return _Place.RETRY
+    if exc.status not in (400, 403, 422):
+        raise exc
+    what = f"{ref.kind} {cluster.namespace}/{ref.name}"
+    if exc.status == 403:
+        assert deps.targets is not None
+        plural = deps.targets.referenced_resource(ref).plural
+        message = (
+            f"{what}: the operator may not read or patch it ({api_status_message(exc)}); add "
+            f"the rule {{apiGroups: [{ref.group}], resources: [{plural}], verbs: [get, "
+            "patch]} to its ClusterRole (README: another InfraCluster kind)"
+        )
+        _warn(deps, cluster, EndpointReason.FORBIDDEN, message, ref.kind)
+    else:
+        message = f"{what}: the API server refused the patch: {api_status_message(exc)}"
+        _warn(deps, cluster, EndpointReason.REFUSED, message, ref.kind)
+    return _Place.WAIT

@@ -3,8 +3,10 @@
 Starts a mock IPAM (phpIPAM, or Infoblox WAPI) and the in-memory Kubernetes API on
 127.0.0.1, runs the real operator against them, creates a Secret, a pool and claims, prints
 what each claim got and what the IPAM recorded, deletes the claims and shows the addresses
-released; then a paused ClusterClass Cluster gets its control-plane endpoint from the pool, and a
-pool of two subnets fills the first one and moves on to the second.
+released; then a paused ClusterClass Cluster gets its control-plane endpoint from the pool, a
+Cluster from CAPV's own template without a ClusterClass gets its VIP in the VSphereCluster, the
+kube-vip Pod and the Cluster, and a pool of two subnets fills the first one and moves on to the
+second.
 ``pip install 'ipam-bridge[demo]'`` brings all it needs (the CRDs are package data of
 ``bridge``); ``bridge.demo`` runs it.
 """
@@ -174,6 +176,88 @@ def _endpoint_step(sandbox: Sandbox, kind: str, say: Callable[[str], None]) -> b
     return variables.get("controlPlaneIpAddr") == host and spec.get("paused") is False
 
 
+def _kube_vip_address(kcp: dict[str, Any]) -> str | None:
+    """Return the kube-vip static Pod's ``address`` in a KubeadmControlPlane, or None."""
+    import yaml
+
+    for item in kcp["spec"]["kubeadmConfigSpec"].get("files") or []:
+        if str(item.get("path", "")).endswith("kube-vip.yaml"):
+            for container in yaml.safe_load(item["content"])["spec"]["containers"]:
+                for env in container.get("env") or []:
+                    if container.get("name") == "kube-vip" and env.get("name") == "address":
+                        return str(env.get("value") or "") or None
+    return None
+
+
+def _capv_step(sandbox: Sandbox, kind: str, say: Callable[[str], None]) -> bool:
+    """Step 5b: CAPV's own template, without a ClusterClass and the VIP left empty.
+
+    The Cluster, VSphereCluster and KubeadmControlPlane that ``clusterctl generate cluster``
+    renders (`mock_kubernetes.capv`), the Cluster paused and annotated. Returns True when the
+    VIP reached the VSphereCluster, the kube-vip Pod and the Cluster, and the Cluster was
+    unpaused.
+    """
+    from bridge.reconcilers.control_plane import POOL_ANNOTATION, UNPAUSE_ANNOTATION
+    from mock_kubernetes.capv import generate_cluster
+
+    name = "workload-2"
+    values = {
+        "CLUSTER_NAME": name,
+        "NAMESPACE": NAMESPACE,
+        "CONTROL_PLANE_MACHINE_COUNT": "3",
+        "KUBERNETES_VERSION": "v1.33.0",
+        "VSPHERE_SERVER": "vcenter.example",
+        "VSPHERE_TLS_THUMBPRINT": "01:02:03:04",
+        "VSPHERE_SSH_AUTHORIZED_KEY": "ssh-ed25519 AAAAC3Nz demo",
+    }
+    where = {
+        "Cluster": ("cluster.x-k8s.io/v1beta2", "clusters"),
+        "VSphereCluster": ("infrastructure.cluster.x-k8s.io/v1beta2", "vsphereclusters"),
+        "KubeadmControlPlane": ("controlplane.cluster.x-k8s.io/v1beta2", "kubeadmcontrolplanes"),
+    }
+    for body in generate_cluster(values):
+        if body["kind"] == "Cluster":
+            body["metadata"]["annotations"] = {
+                POOL_ANNOTATION: f"{kind}/nodes",
+                UNPAUSE_ANNOTATION: "true",
+            }
+            body["spec"]["paused"] = True
+        sandbox.create(body)
+
+    def read(kind_: str) -> dict[str, Any]:
+        return sandbox.get_object(*where[kind_], name, NAMESPACE) or {}
+
+    wait_for(
+        lambda: read("Cluster").get("spec", {}).get("paused") is False,
+        timeout=30,
+        message="the CAPV Cluster unpaused",
+    )
+    cluster, infra, kcp = read("Cluster"), read("VSphereCluster"), read("KubeadmControlPlane")
+    host = cluster["spec"]["controlPlaneEndpoint"]["host"]
+    infra_host = infra["spec"]["controlPlaneEndpoint"].get("host")
+    vip = _kube_vip_address(kcp)
+    say(
+        f"5b. CAPV's cluster-template.yaml (no ClusterClass), generated with the VIP empty;\n"
+        f"   Cluster {NAMESPACE}/{name} paused and annotated {kind}/nodes. The VIP now is in:"
+    )
+    say(
+        _table(
+            [
+                (f"VSphereCluster {name}", "spec.controlPlaneEndpoint.host", str(infra_host)),
+                (f"KubeadmControlPlane {name}", "kube-vip.yaml env address", str(vip)),
+                (f"Cluster {name}", "spec.controlPlaneEndpoint.host", host),
+            ],
+            ("object", "field", "value"),
+        )
+    )
+    say(f"   and the Cluster was unpaused last: paused {cluster['spec'].get('paused')}")
+    for kind_ in ("Cluster", "VSphereCluster", "KubeadmControlPlane"):
+        sandbox.delete_object(*where[kind_], name, NAMESPACE)
+    sandbox.wait_gone(NAMESPACE, timeout=60)
+    say("   Cluster deleted: its claim went with it and the address was released")
+    return bool(host == infra_host == vip)
+
+
 #: Step 6: a pool of two subnets, the first with two host addresses.
 FIRST_SUBNET, SECOND_SUBNET, SECOND_GATEWAY = "10.21.0.0/30", "10.21.1.0/29", "10.21.1.1"
 
@@ -275,7 +359,9 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
     started = time.monotonic()
     say = print
     say(f"ipam-bridge demo: {claims} claims against a mock {backend} on 127.0.0.1\n")
-    with Sandbox(capi_crds=_cluster_crds()) as sandbox:
+    from mock_kubernetes.capv import CRDS as CAPV_CRDS
+
+    with Sandbox(capi_crds=[*_cluster_crds(), *CAPV_CRDS]) as sandbox:
         sandbox.namespace(NAMESPACE)
         setup = _phpipam if backend == "phpipam" else _infoblox
         server, entries, kind = setup(sandbox)
@@ -327,6 +413,8 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
             say("")
             endpoint_ok = _endpoint_step(sandbox, kind, say)
             say("")
+            endpoint_ok = _capv_step(sandbox, kind, say) and endpoint_ok
+            say("")
             subnets_ok = _subnets_step(sandbox, server, kind, say)
             left = entries()
         finally:
@@ -335,7 +423,7 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
         distinct == claims
         and endpoint_ok
         and subnets_ok
-        and not [h for _, h in left if h.startswith(("node-", "workload-1"))]
+        and not [h for _, h in left if h.startswith(("node-", "workload-"))]
     )
     say(f"\n{'done' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s")
     return 0 if ok else 1

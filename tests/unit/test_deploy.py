@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import re
 import shutil
@@ -61,6 +62,13 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("ipam.cluster.x-k8s.io", "globalphpipamippools/finalizers"): {"update"},
     ("ipam.cluster.x-k8s.io", "globalinfobloxippools/finalizers"): {"update"},
     ("cluster.x-k8s.io", "clusters"): {"get", "list", "watch", "patch"},
+    # The objects a Cluster names, to write its control-plane endpoint (DESIGN section 11).
+    ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes"): {"get", "patch"},
+    ("infrastructure.cluster.x-k8s.io", "vsphereclusters"): {"get", "patch"},
+    ("infrastructure.cluster.x-k8s.io", "metal3clusters"): {"get", "patch"},
+    ("infrastructure.cluster.x-k8s.io", "openstackclusters"): {"get", "patch"},
+    ("infrastructure.cluster.x-k8s.io", "proxmoxclusters"): {"get", "patch"},
+    ("infrastructure.cluster.x-k8s.io", "nutanixclusters"): {"get", "patch"},
     ("", "secrets"): {"get", "patch"},
     ("", "events"): {"create"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -848,3 +856,52 @@ def test_helm_high_availability_values() -> None:
     custom = _helm_template("--set", "affinity.nodeAffinity.x=y")
     affinity = _one(custom, "Deployment")["spec"]["template"]["spec"]["affinity"]
     assert affinity == {"nodeAffinity": {"x": "y"}}
+
+
+# --- another InfraCluster kind (README: "Another InfraCluster kind") ----------------------
+
+#: The kustomize patch the README gives to let the manager set DockerClusters' endpoints.
+INFRA_KIND_PATCH = """\
+patches:
+  - target:
+      kind: ClusterRole
+      name: ipam-bridge-manager
+    patch: |-
+      - op: add
+        path: /rules/-
+        value:
+          apiGroups: [infrastructure.cluster.x-k8s.io]
+          resources: [dockerclusters]
+          verbs: [get, patch]
+"""
+DOCKER_RULE = {
+    "apiGroups": ["infrastructure.cluster.x-k8s.io"],
+    "resources": ["dockerclusters"],
+    "verbs": ["get", "patch"],
+}
+
+
+def test_readme_kustomize_patch_adds_an_infrastructure_cluster_kind(tmp_path: Path) -> None:
+    assert INFRA_KIND_PATCH in (ROOT / "README.md").read_text()
+    tool = _require_kustomize()
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {base}\n{INFRA_KIND_PATCH}"
+    )
+    rendered, _ = rm.render_kustomization(overlay, tool[0])
+    rules = _one(rendered, "ClusterRole")["rules"]
+    assert rules[-1] == DOCKER_RULE
+    assert _granted(rules[:-1]) == EXPECTED_RULES
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_helm_value_adds_an_infrastructure_cluster_kind() -> None:
+    value = json.dumps([{"apiGroup": DOCKER_RULE["apiGroups"][0], "resources": ["dockerclusters"]}])
+    rules = _one(_helm_template("--set-json", f"infrastructureClusters={value}"), "ClusterRole")[
+        "rules"
+    ]
+    assert rules[-1] == DOCKER_RULE
+    assert _granted(rules[:-1]) == EXPECTED_RULES

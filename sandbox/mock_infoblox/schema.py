@@ -47,8 +47,10 @@ SEARCH_ONLY: dict[str, dict[str, str]] = {
         "mac": "the MAC address of one of the record's ipv4addrs",
     },
     "network": {
-        # Infoblox WAPI reference, network: "contains_address" is a search-only field (the
-        # network holding an address); a well-known search of WAPI users.
+        # Infoblox WAPI reference, wapidoc/objects/network.html#contains-address: search-only,
+        # the network that holds an address. infobloxopen/infoblox-client issue #372 and pull
+        # request #373 (searched on a real grid, WAPI 2.10.3; connector.get_object sends it as
+        # is in 0.6.2). IPv6 networks have no such field (same thread), so ipv6network refuses it.
         "contains_address": "an IPv4 address inside the network",
     },
 }

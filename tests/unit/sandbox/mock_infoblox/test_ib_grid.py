@@ -38,6 +38,10 @@ def test_search_only_fields_are_searched_as_a_grid_does(wapi: Wapi) -> None:
     network = wapi.get("network", contains_address=address, network_view="default")
     assert [n["network"] for n in network.json()] == ["10.20.0.0/24"]
     assert wapi.get("network", contains_address="192.0.2.1").json() == []
+    # Not a field of ipv6network (infoblox-client #372): refused as an unknown argument.
+    refused = wapi.get("ipv6network", contains_address="2001:db8::1")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "Client.Ibap.Proto"
 
 
 def test_a_search_on_a_field_that_is_not_searchable_is_refused_as_a_grid_does(

@@ -10,10 +10,11 @@ STAMP := $(VENV)/.installed-stamp
 # The operator (`ipam-bridge`, .) and the sandbox (`ipam-bridge-sandbox`, sandbox/: the demo
 # extra's distribution, not on PyPI) in one resolver run, so that `ipam-bridge[demo]`'s
 # `ipam-bridge-sandbox==<version>` is the checkout's and the sandbox's `ipam-bridge` is too.
+# The operator comes first: pip 23.2.1 (Python 3.11's own) resolves the pair only in that order.
 $(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ./sandbox -e '.[test,lint,demo,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo,bench]' -e ./sandbox
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -3,7 +3,9 @@
 Searchable fields, known fields and body fields come from ``wapi/wapi-2.12.json``, extracted
 by ``wapi/generate.py`` from the WAPI 2.12 OpenAPI description Infoblox generated from a
 grid (public repository infobloxopen/infoblox-swagger-wapi): a search on a field a grid
-does not search, or a field a grid does not know, is refused as a grid refuses it.
+does not search, or a field a grid does not know, is refused as a grid refuses it. That
+description lists object fields only; WAPI's search-only fields that Infoblox's own clients
+send are added from `SEARCH_ONLY`, each with its public source.
 """
 
 from __future__ import annotations
@@ -13,13 +15,45 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OBJECT_TYPES", "WAPI_SCHEMA", "ObjectType"]
+__all__ = ["OBJECT_TYPES", "SEARCH_ONLY", "WAPI_SCHEMA", "ObjectType"]
 
 #: The extracted WAPI 2.12 schema: ``{"objects": {<type>: {"search", "fields", "create",
 #: "update", "functions"}}, "version", "source"}`` (lists of field names).
 WAPI_SCHEMA: dict[str, Any] = json.loads(
     (Path(__file__).with_name("wapi") / "wapi-2.12.json").read_text()
 )
+
+
+#: WAPI's search-only fields: arguments a grid accepts in a GET to search, which are never
+#: returned under that name, so the OpenAPI description in ``wapi/`` (object fields only) omits
+#: them. Each is listed with the public source that shows a grid accepting it; ``fixedaddress``
+#: keeps refusing ``name`` (not searchable at WAPI 2.12, the schema's search list).
+SEARCH_ONLY: dict[str, dict[str, str]] = {
+    "record:host": {
+        # Infoblox WAPI reference, record:host: "ipv4addr", "ipv6addr" and "mac" are
+        # search-only fields (infobloxopen/infoblox-go-client issue #59 quotes
+        # wapidoc/objects/record.host.html#ipv4addr: searchable, unlike "ipv4addrs").
+        # infobloxopen/infoblox-client 0.6.2: objects.py HostRecordV4 / HostRecordV6 list
+        # "ipv4addr" / "ipv6addr" and "mac" in _all_searchable_fields and
+        # _search_for_update_fields; object_manager.py get_host_record, find_hostname,
+        # delete_host_record and update_host_record_eas search with them
+        # (objects.HostRecord.search(ip=...) sends ipv4addr= or ipv6addr= by family).
+        # infobloxopen/infoblox-go-client GetHostRecord: record:host?name=&ipv4addr=&ipv6addr=.
+        "ipv4addr": "the address of one of the record's ipv4addrs",
+        "ipv6addr": "the address of one of the record's ipv6addrs",
+        # infoblox-client 0.6.2 object_manager.py find_host_records_by_mac:
+        # objects.HostRecord.search_all(mac=...) (changelog 0.4.12 "Add search HostRecords by
+        # MAC").
+        "mac": "the MAC address of one of the record's ipv4addrs",
+    },
+    "network": {
+        # Infoblox WAPI reference, wapidoc/objects/network.html#contains-address: search-only,
+        # the network that holds an address. infobloxopen/infoblox-client issue #372 and pull
+        # request #373 (searched on a real grid, WAPI 2.10.3; connector.get_object sends it as
+        # is in 0.6.2). IPv6 networks have no such field (same thread), so ipv6network refuses it.
+        "contains_address": "an IPv4 address inside the network",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,8 @@ class ObjectType:
 def _from_schema(otype: ObjectType) -> ObjectType:
     """Return ``otype`` with the searchable, known and body fields of the WAPI 2.12 schema.
 
+    Searchable: the schema's search fields plus the type's `SEARCH_ONLY` fields.
+
     Types the schema does not describe are returned unchanged.
     """
     data = WAPI_SCHEMA["objects"].get(otype.name)
@@ -66,7 +102,7 @@ def _from_schema(otype: ObjectType) -> ObjectType:
     return replace(
         otype,
         fields=frozenset(data["fields"]) | frozenset(otype.basic),
-        searchable=frozenset(data["search"]),
+        searchable=frozenset(data["search"]) | frozenset(SEARCH_ONLY.get(otype.name, ())),
         writable=frozenset(data["create"]),
         updatable=frozenset(data["update"]),
     )

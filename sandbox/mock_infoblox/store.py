@@ -239,6 +239,14 @@ def _text_values(value: Any) -> list[str]:
     return [str(value)]
 
 
+def _holds(network: object, address: str) -> bool:
+    """Return whether the CIDR ``network`` holds ``address`` (False for malformed values)."""
+    try:
+        return ipaddress.ip_address(address) in ipaddress.ip_network(str(network), strict=False)
+    except ValueError:
+        return False
+
+
 def _normalise(field_name: str, value: str) -> str:
     try:
         if field_name == "network":
@@ -796,6 +804,9 @@ class InfobloxStore:
         if flt.field.startswith("*"):
             ea = (item.get("extattrs") or {}).get(flt.field[1:])
             have = _text_values(ea.get("value") if isinstance(ea, Mapping) else None)
+        elif flt.field == "contains_address":
+            # Search-only (schema.SEARCH_ONLY): the network that holds the address.
+            return any(_holds(item.get("network"), want) for want in flt.values)
         elif otype.name == "record:host" and flt.field in ("ipv4addr", "ipv6addr", "mac"):
             addrs = (item.get("ipv4addrs") or []) + (item.get("ipv6addrs") or [])
             have = [str(a[flt.field]) for a in addrs if a.get(flt.field) is not None]

@@ -289,12 +289,14 @@ def test_demo_command_does_not_hide_other_import_errors(monkeypatch: pytest.Monk
 
 def test_the_demo_extra_is_what_make_demo_installs() -> None:
     # The sandbox is not on PyPI: `make install` installs it from the checkout in the same
-    # resolver run as the operator with its demo extra.
+    # resolver run as the operator with its demo extra, the operator first (pip 23.2.1, which
+    # Python 3.11 ships, fails the other order: "No matching distribution found for
+    # ipam-bridge==0.1.0 (from ipam-bridge-sandbox)").
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     install = next(line for line in makefile.splitlines() if "pip install" in line and "-e" in line)
     editables = install.split("-e")[1:]
-    assert editables[0].strip() == "./sandbox", install
-    assert "demo" in editables[1]
+    assert "demo" in editables[0], install
+    assert editables[1].strip() == "./sandbox", install
     assert "\ndemo: $(STAMP)" in makefile
     extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"][
         "optional-dependencies"
@@ -322,3 +324,11 @@ def test_the_image_installs_bridge_and_backends_only() -> None:
     check = next(line for line in dockerfile.splitlines() if "find_spec" in line)
     assert all(package in check for package in SANDBOX_PACKAGES)
     assert "shutil.which('mock-phpipam') is not None" in check
+
+
+@pytest.mark.parametrize("doc", ["README.md", "sandbox/README.md"])
+def test_the_documented_checkout_install_puts_the_operator_first(doc: str) -> None:
+    # What a newcomer copies: the form that the pip Python 3.11 ships (23.2.1) resolves.
+    text = " ".join((REPO / doc).read_text(encoding="utf-8").split())
+    assert "-e ./sandbox -e" not in text, doc
+    assert "pip install -e '.[demo]' -e ./sandbox" in text, doc

@@ -13,15 +13,35 @@ from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
 from mock_infoblox import InfobloxStore, MockInfobloxServer
-from mock_infoblox.schema import OBJECT_TYPES, WAPI_SCHEMA
+from mock_infoblox.schema import OBJECT_TYPES, SEARCH_ONLY, WAPI_SCHEMA
 
 
-def test_search_fields_are_the_schemas() -> None:
+def test_search_fields_are_the_schemas_and_the_search_only_ones() -> None:
     for name, data in WAPI_SCHEMA["objects"].items():
         if name in OBJECT_TYPES:
-            assert OBJECT_TYPES[name].searchable == frozenset(data["search"]), name
+            only = frozenset(SEARCH_ONLY.get(name, ()))
+            assert OBJECT_TYPES[name].searchable == frozenset(data["search"]) | only, name
+    assert set(SEARCH_ONLY["record:host"]) == {"ipv4addr", "ipv6addr", "mac"}
+    assert set(SEARCH_ONLY["network"]) == {"contains_address"}
     assert "name" not in OBJECT_TYPES["fixedaddress"].searchable
     assert "network" not in OBJECT_TYPES["record:host"].searchable
+
+
+def test_search_only_fields_are_searched_as_a_grid_does(wapi: Wapi) -> None:
+    created = wapi.post("record:host", host_body("s1.ns1"), _return_fields="ipv4addrs")
+    assert created.status_code == 201, created.text
+    address = created.json()["ipv4addrs"][0]["ipv4addr"]
+    by_address = wapi.get("record:host", ipv4addr=address, network_view="default")
+    assert [h["name"] for h in by_address.json()] == ["s1.ns1"]
+    assert wapi.get("record:host", ipv4addr="10.20.0.254").json() == []
+    assert wapi.get("record:host", ipv6addr="2001:db8::99").json() == []
+    network = wapi.get("network", contains_address=address, network_view="default")
+    assert [n["network"] for n in network.json()] == ["10.20.0.0/24"]
+    assert wapi.get("network", contains_address="192.0.2.1").json() == []
+    # Not a field of ipv6network (infoblox-client #372): refused as an unknown argument.
+    refused = wapi.get("ipv6network", contains_address="2001:db8::1")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "Client.Ibap.Proto"
 
 
 def test_a_search_on_a_field_that_is_not_searchable_is_refused_as_a_grid_does(

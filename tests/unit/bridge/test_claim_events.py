@@ -6,6 +6,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from fakes import FakeQueue
+
 from bridge.capi import CLAIM_FINALIZER, GROUP
 from bridge.handlers.claims import ClaimEvents
 from bridge.objects.cache import PARTS, Cache, informers
@@ -17,7 +19,6 @@ from bridge.runtime.expectations import GONE, Expectations
 from bridge.runtime.gateway import Collection
 from bridge.runtime.informer import Event, Listed
 from bridge.settings import Settings
-from tests.unit.bridge.fakes import FakeQueue
 
 KEY = claim_key("ns", "c1")
 

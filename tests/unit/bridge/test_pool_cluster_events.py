@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from fakes import FakeQueue
+
 from bridge.capi import GROUP
 from bridge.handlers.claims import ClusterEvents
 from bridge.handlers.pools import PoolEvents
@@ -20,7 +22,6 @@ from bridge.reconcilers.control_plane import POOL_ANNOTATION
 from bridge.runtime.informer import Event, Listed
 from bridge.runtime.store import Relisted
 from bridge.settings import Settings
-from tests.unit.bridge.fakes import FakeQueue
 
 KIND = "PHPIPAMIPPool"
 

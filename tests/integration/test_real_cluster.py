@@ -223,7 +223,8 @@ def test_operator_runs_with_deploy_rbac_and_uses_every_verb_it_grants(
     assert used <= granted, f"used but not granted: {sorted(used - granted)}"
     # Nothing more than what the operator does: every granted verb was used, but for the
     # InfraCluster kinds of other providers (the same get/patch rule as vsphereclusters',
-    # for their users; no CRD of theirs is served here).
+    # for their users; no CRD of theirs is served here) and the patch of a repeated Event
+    # (test_observability's outage test tells one twice under these rules).
     others = {"metal3clusters", "nutanixclusters", "openstackclusters", "proxmoxclusters"}
-    unused = {g for g in granted - used if g[1] not in others}
+    unused = {g for g in granted - used if g[1] not in others} - {("", "events", "patch")}
     assert not unused, f"granted but never used: {sorted(unused)}"

@@ -70,8 +70,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("infrastructure.cluster.x-k8s.io", "proxmoxclusters"): {"get", "patch"},
     ("infrastructure.cluster.x-k8s.io", "nutanixclusters"): {"get", "patch"},
     ("", "secrets"): {"get", "patch"},
-    ("", "events"): {"create"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "events"): {"create", "patch"},
 }
 # The owners an IPAddress points to with blockOwnerDeletion (claim and every pool kind).
 OWNER_RESOURCES = (
@@ -354,7 +353,7 @@ def test_rbac_keeps_secrets_and_events_minimal(install: list[dict[str, Any]]) ->
     # (which would expose every Secret of the cluster), no create, update or delete.
     assert granted[("", "secrets")] == {"get", "patch"}
     # kopf 1.45 and bridge/runtime/gateway.py post core/v1 Events only.
-    assert granted[("", "events")] == {"create"}
+    assert granted[("", "events")] == {"create", "patch"}
     assert not [key for key in granted if key[0] == "events.k8s.io"]
 
 

@@ -209,7 +209,7 @@ class EndpointFlow:
             self._credit = 0
             self._epoch += 1
         log.info("endpoint %s: %d calls may be in flight (was %d)", self.key, after, before)
-        self._control.tell_limit(self.key, after)
+        self._control._hook(self._control.on_limit, self.key, after)
 
     def answered(self) -> None:
         """Record any other answer: ``limit`` of them raise the limit by one (to the max)."""
@@ -223,7 +223,7 @@ class EndpointFlow:
             self._credit = 0
             self._place_free.notify()
             limit = self._limit
-        self._control.tell_limit(self.key, limit)
+        self._control._hook(self._control.on_limit, self.key, limit)
         self._control.freed(self.key)
 
     # ------------------------------------------------------------------ breaker
@@ -321,18 +321,13 @@ class EndpointFlow:
     def check_login(self, credential: str, limit: int | None = None) -> bool:
         """Raise when a login with ``credential`` must be held back; else admit it.
 
+        The rules are `FlowControl`'s (3. Logins); ``limit`` lowers the budget for this login
+        (an IPAM that locks accounts sooner). A login that finds the budget held while a login
+        of the same credential is in flight waits for its outcome (at most
+        `LOGIN_WAIT_SECONDS`): pools that share credentials log in together at start-up.
+
         Returns True when the admitted login took a place in the budget (its credentials are
         unproven): the caller must end it with `login_refused` or `login_ended`.
-
-        Credentials that logged in successfully (and were not refused since) are never held
-        back, except while the IPAM reports this address blocked. Others are held back for
-        `FlowControl.login_retry_seconds` after they were refused, and while the endpoint
-        refused `FlowControl.login_limit` logins within the window (whatever the
-        credentials), so that the refusals of one endpoint stay within that budget.
-        ``limit`` lowers that budget for this login (an IPAM that locks accounts sooner).
-        A login that finds the budget held while a login of the same credential is in
-        flight waits for that login's outcome (at most `LOGIN_WAIT_SECONDS`): pools that
-        share credentials log in together at start-up, and the first success proves them.
 
         Raises
         ------
@@ -415,16 +410,15 @@ class EndpointFlow:
         with self._lock:
             self._last_ok[credential] = self._control.clock()
 
-    def login_ended(self, credential: str | None = None) -> None:
-        """Give back the budget place of an admitted login that was not refused.
+    def login_ended(self, credential: str) -> None:
+        """Give back the budget place of an admitted login of ``credential`` not refused.
 
-        ``credential``: the login's (`check_login` waits for the end of a login of the
-        same credential in flight; record `login_succeeded` first when it succeeded).
+        Record `login_succeeded` first when it succeeded: logins of the same credential
+        waiting in `check_login` then go through.
         """
         with self._lock:
             self._pending = max(self._pending - 1, 0)
-            if credential is not None:
-                self._ended(credential)
+            self._ended(credential)
 
     def _ended(self, credential: str) -> None:
         """Count a login of ``credential`` as no longer in flight (the caller holds the lock)."""
@@ -482,16 +476,10 @@ class FlowControl:
     4. **Writes.** Every request that is not a read (GET, HEAD, OPTIONS) passes ``fence``
        first, in the calling thread; it raises to keep the request from being sent.
 
-    Why no library does a part: pybreaker (https://github.com/danielfm/pybreaker) holds its
-    lock for the whole guarded call (concurrent requests to one endpoint would run one at a
-    time), counts failures from exceptions (here a 502 answer is a failure and a TLS error
-    is not), has no single probe while half-open, and reads the wall clock
-    (``datetime.now``), which tests cannot replace; aiobreaker and purgatory are for
-    asyncio, and the backends run in threads. limits (https://limits.readthedocs.io/) would
-    count the refusals of the login budget only (a deque here), with its own clock, and none
-    of the per-credential rules; aiolimiter is an asyncio leaky bucket (a rate, where this
-    limits concurrency). No maintained Python library implements an adaptive concurrency
-    limit for threads.
+    No library does a part: pybreaker holds its lock for the whole guarded call, counts
+    failures from exceptions (a 502 answer is a failure here, a TLS error is not), has no
+    single half-open probe and reads the wall clock; aiobreaker, purgatory and aiolimiter are
+    for asyncio; limits and aiolimiter limit rates, not concurrency, and none adapts a limit.
 
     Parameters
     ----------
@@ -576,7 +564,7 @@ class FlowControl:
             if found is not None:
                 return found
             found = self._endpoints[key] = EndpointFlow(key, self)
-        self.tell_limit(key, found.limit)  # first use: the gauge starts at the max
+        self._hook(self.on_limit, key, found.limit)  # first use: the gauge starts at the max
         return found
 
     def states(self) -> dict[str, EndpointState]:
@@ -594,10 +582,6 @@ class FlowControl:
         with self._lock:
             flows = list(self._endpoints.values())
         return {"endpoints": len(flows), "in_flight": sum(f.in_flight for f in flows)}
-
-    def limit(self, endpoint: str) -> int:
-        """Return the works ``endpoint`` may have in flight now."""
-        return self.endpoint(endpoint).limit
 
     def room(self, endpoint: str) -> int:
         """Return the places of ``endpoint`` free now (negative after a decrease)."""
@@ -633,10 +617,6 @@ class FlowControl:
     def freed(self, endpoint: str) -> None:
         """Tell ``on_free`` that a place of ``endpoint`` may have freed."""
         self._hook(self.on_free, endpoint)
-
-    def tell_limit(self, endpoint: str, limit: int) -> None:
-        """Tell ``on_limit`` an endpoint's limit."""
-        self._hook(self.on_limit, endpoint, limit)
 
     @staticmethod
     def _hook(hook: Callable[..., object] | None, *args: object) -> None:

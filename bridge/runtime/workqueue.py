@@ -1,34 +1,17 @@
 """A keyed work queue: what turns watch events into level-triggered reconciles.
 
-The watches (informers, kopf's handlers) only *add keys* here. Workers take a
-key, read the object as it is now and decide what it needs (`bridge.reconcilers.claims`,
-`bridge.reconcilers.pools`). This is the part of controller-runtime's workqueue
-(https://pkg.go.dev/k8s.io/client-go/util/workqueue) that kopf lacks:
+The watches only *add keys* here; workers take a key, read the object as it is now and decide
+what it needs (`bridge.reconcilers`). As controller-runtime's workqueue
+(https://pkg.go.dev/k8s.io/client-go/util/workqueue): one worker per key at a time (a key
+added while it runs runs once more afterwards), deduplication at the earliest due time,
+in-memory delays, and per-key exponential backoff of failed passes (5 ms doubling to 1000 s,
+as ``DefaultTypedItemBasedRateLimiter``). Beyond it: a background lane for settled objects
+seen again (run only when no other key is due, one at a time, so that these checks leave
+the CPU to new work), and parking under wake tokens (`Result.wait`, `WorkQueue.wake`).
+Memory is kept per key only while it is queued, parked, processed or failing.
 
-- **one worker per key at a time**: a key added while it is being processed runs once more
-  afterwards, never twice in parallel (an add with a condition, for what may be the echo
-  of the pass's own write, is decided once the pass has ended);
-- **deduplication**: a key waiting in the queue is queued once, at its earliest due time;
-- **two lanes**: a key added as ``background`` (a settled object seen again by a start-up
-  listing or a resync) runs only when no other key is due, so new work never waits behind
-  thousands of checks that will find nothing to do; added again normally, it moves to the
-  front lane. At most ``background_workers`` background keys run at once, so that the
-  checks leave the CPU (and the GIL) to the watch events and the front lane;
-- **delays without API writes**: a retry is an in-memory timer (kopf's retries write progress
-  annotations and a "touch" patch on every attempt);
-- **parking**: a key that waits for something (its Cluster unpaused, its pool Ready) is parked
-  under a *wake token*; `wake` puts every key parked under it back into the queue. A parked key
-  may also carry a deadline after which it runs anyway;
-- **per-key exponential backoff** for unexpected errors, as controller-runtime's default
-  rate limiter (``workqueue.DefaultTypedItemBasedRateLimiter``: 5 ms doubling to 1000 s),
-  reset by a pass that raises nothing; one log line per failed pass, the traceback only at
-  the first failure of a run (then at DEBUG);
-- **bounded memory**: what is kept per key or token lives only while the key is queued,
-  parked, processed or failing.
-
-Everything runs on the operator's event loop; the reconcile function runs in a thread pool of
-``workers`` threads (the Kubernetes and IPAM clients are synchronous). `add` and `wake` may be
-called from any thread.
+The queue runs on the operator's event loop, the reconciles in a pool of ``workers`` threads;
+`add` and `wake` may be called from any thread.
 """
 
 from __future__ import annotations
@@ -102,10 +85,6 @@ class WorkQueue:
         again; each further failure in a row doubles it.
     max_error_delay:
         The cap of that doubling, in seconds.
-    background_workers:
-        How many keys of the background lane run at once at most (default 1: a thread
-        that checks settled objects one after the other takes the GIL from the event loop
-        half of the time, two would take it two thirds of the time).
     """
 
     def __init__(
@@ -115,11 +94,11 @@ class WorkQueue:
         workers: int,
         error_delay: float = 0.005,
         max_error_delay: float = 1000.0,
-        background_workers: int = 1,
     ) -> None:
         self._reconcile = reconcile
         self._workers = workers
-        self._background_workers = max(1, background_workers)
+        # The background key running, if any: one at a time, as a thread that checks settled
+        # objects one after the other already takes the GIL from the event loop half the time.
         self._background_running: set[Key] = set()
         self._error_delay = error_delay
         self._max_error_delay = max(max_error_delay, error_delay)
@@ -394,7 +373,7 @@ class WorkQueue:
             now = self._now()
             waits: list[float] = []
             for lane, background in ((self._heap, False), (self._background, True)):
-                if background and len(self._background_running) >= self._background_workers:
+                if background and self._background_running:
                     continue  # woken again when one of them ends (`_process` notifies)
                 due = self._head(lane, background)
                 if due is None:

@@ -70,7 +70,7 @@ def test_an_open_breaker_admits_no_claim_and_takes_no_place() -> None:
     with pytest.raises(EndpointUnavailableError, match="next try at 2026-09-21T"):
         flow.try_admit(EP)  # the breaker is open: refused, nothing taken
     assert flow.endpoint(EP).in_flight == 0
-    assert flow.limit(EP) == 1
+    assert flow.endpoint(EP).limit == 1
     # After the cool-down claims are admitted again: one of them carries the probe.
     clock.now += 10
     assert flow.try_admit(EP)
@@ -131,7 +131,7 @@ def test_one_limit_for_claims_and_operations_fed_only_by_the_ipams_answers() -> 
     flow = FlowControl(
         max_concurrent=2, slot_wait_seconds=0, on_limit=lambda e, n: limits.append((e, n))
     )
-    assert flow.limit(EP) == 2 and limits == [(EP, 2)]  # the gauge starts at the max
+    assert flow.endpoint(EP).limit == 2 and limits == [(EP, 2)]  # the gauge starts at the max
     endpoint = flow.endpoint(EP)
     assert flow.try_admit(EP)  # a claim's place
     with endpoint.operation():  # its operations run in it: no second place
@@ -153,12 +153,12 @@ def test_one_limit_for_claims_and_operations_fed_only_by_the_ipams_answers() -> 
     worker.start()
     worker.join()
     assert len(refused) == 1 and "busy" in str(refused[0])
-    assert flow.limit(EP) == 2  # refusals of the flow control never change the limit
+    assert flow.endpoint(EP).limit == 2  # refusals of the flow control never change the limit
     endpoint.congested()  # a timeout, 429 or 5xx of the IPAM: halved
     endpoint.congested()  # of work placed before that decrease: not again
-    assert flow.limit(EP) == 1 and flow.room(EP) == -1
+    assert flow.endpoint(EP).limit == 1 and flow.room(EP) == -1
     endpoint.answered()  # one answer per place raises it by one
-    assert flow.limit(EP) == 2 and limits[-2:] == [(EP, 1), (EP, 2)]
+    assert flow.endpoint(EP).limit == 2 and limits[-2:] == [(EP, 1), (EP, 2)]
     assert flow.sizes() == {"endpoints": 1, "in_flight": 2}
 
 
@@ -208,5 +208,5 @@ def test_the_transport_feeds_the_limit_the_ipams_failures_only(
     )
     with contextlib.suppress(BackendUnavailableError):
         transport.call("x", lambda: transport.request("GET", f"{URL}/x", what="GET x"))
-    assert flow.limit(EP) == (2 if lowered else 4)
+    assert flow.endpoint(EP).limit == (2 if lowered else 4)
     assert flow.endpoint(EP).in_flight == 0  # the operation's place is given back

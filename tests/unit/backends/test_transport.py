@@ -362,9 +362,9 @@ def test_logins_in_flight_count_against_the_budget() -> None:
     with pytest.raises(AuthenticationFailedError, match=r"logins held back"):
         endpoint.check_login("d")
     endpoint.login_refused("a", "Invalid username or password", admitted=True)
-    endpoint.login_ended()  # b's login failed otherwise (no answer): its place is given back
+    endpoint.login_ended("b")  # b's login failed otherwise (no answer): its place is given back
     endpoint.login_succeeded("c")
-    endpoint.login_ended()
+    endpoint.login_ended("c")
     assert endpoint.check_login("d") is True  # one refusal + nothing in flight: room again
     endpoint.login_refused("d", "Invalid username or password", admitted=True)
     assert endpoint.check_login("c") is False  # proven credentials are never held back

@@ -229,7 +229,7 @@ def test_a_claims_ipam_call_releases_its_place_and_wakes_the_next(
     world.kube.add_claim(claim("c3"))
     world.ipam.error = be.BackendUnavailableError("no answer")
     reconcile_claim(ctx.claims, "ns", "c3")
-    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.limit(endpoint) == 1
+    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.endpoint(endpoint).limit == 1
 
 
 def test_the_flow_controls_own_refusals_never_lower_the_limit(
@@ -244,7 +244,7 @@ def test_the_flow_controls_own_refusals_never_lower_the_limit(
     world.ipam.error = be.EndpointUnavailableError(f"endpoint {endpoint} busy: 4 calls")
     reconcile_claim(ctx.claims, "ns", "c1")
     reconcile_claim(ctx.claims, "ns", "c2")
-    assert ctx.flow.limit(endpoint) == 4
+    assert ctx.flow.endpoint(endpoint).limit == 4
 
 
 def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
@@ -263,4 +263,4 @@ def test_a_claim_whose_endpoint_is_short_circuited_is_not_admitted(
     ]
     assert ready["reason"] == "AllocationFailed"
     assert f"endpoint {endpoint} unreachable, next try at" in ready["message"]
-    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.limit(endpoint) == 1
+    assert ctx.flow.endpoint(endpoint).in_flight == 0 and ctx.flow.endpoint(endpoint).limit == 1

@@ -434,10 +434,10 @@ async def test_background_keys_run_after_every_due_key_of_the_front_lane() -> No
     assert queue.sizes()["heap"] == 0
 
 
-async def test_background_keys_run_on_few_workers_while_front_keys_use_the_rest() -> None:
+async def test_background_keys_run_one_at_a_time_while_front_keys_use_the_rest() -> None:
     rec = Recorder()
     rec.hold = 0.2
-    queue = WorkQueue(rec, workers=4, background_workers=1)
+    queue = WorkQueue(rec, workers=4)
     peak = {"background": 0, "all": 0}
 
     def running(keys: object = None) -> int:

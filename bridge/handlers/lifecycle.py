@@ -6,7 +6,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -38,7 +38,7 @@ from bridge.runtime.leader import (
     lease_fence,
     lease_namespace,
 )
-from bridge.runtime.workqueue import Result, WorkQueue
+from bridge.runtime.workqueue import WorkQueue
 from bridge.settings import Settings
 
 __all__ = [
@@ -112,21 +112,14 @@ def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Read settings, connect, detect the served CAPI versions, start the work queue.
 
-    The served versions: IPAddressClaim/IPAddress (required) and Cluster (v1beta2 on CAPI
-    >= 1.11, else v1beta1; without Clusters, control-plane endpoints are off). The
-    informers of every resource the reconcilers read start here (`start_informers`).
-
-    Also serves ``/metrics`` (prometheus-client) on ``IPAM_BRIDGE_METRICS_PORT`` unless it
-    is 0; the `bridge.operator.Operator` (with its own metrics registry and the work queue)
-    goes to ``memo.bridge``. The work queue and the periodic resync (`start_work`) run as
-    tasks on kopf's loop until the clean-up.
-
-    With ``IPAM_BRIDGE_LEADER_ELECTION`` they start only when this replica wins the leader
-    Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``); until then the
-    informers' sinks only queue keys in memory. Losing the Lease cancels them and stops the
-    operator through ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`, given by
-    ``ipam-bridge run``): the process exits 1. Every Kubernetes write and IPAM write checks
-    the replica's `bridge.runtime.fence.Fence` first, in its own thread.
+    Starts the informers (`start_informers`), serves ``/metrics`` on
+    ``IPAM_BRIDGE_METRICS_PORT`` unless it is 0 and puts the `bridge.operator.Operator` in
+    ``memo.bridge``. The work queue and the periodic tasks (`start_work`) run on kopf's loop
+    until the clean-up; with ``IPAM_BRIDGE_LEADER_ELECTION``, only once this replica wins the
+    leader Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``): until then the
+    informers' sinks only queue keys in memory, and losing it stops the operator through
+    ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`): the process exits 1.
+    Every Kubernetes and IPAM write checks the replica's `bridge.runtime.fence.Fence` first.
 
     Raises
     ------
@@ -141,10 +134,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     lock = await asyncio.to_thread(election_lock, bridge) if bridge.leader_election else None
     fence = Fence.open() if lock is None else lease_fence(lock)
     cache = Cache()
-    # One kept connection per thread that calls the API at once: the workers, the informers
-    # (each holds its watch's: claims, IPAddresses, 4 pool kinds and Clusters per watched
-    # namespace), the Event posters. With fewer, urllib3 discards connections and opens new
-    # ones (a TLS handshake each).
+    # One kept connection per thread calling the API at once (the workers, 7 watches per
+    # watched namespace, the Event posters): with fewer, urllib3 opens new ones (TLS each).
     connections = bridge.workers + 7 * max(1, len(bridge.namespaces)) + POSTING_THREADS
     kube = ObjectClient(
         await asyncio.to_thread(
@@ -157,11 +148,30 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         expectations=cache.expectations,
     )
     versions = await _served_versions(kube, bridge)
-    op, queue = _build(bridge, kube, versions, cache, fence)
+    queue = WorkQueue(
+        lambda key: op.reconcile(key),  # op is made next, before the queue runs
+        workers=bridge.workers,
+        error_delay=bridge.error_backoff_seconds,
+        max_error_delay=bridge.error_backoff_max_seconds,
+    )
+    op = Operator(
+        settings=bridge,
+        kube=kube,
+        versions=versions,
+        queue=queue,
+        background_events=True,
+        cache=cache,
+        flow=bridge.flow_control(fence=fence.check),
+        fence=fence,
+    )
     memo.informers = await start_informers(op)
-    _serve_metrics(op)
+    if bridge.metrics_port:
+        try:
+            port = op.metrics.serve(bridge.metrics_port, bridge.metrics_address)
+        except PortUnavailableError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
+        log.info("serving metrics on :%d/metrics", port)
     memo.bridge = op
-    memo.work_queue = queue
     if lock is None:
         op.metrics.leader.set(1)
         memo.tasks = start_work(op, queue)
@@ -184,11 +194,9 @@ async def start_informers(op: Operator) -> list[Informer]:
 
     The first lists of IPAddresses, pools and Clusters are tried before the claims'
     informers start (a claim's first reconcile reads them from the cache); a first list
-    that failed is tried again in the background (`bridge.runtime.informer.Informer`), its
-    part read from the API meanwhile. Events are applied to the cache in the informers'
-    threads, whose sinks queue what needs a reconcile (`bridge.handlers.claims`,
-    `bridge.handlers.pools`). Each one's idle seconds are exported
-    (`bridge.metrics.Metrics.watched`).
+    that failed is tried again in the background (`bridge.runtime.informer.Informer`).
+    Their sinks are `bridge.handlers.claims` and `bridge.handlers.pools`; their idle seconds
+    are exported (`bridge.metrics.Metrics.watched`).
     """
     made = informers(
         op.cache,
@@ -219,6 +227,9 @@ async def start_informers(op: Operator) -> list[Informer]:
 async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersions:
     """Detect the served IPAddress and Cluster versions; check that claims may be listed.
 
+    IPAddressClaim/IPAddress are required; Cluster is v1beta2 on CAPI >= 1.11, else v1beta1,
+    and None when not served (control-plane endpoints are then off).
+
     Raises
     ------
     kopf.PermanentError
@@ -247,53 +258,6 @@ async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersio
         cluster_version = None
         log.warning("CAPI Clusters are not served: control-plane endpoints off")
     return ServedVersions(version, cluster_version)
-
-
-def _build(
-    bridge: Settings, kube: ObjectClient, versions: ServedVersions, cache: Cache, fence: Fence
-) -> tuple[Operator, WorkQueue]:
-    """Return the operator and its work queue, each knowing the other."""
-    op: Operator | None = None
-
-    def reconcile(key: Hashable) -> Result:
-        assert op is not None  # built below, before the queue runs
-        return op.reconcile(key)
-
-    queue = WorkQueue(
-        reconcile,
-        workers=bridge.workers,
-        error_delay=bridge.error_backoff_seconds,
-        max_error_delay=bridge.error_backoff_max_seconds,
-    )
-    op = Operator(
-        settings=bridge,
-        kube=kube,
-        versions=versions,
-        queue=queue,
-        background_events=True,
-        cache=cache,
-        flow=bridge.flow_control(fence=fence.check),
-        fence=fence,
-    )
-    return op, queue
-
-
-def _serve_metrics(op: Operator) -> None:
-    """Serve ``/metrics`` on ``IPAM_BRIDGE_METRICS_PORT`` unless it is 0.
-
-    Raises
-    ------
-    kopf.PermanentError
-        When the port cannot be bound.
-    """
-    bridge = op.settings
-    if not bridge.metrics_port:
-        return
-    try:
-        port = op.metrics.serve(bridge.metrics_port, bridge.metrics_address)
-    except PortUnavailableError as exc:
-        raise kopf.PermanentError(str(exc)) from exc
-    log.info("serving metrics on :%d/metrics", port)
 
 
 def election_lock(bridge: Settings) -> ElectionLock:

@@ -1,12 +1,9 @@
 """The sinks of the informers of claims, IPAddresses and Clusters: they only queue keys.
 
-Every resource the reconcilers read is watched by an informer of the runtime
-(`bridge.runtime.informer`, built by `bridge.objects.cache.informers`): it applies each
-event to the operator's cache in its own thread and tells its sink here, which queues a
-reconcile only for what needs one; `claims.reconcile_claim` decides from the claim's current
-state. The echo of our own write (`bridge.runtime.expectations.Expectations.observed`)
-queues nothing: it wakes the pass that waits for it. Claims of other providers
-(`bridge.capi.PoolRef.is_ours`) are left at the door: never cached, queued or written to.
+An informer (`bridge.runtime.informer`) applies each event to the operator's cache in its
+own thread, then tells its sink here, which queues a reconcile only for what needs one. The
+echo of our own write (`bridge.runtime.expectations.Expectations.observed`) queues nothing:
+it wakes the pass that waits for it.
 """
 
 from __future__ import annotations
@@ -70,13 +67,11 @@ def _relisted(op: Operator, plural: str, relisted: Relisted) -> None:
 class ClaimEvents:
     """The claims informer's sink (`bridge.runtime.informer.Sink`): what queues a reconcile.
 
-    Called in the informer's thread (the work queue is thread-safe). Any sight of a claim
-    by a list queues it; a watch event queues it when it told the store something new and
-    is not the echo of our own write, or when it is the deletion of a claim parked in the
-    work queue (its pass ends the wait). A bound claim seen by the first list waits in the
-    work queue's background lane, behind new work. An echo that comes before its write's
-    answer is asked about once the pass that wrote it has ended
-    (`bridge.runtime.workqueue.WorkQueue.add`'s ``unless``).
+    Called in the informer's thread. Any sight of a claim by a list queues it (a bound one
+    seen by the first list in the background lane); a watch event queues it when it told the
+    store something new and is not the echo of our own write (asked once the pass that wrote
+    it has ended: `bridge.runtime.workqueue.WorkQueue.add`'s ``unless``), or when it is the
+    deletion of a parked claim (its pass ends the wait).
 
     A Cluster's control-plane endpoint claim (`control_plane.ENDPOINT_LABEL`) also queues
     its Cluster at each event: bound, it gives the Cluster its endpoint; waiting, the

@@ -1,21 +1,14 @@
 """Expectations: a reconcile never acts on a store older than its own last write.
 
-kube-controller-manager's ``ControllerExpectations`` idea
+kube-controller-manager's ``ControllerExpectations``
 (https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/controller_utils.go),
-keyed by resourceVersion: after our write of key K was answered with version V
-(`Expectations.wrote`), the store (`bridge.runtime.store`) holds an older version of K until
-the watch delivers V. Until then `Expectations.pending` answers the seconds left to wait:
-the reconcile of K parks under `Expectations.token` instead of acting on the older version,
-and the watch event of V (`Expectations.observed`: ours) wakes it and queues nothing else.
-A deletion of ours (version `GONE`) is met by the DELETED event. An expectation that is not
-met within its timeout lapses (the watch is down, or the event came before the answer and a
-later one since): the reconcile then acts on the store, whose writes stay guarded by
-resourceVersion preconditions.
-
-resourceVersions are only compared for equality
-(https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions). Memory
-stays bounded: every record lapses after ``timeout`` seconds. Thread-safe: workers write,
-informers' threads observe.
+keyed by resourceVersion (compared for equality only): after our write of key K was answered
+with version V (`Expectations.wrote`), the reconcile of K parks under `Expectations.token`
+while `Expectations.pending`, and the watch event of V (`Expectations.observed`, which tells
+it is ours) wakes it. A deletion of ours (version `GONE`) is met by the DELETED event. A
+record lapses after ``timeout`` seconds (the watch is down, or the event came before the
+answer and a later one since): the reconcile then acts on the store, its writes still guarded
+by resourceVersion preconditions. Thread-safe: workers write, informers' threads observe.
 """
 
 from __future__ import annotations

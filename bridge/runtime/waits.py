@@ -14,7 +14,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import Protocol
 
 from bridge.runtime.workqueue import Result
 
@@ -56,7 +56,7 @@ class Places:
         self._room = room
         self._lock = threading.Lock()
         self._waiting: dict[Token, dict[Key, None]] = {}  # refused, oldest first
-        self._woken: dict[Token, set[Key]] = {}  # promised a place, their pass not ended
+        self._woken: dict[Token, dict[Key, None]] = {}  # promised a place, pass not ended
         self._refused_now: set[Key] = set()  # refused in the pass running now
 
     def wait(self, token: Token, key: Key) -> Result:
@@ -74,12 +74,12 @@ class Places:
             waiting = self._waiting.get(token)
             if not waiting:
                 return
-            woken = self._woken.setdefault(token, set())
+            woken = self._woken.setdefault(token, {})
             want = self._room(token) - len(woken)
             keys = list(itertools.islice(waiting, max(want, 0)))
             for key in keys:
                 self._drop(self._waiting, token, key)
-                woken.add(key)
+                woken[key] = None
                 self._queue.add(key)
             if not woken:
                 del self._woken[token]
@@ -91,7 +91,7 @@ class Places:
         beyond those promised, so no key jumps ahead of one woken before it.
         """
         with self._lock:
-            woken = self._woken.get(token, set())
+            woken = self._woken.get(token, {})
             room = self._room(token)
             return room > 0 if key in woken else room - len(woken) > 0
 
@@ -116,14 +116,11 @@ class Places:
             self.freed(token)
 
     @staticmethod
-    def _drop(by_token: dict[Token, Any], token: Token, key: Key) -> None:
+    def _drop(by_token: dict[Token, dict[Key, None]], token: Token, key: Key) -> None:
         """Remove ``key`` from ``by_token[token]``, and the token when empty (lock held)."""
         keys = by_token.get(token)
         if keys is not None and key in keys:
-            if isinstance(keys, dict):
-                del keys[key]
-            else:
-                keys.discard(key)
+            del keys[key]
             if not keys:
                 del by_token[token]
 

@@ -187,11 +187,6 @@ class WorkQueue:
         """Return the delay in seconds after ``failures`` (>= 1) failed passes in a row."""
         return float(min(self._error_delay * 2 ** min(failures - 1, 64), self._max_error_delay))
 
-    def failing(self) -> int:
-        """Return how many keys are backing off after failed passes."""
-        with self._lock:
-            return len(self._failures)
-
     def sizes(self) -> dict[str, int]:
         """Return the sizes of the queue's in-memory structures (for the soak benchmark)."""
         with self._lock:
@@ -268,16 +263,8 @@ class WorkQueue:
 
     def _notify(self) -> None:
         loop, changed = self._loop, self._changed
-        if loop is None or changed is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            changed.set()
-        else:
-            loop.call_soon_threadsafe(changed.set)
+        if loop is not None and changed is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(changed.set)  # asyncio.Event is not thread-safe
 
     # -- running -----------------------------------------------------------------------------
 
@@ -397,8 +384,6 @@ class WorkQueue:
         decision: Result
         try:
             decision = await loop.run_in_executor(self._executor, self._reconcile, key)
-        except asyncio.CancelledError:
-            raise
         except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
             log.warning("%s not reconciled: %s", key, exc)
             decision = Result.requeue_after(1.0)

@@ -229,7 +229,7 @@ async def test_a_failing_reconcile_is_retried_after_the_error_delay() -> None:
         await until(lambda: rec.count("k") == 2)
     first, second = (t for _, t in rec.calls)
     assert second - first >= 0.1 * 0.9
-    assert queue.failing() == 0
+    assert queue.sizes()["failing"] == 0
 
 
 async def test_workers_bound_the_parallelism() -> None:
@@ -293,7 +293,7 @@ async def test_a_persistent_error_backs_off_per_key_and_logs_one_line_per_step(
     # 5 ms doubling: 6 passes take at least 0.005 + 0.01 + ... + 0.08 = 0.155 s
     assert times[-1] - times[0] >= 0.155 * 0.9
     assert rec.count("good") >= 2  # the other key keeps its own pace
-    assert queue.failing() == 1
+    assert queue.sizes()["failing"] == 1
     lines = [r for r in caplog.records if "bad" in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(lines) == rec.count("bad")  # one line per failed pass
     assert sum(1 for r in lines if r.exc_info) == 1  # the traceback once, at the first failure
@@ -337,7 +337,7 @@ async def test_a_success_resets_the_backoff() -> None:
     queue.add("k")
     async with Running(queue):
         await until(lambda: rec.count("k") == 4)
-        await until(lambda: queue.failing() == 0)
+        await until(lambda: queue.sizes()["failing"] == 0)
         await until(idle(queue, rec))
     assert rec.count("k") == 4
     assert queue.backoff(1) == 0.01 and queue.backoff(2) == 0.02 and queue.backoff(30) == 0.02

@@ -161,7 +161,7 @@ class EndpointFlow:
         with self._lock:
             self.in_flight -= 1
             self._place_free.notify()
-        self._control.freed(self.key)
+        self._control._hook(self._control.on_free, self.key)
 
     @contextmanager
     def operation(self) -> Iterator[None]:
@@ -224,7 +224,7 @@ class EndpointFlow:
             self._place_free.notify()
             limit = self._limit
         self._control._hook(self._control.on_limit, self.key, limit)
-        self._control.freed(self.key)
+        self._control._hook(self._control.on_free, self.key)
 
     # ------------------------------------------------------------------ breaker
 
@@ -613,10 +613,6 @@ class FlowControl:
     def record(self, record: RequestRecord) -> None:
         """Pass a request to the metrics hook (errors of the hook are logged, not raised)."""
         self._hook(self.on_request, record)
-
-    def freed(self, endpoint: str) -> None:
-        """Tell ``on_free`` that a place of ``endpoint`` may have freed."""
-        self._hook(self.on_free, endpoint)
 
     @staticmethod
     def _hook(hook: Callable[..., object] | None, *args: object) -> None:

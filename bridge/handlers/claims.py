@@ -22,14 +22,13 @@ from bridge.runtime.store import Relisted, version_of
 __all__ = ["AddressEvents", "ClaimEvents", "ClusterEvents"]
 
 
-def _endpoint_cluster(body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Return ``(namespace, Cluster)`` of a control-plane endpoint claim, else None."""
+def _queue_cluster(op: Operator, body: Mapping[str, Any]) -> None:
+    """Queue the Cluster of a control-plane endpoint claim (nothing for another claim)."""
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     cluster = labels.get(capi.CLUSTER_NAME_LABEL)
     if labels.get(endpoints.ENDPOINT_LABEL) == "true" and cluster:
-        return str(meta.get("namespace") or ""), str(cluster)
-    return None
+        op.queue.add(cluster_key(str(meta.get("namespace") or ""), str(cluster)))
 
 
 def _names(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -91,16 +90,14 @@ class ClaimEvents:
         op = self._op
         for _, body in listed.items:
             op.queue.add(_key_of(body), background=op.cache.settled(body))
-            if (cluster := _endpoint_cluster(body)) is not None:
-                op.queue.add(cluster_key(*cluster))
+            _queue_cluster(op, body)
 
     def relisted(self, relisted: Relisted) -> None:
         """Queue the claims a later list found gone or changed."""
         _relisted(self._op, "ipaddressclaims", relisted)
         for _, body in [*relisted.gone, *relisted.changed]:
             self._op.queue.add(_key_of(body))
-            if (cluster := _endpoint_cluster(body)) is not None:
-                self._op.queue.add(cluster_key(*cluster))
+            _queue_cluster(self._op, body)
 
     def event(self, event: Event) -> None:
         """Queue the claim of an event that changed the store, unless it is our echo."""
@@ -119,8 +116,7 @@ class ClaimEvents:
             )
         elif event.type == "DELETED" and op.queue.is_parked(key):
             op.queue.add(key)
-        if (cluster := _endpoint_cluster(event.body)) is not None:
-            op.queue.add(cluster_key(*cluster))
+        _queue_cluster(op, event.body)
 
 
 class AddressEvents:

@@ -41,6 +41,7 @@ from backends.transport import (
     basic_auth,
     credential_id,
     default_user_agent,
+    overloaded,
     status_error,
 )
 
@@ -110,6 +111,38 @@ _NOT_FOUND_MESSAGES: Final = frozenset(
 )
 
 _MESSAGE_MAX_CHARS: Final = 200
+
+#: Messages of phpIPAM's HTTP 500 answers that refuse one request (a lost first-free race,
+#: wrong credentials, a blocked client address, an address outside the subnet; see
+#: phpipam-api.md in the project's references): they say nothing of the server's load.
+_REFUSALS: Final = (
+    "duplicate entry",
+    "sid_ip_unique",
+    "invalid username or password",
+    "please provide username and password",
+    "has been blocked",
+    "is not a valid address for subnet",
+)
+
+
+def _overloaded(response: requests.Response) -> bool:
+    """Return True when a phpIPAM answer says the server is overloaded or failing.
+
+    As `backends.transport.overloaded` (HTTP 429, 5xx), except a JSON 500 whose message
+    refuses the request itself (`_REFUSALS`). A 500 without a JSON envelope (a PHP fatal
+    error) or about a lock (``Cannot obtain lock``, ``MySQL wait timeout exceeded``) stays
+    one.
+    """
+    if not overloaded(response):
+        return False
+    if response.status_code != 500:
+        return True
+    try:
+        envelope = response.json()
+    except ValueError:
+        return True
+    message = str(envelope.get("message") or "") if isinstance(envelope, dict) else ""
+    return not any(refusal in message.lower() for refusal in _REFUSALS)
 
 
 def _normalise_gateway(value: str, where: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -472,7 +505,12 @@ class PHPIPAMBackend:
         # phpIPAM sets a PHP session cookie on every answer; the API does not use it, and a
         # cookie-free session has no shared mutable state between threads.
         self._transport = Transport.of(
-            config, label="phpIPAM", endpoints=endpoints, session=session, keep_cookies=False
+            config,
+            label="phpIPAM",
+            endpoints=endpoints,
+            session=session,
+            keep_cookies=False,
+            overloaded=_overloaded,
         )
         self._auth_lock = threading.Lock()
         self._token: str | None = config.app_code

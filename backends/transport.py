@@ -63,6 +63,7 @@ __all__ = [
     "basic_auth",
     "credential_id",
     "default_user_agent",
+    "overloaded",
     "ssl_context_from_pem",
     "status_error",
 ]
@@ -78,6 +79,15 @@ _MIN_REQUEST_SECONDS: Final = 0.05
 _READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Answers of a proxy whose upstream (the IPAM) did not answer: count as unreachable.
 _GATEWAY_FAILURES: Final = frozenset({502, 504})
+
+
+def overloaded(response: requests.Response) -> bool:
+    """Return True when an answer says its server is overloaded or failing: HTTP 429 or 5xx.
+
+    The default of `Transport`'s ``overloaded``: such an answer halves the endpoint's
+    concurrency limit (`backends.flowcontrol.EndpointFlow.congested`).
+    """
+    return response.status_code == 429 or response.status_code >= 500
 
 
 def _cut(text: str) -> str:
@@ -265,6 +275,11 @@ class Transport:
         The API's name in messages (``phpIPAM``, ``WAPI``).
     session:
         A session to use instead of a new one (it is then not closed by `close`).
+    overloaded:
+        Tells whether an answer says the server is overloaded or failing (it then halves
+        the endpoint's concurrency limit; any other answer may raise it). Default: the
+        module's `overloaded` (429, 5xx); an IPAM that refuses requests with a 5xx gives
+        its own.
 
     Raises
     ------
@@ -280,8 +295,10 @@ class Transport:
         endpoints: FlowControl | None = None,
         label: str,
         session: requests.Session | None = None,
+        overloaded: Callable[[requests.Response], bool] = overloaded,
     ) -> None:
         self.config = config
+        self._overloaded = overloaded
         self.retry = retry
         self.label = label
         self.endpoints = endpoints if endpoints is not None else FlowControl()
@@ -313,6 +330,7 @@ class Transport:
         endpoints: FlowControl | None,
         session: requests.Session | None = None,
         keep_cookies: bool = True,
+        overloaded: Callable[[requests.Response], bool] = overloaded,
     ) -> Transport:
         """Return the transport of a client config (`backends.phpipam.PHPIPAMConfig`, ...)."""
         return cls(
@@ -328,6 +346,7 @@ class Transport:
             endpoints=endpoints,
             label=label,
             session=session,
+            overloaded=overloaded,
         )
 
     def call(self, operation: str, fn: Callable[[], T]) -> T:
@@ -590,7 +609,7 @@ class Transport:
             endpoint.unreachable()
         else:
             endpoint.reachable()
-        if status == 429 or status >= 500:
+        if self._overloaded(response):
             endpoint.congested()  # the IPAM is overloaded: fewer calls at once
         else:
             endpoint.answered()

@@ -178,7 +178,8 @@ class Metrics:
     endpoint_concurrency:
         ``ipam_bridge_backend_endpoint_concurrency{endpoint}``: how many works each IPAM
         endpoint may have in flight now (`backends.flowcontrol.FlowControl`: between 1 and
-        ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved on a timeout, connection error, 429 or 5xx).
+        ``IPAM_BRIDGE_ENDPOINT_MAX_CONCURRENT``; halved on a timeout, connection error, 429 or
+        5xx but phpIPAM's refusals).
     http_requests:
         ``ipam_bridge_backend_http_requests_total{endpoint, result}``: HTTP requests to each
         IPAM endpoint by result (the status code, or ``timeout``, ``connection_error``,

@@ -8,6 +8,7 @@ answer (phpIPAM <= 1.4's HTTP 200 + success false, stringified values).
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import json
 import logging
@@ -33,7 +34,7 @@ from backends.errors import (
     SubnetNotFoundError,
     TLSVerificationError,
 )
-from backends.flowcontrol import FlowControl
+from backends.flowcontrol import FlowControl, endpoint_key
 from backends.phpipam import (
     RESERVED_BROADCAST_HOSTNAME,
     RESERVED_GATEWAY_DESCRIPTION,
@@ -1844,3 +1845,50 @@ def test_invalid_gateway_override_is_rejected(fields: dict[str, Any]) -> None:
         PHPIPAMConfig(
             endpoint=ENDPOINT, app_id="capi", username=USERNAME, password=PASSWORD, **fields
         )
+
+
+# ---------------------------------------------------------------- the concurrency limit
+
+LOCK_TIMEOUT = (
+    '{"code":500,"success":false,"message":"Cannot obtain lock for API request","time":30.0}'
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "content_type", "lowered"),
+    [
+        (DUPLICATE_ENTRY, 500, JSON, False),  # a lost first-free race
+        (WRONG_PASSWORD, 500, JSON, False),  # wrong credentials
+        (
+            '{"code":500,"success":false,"message":"10.30.0.5 is not a valid address for '
+            'subnet 10.20.0.0\\/24","time":0.002}',
+            500,
+            JSON,
+            False,
+        ),
+        (LOCK_TIMEOUT, 500, JSON, True),  # the server's API lock: it is busy
+        ("", 500, "text/html; charset=UTF-8", True),  # a PHP fatal error
+        ('{"code":503,"success":false,"message":"x","time":0}', 503, JSON, True),
+        (HOSTNAME_NOT_FOUND, 404, JSON, False),
+    ],
+    ids=["duplicate-entry", "login-refused", "invalid-address", "lock", "fatal", "503", "404"],
+)
+def test_only_answers_of_a_busy_or_failing_phpipam_lower_its_concurrency_limit(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    body: str,
+    status: int,
+    content_type: str,
+    lowered: bool,
+) -> None:
+    flow = FlowControl(max_concurrent=4, failure_threshold=100)
+    _prime(rsps)
+    add(
+        rsps, "GET", "addresses/search_hostname/default.c/", body, status, content_type=content_type
+    )
+    backend = make(endpoints=flow, retry=RetryPolicy(attempts=1, sleep=lambda _: None))
+
+    with contextlib.suppress(BackendError):
+        backend.find("default.c")
+
+    assert flow.endpoint(endpoint_key(ENDPOINT)).limit == (2 if lowered else 4)

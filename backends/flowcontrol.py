@@ -459,8 +459,9 @@ class FlowControl:
        caller (`EndpointFlow.operation`, which waits at most ``slot_wait_seconds``). The
        limit adapts by AIMD, as TCP's congestion window does
        (https://www.rfc-editor.org/rfc/rfc5681), fed only by the endpoint's answers: it
-       starts at ``max_concurrent``; a timeout, connection error, HTTP 429 or 5xx halves it,
-       at most once per window (only work placed after the last decrease decreases it
+       starts at ``max_concurrent``; a timeout, connection error, HTTP 429 or 5xx halves it
+       (`backends.transport.Transport`'s ``overloaded``: not phpIPAM's 500 refusals of one
+       request), at most once per window (only work placed after the last decrease decreases it
        again); ``limit`` other answers raise it by one, never above ``max_concurrent`` nor
        below 1. Refusals of this object (breaker open, busy) never change it.
     3. **Logins.** A credential (user and password) that logged in and was not refused

@@ -39,7 +39,7 @@ from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 from bridge.metrics import Metrics
 from bridge.runtime.fence import Fence, LeadershipLostError
 from bridge.runtime.gateway import Kube, api_client
-from bridge.runtime.kubeconfig import in_cluster, load_configuration, service_account_file
+from bridge.runtime.kubeconfig import load_configuration, service_account_namespace
 from bridge.settings import Settings
 
 __all__ = [
@@ -92,14 +92,8 @@ def lease_namespace(settings: Settings) -> str:
     ``IPAM_BRIDGE_LEADER_ELECTION_NAMESPACE`` when set; else, in a pod (service account, no
     kubeconfig), the service account's namespace (the operator's); else ``default``.
     """
-    if "leader_election_namespace" not in settings.model_fields_set and in_cluster():
-        try:
-            with open(service_account_file("namespace"), encoding="utf-8") as file:
-                namespace = file.read().strip()
-        except OSError:
-            namespace = ""
-        if namespace:
-            return namespace
+    if "leader_election_namespace" not in settings.model_fields_set:
+        return service_account_namespace() or settings.leader_election_namespace
     return settings.leader_election_namespace
 
 

@@ -39,11 +39,10 @@ def _pools(op: Operator) -> list[IPPool]:
 
 
 def _queue_pools(op: Operator) -> int:
-    count = 0
-    for pool in _pools(op):
+    pools = _pools(op)
+    for pool in pools:
         op.queue.add(pool_key(*pool.key))
-        count += 1
-    return count
+    return len(pools)
 
 
 def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:

@@ -48,11 +48,9 @@ def _queue_pools(op: Operator) -> int:
 def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
     """Return the claims to resync: the informer cache's, or a list while it is not trusted.
 
-    As client-go's resync, which replays the informer's cache rather than listing again
-    (``resyncPeriod`` of https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer):
-    the watch keeps the cache current, and its informer relists it on a watch restart
-    (`bridge.runtime.informer`). While the claims part is not synced or is suspect,
-    the API is listed instead.
+    As client-go's resync, which replays the informer's cache (``resyncPeriod`` of
+    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer): the watch keeps it
+    current. While the claims part is not synced or is suspect, the API is listed instead.
     """
     claims = op.cache.claims
     if claims.synced and not claims.suspected:

@@ -162,14 +162,11 @@ def authorization_header(configuration: kubernetes.client.Configuration) -> str 
 def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     """Return kopf's connection: the same server, CA, certificate and token as the client's.
 
-    Derived from `load_configuration` (the configuration `api_client` uses), so kopf and the
-    kubernetes client authenticate the same way from every kind of kubeconfig the client
-    supports (client certificate files or inline ``*-data``, ``token``, ``tokenFile``,
-    exec plugins returning a token or a certificate, auth providers, basic auth) and in a
-    pod (service account token and CA; the namespace as kopf's
-    ``login_with_service_account`` reads it). The ``Authorization`` header kopf sends
-    (``kopf.ConnectionInfo.as_http_headers``: ``f"{scheme} {token}"``) is byte for byte the
-    one the client sends (`authorization_header`).
+    Derived from `load_configuration`, so kopf authenticates as the kubernetes client does
+    with every kind of kubeconfig the client supports and in a pod (the namespace as kopf's
+    ``login_with_service_account`` reads it); the ``Authorization`` header kopf sends
+    (``kopf.ConnectionInfo.as_http_headers``) is byte for byte the client's
+    (`authorization_header`).
 
     Parameters
     ----------

@@ -521,23 +521,18 @@ class Leadership:
             return
         was_leading, self.leading, self.lost = self.leading, False, reason
         self._metrics.leader.set(0)
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
+        for task in self._tasks:  # a callback of the loop: none of them is running it
+            task.cancel()
         if self._closing:
             log.warning("%s (while stopping)", reason)
             return
         if was_leading:
             self._announce("Warning", f"{self.lock.identity} stopped leading: {reason}")
-        if self._stop_operator is None:
-            log.error("%s: stopped handling claims and pools; restart the operator", reason)
-            return
-        log.error(
-            "%s: stopped handling claims and pools; exiting (the pod restarts as a standby)",
-            reason,
-        )
-        self._stop_operator(reason, self.exit_grace)
+        stop = self._stop_operator
+        then = "restart the operator" if stop is None else "exiting (restarting as a standby)"
+        log.error("%s: stopped handling claims and pools; %s", reason, then)
+        if stop is not None:
+            stop(reason, self.exit_grace)
 
     def _announce(self, type: str, message: str) -> None:
         """Post an Event on the Lease, in a thread of its own (never waited for)."""

@@ -391,7 +391,7 @@ class Leadership:
         self.timings: Timings = lock.timings
         self.fence = fence or lease_fence(lock)
         self._arm_exit = arm_exit
-        self._closed = threading.Event()  # ends the renew-deadline thread
+        self._closed = threading.Event()  # set by `close`; ends the renew-deadline thread
         self._start_work = start_work
         self._metrics = metrics
         self._stop_operator = stop_operator
@@ -399,7 +399,6 @@ class Leadership:
         self._run_election = run_election
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._closing = False
         self.leading = False
         """True while this replica leads (its work runs)."""
         self.lost: str | None = None
@@ -504,7 +503,7 @@ class Leadership:
     # -- the event loop --------------------------------------------------------------------
 
     def _on_won(self) -> None:
-        if self._closing or self.lost is not None:
+        if self._closed.is_set() or self.lost is not None:
             return
         self.leading = True
         self._tasks = list(self._start_work())
@@ -523,7 +522,7 @@ class Leadership:
         self._metrics.leader.set(0)
         for task in self._tasks:  # a callback of the loop: none of them is running it
             task.cancel()
-        if self._closing:
+        if self._closed.is_set():
             log.warning("%s (while stopping)", reason)
             return
         if was_leading:
@@ -561,7 +560,6 @@ class Leadership:
         The Lease is still renewed while the work finishes; it is released unless leadership
         was lost (the holder is checked on the server: a standby releases nothing).
         """
-        self._closing = True
         self._closed.set()
         tasks, self._tasks = self._tasks, []
         for task in tasks:

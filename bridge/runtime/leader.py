@@ -520,7 +520,7 @@ class Leadership:
             return
         was_leading, self.leading, self.lost = self.leading, False, reason
         self._metrics.leader.set(0)
-        for task in self._tasks:  # a callback of the loop: none of them is running it
+        for task in self._tasks:  # a loop callback: not called from one of these tasks
             task.cancel()
         if self._closed.is_set():
             log.warning("%s (while stopping)", reason)
@@ -528,7 +528,7 @@ class Leadership:
         if was_leading:
             self._announce("Warning", f"{self.lock.identity} stopped leading: {reason}")
         stop = self._stop_operator
-        then = "restart the operator" if stop is None else "exiting (restarting as a standby)"
+        then = "exiting (the pod restarts as a standby)" if stop else "restart the operator"
         log.error("%s: stopped handling claims and pools; %s", reason, then)
         if stop is not None:
             stop(reason, self.exit_grace)

@@ -2,8 +2,8 @@
 
 Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
 and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically: the safety net of level-triggered handling (claims from the informer
-cache, bound ones in the work queue's background lane, behind new work). `purge_forever`
+ours periodically, from the informer cache: the safety net of level-triggered handling
+(bound claims in the work queue's background lane, behind new work). `purge_forever`
 deletes the IPAM entries whose reuse grace period ended
 (`bridge.reconcilers.pools.purge_quarantined`).
 """
@@ -11,8 +11,9 @@ deletes the IPAM entries whose reuse grace period ended
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from backends.errors import BackendError
@@ -23,19 +24,37 @@ from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pools import purge_quarantined
+from bridge.runtime.store import Store
 
 __all__ = ["purge_forever", "resync_forever"]
 
 log = logging.getLogger(__name__)
 
 
+def _objects(
+    part: Store, listed: Callable[[], list[dict[str, Any]] | None]
+) -> Iterable[dict[str, Any]]:
+    """Return the objects to resync: those of the cache's ``part``, or ``listed()``.
+
+    As client-go's resync, which replays the informer's cache (``resyncPeriod`` of
+    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer): the watches keep it
+    current, and one that ends or stalls makes its part suspect until it is listed again.
+    While ``part`` is not synced or is suspect, ``listed()`` lists the API instead (None:
+    nothing to list).
+    """
+    if part.synced and not part.suspected:
+        return part.values()
+    return listed() or []
+
+
 def _pools(op: Operator) -> list[IPPool]:
     """Return every pool served, typed (Global ones with the namespace ``""``)."""
-    return [
-        IPPool.from_body(body, kind)
-        for kind in capi.POOL_KINDS
-        for body in op.kube.list_pools(kind, op.settings.namespaces)
-    ]
+    namespaces = op.settings.namespaces
+    bodies = _objects(
+        op.cache.pools,
+        lambda: [b for kind in capi.POOL_KINDS for b in op.kube.list_pools(kind, namespaces)],
+    )
+    return [IPPool.from_body(body) for body in bodies]
 
 
 def _queue_pools(op: Operator) -> int:
@@ -45,22 +64,10 @@ def _queue_pools(op: Operator) -> int:
     return len(pools)
 
 
-def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
-    """Return the claims to resync: the informer cache's, or a list while it is not trusted.
-
-    As client-go's resync, which replays the informer's cache (``resyncPeriod`` of
-    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer): the watch keeps it
-    current. While the claims part is not synced or is suspect, the API is listed instead.
-    """
-    claims = op.cache.claims
-    if claims.synced and not claims.suspected:
-        return claims.values()
-    return iter(op.kube.list_claims(op.versions.address, op.settings.namespaces))
-
-
 def _queue_claims(op: Operator) -> int:
     count = 0
-    for body in _claim_bodies(op):
+    listed = functools.partial(op.kube.list_claims, op.versions.address, op.settings.namespaces)
+    for body in _objects(op.cache.claims, listed):
         if not capi.PoolRef.from_spec(body.get("spec") or {}).is_ours:
             continue
         meta = body.get("metadata") or {}
@@ -75,7 +82,7 @@ def _queue_clusters(op: Operator) -> int:
     if op.versions.cluster is None:
         return 0
     count = 0
-    for body in op.kube.list_clusters(op.settings.namespaces) or []:
+    for body in _objects(op.cache.clusters, lambda: op.kube.list_clusters(op.settings.namespaces)):
         meta = body.get("metadata") or {}
         if wants_endpoint(meta.get("annotations")):
             op.queue.add(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
@@ -89,8 +96,8 @@ async def resync_forever(op: Operator) -> None:
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
     that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
     the safety net of level-triggered handling: whatever a reconcile left to a later event,
-    the next pass decides again from the objects' state (claims from the informer cache,
-    `_claim_bodies`). A list that fails is logged and tried at the next tick.
+    the next pass decides again from the objects' state (from the informer cache,
+    `_objects`). A list that fails is logged and tried at the next tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds

@@ -1,11 +1,7 @@
 """The periodic work of the leader: resync of pools, claims and Clusters, quarantine purge.
 
-Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
-and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically, from the informer cache: the safety net of level-triggered handling
-(bound claims in the work queue's background lane, behind new work). `purge_forever`
-deletes the IPAM entries whose reuse grace period ended
-(`bridge.reconcilers.pools.purge_quarantined`).
+Tasks on kopf's loop (`resync_forever`, `purge_forever`), started with the work queue
+(`bridge.handlers.lifecycle.start_work`) and cancelled with it.
 """
 
 from __future__ import annotations
@@ -34,13 +30,12 @@ log = logging.getLogger(__name__)
 def _objects(
     part: Store, listed: Callable[[], list[dict[str, Any]] | None]
 ) -> Iterable[dict[str, Any]]:
-    """Return the objects to resync: those of the cache's ``part``, or ``listed()``.
+    """Return the objects of the cache's ``part``; while it is not trusted, ``listed()``.
 
     As client-go's resync, which replays the informer's cache (``resyncPeriod`` of
-    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer): the watches keep it
-    current, and one that ends or stalls makes its part suspect until it is listed again.
-    While ``part`` is not synced or is suspect, ``listed()`` lists the API instead (None:
-    nothing to list).
+    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer). A part not synced yet,
+    or suspect (a watch ended or stalled, until it is listed again), is listed from the API
+    instead (``listed`` returning None: nothing).
     """
     if part.synced and not part.suspected:
         return part.values()
@@ -94,10 +89,11 @@ async def resync_forever(op: Operator) -> None:
     """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
 
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
-    that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
-    the safety net of level-triggered handling: whatever a reconcile left to a later event,
-    the next pass decides again from the objects' state (from the informer cache,
-    `_objects`). A list that fails is logged and tried at the next tick.
+    that ask for a control-plane endpoint every ``resync_seconds`` (0: never; bound claims in
+    the work queue's background lane, behind new work). The resync is the safety net of
+    level-triggered handling: whatever a reconcile left to a later event, the next pass
+    decides again from the objects' state (from the informer cache, `_objects`). A list that
+    fails is logged and tried at the next tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds

@@ -53,7 +53,7 @@ class Fence:
         self._renewed = renewed
         self.renew_deadline_seconds = renew_deadline_seconds
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the first reason to `revoke` stays
         self._revoked: str | None = None
 
     @classmethod
@@ -64,8 +64,7 @@ class Fence:
     @property
     def revoked(self) -> str | None:
         """Why the fence was closed for good (`revoke`), else None."""
-        with self._lock:
-            return self._revoked
+        return self._revoked
 
     def revoke(self, reason: str) -> None:
         """Close the fence for good with ``reason`` (the first reason is kept)."""
@@ -80,9 +79,8 @@ class Fence:
         """
         if self._renewed is None:
             return None
-        with self._lock:
-            if self._revoked is not None:
-                return 0.0
+        if self._revoked is not None:
+            return 0.0
         renewed = self._renewed()
         if renewed is None:
             return 0.0

@@ -1,14 +1,9 @@
 """The sink of the pools' informers: it queues pools and wakes their claims.
 
-`bridge.reconcilers.pools.reconcile_pool` checks a pool against its IPAM, writes its status and
-guards its deletion. A pool event queues the pool only when its state calls for it
-(`bridge.reconcilers.pools.needs_check`: found by a list, new or moved without status, spec
-changed, being deleted), so the pool's own status writes do not loop. A Ready pool wakes
-the claims waiting for it; the periodic refresh is `bridge.handlers.resync`.
-
-Global pools (``GlobalPHPIPAMIPPool``, ``GlobalInfobloxIPPool``) are cluster-scoped: their
-informers watch them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE`` limits the namespaces,
-and their work-queue keys carry the namespace ``""``.
+`bridge.reconcilers.pools.reconcile_pool` checks a pool against its IPAM, writes its status
+and guards its deletion; the periodic refresh is `bridge.handlers.resync`. Global pools are
+cluster-scoped: their informers watch them cluster-wide even when ``IPAM_BRIDGE_NAMESPACE``
+limits the namespaces, and their work-queue keys carry the namespace ``""``.
 """
 
 from __future__ import annotations
@@ -29,10 +24,12 @@ __all__ = ["PoolEvents"]
 class PoolEvents:
     """The pools' informers' sink (`bridge.runtime.informer.Sink`), in their threads.
 
-    A pool is queued when it needs a reconcile (`needs_check`; every pool a list shows), and
-    the claims waiting for it are woken once its current spec was checked (Ready True, or
-    False for ``observedGeneration`` = ``generation``: they then show why they wait) and
-    when it is gone. The store has the pool first, so a woken claim reads what was seen.
+    A pool is queued when it needs a reconcile (`needs_check`: every pool a list shows; an
+    event only for a new pool, a changed spec or a deletion, so that the pool's own status
+    writes do not loop). The claims waiting for it are woken once its current spec was
+    checked (Ready True, or False for ``observedGeneration`` = ``generation``: they then
+    show why they wait) and when it is gone. The store has the pool first, so a woken claim
+    reads what was seen.
 
     Parameters
     ----------

@@ -1,18 +1,15 @@
 """The periodic work of the leader: resync of pools, claims and Clusters, quarantine purge.
 
-Tasks on kopf's loop, started with the work queue (`bridge.handlers.lifecycle.start_work`)
-and cancelled with it. `resync_forever` queues every pool, claim and endpoint Cluster of
-ours periodically: the safety net of level-triggered handling (claims from the informer
-cache, bound ones in the work queue's background lane, behind new work). `purge_forever`
-deletes the IPAM entries whose reuse grace period ended
-(`bridge.reconcilers.pools.purge_quarantined`).
+Tasks on kopf's loop (`resync_forever`, `purge_forever`), started with the work queue
+(`bridge.handlers.lifecycle.start_work`) and cancelled with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from backends.errors import BackendError
@@ -23,47 +20,49 @@ from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pools import purge_quarantined
+from bridge.runtime.store import Store
 
 __all__ = ["purge_forever", "resync_forever"]
 
 log = logging.getLogger(__name__)
 
 
+def _objects(
+    part: Store, listed: Callable[[], list[dict[str, Any]] | None]
+) -> Iterable[dict[str, Any]]:
+    """Return the objects of the cache's ``part``; while it is not trusted, ``listed()``.
+
+    As client-go's resync, which replays the informer's cache (``resyncPeriod`` of
+    https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer). A part not synced yet,
+    or suspect (a watch ended or stalled, until it is listed again), is listed from the API
+    instead (``listed`` returning None: nothing).
+    """
+    if part.synced and not part.suspected:
+        return part.values()
+    return listed() or []
+
+
 def _pools(op: Operator) -> list[IPPool]:
     """Return every pool served, typed (Global ones with the namespace ``""``)."""
-    return [
-        IPPool.from_body(body, kind)
-        for kind in capi.POOL_KINDS
-        for body in op.kube.list_pools(kind, op.settings.namespaces)
-    ]
+    namespaces = op.settings.namespaces
+    bodies = _objects(
+        op.cache.pools,
+        lambda: [b for kind in capi.POOL_KINDS for b in op.kube.list_pools(kind, namespaces)],
+    )
+    return [IPPool.from_body(body) for body in bodies]
 
 
 def _queue_pools(op: Operator) -> int:
-    count = 0
-    for pool in _pools(op):
+    pools = _pools(op)
+    for pool in pools:
         op.queue.add(pool_key(*pool.key))
-        count += 1
-    return count
-
-
-def _claim_bodies(op: Operator) -> Iterator[dict[str, Any]]:
-    """Return the claims to resync: the informer cache's, or a list while it is not trusted.
-
-    As client-go's resync, which replays the informer's cache rather than listing again
-    (``resyncPeriod`` of https://pkg.go.dev/k8s.io/client-go/tools/cache#SharedInformer):
-    the watch keeps the cache current, and its informer relists it on a watch restart
-    (`bridge.runtime.informer`). While the claims part is not synced or is suspect,
-    the API is listed instead.
-    """
-    claims = op.cache.claims
-    if claims.synced and not claims.suspected:
-        return claims.values()
-    return iter(op.kube.list_claims(op.versions.address, op.settings.namespaces))
+    return len(pools)
 
 
 def _queue_claims(op: Operator) -> int:
     count = 0
-    for body in _claim_bodies(op):
+    listed = functools.partial(op.kube.list_claims, op.versions.address, op.settings.namespaces)
+    for body in _objects(op.cache.claims, listed):
         if not capi.PoolRef.from_spec(body.get("spec") or {}).is_ours:
             continue
         meta = body.get("metadata") or {}
@@ -78,7 +77,7 @@ def _queue_clusters(op: Operator) -> int:
     if op.versions.cluster is None:
         return 0
     count = 0
-    for body in op.kube.list_clusters(op.settings.namespaces) or []:
+    for body in _objects(op.cache.clusters, lambda: op.kube.list_clusters(op.settings.namespaces)):
         meta = body.get("metadata") or {}
         if wants_endpoint(meta.get("annotations")):
             op.queue.add(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
@@ -90,10 +89,11 @@ async def resync_forever(op: Operator) -> None:
     """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
 
     Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
-    that ask for a control-plane endpoint every ``resync_seconds`` (0: never). The resync is
-    the safety net of level-triggered handling: whatever a reconcile left to a later event,
-    the next pass decides again from the objects' state (claims from the informer cache,
-    `_claim_bodies`). A list that fails is logged and tried at the next tick.
+    that ask for a control-plane endpoint every ``resync_seconds`` (0: never; bound claims in
+    the work queue's background lane, behind new work). The resync is the safety net of
+    level-triggered handling: whatever a reconcile left to a later event, the next pass
+    decides again from the objects' state (from the informer cache, `_objects`). A list that
+    fails is logged and tried at the next tick.
     """
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds

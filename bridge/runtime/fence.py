@@ -1,18 +1,11 @@
 """The fence: may this replica write now? Checked in the calling thread before every write.
 
-With leader election on, a replica may write (Kubernetes POST/PUT/PATCH/DELETE through the
-operator's ``ApiClient``, IPAM requests other than reads) only while its own Lease is valid
-by its own monotonic clock: the start of its last successful renew plus the renew deadline
-is still ahead. A replica cut off from the API server thus stops writing at that instant,
-whether or not its event loop runs, before a standby can take the Lease (the lease duration
-after the last renew it saw; client-go's ``leaderelection`` package uses the same three
-timings, https://pkg.go.dev/k8s.io/client-go/tools/leaderelection).
-
-A write is not only checked when it starts: its whole timeout is cut to the time the Lease
-stays valid (`Fence.bound`), so this replica gives up waiting on a write (Kubernetes or IPAM)
-before its fence closes, and sends none with less than `MIN_WRITE_SECONDS` left.
-
-With leader election off, `Fence.open` always lets writes through.
+With leader election on, a replica writes (Kubernetes POST/PUT/PATCH/DELETE, IPAM requests
+other than reads) only while its Lease is valid by its own monotonic clock: its last
+successful renew began less than the renew deadline ago. A replica cut off from the API
+server thus stops writing at that instant, whether or not its event loop runs, before a
+standby can take the Lease; a write's whole timeout is cut to the time left (`Fence.bound`).
+With leader election off, `Fence.open` lets every write through.
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ class Fence:
         self._renewed = renewed
         self.renew_deadline_seconds = renew_deadline_seconds
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the first reason to `revoke` stays
         self._revoked: str | None = None
 
     @classmethod
@@ -71,8 +64,7 @@ class Fence:
     @property
     def revoked(self) -> str | None:
         """Why the fence was closed for good (`revoke`), else None."""
-        with self._lock:
-            return self._revoked
+        return self._revoked
 
     def revoke(self, reason: str) -> None:
         """Close the fence for good with ``reason`` (the first reason is kept)."""
@@ -87,9 +79,8 @@ class Fence:
         """
         if self._renewed is None:
             return None
-        with self._lock:
-            if self._revoked is not None:
-                return 0.0
+        if self._revoked is not None:
+            return 0.0
         renewed = self._renewed()
         if renewed is None:
             return 0.0

@@ -1,32 +1,16 @@
-"""List, then watch: one resource's informer, in a thread of its own.
+"""List, then watch: one resource's informer, in a thread of its own (client-go's reflector).
 
-What client-go's reflector does for a shared informer
-(https://pkg.go.dev/k8s.io/client-go/tools/cache#Reflector), on the kubernetes client's
-HTTP connection pool (`bridge.runtime.gateway.Kube.list_collection`, `.watch`):
+It lists a scope (a namespace, or all) into its `bridge.runtime.store.Store` (the first list
+fills it, a later one replaces the scope), then watches from the list's resourceVersion with
+bookmarks, applying each event to the store in the watch's order before handing it to its
+`Sink`. A watch the API server ends (its ``timeoutSeconds``) is resumed from the last
+resourceVersion seen. Any other end (410 Gone, an error answer, a broken connection, no byte
+for `STALL_SECONDS` while a real API server sends a bookmark about once a minute) makes the
+scope suspect at once and lists again, after a backoff when it keeps failing: a restarted
+watch never tells of the objects deleted meanwhile.
 
-1. **List** the objects of one scope (a namespace, or all), keep those wanted, and make the
-   store (`bridge.runtime.store.Store`) what the list says: the first list fills it,
-   a later one replaces the scope (`Store.replace`: objects gone meanwhile are
-   dropped, events newer than the list are kept).
-2. **Watch** from the list's resourceVersion, with bookmarks: every event after the list,
-   none before (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes).
-   Each event is applied to the store in this thread, in the watch's order, and then
-   handed to the informer's `Sink`.
-3. **Restart.** A watch the API server ends (its ``timeoutSeconds``) is resumed from the
-   last resourceVersion seen (an event's or a bookmark's). Any other end (410 Gone, a
-   broken or silent connection, an API server restart, an error answer) makes the scope
-   suspect at once (lookups read the API meanwhile) and lists again, after a backoff when
-   it keeps failing: a watch that restarts never tells of the objects deleted meanwhile.
-4. **Liveness.** A real API server sends a BOOKMARK on a watch asked with
-   ``allowWatchBookmarks`` about once a minute, even when nothing changes
-   (https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks). A watch
-   with no byte for the stall limit (``stall``, `STALL_SECONDS`: the socket's read timeout)
-   is dead: urllib3's ``ReadTimeoutError`` ends it and the informer lists again, as for a
-   410. `Informer.quiet` tells the seconds since the last event, bookmark or list (for
-   ``/healthz`` and a metric).
-
-Nothing here knows of CAPI or of IPAM: which objects are wanted, their keys and what an
-event leads to are the caller's (`Informer`'s parameters).
+Nothing here knows of CAPI or of IPAM: the caller chooses the objects, their keys and what
+an event leads to (`Informer`'s parameters).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ __all__ = [
     "kopf_connection_info",
     "load_configuration",
     "service_account_file",
+    "service_account_namespace",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,20 +82,13 @@ REFRESH_EVERY_SECONDS: Final = 1.0
 def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
     """Strip the whitespace around the token the client sends; refresh it at most once a second.
 
-    The kubernetes package reads ``tokenFile`` and the service account token without
-    stripping them (``kube_config.py`` ``_load_user_token``, ``incluster_config.py``
-    ``_read_token_file``): a file ending in a newline makes every request fail with
-    ``Invalid header value``. client-go (kubectl) trims them, and so does this. The
-    configuration's ``refresh_api_key_hook`` writes the untrimmed value back before each
-    request, so it is wrapped (again after each refresh: the loaders install their hook
-    anew each time).
-
-    That hook runs before every request and writes every connection setting back into the
-    shared configuration, the ``host`` setter scanning the whole environment for proxy
-    variables each time: a large share of a request's CPU. The loaders only load a token
-    again once it expired (the service account token is read again after a minute, an
-    exec plugin's or auth provider's after its expiry), so the wrapper runs it at most
-    once every `REFRESH_EVERY_SECONDS`: a new token is sent at most that much later.
+    The kubernetes package reads ``tokenFile`` and the service account token unstripped (a
+    trailing newline makes every request fail with ``Invalid header value``; client-go trims
+    them). Its ``refresh_api_key_hook`` runs before every request, writes the untrimmed
+    token back and rewrites every connection setting (a large share of a request's CPU),
+    while the loaders only load a token again once it expired: the hook is wrapped to trim,
+    and to run at most once every `REFRESH_EVERY_SECONDS` (a new token goes out at most that
+    much later). The loaders install their hook anew at each refresh: the wrapper stays first.
     """
     refresh = configuration.refresh_api_key_hook
     if refresh is not None:
@@ -127,17 +121,24 @@ def service_account_file(name: str) -> str:
     return os.path.join(os.path.dirname(SERVICE_ACCOUNT_TOKEN), name)
 
 
+def service_account_namespace() -> str | None:
+    """Return the pod's namespace (its service account's); None when not `in_cluster` or unread."""
+    if not in_cluster():
+        return None
+    try:
+        with open(service_account_file("namespace"), encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
 def authorization_header(configuration: kubernetes.client.Configuration) -> str | None:
     """Return the ``Authorization`` header the kubernetes client sends with ``configuration``.
 
-    The kubernetes client (``ApiClient.update_params_for_auth``) adds the header entries of
-    ``Configuration.auth_settings()``. In kubernetes 37 that is ``BearerToken``: the value of
-    ``api_key["BearerToken"]`` (alias ``api_key["authorization"]``) with its prefix, through
-    ``get_api_key_with_prefix``, which first runs ``refresh_api_key_hook`` (a token file or
-    an exec plugin read again when expired). The kubeconfig loader stores every kind of
-    credential it turns into a header there, scheme included: ``Bearer <token>`` for
-    ``token``, ``tokenFile``, exec plugins and auth providers, ``Basic <base64>`` for
-    ``username``/``password``; the in-cluster loader stores ``bearer <token>``.
+    The header entry of ``Configuration.auth_settings()`` (``ApiClient.update_params_for_auth``
+    sends it), scheme included (``Bearer <token>``, ``Basic <base64>``, the in-cluster
+    loader's ``bearer <token>``); reading it runs ``refresh_api_key_hook`` (a token file or
+    an exec plugin read again when expired).
 
     Parameters
     ----------
@@ -161,14 +162,11 @@ def authorization_header(configuration: kubernetes.client.Configuration) -> str 
 def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     """Return kopf's connection: the same server, CA, certificate and token as the client's.
 
-    Derived from `load_configuration` (the configuration `api_client` uses), so kopf and the
-    kubernetes client authenticate the same way from every kind of kubeconfig the client
-    supports (client certificate files or inline ``*-data``, ``token``, ``tokenFile``,
-    exec plugins returning a token or a certificate, auth providers, basic auth) and in a
-    pod (service account token and CA; the namespace as kopf's
-    ``login_with_service_account`` reads it). The ``Authorization`` header kopf sends
-    (``kopf.ConnectionInfo.as_http_headers``: ``f"{scheme} {token}"``) is byte for byte the
-    one the client sends (`authorization_header`).
+    Derived from `load_configuration`, so kopf authenticates as the kubernetes client does
+    with every kind of kubeconfig the client supports and in a pod (the namespace as kopf's
+    ``login_with_service_account`` reads it); the ``Authorization`` header kopf sends
+    (``kopf.ConnectionInfo.as_http_headers``) is byte for byte the client's
+    (`authorization_header`).
 
     Parameters
     ----------
@@ -203,13 +201,6 @@ def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     if header:
         scheme, _, rest = header.strip().partition(" ")
         token = rest.strip() or None
-    namespace = None
-    if kubeconfig is None and "KUBECONFIG" not in os.environ and in_cluster():
-        try:
-            with open(service_account_file("namespace"), encoding="utf-8") as f:
-                namespace = f.read().strip() or None
-        except OSError:
-            namespace = None
     if getattr(configuration, "tls_server_name", None):
         log.warning(
             "the kubeconfig sets tls-server-name %s, which kopf cannot use: kopf verifies "
@@ -226,5 +217,5 @@ def kopf_connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
         certificate_path=configuration.cert_file or None,
         private_key_path=configuration.key_file or None,
         proxy_url=configuration.proxy or None,
-        default_namespace=namespace,
+        default_namespace=service_account_namespace() if kubeconfig is None else None,
     )

@@ -1,39 +1,18 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease: only the leader handles objects.
 
-Several replicas run; the one holding the Lease ``ipam-bridge`` in the operator's namespace
-works (`Leadership` starts the work queue and the resync when leadership is won), the others
-stand by (the watches run and queue keys in memory; no IPAM call, no write). The timings
-are controller-runtime's (lease 15 s, renew deadline 10 s, retry 2 s;
-``IPAM_BRIDGE_LEADER_ELECTION_*``).
-A leader that cannot renew within the deadline stops handling at once and the process exits 1
-(`OperatorStop`): its `bridge.runtime.fence.Fence` refuses every write from the renew deadline on,
+Several replicas run for the Lease ``ipam-bridge`` in the operator's namespace, with
+controller-runtime's timings (lease 15 s, renew deadline 10 s, retry 2 s;
+``IPAM_BRIDGE_LEADER_ELECTION_*``). The leader works (`Leadership` starts the work queue and
+the resync when it wins); the others stand by (their watches run, nothing is written). A
+leader that cannot renew within the deadline stops handling at once and exits 1
+(`OperatorStop`): its `bridge.runtime.fence.Fence` refuses every write from the deadline on,
 in the writing thread, and the exit is armed from a thread of the election, so neither needs
-the event loop (which a blocking call could hold). On a clean stop the leader gives the Lease
-up (`ElectionLock.release`), so a standby takes over at its next retry instead of after the
-lease duration.
+the event loop. On a clean stop the leader gives the Lease up (`ElectionLock.release`).
 
-The election itself is the official client's ``kubernetes.leaderelection`` (``LeaderElection``
-in a daemon thread, ``LeaseLock``). Where it falls short, a few lines here:
-
-- ``LeaseLock`` builds its ``CoordinationV1Api`` from the client's *default* configuration:
-  `ElectionLock` uses an ``ApiClient`` of ours (`election_client`: our kubeconfig or service
-  account, no urllib3 retries).
-- Its Lease requests carry no timeout and it handles ``ApiException`` only: an API server that
-  stops answering blocks the renew loop for ever (the leader keeps working after its lease
-  expired and a standby took over), and a connection error (urllib3's, not an
-  ``ApiException``) ends the election thread without calling ``onstopped_leading``.
-  `_LeaseApi` cuts each request at the renew deadline, as client-go's renew context does, and
-  turns transport errors into ``ApiException`` (a failed try, tried again).
-- A candidate cannot be stopped and nothing releases the Lease: `ElectionLock.stop` makes each
-  later lock call raise `ElectionStoppedError` (which ends the election thread);
-  `ElectionLock.release` empties the holder as controller-runtime's
-  ``LeaderElectionReleaseOnCancel`` does.
-- Its renew loop notices a missed deadline only after sleeping one more retry period past it
-  (client-go stops at the deadline; with custom timings that sleep can reach past the lease
-  duration): `Leadership` also watches the deadline of the last renew itself, in a thread.
-- Lease times go out through ``datetime.isoformat()``, which drops the fraction when the
-  microsecond is 0; a real API server's ``MicroTime`` needs all six digits (the update is
-  refused): such an instant is written 1 µs later.
+The election is the official client's ``kubernetes.leaderelection`` in a daemon thread;
+`ElectionLock` adds what its ``LeaseLock`` lacks (our ``ApiClient``, request timeouts,
+transport errors as failed tries, `ElectionLock.stop` and `ElectionLock.release`, complete
+``MicroTime`` values) and `Leadership` watches the renew deadline itself, to the moment.
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 from bridge.metrics import Metrics
 from bridge.runtime.fence import Fence, LeadershipLostError
 from bridge.runtime.gateway import Kube, api_client
-from bridge.runtime.kubeconfig import in_cluster, load_configuration, service_account_file
+from bridge.runtime.kubeconfig import load_configuration, service_account_namespace
 from bridge.settings import Settings
 
 __all__ = [
@@ -113,25 +92,18 @@ def lease_namespace(settings: Settings) -> str:
     ``IPAM_BRIDGE_LEADER_ELECTION_NAMESPACE`` when set; else, in a pod (service account, no
     kubeconfig), the service account's namespace (the operator's); else ``default``.
     """
-    if "leader_election_namespace" not in settings.model_fields_set and in_cluster():
-        try:
-            with open(service_account_file("namespace"), encoding="utf-8") as file:
-                namespace = file.read().strip()
-        except OSError:
-            namespace = ""
-        if namespace:
-            return namespace
+    if "leader_election_namespace" not in settings.model_fields_set:
+        return service_account_namespace() or settings.leader_election_namespace
     return settings.leader_election_namespace
 
 
-def holder_identity(pod_name: str | None = None) -> str:
+def holder_identity() -> str:
     """Return a new holder identity: ``<pod name or host name>_<16 random hex digits>``.
 
     The pod name comes from ``POD_NAME`` (the Deployment sets it from ``metadata.name``);
     the random part makes a restarted container a new candidate, as controller-runtime's.
     """
-    name = pod_name if pod_name is not None else os.environ.get("POD_NAME", "")
-    return f"{name or socket.gethostname()}_{secrets.token_hex(8)}"
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(8)}"
 
 
 def election_client() -> ApiClient:
@@ -146,12 +118,21 @@ def election_client() -> ApiClient:
 
 
 def _micro(value: datetime.datetime) -> datetime.datetime:
-    """Return ``value`` with a non-zero microsecond (``isoformat`` then writes six digits)."""
+    """Return ``value`` with a non-zero microsecond.
+
+    ``isoformat`` drops a zero fraction, and a real API server refuses a ``MicroTime``
+    without its six digits.
+    """
     return value if value.microsecond else value.replace(microsecond=1)
 
 
 class _LeaseApi:
-    """The three Lease calls ``LeaseLock`` makes, with a timeout and transport errors as API errors.
+    """A ``CoordinationV1Api`` whose calls have a timeout and raise only ``ApiException``.
+
+    ``LeaseLock``'s requests have no timeout (an API server that stops answering blocks the
+    renew loop for ever) and a transport error (urllib3's) ends the election thread without
+    ``onstopped_leading``. Here each call is cut at ``timeout()`` seconds, as client-go's
+    renew context does, and a transport error is an ``ApiException`` (a failed try).
 
     Parameters
     ----------
@@ -165,25 +146,17 @@ class _LeaseApi:
         self._api = api
         self._timeout = timeout
 
-    def read_namespaced_lease(self, name: str, namespace: str) -> Any:
-        """``CoordinationV1Api.read_namespaced_lease`` with a timeout."""
-        return self._call(self._api.read_namespaced_lease, name=name, namespace=namespace)
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """Return the method ``name`` of the API, with the timeout and ``ApiException``."""
+        method = getattr(self._api, name)
 
-    def create_namespaced_lease(self, namespace: str, body: Any) -> Any:
-        """``CoordinationV1Api.create_namespaced_lease`` with a timeout."""
-        return self._call(self._api.create_namespaced_lease, namespace=namespace, body=body)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs, _request_timeout=self._timeout())
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise ApiException(status=0, reason=f"{type(exc).__name__}: {exc}") from exc
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any:
-        """``CoordinationV1Api.replace_namespaced_lease`` with a timeout."""
-        return self._call(
-            self._api.replace_namespaced_lease, name=name, namespace=namespace, body=body
-        )
-
-    def _call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        try:
-            return fn(**kwargs, _request_timeout=self._timeout())
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ApiException(status=0, reason=f"{type(exc).__name__}: {exc}") from exc
+        return call
 
 
 class ElectionLock(LeaseLock):
@@ -254,23 +227,21 @@ class ElectionLock(LeaseLock):
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
         """``LeaseLock.create``, refused (`ElectionStoppedError`) once stopped."""
-        with self._guard:
-            self._check()
-            started = time.monotonic()
-            created = bool(super().create(name, namespace, election_record))
-            if created:
-                self._renewed = started
-            return created
+        return self._write(super().create, name, namespace, election_record)
 
     def update(self, name: str, namespace: str, updated_record: Any) -> bool:
         """``LeaseLock.update``, refused (`ElectionStoppedError`) once stopped."""
+        return self._write(super().update, name, namespace, updated_record)
+
+    def _write(self, write: Callable[[str, str, Any], Any], *args: Any) -> bool:
+        """Call ``write`` (create or update); a success is a renew (`renewed`)."""
         with self._guard:
             self._check()
             started = time.monotonic()
-            updated = bool(super().update(name, namespace, updated_record))
-            if updated:
+            written = bool(write(*args))
+            if written:
                 self._renewed = started
-            return updated
+            return written
 
     def time_str_to_iso(self, str_time: str) -> datetime.datetime:
         """``LeaseLock.time_str_to_iso``, never on a whole second (see `_micro`)."""
@@ -371,10 +342,6 @@ def lease_fence(lock: ElectionLock) -> Fence:
     return Fence(lambda: lock.renewed, lock.timings.renew_deadline_seconds)
 
 
-def _run_election(config: Any) -> None:
-    leaderelection.LeaderElection(config).run()
-
-
 class Leadership:
     """One candidate for the Lease, and the work it starts when it leads.
 
@@ -418,22 +385,20 @@ class Leadership:
         arm_exit: Callable[[str, float], None] | None = None,
         fence: Fence | None = None,
         kube: Kube | None = None,
-        run_election: Callable[[Any], None] = _run_election,
+        run_election: Callable[[Any], None] = lambda c: leaderelection.LeaderElection(c).run(),
     ) -> None:
         self.lock = lock
         self.timings: Timings = lock.timings
         self.fence = fence or lease_fence(lock)
         self._arm_exit = arm_exit
-        self._closed = threading.Event()  # ends the renew-deadline thread
+        self._closed = threading.Event()  # set by `close`; ends the renew-deadline thread
         self._start_work = start_work
         self._metrics = metrics
         self._stop_operator = stop_operator
         self._kube = kube
         self._run_election = run_election
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._closing = False
         self.leading = False
         """True while this replica leads (its work runs)."""
         self.lost: str | None = None
@@ -457,11 +422,6 @@ class Leadership:
         t = self.timings
         return max(0.5, (t.lease_seconds - t.renew_deadline_seconds - t.retry_seconds) / 2)
 
-    @property
-    def tasks(self) -> list[asyncio.Task[Any]]:
-        """The tasks of the work while leading."""
-        return list(self._tasks)
-
     def start(self) -> None:
         """Start running for the Lease (call on the event loop)."""
         self._loop = asyncio.get_running_loop()
@@ -473,12 +433,11 @@ class Leadership:
             renew_deadline=timings.renew_deadline_seconds,
             retry_period=timings.retry_seconds,
             onstarted_leading=self._started_leading,
-            onstopped_leading=self._stopped_leading,
+            onstopped_leading=lambda: self._lose(self._not_renewed()),
         )
-        self._thread = threading.Thread(
+        threading.Thread(
             target=self._elect, args=(config,), name="ipam-bridge-leader-election", daemon=True
-        )
-        self._thread.start()
+        ).start()
         log.info(
             "running for the leader Lease %s as %s; standing by until it is won",
             self.where,
@@ -501,9 +460,6 @@ class Leadership:
             target=self._guard_renewals, name="ipam-bridge-renew-deadline", daemon=True
         ).start()
         self._call_soon(self._on_won)
-
-    def _stopped_leading(self) -> None:
-        self._lose(self._not_renewed())
 
     def _guard_renewals(self) -> None:
         """Lose leadership at the renew deadline of the current round, to the moment.
@@ -547,7 +503,7 @@ class Leadership:
     # -- the event loop --------------------------------------------------------------------
 
     def _on_won(self) -> None:
-        if self._closing or self.lost is not None:
+        if self._closed.is_set() or self.lost is not None:
             return
         self.leading = True
         self._tasks = list(self._start_work())
@@ -564,24 +520,18 @@ class Leadership:
             return
         was_leading, self.leading, self.lost = self.leading, False, reason
         self._metrics.leader.set(0)
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
-        if self._closing:
+        for task in self._tasks:  # a loop callback: not called from one of these tasks
+            task.cancel()
+        if self._closed.is_set():
             log.warning("%s (while stopping)", reason)
             return
-        self.fence.revoke(reason)
         if was_leading:
             self._announce("Warning", f"{self.lock.identity} stopped leading: {reason}")
-        if self._stop_operator is None:
-            log.error("%s: stopped handling claims and pools; restart the operator", reason)
-            return
-        log.error(
-            "%s: stopped handling claims and pools; exiting (the pod restarts as a standby)",
-            reason,
-        )
-        self._stop_operator(reason, self.exit_grace)
+        stop = self._stop_operator
+        then = "exiting (the pod restarts as a standby)" if stop else "restart the operator"
+        log.error("%s: stopped handling claims and pools; %s", reason, then)
+        if stop is not None:
+            stop(reason, self.exit_grace)
 
     def _announce(self, type: str, message: str) -> None:
         """Post an Event on the Lease, in a thread of its own (never waited for)."""
@@ -610,7 +560,6 @@ class Leadership:
         The Lease is still renewed while the work finishes; it is released unless leadership
         was lost (the holder is checked on the server: a standby releases nothing).
         """
-        self._closing = True
         self._closed.set()
         tasks, self._tasks = self._tasks, []
         for task in tasks:

@@ -1,32 +1,16 @@
-"""A store: one resource's objects by key, a copy of what its watch told (client-go's Store).
+"""A store: one resource's objects by key, as its watch last told (client-go's Store).
 
-Only an informer feeds it (`bridge.runtime.informer`): its lists (`Store.fill`,
-`Store.replace`) and its watch events (`Store.apply`), in the watch's order; reconciles read
-it (`Store.lookup`), as controller-runtime's cached client does
-(https://pkg.go.dev/sigs.k8s.io/controller-runtime/pkg/cache). Our own writes never go in:
-the watch brings them back, in order, like anyone else's. What a reconcile may do before
-the watch told it of its own last write is `bridge.runtime.expectations`.
+Only an informer feeds it (`bridge.runtime.informer`), in the watch's order; reconciles
+read it (`Store.lookup`), as controller-runtime's cached client does. Our own writes never
+go in: the watch brings them back like anyone else's (what a reconcile may do meanwhile is
+`bridge.runtime.expectations`). resourceVersions are opaque, only compared for equality.
+Absence is trusted once the initial list was seen, and not while a relist is due
+(`Store.suspect`, `Store.replace`).
 
-- **Order.** resourceVersions are opaque: only compared for equality
-  (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions). The
-  watch delivers one resource's events in the API server's order: the event that arrives
-  last is the latest. A DELETED removes the stored object only when it is the same object
-  (same uid): a late DELETED of an object since re-created leaves the new one.
-- **Initial listing.** Absence is only trusted once the part is `Store.synced` (its initial
-  list seen): before that, a lookup that finds nothing answers `MISSING_UNKNOWN` and the
-  caller reads the API.
-- **Relists** (a watch restart: 410 Gone, connection loss, an API server restart): a watch
-  that lists again never tells of objects deleted meanwhile. The informer makes its scope
-  suspect at once (`Store.suspect`: lookups read the API meanwhile, a namespace whose list
-  failed is never taken as empty) and replaces the scope with a fresh list
-  (`Store.begin_relist`, `Store.replace`): objects gone and changed are returned
-  (`Relisted`).
-
-The stored bodies are shared, read-only dicts (``metadata.managedFields`` dropped): callers
-never modify them in place. A part made with ``compact`` (claims and IPAddresses: thousands
-of them) keeps each body as compact JSON instead, decoded for each reader (a fresh dict each
-time): a body of ~1 KB of JSON takes ~5 KB as Python dicts and strings. Thread-safe: the
-informers' threads write, worker threads read.
+The stored bodies are shared, read-only dicts without ``metadata.managedFields``; a
+``compact`` store (claims, IPAddresses: thousands) keeps compact JSON instead, decoded for
+each reader (~1 KB of JSON takes ~5 KB as dicts). Thread-safe: the informers' threads write,
+worker threads read.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from kubernetes.client import ApiException
 from bridge import capi
 from bridge.capi import CLAIM_FINALIZER, CLUSTER_NAME_LABEL, GROUP, Claim, Cluster, PoolRef
 from bridge.handlers.resync import _queue_clusters
+from bridge.objects.cache import Cache
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import cluster_key
 from bridge.operator import Operator
@@ -494,6 +495,7 @@ class _ResyncKube:
 class _ResyncContext:
     def __init__(self, kube: _ResyncKube, cluster_version: str | None) -> None:
         self.kube = kube
+        self.cache = Cache()  # never listed: the resync lists the API
         self.versions = ServedVersions("v1beta2", cluster_version)
         self.settings = SimpleNamespace(namespaces=("team-a",))
         self.queue = FakeQueue()

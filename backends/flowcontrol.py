@@ -11,6 +11,7 @@ claims or pools and imports nothing of Kubernetes or the operator.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -33,10 +34,17 @@ log = logging.getLogger(__name__)
 LOGIN_WAIT_SECONDS = 30.0
 
 
+@functools.lru_cache(maxsize=1024)
 def endpoint_key(url: str) -> str:
     """Return ``scheme://host:port`` of ``url`` (the default port made explicit).
 
-    Idempotent: the key of a key is itself. Never raises for a string.
+    Idempotent: the key of a key is itself. Memoised (a few pools' URLs, asked for on every
+    claim's pass).
+
+    Raises
+    ------
+    ValueError
+        When the URL's port is not a number from 0 to 65535 (`urllib.parse.urlsplit`).
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()

@@ -269,14 +269,18 @@ class ObjectClient(Kube):
         """Add or remove ``finalizer`` on a pool as read (`Kube.set_finalizer`)."""
         return self.set_finalizer(pool_resource(pool.kind), pool.as_object(), finalizer, present)
 
-    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
-        """Set (or, with None, remove) one annotation of a pool; a missing pool is ignored.
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> Write:
+        """Set (or, with None, remove) one annotation of a pool (`Kube.patch`, unguarded).
 
-        Nothing is written when the pool as read already holds ``value``.
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN`, `Outcome.GONE` (no such pool), or `Outcome.UNCHANGED` when
+            the pool as read already holds ``value`` (no request).
         """
         if pool.metadata.annotations.get(key) == value:
-            return
-        self.patch(
+            return Write(Outcome.UNCHANGED)
+        return self.patch(
             pool_resource(pool.kind),
             pool.metadata.namespace,
             pool.name,

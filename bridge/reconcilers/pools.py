@@ -105,7 +105,7 @@ class PoolApi(SecretReader, Protocol):
     def set_pool_finalizer(self, pool: IPPool, finalizer: str, present: bool) -> Write:
         """Add or remove a finalizer of the pool as read."""
 
-    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> Write:
         """Set or remove one annotation of a pool as read."""
 
     def patch_pool_status(
@@ -121,8 +121,8 @@ class PoolApi(SecretReader, Protocol):
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
-    ) -> bool:
-        """Add or remove a finalizer of a Secret; False when it does not exist."""
+    ) -> Write:
+        """Add or remove a finalizer of a Secret (`Outcome.CONFLICT`: it changed meanwhile)."""
 
 
 @dataclass
@@ -310,36 +310,56 @@ def _read_by_pools(deps: PoolDeps, namespace: str, *, besides: tuple[str, str, s
     return read
 
 
-def _release_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, str]) -> None:
+def _release_secrets(deps: PoolDeps, refs: set[SecretId], besides: tuple[str, str, str]) -> bool:
     """Remove `CREDENTIALS_FINALIZER` from the Secrets ``refs`` that no pool but ``besides`` reads.
 
-    Takes the lock of each Secret's namespace (`PoolDeps.locks`).
+    Takes the lock of each Secret's namespace (`PoolDeps.locks`). Returns False when a
+    Secret changed between its read and the write (409 Conflict): it may still carry the
+    finalizer, so the caller keeps what remembers it (the pool's finalizer, its
+    `SECRETS_ANNOTATION`) and retries. The other Secrets are let go all the same.
     """
+    released = True
     for namespace in sorted({ns for ns, _ in refs}):
         names = {name for ns, name in refs if ns == namespace}
         with deps.locks.holding(namespace):
             for name in sorted(names - _read_by_pools(deps, namespace, besides=besides)):
-                deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, False)
+                write = deps.kube.set_secret_finalizer(
+                    namespace, name, CREDENTIALS_FINALIZER, False
+                )
+                released = released and write.outcome is not Outcome.CONFLICT
+    return released
 
 
-def _protect_secrets(deps: PoolDeps, pool: Pool) -> None:
+def _protect_secrets(deps: PoolDeps, pool: Pool) -> bool:
     """Protect the Secrets the pool reads; let go of those it read before and no longer does.
 
     The pool's `SECRETS_ANNOTATION` names every Secret it put `CREDENTIALS_FINALIZER` on; it
     is widened before a Secret is protected (so none is ever protected unremembered) and
-    narrowed after a Secret it stopped reading (``credentialsRef`` changed) was let go.
+    narrowed after a Secret it stopped reading (``credentialsRef`` changed) was let go. A
+    Secret is protected under its namespace's lock (`PoolDeps.locks`), as it is let go: a
+    deleted pool that lets a Secret go has either seen this pool or lets go before it.
+
+    Returns True when done; False when a write met 409 Conflict or the pool is gone
+    (the caller looks at the pool again soon).
     """
     wanted, recorded = set(pool.secret_refs), _recorded_secrets(pool)
     if not wanted <= recorded:
-        deps.kube.annotate_pool(
+        widened = deps.kube.annotate_pool(
             pool, SECRETS_ANNOTATION, _annotation(wanted | recorded, pool.namespace)
         )
+        if widened.outcome in (Outcome.CONFLICT, Outcome.GONE):
+            return False
+    protected = True
     for namespace, name in pool.secret_refs:
-        deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
+        with deps.locks.holding(namespace):
+            write = deps.kube.set_secret_finalizer(namespace, name, CREDENTIALS_FINALIZER, True)
+        protected = protected and write.outcome is not Outcome.CONFLICT
     stale = recorded - wanted
     if stale:
-        _release_secrets(deps, stale, besides=pool.key)
+        if not _release_secrets(deps, stale, besides=pool.key):
+            return False  # the annotation keeps naming the Secret that may keep the finalizer
         deps.kube.annotate_pool(pool, SECRETS_ANNOTATION, _annotation(wanted, pool.namespace))
+    return protected
 
 
 #: Re-reads of a pool whose status write met 409 Conflict before the write is left to the
@@ -410,7 +430,9 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
     -------
     Result
         Retry after `errors.retry_delay` of the failure's reason while not Ready or
-        blocked; done otherwise (the periodic refresh queues every pool again).
+        blocked; after 1 s when a write of the pool's or a Secret's finalizer met 409
+        Conflict (a pool being deleted keeps ``ProtectPool`` until its Secrets were let
+        go); done otherwise (the periodic refresh queues every pool again).
 
     ``namespace`` is ``""`` for a Global pool.
 
@@ -437,7 +459,8 @@ def reconcile_pool(deps: PoolDeps, namespace: str, kind: str, name: str) -> Resu
         if outcome is Outcome.GONE:
             return Result.done()
     try:
-        _protect_secrets(deps, valid(pool))
+        if not _protect_secrets(deps, valid(pool)):
+            return Result.requeue_after(1.0)  # a Secret changed since read: protect it again
         status = check_pool(deps, pool)
     except PoolError as failure:
         if pool.ready[:2] != ("False", failure.reason):
@@ -497,7 +520,10 @@ def _reconcile_deleting(deps: PoolDeps, pool: Pool) -> Result:
     held = _recorded_secrets(pool) | set(pool.secret_refs)
     # Under the namespace locks (`PoolDeps.locks`): two pools reading one Secret,
     # deleted at once, must not each see the other and both keep its finalizer.
-    _release_secrets(deps, held, besides=(namespace, kind, name))
+    if not _release_secrets(deps, held, besides=(namespace, kind, name)):
+        # A Secret changed since read and may keep its finalizer: the pool, and with it
+        # what remembers the Secret, stays until it is let go.
+        return Result.requeue_after(1.0)
     if deps.kube.set_pool_finalizer(pool, capi.POOL_FINALIZER, False).outcome is Outcome.CONFLICT:
         return Result.requeue_after(1.0)  # changed since read: decided again from what it is now
     deps.clients.backends.drop((namespace, kind, name))

@@ -697,35 +697,42 @@ class Kube:
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
-    ) -> bool:
-        """Add or remove ``finalizer`` on a Secret; return False when the Secret does not exist.
+    ) -> Write:
+        """Add or remove ``finalizer`` on a Secret with a merge patch guarded by resourceVersion.
 
-        Reads the Secret's metadata first (the write is guarded by its resourceVersion); a
-        Secret that is being deleted can lose a finalizer but not get one (the API refuses).
+        Reads the Secret's metadata first (the write carries its resourceVersion); a Secret
+        that is being deleted can lose a finalizer but not get one (the API refuses).
+
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` (``obj`` None); `Outcome.UNCHANGED` when nothing had to change
+            or a Secret being deleted would need a new finalizer (no write); `Outcome.GONE`
+            when the Secret does not exist; `Outcome.CONFLICT` on 409 (the Secret changed
+            between the read and the write: the caller reads again and retries).
 
         Raises
         ------
         kubernetes.client.ApiException
-            409 when the Secret changed between the read and the write (the caller retries);
-            any other failure but 404.
+            Any failure but 404 and 409.
         """
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
             if _missing(exc):
-                return False
+                return GONE
             raise
         meta = secret.metadata
         if meta is None:
-            return True
+            return UNCHANGED
         if (
             present
             and meta.deletion_timestamp is not None
             and finalizer not in (meta.finalizers or [])
         ):
-            return True
+            return UNCHANGED
         seen = {"finalizers": list(meta.finalizers or []), "resourceVersion": meta.resource_version}
-        written = _finalizer_patch(
+        return _finalizer_patch(
             seen,
             finalizer,
             present,
@@ -736,9 +743,6 @@ class Kube:
                 name, namespace, patch, _content_type="application/merge-patch+json"
             ),
         )
-        if written.outcome is Outcome.CONFLICT:
-            raise ApiException(status=409, reason="Conflict")
-        return written.outcome is not Outcome.GONE
 
     # -- events ---------------------------------------------------------------------
 

@@ -99,6 +99,8 @@ class FakeKube:
         self.event_error: ApiException | None = None
         #: Called with the namespace once a `list_pools` has listed (races in tests).
         self.on_list_pools: Callable[[str], None] | None = None
+        #: Secret ``(namespace, name)`` -> how many finalizer writes answer 409 Conflict.
+        self.secret_conflicts: dict[tuple[str, str], int] = {}
         self._version = 100
 
     # -- helpers for tests ----------------------------------------------------------------
@@ -368,20 +370,21 @@ class FakeKube:
             self.pools, key, pool.as_object(), finalizer, present, "pool.finalizer", "/".join(key)
         )
 
-    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> None:
+    def annotate_pool(self, pool: IPPool, key: str, value: str | None) -> KubeWrite:
         namespace, name = pool.metadata.namespace, pool.name
         stored = self.pools.get((namespace, pool.kind, name))
         if stored is None:
-            return
+            return KubeWrite(Outcome.GONE)
         annotations = stored["metadata"].setdefault("annotations", {})
         if annotations.get(key) == value:
-            return
+            return KubeWrite(Outcome.UNCHANGED)
         self._record("pool.annotate", f"{namespace}/{name}", (key, value))
         if value is None:
             annotations.pop(key, None)
         else:
             annotations[key] = value
         stored["metadata"]["resourceVersion"] = self._rv()
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def patch_pool_status(
         self,
@@ -405,18 +408,28 @@ class FakeKube:
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
-    ) -> bool:
+    ) -> KubeWrite:
+        """Change a Secret's finalizers as `gateway.Kube.set_secret_finalizer` does.
+
+        While ``secret_conflicts`` counts a Secret, each write it needs answers
+        `Outcome.CONFLICT` (the Secret changed between the read and the write) and the count
+        drops by one.
+        """
         secret = self.secrets.get((namespace, name))
         if secret is None:
-            return False
+            return KubeWrite(Outcome.GONE)
         current = secret["finalizers"]
         if present and secret["deleting"] and finalizer not in current:
-            return True  # the API refuses new finalizers on an object being deleted
+            return KubeWrite(Outcome.UNCHANGED)  # the API refuses new finalizers when deleting
         wanted = [f for f in current if f != finalizer] + ([finalizer] if present else [])
-        if wanted != current:
-            self._record("secret.finalizer", f"{namespace}/{name}", (finalizer, present))
-            secret["finalizers"] = wanted
-        return True
+        if wanted == current:
+            return KubeWrite(Outcome.UNCHANGED)
+        if self.secret_conflicts.get((namespace, name), 0) > 0:
+            self.secret_conflicts[(namespace, name)] -= 1
+            return KubeWrite(Outcome.CONFLICT)
+        self._record("secret.finalizer", f"{namespace}/{name}", (finalizer, present))
+        secret["finalizers"] = wanted
+        return KubeWrite(Outcome.WRITTEN)
 
     def post_event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
         if self.event_error is not None:

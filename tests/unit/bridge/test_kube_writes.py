@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException
+from kubernetes.client import ApiException, V1ObjectMeta, V1Secret
 
 from bridge.capi import ADDRESS_FINALIZER
 from bridge.objects.client import ObjectClient as Kube
@@ -180,3 +180,58 @@ def test_deleting_an_ipaddress_that_is_gone_is_gone_not_written() -> None:
     assert kube.delete_ip_address("v1beta2", "ns", "m1").outcome is Outcome.GONE
     assert expectations.pending(("ipaddresses", "ns", "m1")) > 0  # until its DELETED comes
     assert kube.delete_ip_address("v1beta2", "ns", "m1", seen("7")).written
+
+
+class FakeCore:
+    """The CoreV1Api calls `Kube.set_secret_finalizer` makes: one Secret, its version moving."""
+
+    def __init__(self, finalizers: list[str] | None, *, changes: int = 0) -> None:
+        self.finalizers = finalizers  # None: no such Secret
+        self.version = 1
+        self.changes = changes  # how many writes another writer beats (409)
+        self.patches: list[dict[str, Any]] = []
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> V1Secret:
+        if self.finalizers is None:
+            raise ApiException(status=404, reason="Not Found")
+        meta = V1ObjectMeta(finalizers=list(self.finalizers), resource_version=str(self.version))
+        return V1Secret(metadata=meta)
+
+    def patch_namespaced_secret(
+        self, name: str, namespace: str, body: dict[str, Any], **kwargs: Any
+    ) -> V1Secret:
+        self.patches.append(body)
+        if self.changes:  # the Secret changed between the read and this write
+            self.changes -= 1
+            self.version += 1
+            raise ApiException(status=409, reason="Conflict")
+        assert body["metadata"]["resourceVersion"] == str(self.version)
+        self.finalizers = body["metadata"]["finalizers"]
+        return V1Secret(metadata=V1ObjectMeta(finalizers=self.finalizers))
+
+
+def secret_kube(core: FakeCore) -> Kube:
+    kube = Kube.__new__(Kube)
+    kube.core = core  # type: ignore[assignment]
+    return kube
+
+
+def test_a_secret_finalizer_write_answers_a_write_and_a_conflict_is_not_raised() -> None:
+    changed = FakeCore([ADDRESS_FINALIZER], changes=1)
+    kube = secret_kube(changed)
+    assert kube.set_secret_finalizer("ns", "s", ADDRESS_FINALIZER, False).outcome is (
+        Outcome.CONFLICT
+    )
+    assert changed.finalizers == [ADDRESS_FINALIZER]  # nothing written: the caller retries
+    assert kube.set_secret_finalizer("ns", "s", ADDRESS_FINALIZER, False).outcome is (
+        Outcome.WRITTEN
+    )
+    assert changed.finalizers == []
+    assert kube.set_secret_finalizer("ns", "s", ADDRESS_FINALIZER, False).outcome is (
+        Outcome.UNCHANGED
+    )
+    assert len(changed.patches) == 2
+    missing = secret_kube(FakeCore(None))
+    assert missing.set_secret_finalizer("ns", "s", ADDRESS_FINALIZER, True).outcome is (
+        Outcome.GONE
+    )

@@ -33,6 +33,7 @@ from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import parse_pool, with_location
 from bridge.reconcilers.pools import (
     CREDENTIALS_FINALIZER,
+    SECRETS_ANNOTATION,
     needs_check,
     purge_quarantined,
     reconcile_pool,
@@ -515,6 +516,86 @@ def test_two_pools_sharing_a_secret_deleted_at_once_let_it_go(world: World) -> N
     assert len(workers) == 1 and not workers[0].is_alive()
     assert kube.pools == {}  # both pools are gone...
     assert kube.secret_finalizers(NS, "creds") == []  # ...and nothing holds their Secret
+
+
+def test_a_deleted_pool_whose_secret_changed_meanwhile_stays_until_it_is_let_go(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool())
+    world.reconcile()
+    assert world.kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]
+    world.delete()
+    # The Secret changes between the read and the write of its finalizer (409 Conflict).
+    world.kube.secret_conflicts[(NS, "creds")] = 1
+    world.reset()
+    assert world.reconcile() == Result.requeue_after(1.0)  # retried soon, no crash
+    assert (NS, KIND, "pool") in world.kube.pools  # ProtectPool kept: it remembers the Secret
+    assert capi.POOL_FINALIZER in world.stored()["metadata"]["finalizers"]
+    assert world.kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]
+    assert world.kube.ops() == []
+    # The retry lets the Secret go, then the pool.
+    assert world.reconcile() == Result.done()
+    assert world.kube.ops() == ["secret.finalizer", "pool.finalizer"]
+    assert (NS, KIND, "pool") not in world.kube.pools
+    assert world.kube.secret_finalizers(NS, "creds") == []
+
+
+def test_a_secret_that_changed_before_its_protection_is_protected_on_a_retry(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool())
+    world.kube.secret_conflicts[(NS, "creds")] = 1
+    assert world.reconcile() == Result.requeue_after(1.0)
+    assert world.kube.secret_finalizers(NS, "creds") == []
+    assert world.ipam.calls == []  # no check of a pool whose Secret is not protected yet
+    assert world.reconcile() == Result.done()
+    assert world.kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]
+    assert world.ready()["status"] == "True"
+
+
+def test_a_secret_no_longer_read_that_changed_meanwhile_stays_remembered(world: World) -> None:
+    world.kube.add_secret(NS, "new-creds", {"username": "u", "password": "p2"})
+    world.kube.add_pool(phpipam_pool())
+    world.reconcile()
+    pool = world.stored()
+    pool["spec"]["credentialsRef"] = {"name": "new-creds"}
+    pool["metadata"]["generation"] = 2
+    world.kube.secret_conflicts[(NS, "creds")] = 1
+    assert world.reconcile() == Result.requeue_after(1.0)
+    # The old Secret keeps its finalizer, and the pool's annotation still names it.
+    assert world.kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]
+    assert "creds" in world.stored()["metadata"]["annotations"][SECRETS_ANNOTATION].split(",")
+    world.delete()
+    world.reconcile()
+    assert (NS, KIND, "pool") not in world.kube.pools
+    assert world.kube.secret_finalizers(NS, "creds") == []
+    assert world.kube.secret_finalizers(NS, "new-creds") == []
+
+
+def test_a_secret_let_go_by_a_deleted_pool_is_protected_again_by_a_new_reader(
+    world: World,
+) -> None:
+    """A pool created while a deleted pool decides about their Secret keeps it protected."""
+    kube = world.kube
+    kube.add_pool(phpipam_pool("a"))
+    world.reconcile("a")
+    world.delete("a")
+    created: list[threading.Thread] = []
+
+    def new_reader(namespace: str) -> None:
+        # Pool a has listed the pools (b is not among them): b is created and reconciled now.
+        if not created:
+            kube.add_pool(phpipam_pool("b"))
+            created.append(threading.Thread(target=world.reconcile, args=("b",)))
+            created[0].start()
+            created[0].join(0.2)  # as far as the namespace lock, no further
+
+    kube.on_list_pools = new_reader
+    world.reconcile("a")
+    created[0].join(5)
+    assert not created[0].is_alive()
+    assert (NS, KIND, "a") not in kube.pools
+    assert kube.secret_finalizers(NS, "creds") == [CREDENTIALS_FINALIZER]  # b reads it
 
 
 def test_a_pool_being_deleted_with_an_invalid_spec_still_goes(world: World) -> None:

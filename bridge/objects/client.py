@@ -295,8 +295,8 @@ class ObjectClient(Kube):
         status: Mapping[str, Any],
         *,
         resource_version: str | None = None,
-    ) -> None:
-        """Merge-patch a pool's status subresource (a missing pool is ignored).
+    ) -> Write:
+        """Merge-patch a pool's status subresource (`Kube.patch_status`).
 
         A Global kind is cluster-scoped: ``namespace`` is ignored. With
         ``resource_version`` the patch carries ``metadata.resourceVersion``: the API server
@@ -306,23 +306,33 @@ class ObjectClient(Kube):
         version it merged into, so a condition written by another writer since is never
         dropped.
 
+        Returns
+        -------
+        Write
+            `Outcome.WRITTEN` with the pool as stored, `Outcome.GONE` (404), or
+            `Outcome.CONFLICT` (409: the pool changed since ``resource_version``).
+
         Raises
         ------
         kubernetes.client.ApiException
-            409 when ``resource_version`` is given and the pool changed since; any other
-            failure but 404.
+            Any failure but 404 and 409.
         """
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        self.patch_status(pool_resource(kind), namespace, name, body)
+        try:
+            return self.patch_status(pool_resource(kind), namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return Write(Outcome.CONFLICT)
+            raise
 
-    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> Write:
         """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
 
         For a writer that owns one condition type among others (the drift audit's
         ``InSync``): a status written by someone else since makes the API answer 409
-        Conflict instead of being overwritten. A missing pool is ignored.
+        Conflict instead of being overwritten.
 
         Parameters
         ----------
@@ -331,12 +341,18 @@ class ObjectClient(Kube):
         conditions:
             The whole new list of conditions (written as `bridge.models.wire` gives them).
 
+        Returns
+        -------
+        Write
+            As `patch_pool_status`: `Outcome.CONFLICT` when the pool changed since it was
+            read.
+
         Raises
         ------
         kubernetes.client.ApiException
-            409 when the pool changed since it was read; any other failure but 404.
+            Any failure but 404 and 409.
         """
-        self.patch_pool_status(
+        return self.patch_pool_status(
             pool.metadata.namespace,
             pool.kind,
             pool.name,

@@ -29,8 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubernetes.client import ApiException
-
 from backends.errors import BackendError
 from bridge import capi
 from bridge.capi import Reason
@@ -116,8 +114,8 @@ class PoolApi(SecretReader, Protocol):
         status: Mapping[str, Any],
         *,
         resource_version: str | None = None,
-    ) -> None:
-        """Merge-patch a pool's status."""
+    ) -> Write:
+        """Merge-patch a pool's status (`Outcome.CONFLICT`: changed since ``resource_version``)."""
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool
@@ -391,12 +389,9 @@ def _update_status(deps: PoolDeps, pool: Pool, status: PoolStatus) -> None:
             break
         version = current.metadata.resource_version
         guard = version if "conditions" in patch and version else None
-        try:
-            deps.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
+        written = deps.kube.patch_pool_status(namespace, kind, name, patch, resource_version=guard)
+        if written.outcome is not Outcome.CONFLICT:
             break
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
         reread = deps.kube.get_pool(namespace, kind, name)
         if reread is None:
             return

@@ -43,6 +43,7 @@ from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool, parse_pool
 from bridge.runtime.events import EventSink
+from bridge.runtime.gateway import Outcome, Write
 
 __all__ = [
     "IN_SYNC",
@@ -140,10 +141,10 @@ class AuditApi(SurveyApi, Protocol):
     def get_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a CAPI Cluster, or None."""
 
-    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> Write:
         """Write a pool's ``status.conditions`` whole, guarded by the resourceVersion read.
 
-        Raises ``kubernetes.client.ApiException`` 409 when the pool changed since it was read.
+        Answers `Outcome.CONFLICT` when the pool changed since it was read.
         """
 
 
@@ -575,12 +576,8 @@ class Auditor:
             ):
                 return
             merged = [c for c in conditions if c.type != IN_SYNC] + [new]
-            try:
-                kube.patch_pool_conditions(current, merged)
+            if kube.patch_pool_conditions(current, merged).outcome is not Outcome.CONFLICT:
                 return
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
         log.info("drift audit of %s: InSync not written (the pool kept changing)", pool.display)
 
 

@@ -394,17 +394,18 @@ class FakeKube:
         status: Mapping[str, Any],
         *,
         resource_version: str | None = None,
-    ) -> None:
+    ) -> KubeWrite:
         stored = self.pools.get((namespace, kind, name))
         if stored is None:
-            return
+            return KubeWrite(Outcome.GONE)
         if resource_version is not None and resource_version != stored["metadata"].get(
             "resourceVersion"
         ):
-            raise ApiException(status=409, reason="Conflict")
+            return KubeWrite(Outcome.CONFLICT)
         self._record("pool.status", f"{namespace}/{kind}/{name}", copy.deepcopy(dict(status)))
         _merge(stored.setdefault("status", {}), status)
         stored["metadata"]["resourceVersion"] = self._rv()
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool

@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import pytest
 from fakes import DELETED_AT, FakeKube, claim, ours, phpipam_pool, pool_condition
-from kubernetes.client import ApiException
 
 from backends.base import Allocation, IPAMBackend
 from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
@@ -39,6 +38,8 @@ from bridge.reconcilers.audit import (
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.pool_backends import Pool, location_of, parse_pool
 from bridge.runtime.events import EventRecorder
+from bridge.runtime.gateway import Outcome
+from bridge.runtime.gateway import Write as KubeWrite
 
 NS = "ns"
 KIND = "PHPIPAMIPPool"
@@ -306,18 +307,19 @@ class AuditKube(FakeKube):
             if namespace is None or ns == namespace
         ]
 
-    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> None:
+    def patch_pool_conditions(self, pool: IPPool, conditions: Sequence[Condition]) -> KubeWrite:
         meta = pool.as_object()["metadata"]
         written = [wire(c) for c in conditions]
         stored = self.pools[(meta.get("namespace", ""), pool.kind, meta["name"])]
         if self.conflicts or meta["resourceVersion"] != stored["metadata"]["resourceVersion"]:
             self.conflicts = max(self.conflicts - 1, 0)
             stored["metadata"]["resourceVersion"] = self._rv()
-            raise ApiException(status=409, reason="Conflict")
+            return KubeWrite(Outcome.CONFLICT)
         target = f"{meta.get('namespace', '')}/{meta['name']}"
         self._record("pool.conditions", target, written)
         stored.setdefault("status", {})["conditions"] = copy.deepcopy(written)
         stored["metadata"]["resourceVersion"] = self._rv()
+        return KubeWrite(Outcome.WRITTEN, copy.deepcopy(stored))
 
 
 class AuditIPAM:

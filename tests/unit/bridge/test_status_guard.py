@@ -6,8 +6,10 @@ from collections.abc import Iterator
 
 import kubernetes.client
 import pytest
+from fakes import phpipam_pool
 
-from bridge.objects.client import ObjectClient, claim_resource
+from bridge.models import IPPool
+from bridge.objects.client import ObjectClient, claim_resource, pool_resource
 from bridge.runtime.gateway import Outcome, api_client
 from mock_kubernetes import EmulatedKubernetes
 from mock_kubernetes.sandbox import crd_documents
@@ -80,3 +82,26 @@ def test_a_merge_patch_answers_a_write_conflict_on_a_stale_version_and_gone_when
     assert kube.patch(resource, NS, "absent", {"metadata": {"labels": {}}}).outcome is (
         Outcome.GONE
     )
+
+
+def test_pool_writes_answer_a_conflict_on_a_stale_version_and_gone_when_absent(
+    kube: ObjectClient,
+) -> None:
+    body = phpipam_pool()
+    body["metadata"]["namespace"] = NS
+    created = kube.create(pool_resource("PHPIPAMIPPool"), body)
+    assert created.obj is not None
+    read = created.obj["metadata"]["resourceVersion"]
+    pool = IPPool.from_body(created.obj, "PHPIPAMIPPool")
+    assert kube.annotate_pool(pool, "a", "1").outcome is Outcome.WRITTEN
+    assert kube.annotate_pool(pool, "a", None).outcome is Outcome.UNCHANGED  # as read: none
+    stale = kube.patch_pool_status(
+        NS, "PHPIPAMIPPool", "pool", {"observedGeneration": 1}, resource_version=read
+    )
+    assert stale.outcome is Outcome.CONFLICT  # answered, not raised
+    stored = kube.get_pool(NS, "PHPIPAMIPPool", "pool")
+    assert stored is not None and "observedGeneration" not in stored.get("status", {})
+    absent = kube.patch_pool_status(NS, "PHPIPAMIPPool", "absent", {"observedGeneration": 1})
+    assert absent.outcome is Outcome.GONE
+    gone = IPPool.from_body({**created.obj, "metadata": {"name": "absent", "namespace": NS}})
+    assert kube.annotate_pool(gone, "a", "1").outcome is Outcome.GONE

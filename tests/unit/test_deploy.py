@@ -357,6 +357,37 @@ def test_rbac_keeps_secrets_and_events_minimal(install: list[dict[str, Any]]) ->
     assert not [key for key in granted if key[0] == "events.k8s.io"]
 
 
+#: The verb of the RBAC rule a ``CoreV1Api`` method needs, by the method's first word.
+CORE_VERBS = {
+    "read": "get",
+    "list": "list",
+    "create": "create",
+    "patch": "patch",
+    "replace": "update",
+    "delete": "delete",
+}
+
+
+def test_rbac_grants_every_secret_and_event_call_the_operator_makes(
+    install: list[dict[str, Any]],
+) -> None:
+    granted = _granted(_one(install, "ClusterRole")["rules"])
+    call = re.compile(r"\bcore\.([a-z]+)_namespaced_(secret|event)\(")
+    made: set[tuple[str, str, str]] = set()
+    for path in sorted((ROOT / "bridge").rglob("*.py")):
+        for verb, kind in call.findall(path.read_text(encoding="utf-8")):
+            made.add((path.relative_to(ROOT).as_posix(), CORE_VERBS[verb], f"{kind}s"))
+    # The gateway reads and patches Secrets and creates and patches Events.
+    assert {(verb, resource) for _, verb, resource in made} >= {
+        ("get", "secrets"),
+        ("patch", "secrets"),
+        ("create", "events"),
+        ("patch", "events"),
+    }
+    missing = sorted(m for m in made if m[1] not in granted.get(("", m[2]), set()))
+    assert missing == [], f"calls the ClusterRole does not grant: {missing}"
+
+
 def test_install_has_no_kopf_peering(install: list[dict[str, Any]]) -> None:
     # The manager runs standalone: no peering CRDs, objects, rules or settings anywhere.
     assert not PEERING_MARKERS.search(yaml.safe_dump_all(install))

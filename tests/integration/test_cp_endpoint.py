@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 from kubernetes.client import ApiException
+from moving import clusterctl_move
 
 from bridge.capi import CLUSTER_NAME_LABEL, GROUP
 from bridge.objects.client import ObjectClient
@@ -318,22 +319,6 @@ def test_a_restart_between_bound_claim_and_cluster_patch_ends_in_the_same_state(
 # -- clusterctl move ---------------------------------------------------------------------------
 
 
-def _copy(body: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """Return ``body`` as clusterctl move recreates it: metadata copied, no status, no uid."""
-    meta = body["metadata"]
-    keep = ("name", "namespace", "labels", "annotations", "finalizers")
-    new = {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": {k: meta[k] for k in keep if k in meta},
-    }
-    for key in ("spec", "data", "type"):
-        if key in body:
-            new[key] = body[key]
-    new["metadata"].update(overrides)
-    return new
-
-
 def test_clusterctl_move_allocates_nothing_new(
     make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
 ) -> None:
@@ -348,37 +333,20 @@ def test_clusterctl_move_allocates_nothing_new(
     source.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": True}}, NAMESPACE)
     phpipam.store.clear_journal()
 
-    moved = target.create(_copy(get_cluster(source)))  # type: ignore[arg-type]
-    for secret in source.list_objects("v1", "secrets", NAMESPACE):
-        target.create(_copy(secret))
-    pool_body = source.pool(NAMESPACE, "vips")
-    assert pool_body is not None
-    new_pool = target.create(_copy(pool_body))
-    claim = source.get_claim(NAMESPACE, CLAIM)
-    assert claim is not None
-    cluster_ref = {**claim["metadata"]["ownerReferences"][0], "uid": moved["metadata"]["uid"]}
-    new_claim = target.create(_copy(claim, ownerReferences=[cluster_ref]))
-    (address,) = source.addresses(NAMESPACE)
-    owners = [
-        {
-            **ref,
-            "uid": (new_claim if ref["kind"] == "IPAddressClaim" else new_pool)["metadata"]["uid"],
-        }
-        for ref in address["metadata"]["ownerReferences"]
-    ]
-    target.create(_copy(address, ownerReferences=owners))
-    for plural, version in (
-        ("ipaddresses", claims),
-        ("ipaddressclaims", claims),
-        ("phpipamippools", f"{GROUP}/v1alpha1"),
-        ("secrets", "v1"),
-        ("clusters", clusters),
-    ):
-        for obj in source.list_objects(version, plural, NAMESPACE):
-            name = obj["metadata"]["name"]
-            source.kube.patch(version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE)
-            source.delete_object(version, plural, name, NAMESPACE)
-
+    # Copy the Cluster, Secret, pool, claim and IPAddress to the target, then annotate,
+    # delete and strip them at the source, whose operator is still running.
+    clusterctl_move(
+        source,
+        target,
+        [
+            (clusters, "clusters"),
+            ("v1", "secrets"),
+            (f"{GROUP}/v1alpha1", "phpipamippools"),
+            (claims, "ipaddressclaims"),
+            (claims, "ipaddresses"),
+        ],
+    )
+    source.wait_gone(NAMESPACE, timeout=15)
     target.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE)
     (bound,) = target.wait_claims_bound(NAMESPACE, 1, timeout=20)
     assert bound["metadata"]["name"] == CLAIM

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import yaml
 from integration_env import CREDENTIALS, NAMESPACE
+from moving import clusterctl_move
 
+from bridge.capi import GROUP
 from bridge.reconcilers.control_plane import HOST_ANNOTATION, POOL_ANNOTATION, UNPAUSE_ANNOTATION
 from mock_infoblox.server import MockInfobloxServer
 from mock_kubernetes.capv import CRDS, generate_cluster
@@ -291,38 +293,28 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
         timeout=30,
         message="the source Cluster unpaused",
     )
-    phpipam_pool(target, phpipam)
-    # clusterctl move: the Cluster first (paused), its objects, the claim and its IPAddress
-    keep = ("name", "namespace", "labels", "annotations")
-
-    def moved(body: dict[str, Any], **meta: Any) -> dict[str, Any]:
-        out = {k: body[k] for k in ("apiVersion", "kind", "spec")}
-        out["metadata"] = {k: body["metadata"][k] for k in keep if k in body["metadata"]}
-        out["metadata"].update(meta)
-        return out
-
-    cluster = moved(get(source, "Cluster"))
-    cluster["spec"]["paused"] = True
-    new_cluster = target.create(cluster)
-    target.create(moved(get(source, "VSphereCluster")))
-    target.create(moved(get(source, "KubeadmControlPlane")))
-    (claim,) = source.claims(NAMESPACE)
-    owner = {**claim["metadata"]["ownerReferences"][0], "uid": new_cluster["metadata"]["uid"]}
-    new_claim = target.create(moved(claim, ownerReferences=[owner]))
     (address,) = source.addresses(NAMESPACE)
-    pool = target.pool(NAMESPACE, "vips")
-    assert pool is not None
-    owners = [
-        {
-            **ref,
-            "uid": (new_claim if ref["kind"] == "IPAddressClaim" else pool)["metadata"]["uid"],
-        }
-        for ref in address["metadata"]["ownerReferences"]
-    ]
-    target.create(moved(address, ownerReferences=owners))
-    target.kube.patch(
-        "cluster.x-k8s.io/v1beta2", "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE
+    clusters = "cluster.x-k8s.io/v1beta2"
+    source.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": True}}, NAMESPACE)
+    phpipam.store.clear_journal()
+    # clusterctl move: the Cluster (paused) and its objects, the pool and its Secret, the claim
+    # and its IPAddress copied to the target; then annotated, deleted and stripped at the
+    # source, whose operator is still running.
+    clusterctl_move(
+        source,
+        target,
+        [
+            (clusters, "clusters"),
+            (f"{INFRA}/v1beta2", "vsphereclusters"),
+            (f"{KCP}/v1beta2", "kubeadmcontrolplanes"),
+            ("v1", "secrets"),
+            (f"{GROUP}/v1alpha1", "phpipamippools"),
+            (f"{GROUP}/v1beta2", "ipaddressclaims"),
+            (f"{GROUP}/v1beta2", "ipaddresses"),
+        ],
     )
+    source.wait_gone(NAMESPACE, timeout=15)
+    target.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE)
     target.wait_claims_bound(NAMESPACE, 1, timeout=20)
     wait_for(
         lambda: reads(target, "kubeadmcontrolplanes") > 0,
@@ -331,6 +323,8 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
     )
     assert writes(target) == []
     assert vip_of(get(target, "KubeadmControlPlane")) == address["spec"]["address"]
+    assert [a["spec"] for a in target.addresses(NAMESPACE)] == [address["spec"]]
+    assert phpipam.store.requests(writes_only=True) == []  # nothing allocated, nothing released
 
 
 DOCKER_CLUSTER_CRD = {

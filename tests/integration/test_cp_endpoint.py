@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 from kubernetes.client import ApiException
-from moving import clusterctl_move
+from moving import PHPIPAM_MOVE, clusterctl_move
 
 from bridge.capi import CLUSTER_NAME_LABEL, GROUP
 from bridge.objects.client import ObjectClient
@@ -50,9 +50,16 @@ def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def capi_sandbox(make_sandbox: Callable[..., Sandbox], release: str) -> Sandbox:
-    version = SERVED[release]
-    return make_sandbox(capi_versions=(version,), capi_crds=CLUSTER_CRDS[release])
+def capi_sandbox(
+    make_sandbox: Callable[..., Sandbox], release: str, *crds: Path, **kwargs: Any
+) -> Sandbox:
+    """Return a sandbox serving ``release``'s Cluster CRD (and IPAM CRDs), plus ``crds``.
+
+    ``kwargs`` go to ``make_sandbox`` as they are.
+    """
+    return make_sandbox(
+        capi_versions=(SERVED[release],), capi_crds=[*CLUSTER_CRDS[release], *crds], **kwargs
+    )
 
 
 def new_cluster(
@@ -120,10 +127,27 @@ def phpipam_hosts(server: MockPhpipamServer) -> dict[str, str]:
 
 
 def phpipam_pool(sandbox: Sandbox, server: MockPhpipamServer) -> None:
+    """Create the pool ``vips`` on subnet 7 of ``server`` and wait until it is ready."""
     sandbox.phpipam_pool(
         NAMESPACE, "vips", endpoint=server.url, subnet_id=7, credentials=CREDENTIALS
     )
     sandbox.wait_pool_ready(NAMESPACE, "vips")
+
+
+def infoblox_dns_pool(sandbox: Sandbox, server: MockInfobloxServer) -> None:
+    """Create the pool ``ib`` (10.20.0.0/24 of ``server``, DNS zone ``nodes.example.com``).
+
+    Returns once the pool is ready.
+    """
+    sandbox.infoblox_pool(
+        NAMESPACE,
+        "ib",
+        endpoint=server.url,
+        subnet="10.20.0.0/24",
+        credentials=CREDENTIALS,
+        dnsZone="nodes.example.com",
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
 
 
 ASK = {
@@ -221,15 +245,7 @@ def test_an_endpoint_already_set_is_never_overwritten(
 def test_infoblox_dns_host_on_a_cluster_without_topology(
     sandbox: Sandbox, infoblox: MockInfobloxServer
 ) -> None:
-    sandbox.infoblox_pool(
-        NAMESPACE,
-        "ib",
-        endpoint=infoblox.url,
-        subnet="10.20.0.0/24",
-        credentials=CREDENTIALS,
-        dnsZone="nodes.example.com",
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
+    infoblox_dns_pool(sandbox, infoblox)
     annotations = {
         POOL_ANNOTATION: "InfobloxIPPool/ib",
         VARIABLES_ANNOTATION: "controlPlaneIpAddr",
@@ -329,23 +345,13 @@ def test_clusterctl_move_allocates_nothing_new(
     wait_for(lambda: host_of(source), timeout=20, message="the endpoint in the source")
     before = phpipam_hosts(phpipam)
     clusters = f"cluster.x-k8s.io/{source.version}"
-    claims = f"{GROUP}/{source.version}"
     source.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": True}}, NAMESPACE)
     phpipam.store.clear_journal()
 
     # Copy the Cluster, Secret, pool, claim and IPAddress to the target, then annotate,
     # delete and strip them at the source, whose operator is still running.
-    clusterctl_move(
-        source,
-        target,
-        [
-            (clusters, "clusters"),
-            ("v1", "secrets"),
-            (f"{GROUP}/v1alpha1", "phpipamippools"),
-            (claims, "ipaddressclaims"),
-            (claims, "ipaddresses"),
-        ],
-    )
+    assert source.version == "v1beta2"  # the version of PHPIPAM_MOVE's claims
+    clusterctl_move(source, target, [(clusters, "clusters"), *PHPIPAM_MOVE])
     source.wait_gone(NAMESPACE, timeout=15)
     target.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE)
     (bound,) = target.wait_claims_bound(NAMESPACE, 1, timeout=20)

@@ -18,25 +18,16 @@ from typing import Any
 
 import pytest
 import yaml
-from integration_env import CREDENTIALS, NAMESPACE
-from moving import clusterctl_move
+from integration_env import NAMESPACE, schemaless_crd
+from moving import PHPIPAM_MOVE, clusterctl_move
+from test_cp_endpoint import capi_sandbox, infoblox_dns_pool, phpipam_pool
 
-from bridge.capi import GROUP
 from bridge.reconcilers.control_plane import HOST_ANNOTATION, POOL_ANNOTATION, UNPAUSE_ANNOTATION
 from mock_infoblox.server import MockInfobloxServer
 from mock_kubernetes.capv import CRDS, generate_cluster
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER_CRDS = {
-    "v1.14": [REPO / "crds" / "capi" / "cluster.x-k8s.io_clusters.yaml"],
-    "v1.10": [
-        REPO / "crds" / "capi" / "v1_10" / "cluster.x-k8s.io_clusters.yaml",
-        *sorted((REPO / "tests" / "data" / "capi-crds" / "v1.10.10").glob("ipam.*.yaml")),
-    ],
-}
-SERVED = {"v1.14": "v1beta2", "v1.10": "v1beta1"}
 ASK = {POOL_ANNOTATION: "PHPIPAMIPPool/vips", UNPAUSE_ANNOTATION: "true"}
 INFRA = "infrastructure.cluster.x-k8s.io"
 KCP = "controlplane.cluster.x-k8s.io"
@@ -59,16 +50,8 @@ def release(request: pytest.FixtureRequest) -> str:
 
 
 def capv_sandbox(make_sandbox: Callable[..., Sandbox], release: str, **kwargs: Any) -> Sandbox:
-    return make_sandbox(
-        capi_versions=(SERVED[release],), capi_crds=[*CLUSTER_CRDS[release], *CRDS], **kwargs
-    )
-
-
-def phpipam_pool(sandbox: Sandbox, server: MockPhpipamServer) -> None:
-    sandbox.phpipam_pool(
-        NAMESPACE, "vips", endpoint=server.url, subnet_id=7, credentials=CREDENTIALS
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "vips")
+    """Return a sandbox serving ``release``'s Cluster CRD and CAPV's and CAPI's CRDs."""
+    return capi_sandbox(make_sandbox, release, *CRDS, **kwargs)
 
 
 def _v1beta1(body: dict[str, Any]) -> dict[str, Any]:
@@ -307,10 +290,7 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
             (clusters, "clusters"),
             (f"{INFRA}/v1beta2", "vsphereclusters"),
             (f"{KCP}/v1beta2", "kubeadmcontrolplanes"),
-            ("v1", "secrets"),
-            (f"{GROUP}/v1alpha1", "phpipamippools"),
-            (f"{GROUP}/v1beta2", "ipaddressclaims"),
-            (f"{GROUP}/v1beta2", "ipaddresses"),
+            *PHPIPAM_MOVE,
         ],
     )
     source.wait_gone(NAMESPACE, timeout=15)
@@ -327,34 +307,7 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
     assert phpipam.store.requests(writes_only=True) == []  # nothing allocated, nothing released
 
 
-DOCKER_CLUSTER_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"dockerclusters.{INFRA}"},
-    "spec": {
-        "group": INFRA,
-        "names": {
-            "kind": "DockerCluster",
-            "plural": "dockerclusters",
-            "listKind": "DockerClusterList",
-            "singular": "dockercluster",
-        },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1beta2",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+DOCKER_CLUSTER_CRD = schemaless_crd(INFRA, "v1beta2", "DockerCluster", "dockerclusters")
 
 
 def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
@@ -362,11 +315,7 @@ def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
 ) -> None:
     crd = tmp_path / "dockerclusters.yaml"
     crd.write_text(yaml.safe_dump(DOCKER_CLUSTER_CRD))
-    sandbox = make_sandbox(
-        capi_versions=("v1beta2",),
-        capi_crds=[*CLUSTER_CRDS["v1.14"], *CRDS, crd],
-        identity="operator",
-    )
+    sandbox = capi_sandbox(make_sandbox, "v1.14", *CRDS, crd, identity="operator")
     phpipam_pool(sandbox, phpipam)
     objects = {o["kind"]: o for o in generate_cluster(VALUES)}
     sandbox.create(
@@ -414,15 +363,7 @@ def test_a_dns_endpoint_goes_into_cert_sans_with_the_address(
     make_sandbox: Callable[..., Sandbox], infoblox: MockInfobloxServer
 ) -> None:
     sandbox = capv_sandbox(make_sandbox, "v1.14")
-    sandbox.infoblox_pool(
-        NAMESPACE,
-        "ib",
-        endpoint=infoblox.url,
-        subnet="10.20.0.0/24",
-        credentials=CREDENTIALS,
-        dnsZone="nodes.example.com",
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
+    infoblox_dns_pool(sandbox, infoblox)
     created = apply_template(
         sandbox,
         annotations={

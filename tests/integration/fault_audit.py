@@ -20,7 +20,15 @@ from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
-__all__ = ["Audit", "FailureLog", "audit", "converged", "print_figures", "wait_converged"]
+__all__ = [
+    "Audit",
+    "FailureLog",
+    "audit",
+    "converged",
+    "entries_per_claim",
+    "print_figures",
+    "wait_converged",
+]
 
 #: The /24 of `integration_env.PHPIPAM_SEED` (gateway 10.20.0.1, 253 assignable addresses).
 SUBNET_ID = 7
@@ -308,6 +316,18 @@ def bound_names(sandbox: Sandbox) -> set[str]:
 def registered(store: Store) -> list[tuple[str, str]]:
     """The (hostname, address) rows of the subnet, gateway included, sorted."""
     return sorted((a.hostname or "", a.ip.compressed) for a in store.subnet_addresses(SUBNET_ID))
+
+
+def entries_per_claim(store: Store, subnet_id: int = SUBNET_ID) -> Counter[str]:
+    """Count a subnet's phpIPAM entries per claim name (a hostname is ``<claim>.<namespace>``).
+
+    The gateway and the operator's reserved entries are left out.
+    """
+    return Counter(
+        str(a.hostname).split(".", 1)[0]
+        for a in store.subnet_addresses(subnet_id)
+        if not a.is_gateway and not str(a.hostname).startswith("ipam-bridge-reserved")
+    )
 
 
 def logins(store: Store, *, ok: bool) -> int:

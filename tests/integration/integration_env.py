@@ -1,4 +1,4 @@
-"""Names, credentials and seeds shared by the integration tests.
+"""Names, credentials, seeds and object bodies shared by the integration tests.
 
 A module of its own (not ``conftest``): pytest imports every folder's ``conftest.py`` under
 the one name ``conftest``, so ``from conftest import ...`` picks whichever was loaded last
@@ -51,3 +51,55 @@ INFOBLOX_SEED: dict[str, Any] = {
     ],
     "used": [{"ip": "10.20.0.1", "network_view": "default", "names": ["gateway"], "types": ["A"]}],
 }
+
+
+def schemaless_crd(
+    group: str, version: str, kind: str, plural: str, scope: str = "Namespaced"
+) -> dict[str, Any]:
+    """Return a CustomResourceDefinition of one served version that takes any fields.
+
+    Parameters
+    ----------
+    group, version : str
+        The API group and its one (served, storage) version.
+    kind, plural : str
+        The kind and its plural; the singular is the kind in lower case and the list kind
+        ``<kind>List``.
+    scope : str
+        ``Namespaced`` or ``Cluster``.
+
+    Returns
+    -------
+    dict
+        The ``apiextensions.k8s.io/v1`` body, its schema an object that preserves unknown
+        fields.
+
+    """
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "names": {
+                "kind": kind,
+                "plural": plural,
+                "listKind": f"{kind}List",
+                "singular": kind.lower(),
+            },
+            "scope": scope,
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }

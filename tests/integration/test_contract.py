@@ -22,13 +22,13 @@ import pytest
 import trustme
 import yaml
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
+from moving import PHPIPAM_MOVE, clusterctl_move
 
 from backends.phpipam import RESERVED_NETWORK_HOSTNAME
 from bridge.capi import (
     CLAIM_FINALIZER,
     CLUSTER_NAME_LABEL,
     GROUP,
-    MOVE_ANNOTATION,
     PAUSED_ANNOTATION,
     POOL_FINALIZER,
 )
@@ -329,66 +329,7 @@ def test_crds_carry_the_clusterctl_labels() -> None:
 
 
 #: What clusterctl move copies: (apiVersion, plural) in creation order (owners first).
-MOVED = [
-    (CLUSTERS, "clusters"),
-    ("v1", "secrets"),
-    (POOLS, "phpipamippools"),
-    (f"{GROUP}/v1beta2", "ipaddressclaims"),
-    (f"{GROUP}/v1beta2", "ipaddresses"),
-]
-
-
-def clusterctl_move(
-    source: Sandbox, target: Sandbox, *, keep: frozenset[str] = frozenset()
-) -> None:
-    """Copy the moved objects as ``clusterctl move`` does, then delete them at the source.
-
-    Spec (or ``data``) and metadata (labels, annotations, finalizers) are copied; status,
-    UIDs and resourceVersions are not; owner references get the new owners' UIDs. At the
-    source each object is annotated ``clusterctl.cluster.x-k8s.io/delete-for-move``, deleted,
-    then stripped of its finalizers (``mover.go`` ``deleteSourceObject``, real-cluster.md
-    13c), so no release runs there: the annotation says the address moved; the
-    resources named in ``keep`` (plurals) are copied but stay at the source (a pool without
-    the cluster-name label is not moved: its user recreates it at the target).
-    """
-    uids: dict[tuple[str, str], str] = {}
-    for api_version, plural in MOVED:
-        for obj in source.kube.list(api_version, plural, NAMESPACE):
-            meta = obj["metadata"]
-            body: dict[str, Any] = {
-                "apiVersion": api_version,
-                "kind": obj.get("kind") or target.kube._resource(api_version, plural).kind,
-                "metadata": {
-                    "name": meta["name"],
-                    "namespace": NAMESPACE,
-                    "labels": copy.deepcopy(meta.get("labels") or {}),
-                    "annotations": copy.deepcopy(meta.get("annotations") or {}),
-                    "finalizers": list(meta.get("finalizers") or []),
-                    "ownerReferences": [
-                        {**ref, "uid": uids[(ref["kind"], ref["name"])]}
-                        for ref in meta.get("ownerReferences") or []
-                    ],
-                },
-            }
-            for key in ("spec", "data", "type"):
-                if key in obj:
-                    body[key] = copy.deepcopy(obj[key])
-            created = target.apply(body)
-            assert created["metadata"]["uid"] != meta["uid"]
-            uids[(body["kind"], meta["name"])] = created["metadata"]["uid"]
-            assert "status" not in created
-    for api_version, plural in reversed(MOVED):
-        if plural in keep:
-            continue
-        for obj in source.kube.list(api_version, plural, NAMESPACE):
-            name = obj["metadata"]["name"]
-            moving = {"metadata": {"annotations": {MOVE_ANNOTATION: ""}}}
-            source.kube.patch(api_version, plural, name, moving, NAMESPACE)
-            source.kube.delete(api_version, plural, name, NAMESPACE)
-            if source.kube.get(api_version, plural, name, NAMESPACE) is not None:
-                source.kube.patch(
-                    api_version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE
-                )
+MOVED = ((CLUSTERS, "clusters"), *PHPIPAM_MOVE)
 
 
 @pytest.mark.parametrize("labelled", [True, False], ids=["pool-moved", "pool-shared"])
@@ -426,9 +367,8 @@ def test_clusterctl_move_rebuilds_status_and_allocates_nothing(
     source.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": True}}, NAMESPACE)
     phpipam.store.clear_journal()
     target = make_sandbox(start_operator=False)
-    clusterctl_move(
-        source, target, keep=frozenset() if labelled else frozenset({"phpipamippools", "secrets"})
-    )
+    # A pool without the cluster-name label is copied but stays at the source.
+    clusterctl_move(source, target, MOVED, keep=() if labelled else ("phpipamippools", "secrets"))
     target.start_operator()
     # A claim the source operator still holds (its finalizer) when its Cluster is gone goes
     # without freeing its (moved) address: it carries clusterctl's delete-for-move.

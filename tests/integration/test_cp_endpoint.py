@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 from kubernetes.client import ApiException
+from moving import PHPIPAM_MOVE, clusterctl_move
 
 from bridge.capi import CLUSTER_NAME_LABEL, GROUP
 from bridge.objects.client import ObjectClient
@@ -49,9 +50,16 @@ def release(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def capi_sandbox(make_sandbox: Callable[..., Sandbox], release: str) -> Sandbox:
-    version = SERVED[release]
-    return make_sandbox(capi_versions=(version,), capi_crds=CLUSTER_CRDS[release])
+def capi_sandbox(
+    make_sandbox: Callable[..., Sandbox], release: str, *crds: Path, **kwargs: Any
+) -> Sandbox:
+    """Return a sandbox serving ``release``'s Cluster CRD (and IPAM CRDs), plus ``crds``.
+
+    ``kwargs`` go to ``make_sandbox`` as they are.
+    """
+    return make_sandbox(
+        capi_versions=(SERVED[release],), capi_crds=[*CLUSTER_CRDS[release], *crds], **kwargs
+    )
 
 
 def new_cluster(
@@ -119,10 +127,27 @@ def phpipam_hosts(server: MockPhpipamServer) -> dict[str, str]:
 
 
 def phpipam_pool(sandbox: Sandbox, server: MockPhpipamServer) -> None:
+    """Create the pool ``vips`` on subnet 7 of ``server`` and wait until it is ready."""
     sandbox.phpipam_pool(
         NAMESPACE, "vips", endpoint=server.url, subnet_id=7, credentials=CREDENTIALS
     )
     sandbox.wait_pool_ready(NAMESPACE, "vips")
+
+
+def infoblox_dns_pool(sandbox: Sandbox, server: MockInfobloxServer) -> None:
+    """Create the pool ``ib`` (10.20.0.0/24 of ``server``, DNS zone ``nodes.example.com``).
+
+    Returns once the pool is ready.
+    """
+    sandbox.infoblox_pool(
+        NAMESPACE,
+        "ib",
+        endpoint=server.url,
+        subnet="10.20.0.0/24",
+        credentials=CREDENTIALS,
+        dnsZone="nodes.example.com",
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
 
 
 ASK = {
@@ -220,15 +245,7 @@ def test_an_endpoint_already_set_is_never_overwritten(
 def test_infoblox_dns_host_on_a_cluster_without_topology(
     sandbox: Sandbox, infoblox: MockInfobloxServer
 ) -> None:
-    sandbox.infoblox_pool(
-        NAMESPACE,
-        "ib",
-        endpoint=infoblox.url,
-        subnet="10.20.0.0/24",
-        credentials=CREDENTIALS,
-        dnsZone="nodes.example.com",
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
+    infoblox_dns_pool(sandbox, infoblox)
     annotations = {
         POOL_ANNOTATION: "InfobloxIPPool/ib",
         VARIABLES_ANNOTATION: "controlPlaneIpAddr",
@@ -318,22 +335,6 @@ def test_a_restart_between_bound_claim_and_cluster_patch_ends_in_the_same_state(
 # -- clusterctl move ---------------------------------------------------------------------------
 
 
-def _copy(body: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """Return ``body`` as clusterctl move recreates it: metadata copied, no status, no uid."""
-    meta = body["metadata"]
-    keep = ("name", "namespace", "labels", "annotations", "finalizers")
-    new = {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": {k: meta[k] for k in keep if k in meta},
-    }
-    for key in ("spec", "data", "type"):
-        if key in body:
-            new[key] = body[key]
-    new["metadata"].update(overrides)
-    return new
-
-
 def test_clusterctl_move_allocates_nothing_new(
     make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
 ) -> None:
@@ -344,41 +345,14 @@ def test_clusterctl_move_allocates_nothing_new(
     wait_for(lambda: host_of(source), timeout=20, message="the endpoint in the source")
     before = phpipam_hosts(phpipam)
     clusters = f"cluster.x-k8s.io/{source.version}"
-    claims = f"{GROUP}/{source.version}"
     source.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": True}}, NAMESPACE)
     phpipam.store.clear_journal()
 
-    moved = target.create(_copy(get_cluster(source)))  # type: ignore[arg-type]
-    for secret in source.list_objects("v1", "secrets", NAMESPACE):
-        target.create(_copy(secret))
-    pool_body = source.pool(NAMESPACE, "vips")
-    assert pool_body is not None
-    new_pool = target.create(_copy(pool_body))
-    claim = source.get_claim(NAMESPACE, CLAIM)
-    assert claim is not None
-    cluster_ref = {**claim["metadata"]["ownerReferences"][0], "uid": moved["metadata"]["uid"]}
-    new_claim = target.create(_copy(claim, ownerReferences=[cluster_ref]))
-    (address,) = source.addresses(NAMESPACE)
-    owners = [
-        {
-            **ref,
-            "uid": (new_claim if ref["kind"] == "IPAddressClaim" else new_pool)["metadata"]["uid"],
-        }
-        for ref in address["metadata"]["ownerReferences"]
-    ]
-    target.create(_copy(address, ownerReferences=owners))
-    for plural, version in (
-        ("ipaddresses", claims),
-        ("ipaddressclaims", claims),
-        ("phpipamippools", f"{GROUP}/v1alpha1"),
-        ("secrets", "v1"),
-        ("clusters", clusters),
-    ):
-        for obj in source.list_objects(version, plural, NAMESPACE):
-            name = obj["metadata"]["name"]
-            source.kube.patch(version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE)
-            source.delete_object(version, plural, name, NAMESPACE)
-
+    # Copy the Cluster, Secret, pool, claim and IPAddress to the target, then annotate,
+    # delete and strip them at the source, whose operator is still running.
+    assert source.version == "v1beta2"  # the version of PHPIPAM_MOVE's claims
+    clusterctl_move(source, target, [(clusters, "clusters"), *PHPIPAM_MOVE])
+    source.wait_gone(NAMESPACE, timeout=15)
     target.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE)
     (bound,) = target.wait_claims_bound(NAMESPACE, 1, timeout=20)
     assert bound["metadata"]["name"] == CLAIM

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from integration_env import CREDENTIALS, NAMESPACE
+from integration_env import NAMESPACE, schemaless_crd
+from moving import PHPIPAM_MOVE, clusterctl_move
+from test_cp_endpoint import capi_sandbox, infoblox_dns_pool, phpipam_pool
 
 from bridge.reconcilers.control_plane import HOST_ANNOTATION, POOL_ANNOTATION, UNPAUSE_ANNOTATION
 from mock_infoblox.server import MockInfobloxServer
@@ -26,15 +28,6 @@ from mock_kubernetes.capv import CRDS, generate_cluster
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER_CRDS = {
-    "v1.14": [REPO / "crds" / "capi" / "cluster.x-k8s.io_clusters.yaml"],
-    "v1.10": [
-        REPO / "crds" / "capi" / "v1_10" / "cluster.x-k8s.io_clusters.yaml",
-        *sorted((REPO / "tests" / "data" / "capi-crds" / "v1.10.10").glob("ipam.*.yaml")),
-    ],
-}
-SERVED = {"v1.14": "v1beta2", "v1.10": "v1beta1"}
 ASK = {POOL_ANNOTATION: "PHPIPAMIPPool/vips", UNPAUSE_ANNOTATION: "true"}
 INFRA = "infrastructure.cluster.x-k8s.io"
 KCP = "controlplane.cluster.x-k8s.io"
@@ -57,16 +50,8 @@ def release(request: pytest.FixtureRequest) -> str:
 
 
 def capv_sandbox(make_sandbox: Callable[..., Sandbox], release: str, **kwargs: Any) -> Sandbox:
-    return make_sandbox(
-        capi_versions=(SERVED[release],), capi_crds=[*CLUSTER_CRDS[release], *CRDS], **kwargs
-    )
-
-
-def phpipam_pool(sandbox: Sandbox, server: MockPhpipamServer) -> None:
-    sandbox.phpipam_pool(
-        NAMESPACE, "vips", endpoint=server.url, subnet_id=7, credentials=CREDENTIALS
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "vips")
+    """Return a sandbox serving ``release``'s Cluster CRD and CAPV's and CAPI's CRDs."""
+    return capi_sandbox(make_sandbox, release, *CRDS, **kwargs)
 
 
 def _v1beta1(body: dict[str, Any]) -> dict[str, Any]:
@@ -291,38 +276,25 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
         timeout=30,
         message="the source Cluster unpaused",
     )
-    phpipam_pool(target, phpipam)
-    # clusterctl move: the Cluster first (paused), its objects, the claim and its IPAddress
-    keep = ("name", "namespace", "labels", "annotations")
-
-    def moved(body: dict[str, Any], **meta: Any) -> dict[str, Any]:
-        out = {k: body[k] for k in ("apiVersion", "kind", "spec")}
-        out["metadata"] = {k: body["metadata"][k] for k in keep if k in body["metadata"]}
-        out["metadata"].update(meta)
-        return out
-
-    cluster = moved(get(source, "Cluster"))
-    cluster["spec"]["paused"] = True
-    new_cluster = target.create(cluster)
-    target.create(moved(get(source, "VSphereCluster")))
-    target.create(moved(get(source, "KubeadmControlPlane")))
-    (claim,) = source.claims(NAMESPACE)
-    owner = {**claim["metadata"]["ownerReferences"][0], "uid": new_cluster["metadata"]["uid"]}
-    new_claim = target.create(moved(claim, ownerReferences=[owner]))
     (address,) = source.addresses(NAMESPACE)
-    pool = target.pool(NAMESPACE, "vips")
-    assert pool is not None
-    owners = [
-        {
-            **ref,
-            "uid": (new_claim if ref["kind"] == "IPAddressClaim" else pool)["metadata"]["uid"],
-        }
-        for ref in address["metadata"]["ownerReferences"]
-    ]
-    target.create(moved(address, ownerReferences=owners))
-    target.kube.patch(
-        "cluster.x-k8s.io/v1beta2", "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE
+    clusters = "cluster.x-k8s.io/v1beta2"
+    source.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": True}}, NAMESPACE)
+    phpipam.store.clear_journal()
+    # clusterctl move: the Cluster (paused) and its objects, the pool and its Secret, the claim
+    # and its IPAddress copied to the target; then annotated, deleted and stripped at the
+    # source, whose operator is still running.
+    clusterctl_move(
+        source,
+        target,
+        [
+            (clusters, "clusters"),
+            (f"{INFRA}/v1beta2", "vsphereclusters"),
+            (f"{KCP}/v1beta2", "kubeadmcontrolplanes"),
+            *PHPIPAM_MOVE,
+        ],
     )
+    source.wait_gone(NAMESPACE, timeout=15)
+    target.kube.patch(clusters, "clusters", "wl1", {"spec": {"paused": False}}, NAMESPACE)
     target.wait_claims_bound(NAMESPACE, 1, timeout=20)
     wait_for(
         lambda: reads(target, "kubeadmcontrolplanes") > 0,
@@ -331,36 +303,11 @@ def test_clusterctl_move_into_a_running_operator_writes_nothing(
     )
     assert writes(target) == []
     assert vip_of(get(target, "KubeadmControlPlane")) == address["spec"]["address"]
+    assert [a["spec"] for a in target.addresses(NAMESPACE)] == [address["spec"]]
+    assert phpipam.store.requests(writes_only=True) == []  # nothing allocated, nothing released
 
 
-DOCKER_CLUSTER_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"dockerclusters.{INFRA}"},
-    "spec": {
-        "group": INFRA,
-        "names": {
-            "kind": "DockerCluster",
-            "plural": "dockerclusters",
-            "listKind": "DockerClusterList",
-            "singular": "dockercluster",
-        },
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1beta2",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+DOCKER_CLUSTER_CRD = schemaless_crd(INFRA, "v1beta2", "DockerCluster", "dockerclusters")
 
 
 def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
@@ -368,11 +315,7 @@ def test_a_kind_the_operator_may_not_patch_names_the_rule_and_the_rest_goes_on(
 ) -> None:
     crd = tmp_path / "dockerclusters.yaml"
     crd.write_text(yaml.safe_dump(DOCKER_CLUSTER_CRD))
-    sandbox = make_sandbox(
-        capi_versions=("v1beta2",),
-        capi_crds=[*CLUSTER_CRDS["v1.14"], *CRDS, crd],
-        identity="operator",
-    )
+    sandbox = capi_sandbox(make_sandbox, "v1.14", *CRDS, crd, identity="operator")
     phpipam_pool(sandbox, phpipam)
     objects = {o["kind"]: o for o in generate_cluster(VALUES)}
     sandbox.create(
@@ -420,15 +363,7 @@ def test_a_dns_endpoint_goes_into_cert_sans_with_the_address(
     make_sandbox: Callable[..., Sandbox], infoblox: MockInfobloxServer
 ) -> None:
     sandbox = capv_sandbox(make_sandbox, "v1.14")
-    sandbox.infoblox_pool(
-        NAMESPACE,
-        "ib",
-        endpoint=infoblox.url,
-        subnet="10.20.0.0/24",
-        credentials=CREDENTIALS,
-        dnsZone="nodes.example.com",
-    )
-    sandbox.wait_pool_ready(NAMESPACE, "ib", kind="InfobloxIPPool")
+    infoblox_dns_pool(sandbox, infoblox)
     created = apply_template(
         sandbox,
         annotations={

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -183,9 +184,13 @@ class Replica:
         self.proc.wait(10)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
-    """The emulated API with a phpIPAM pool; no operator in this process."""
+@contextmanager
+def lease_cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
+    """Yield the emulated API (in ``tmp_path``) with a phpIPAM pool and no operator in it.
+
+    The pool ``pool`` (subnet 7 of ``phpipam``) in `NAMESPACE` is created, not waited for:
+    the replicas started against the sandbox serve it.
+    """
     with Sandbox(tmp_path, start_operator=False) as sandbox:
         sandbox.namespace(NAMESPACE)
         sandbox.phpipam_pool(
@@ -194,13 +199,19 @@ def cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
         yield sandbox
 
 
-@pytest.fixture
-def replicas(cluster: Sandbox, tmp_path: Path) -> Iterator[Callable[..., Replica]]:
-    """Start replicas (``replicas("a", **env)``); every one is killed after the test."""
+@contextmanager
+def running_replicas(
+    make: Callable[..., Replica], *, tail: int = 40
+) -> Iterator[Callable[..., Replica]]:
+    """Yield a function that starts a replica with ``make`` and keeps it for the end.
+
+    Every replica started is killed on leaving, then the last ``tail`` lines of each one's
+    output are written to stderr (pytest shows them when the test failed).
+    """
     started: list[Replica] = []
 
-    def start(name: str, **env: Any) -> Replica:
-        replica = Replica(cluster, name, tmp_path, **env)
+    def start(*args: Any, **kwargs: Any) -> Replica:
+        replica = make(*args, **kwargs)
         started.append(replica)
         return replica
 
@@ -209,9 +220,27 @@ def replicas(cluster: Sandbox, tmp_path: Path) -> Iterator[Callable[..., Replica
     finally:
         for replica in started:
             replica.stop()
-        for replica in started:  # shown when the test failed
-            tail = "\n".join(replica.output().splitlines()[-40:])
-            sys.stderr.write(f"--- {replica.pod}\n{tail}\n")
+        for replica in started:
+            output = "\n".join(replica.output().splitlines()[-tail:])
+            sys.stderr.write(f"--- {replica.pod}\n{output}\n")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
+    """The emulated API with a phpIPAM pool; no operator in this process."""
+    with lease_cluster(tmp_path, phpipam) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def replicas(cluster: Sandbox, tmp_path: Path) -> Iterator[Callable[..., Replica]]:
+    """Start replicas (``replicas("a", **env)``); every one is killed after the test."""
+
+    def make(name: str, **env: Any) -> Replica:
+        return Replica(cluster, name, tmp_path, **env)
+
+    with running_replicas(make) as start:
+        yield start
 
 
 def lease(sandbox: Sandbox) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
+from moving import PHPIPAM_MOVE, clusterctl_move
 
 import bridge.operator as operator_module
 from bridge.capi import ADDRESS_FINALIZER, CLAIM_FINALIZER, GROUP
@@ -136,22 +137,6 @@ def test_a_foreign_claim_keeps_its_finalizer_and_is_never_written(
 # -- 2. clusterctl move into a running operator -----------------------------------------
 
 
-def _copy(body: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """Return ``body`` as clusterctl move recreates it: metadata copied, no status, no uid."""
-    meta = body["metadata"]
-    keep = ("name", "namespace", "labels", "annotations", "finalizers")
-    new = {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": {k: meta[k] for k in keep if k in meta},
-    }
-    for key in ("spec", "data", "type"):
-        if key in body:
-            new[key] = body[key]
-    new["metadata"].update(overrides)
-    return new
-
-
 def test_clusterctl_move_into_a_running_operator_keeps_every_address(
     make_sandbox: Callable[..., Sandbox], phpipam: MockPhpipamServer
 ) -> None:
@@ -171,35 +156,11 @@ def test_clusterctl_move_into_a_running_operator_keeps_every_address(
     set_paused(source, "c1", True)  # clusterctl move pauses the Cluster first
     phpipam.store.clear_journal()
 
-    # Recreate in the target (running operator): Cluster (paused), Secret, pool, claims, then
-    # the IPAddresses with their owner references pointing at the new UIDs.
-    get = source.get_object
-    target.create(_copy(get(CLUSTERS, "clusters", "c1", NAMESPACE)))  # type: ignore[arg-type]
-    for secret in source.list_objects("v1", "secrets", NAMESPACE):
-        target.create(_copy(secret))
-    pool_body = source.pool(NAMESPACE, "pool")
-    assert pool_body is not None
-    new_pool = target.create(_copy(pool_body))
-    new_claims = {c["metadata"]["name"]: target.create(_copy(c)) for c in source.claims(NAMESPACE)}
-    for address in source.addresses(NAMESPACE):
-        owners = []
-        for ref in address["metadata"]["ownerReferences"]:
-            owner = new_claims[ref["name"]] if ref["kind"] == "IPAddressClaim" else new_pool
-            owners.append({**ref, "uid": owner["metadata"]["uid"]})
-        target.create(_copy(address, ownerReferences=owners))
-
-    # Delete the source objects as clusterctl does: finalizers stripped first.
-    for plural, version in (
-        ("ipaddresses", CLAIMS),
-        ("ipaddressclaims", CLAIMS),
-        ("phpipamippools", f"{GROUP}/v1alpha1"),
-        ("secrets", "v1"),
-        ("clusters", CLUSTERS),
-    ):
-        for obj in source.list_objects(version, plural, NAMESPACE):
-            name = obj["metadata"]["name"]
-            source.kube.patch(version, plural, name, {"metadata": {"finalizers": None}}, NAMESPACE)
-            source.delete_object(version, plural, name, NAMESPACE)
+    # Copy to the target (running operator): Cluster (paused), Secret, pool, claims and
+    # IPAddresses with new owner UIDs; then annotate, delete and strip them at the source,
+    # whose operator is still running.
+    clusterctl_move(source, target, ((CLUSTERS, "clusters"), *PHPIPAM_MOVE))
+    source.wait_gone(NAMESPACE, timeout=15)
 
     time.sleep(1.0)
     # Paused: nothing rebuilt yet, nothing asked of the IPAM.

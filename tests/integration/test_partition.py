@@ -29,8 +29,15 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from integration_env import CREDENTIALS, NAMESPACE
-from test_leader_election import Replica, holder, lease, wait_leader
+from integration_env import NAMESPACE
+from test_leader_election import (
+    Replica,
+    holder,
+    lease,
+    lease_cluster,
+    running_replicas,
+    wait_leader,
+)
 
 from mock_kubernetes.sandbox import Sandbox, wait_for
 from mock_phpipam.server import MockPhpipamServer
@@ -44,31 +51,17 @@ DELETE_EVERY = 0.5
 
 @pytest.fixture
 def cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path, start_operator=False) as sandbox:
-        sandbox.namespace(NAMESPACE)
-        sandbox.phpipam_pool(
-            NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
-        )
+    with lease_cluster(tmp_path, phpipam) as sandbox:
         yield sandbox
 
 
 @pytest.fixture
 def replicas(cluster: Sandbox, tmp_path: Path) -> Iterator[Callable[[str], Replica]]:
-    started: list[Replica] = []
+    def make(name: str) -> Replica:
+        return Replica(cluster, name, tmp_path)
 
-    def start(name: str) -> Replica:
-        replica = Replica(cluster, name, tmp_path)
-        started.append(replica)
-        return replica
-
-    try:
+    with running_replicas(make, tail=30) as start:
         yield start
-    finally:
-        for replica in started:
-            replica.stop()
-        for replica in started:
-            tail = "\n".join(replica.output().splitlines()[-30:])
-            print(f"--- {replica.pod}\n{tail}")
 
 
 class LeaseLog:

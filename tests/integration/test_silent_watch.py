@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from fault_audit import entries_per_claim
 from integration_env import CREDENTIALS, NAMESPACE
 
 from mock_kubernetes.sandbox import Sandbox, wait_for
@@ -31,15 +32,6 @@ SILENCE_SECONDS = 3 * STALL_SECONDS
 RELEASED_WITHIN = 120.0
 SUBNET = 7
 CLAIMS = 10
-
-
-def _registered(phpipam: MockPhpipamServer) -> collections.Counter[str]:
-    """Count the phpIPAM entries of the subnet per claim name (a hostname is ``<claim>.…``)."""
-    return collections.Counter(
-        str(a.hostname).split(".", 1)[0]
-        for a in phpipam.store.subnet_addresses(SUBNET)
-        if not a.is_gateway and not str(a.hostname).startswith("ipam-bridge-reserved")
-    )
 
 
 def _bound(sandbox: Sandbox, names: set[str]) -> bool:
@@ -68,7 +60,7 @@ def test_claims_deleted_after_a_silent_network_are_released_and_the_pool_can_go(
     for name in sorted(names):
         sandbox.claim(NAMESPACE, name, "pool")
     wait_for(lambda: _bound(sandbox, names), timeout=120, message="every claim bound")
-    assert _registered(phpipam) == collections.Counter(names)
+    assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter(names)
 
     sandbox.kube.handler.silence.begin()
     time.sleep(SILENCE_SECONDS)  # the blackhole itself: a scenario's duration, not a wait
@@ -83,7 +75,7 @@ def test_claims_deleted_after_a_silent_network_are_released_and_the_pool_can_go(
             lambda: (
                 not sandbox.claims(NAMESPACE)
                 and not sandbox.addresses(NAMESPACE)
-                and not _registered(phpipam)
+                and not entries_per_claim(phpipam.store, SUBNET)
             ),
             timeout=left(),
             message="the claims deleted after the heal released",
@@ -95,10 +87,11 @@ def test_claims_deleted_after_a_silent_network_are_released_and_the_pool_can_go(
             message="the pool deleted (its finalizer gone)",
         )
     finally:
+        entries = sum(entries_per_claim(phpipam.store, SUBNET).values())
         print(
             f"silent network ({SILENCE_SECONDS:.0f} s, stall limit {STALL_SECONDS:.0f} s):"
             f" {len(sandbox.claims(NAMESPACE))} claims, {len(sandbox.addresses(NAMESPACE))}"
-            f" IPAddresses, {sum(_registered(phpipam).values())} phpIPAM entries left"
+            f" IPAddresses, {entries} phpIPAM entries left"
             f" {time.monotonic() - healed:.1f} s after the heal"
         )
     # The dead watches were found by their read timeout (the stall limit), then listed again.

@@ -19,43 +19,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from integration_env import CREDENTIALS, NAMESPACE
+from integration_env import CREDENTIALS, NAMESPACE, schemaless_crd
 
 from mock_kubernetes.auth import Identity, service_account_user
 from mock_kubernetes.rbac import RBACAuthorizer
 from mock_kubernetes.sandbox import FAST_SETTINGS, Sandbox, crd_documents
 from mock_kubernetes.server import EmulatedKubernetes
 from mock_phpipam.server import MockPhpipamServer
-
-
-def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
-    """kopf's peering CRD (``kopf.dev/v1``, as kopf's docs install it)."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.kopf.dev"},
-        "spec": {
-            "group": "kopf.dev",
-            "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
 
 
 def _free_port() -> int:
@@ -80,9 +52,9 @@ def peering_cluster(tmp_path: Path) -> Iterator[Sandbox]:
     """
     with Sandbox(tmp_path, start_operator=False, identity="operator") as sandbox:
         sandbox.kube.declare_crd(
-            _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster")
+            schemaless_crd("kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings", "Cluster")
         )
-        sandbox.kube.declare_crd(_peering_crd("KopfPeering", "kopfpeerings", "Namespaced"))
+        sandbox.kube.declare_crd(schemaless_crd("kopf.dev", "v1", "KopfPeering", "kopfpeerings"))
         sandbox.namespace(NAMESPACE)
         yield sandbox
 

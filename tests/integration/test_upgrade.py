@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_env import CREDENTIALS, NAMESPACE
+from integration_env import NAMESPACE
 from test_leader_election import (
     Replica,
     deletes,
     first_free_posts,
     hostnames,
+    lease_cluster,
+    running_replicas,
     wait_leader,
 )
 
@@ -59,11 +61,7 @@ def previous_release(into: Path) -> Path:
 @pytest.fixture
 def cluster(tmp_path: Path, phpipam: MockPhpipamServer) -> Iterator[Sandbox]:
     """The emulated API with a phpIPAM pool; no operator in this process."""
-    with Sandbox(tmp_path, start_operator=False) as sandbox:
-        sandbox.namespace(NAMESPACE)
-        sandbox.phpipam_pool(
-            NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=7, credentials=CREDENTIALS
-        )
+    with lease_cluster(tmp_path, phpipam) as sandbox:
         yield sandbox
 
 
@@ -72,26 +70,17 @@ def replicas(
     cluster: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Replica]]:
     """Start replicas (``replicas("a", tree=None, **env)``); every one is killed after."""
-    started: list[Replica] = []
 
-    def start(name: str, tree: Path | None = None, **env: Any) -> Replica:
+    def make(name: str, tree: Path | None = None, **env: Any) -> Replica:
         with monkeypatch.context() as patch:
             if tree is not None:
                 # ``python -m`` puts the working directory first on sys.path: the old tree.
                 patch.chdir(tree)
                 env["PYTHONPATH"] = str(tree)
-            replica = Replica(cluster, name, tmp_path, **env)
-        started.append(replica)
-        return replica
+            return Replica(cluster, name, tmp_path, **env)
 
-    try:
+    with running_replicas(make, tail=400) as start:
         yield start
-    finally:
-        for replica in started:
-            replica.stop()
-        for replica in started:  # shown when the test failed
-            tail = "\n".join(replica.output().splitlines()[-400:])
-            print(f"--- {replica.pod}\n{tail}")
 
 
 def bound(sandbox: Sandbox) -> dict[str, str]:

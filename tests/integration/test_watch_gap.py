@@ -17,6 +17,7 @@ import logging
 import time
 
 import pytest
+from fault_audit import entries_per_claim
 from integration_env import CREDENTIALS, NAMESPACE
 
 from mock_kubernetes.sandbox import Sandbox, wait_for
@@ -28,15 +29,6 @@ OUTAGE_SECONDS = 60.0
 #: Generous: the machine running the tests is shared and loaded.
 CONVERGE_SECONDS = 240.0
 SUBNET = 7
-
-
-def _registered(phpipam: MockPhpipamServer) -> collections.Counter[str]:
-    """Count the phpIPAM entries of the subnet per claim name (a hostname is ``<claim>.…``)."""
-    return collections.Counter(
-        str(a.hostname).split(".", 1)[0]
-        for a in phpipam.store.subnet_addresses(SUBNET)
-        if not a.is_gateway and not str(a.hostname).startswith("ipam-bridge-reserved")
-    )
 
 
 def _bound(sandbox: Sandbox, names: set[str]) -> bool:
@@ -58,7 +50,7 @@ def _converged(sandbox: Sandbox, phpipam: MockPhpipamServer, live: set[str]) -> 
     return (
         names == live
         and _bound(sandbox, live)
-        and _registered(phpipam) == collections.Counter(live)
+        and entries_per_claim(phpipam.store, SUBNET) == collections.Counter(live)
         and addresses == collections.Counter(live)
     )
 
@@ -89,7 +81,7 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
     # The bound claims came through the claims' watch after the waiting ones: the operator
     # has seen (and cached) every waiting claim by then.
     wait_for(lambda: _bound(sandbox, bound), timeout=CONVERGE_SECONDS, message="10 bound")
-    assert _registered(phpipam) == collections.Counter(bound)
+    assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter(bound)
 
     sandbox.kube.go_down(expire=expire)
     down = time.monotonic()
@@ -118,7 +110,7 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
             message="every live claim bound, nothing else registered",
         )
     finally:
-        registered = _registered(phpipam)
+        registered = entries_per_claim(phpipam.store, SUBNET)
         leaked = sorted(set(registered) - live)
         duplicated = sorted(name for name, count in registered.items() if count > 1)
         print(
@@ -147,4 +139,4 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
         timeout=CONVERGE_SECONDS,
         message="the pool deleted",
     )
-    assert _registered(phpipam) == collections.Counter()
+    assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter()

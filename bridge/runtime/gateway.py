@@ -231,6 +231,11 @@ def _items(r: Resource, page: Mapping[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def _where(r: Resource, namespace: str | None) -> tuple[str, str, str, str | None]:
+    """Return where `JsonObjects` finds ``r``'s objects (a namespace only if namespaced)."""
+    return r.group, r.version, r.plural, (namespace or None) if r.namespaced else None
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -303,14 +308,8 @@ class Kube:
         kubernetes.client.ApiException
             Any failure but 404.
         """
-        r = resource
         try:
-            if r.namespaced:
-                found = self.custom.get_namespaced_custom_object(
-                    r.group, r.version, namespace, r.plural, name
-                )
-            else:
-                found = self.custom.get_cluster_custom_object(r.group, r.version, r.plural, name)
+            found = self.custom.get(*_where(resource, namespace), name)
         except ApiException as exc:
             if _missing(exc):
                 return None
@@ -363,7 +362,6 @@ class Kube:
             Any failure.
         """
         r = resource
-        namespace = namespace if r.namespaced else None
         items: list[dict[str, Any]] = []
         version, token = "", None
         while True:
@@ -386,15 +384,7 @@ class Kube:
         self, r: Resource, namespace: str | None, limit: int | None, token: str | None
     ) -> dict[str, Any]:
         """Return one page of a list (``limit`` None: the whole list)."""
-        if r.namespaced and namespace:
-            found = self.custom.list_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, limit, token
-            )
-        else:
-            found = self.custom.list_cluster_custom_object(
-                r.group, r.version, r.plural, limit, token
-            )
-        return cast(dict[str, Any], found)
+        return cast(dict[str, Any], self.custom.list(*_where(r, namespace), limit, token))
 
     def watch(
         self,
@@ -407,14 +397,10 @@ class Kube:
     ) -> WatchStream:
         """Watch ``resource`` in ``namespace`` (None: all) from ``resource_version``.
 
-        See `JsonObjects.watch_custom_objects` (parameters, errors).
+        See `JsonObjects.watch` (parameters, errors).
         """
-        r = resource
-        return self.custom.watch_custom_objects(
-            r.group,
-            r.version,
-            r.plural,
-            namespace if r.namespaced and namespace else None,
+        return self.custom.watch(
+            *_where(resource, namespace),
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
             read_timeout=read_timeout,
@@ -454,9 +440,7 @@ class Kube:
         r = resource
         namespace = body["metadata"]["namespace"]
         try:
-            created = self.custom.create_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, dict(body)
-            )
+            created = self.custom.create(r.group, r.version, r.plural, namespace, body)
         except ApiException as exc:
             if exc.status == 409:
                 return CONFLICT
@@ -530,22 +514,8 @@ class Kube:
         status: bool = False,
     ) -> dict[str, Any]:
         """Merge-patch an object (``status``: its status subresource); errors propagate."""
-        r, custom = resource, self.custom
-        if r.namespaced:
-            namespaced = (
-                custom.patch_namespaced_custom_object_status
-                if status
-                else custom.patch_namespaced_custom_object
-            )
-            stored = namespaced(r.group, r.version, namespace, r.plural, name, dict(patch))
-        else:
-            cluster = (
-                custom.patch_cluster_custom_object_status
-                if status
-                else custom.patch_cluster_custom_object
-            )
-            stored = cluster(r.group, r.version, r.plural, name, dict(patch))
-        return cast(dict[str, Any], stored)
+        where = _where(resource, namespace)
+        return cast(dict[str, Any], self.custom.patch(*where, name, patch, status=status))
 
     def set_finalizer(
         self, resource: Resource, obj: Mapping[str, Any], finalizer: str, present: bool
@@ -649,8 +619,8 @@ class Kube:
             if removed.outcome in (Outcome.GONE, Outcome.CONFLICT):
                 return removed
         try:
-            self.custom.delete_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, name, str(meta.get("uid") or "")
+            self.custom.delete(
+                r.group, r.version, r.plural, namespace, name, str(meta.get("uid") or "")
             )
         except ApiException as exc:
             if _missing(exc):

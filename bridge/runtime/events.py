@@ -289,11 +289,9 @@ class EventRecorder:
     poster:
         What sends an Event (the gateway).
     background:
-        True: Events are posted by up to ``workers`` threads (`close` posts those still
-        queued) and any other error is logged. False: each is posted at once in the
+        True: Events are posted by up to `POSTING_THREADS` threads (`close` posts those
+        still queued) and any other error is logged. False: each is posted at once in the
         caller's thread and an error other than ``ApiException`` propagates.
-    workers:
-        Threads posting in the background.
     correlator:
         The correlator (a fresh one by default).
     """
@@ -303,12 +301,10 @@ class EventRecorder:
         poster: EventPoster,
         *,
         background: bool = True,
-        workers: int = POSTING_THREADS,
         correlator: EventCorrelator | None = None,
     ) -> None:
         self._poster = poster
         self._background = background
-        self._workers = workers
         self.correlator = correlator or EventCorrelator()
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -325,7 +321,7 @@ class EventRecorder:
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self._workers, thread_name_prefix="ipam-bridge-events"
+                    max_workers=POSTING_THREADS, thread_name_prefix="ipam-bridge-events"
                 )
             pool = self._pool
         try:

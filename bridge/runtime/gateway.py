@@ -1,17 +1,10 @@
-"""The Kubernetes gateway: typed operations on any resource (the official ``kubernetes`` client).
+"""The Kubernetes gateway (`Kube`): typed operations on any resource named by `Resource`.
 
-Three modules talk to the Kubernetes API: `bridge.runtime.client` (the ``ApiClient``, its
-configuration and connection pool), `bridge.runtime.rest` (the JSON request layer: custom
-objects as plain JSON, watch streams, lists) and this one, the generic gateway (`Kube`): get,
-list, create, merge-patch, patch status, set a finalizer, delete and post Events, for any
-resource named by group, version and plural (`Resource`); which resources the operator uses
-is said outside the runtime (`bridge.objects.client`). Custom objects travel as plain JSON
-(`JsonObjects`), the hot path of every claim. Calls are synchronous: the work queue's worker
-threads make them. "Not found" is a value (None) for reads; a write answers a `Write`
-(written, unchanged, gone, conflict) that its caller handles case by case. Every other API
-failure propagates as ``kubernetes.client.ApiException``. Also here: the API server's
-refusals (`AccessDeniedError`, `NotServedError`). The names of `bridge.runtime.client` and
-`bridge.runtime.rest` that callers import from here are re-exported.
+Get, list, watch, create, merge-patch, set a finalizer, delete and post Events, with custom
+objects as plain JSON (`bridge.runtime.rest`). Reads answer None for "not found"; writes
+answer a `Write`; every other API failure propagates as ``kubernetes.client.ApiException``.
+The names of `bridge.runtime.client` and `bridge.runtime.rest` that callers import from
+here are re-exported.
 """
 
 from __future__ import annotations
@@ -238,6 +231,11 @@ def _items(r: Resource, page: Mapping[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def _where(r: Resource, namespace: str | None) -> tuple[str, str, str, str | None]:
+    """Return where `JsonObjects` finds ``r``'s objects (a namespace only if namespaced)."""
+    return r.group, r.version, r.plural, (namespace or None) if r.namespaced else None
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -310,14 +308,8 @@ class Kube:
         kubernetes.client.ApiException
             Any failure but 404.
         """
-        r = resource
         try:
-            if r.namespaced:
-                found = self.custom.get_namespaced_custom_object(
-                    r.group, r.version, namespace, r.plural, name
-                )
-            else:
-                found = self.custom.get_cluster_custom_object(r.group, r.version, r.plural, name)
+            found = self.custom.get(*_where(resource, namespace), name)
         except ApiException as exc:
             if _missing(exc):
                 return None
@@ -370,7 +362,6 @@ class Kube:
             Any failure.
         """
         r = resource
-        namespace = namespace if r.namespaced else None
         items: list[dict[str, Any]] = []
         version, token = "", None
         while True:
@@ -393,15 +384,7 @@ class Kube:
         self, r: Resource, namespace: str | None, limit: int | None, token: str | None
     ) -> dict[str, Any]:
         """Return one page of a list (``limit`` None: the whole list)."""
-        if r.namespaced and namespace:
-            found = self.custom.list_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, limit, token
-            )
-        else:
-            found = self.custom.list_cluster_custom_object(
-                r.group, r.version, r.plural, limit, token
-            )
-        return cast(dict[str, Any], found)
+        return cast(dict[str, Any], self.custom.list(*_where(r, namespace), limit, token))
 
     def watch(
         self,
@@ -414,14 +397,10 @@ class Kube:
     ) -> WatchStream:
         """Watch ``resource`` in ``namespace`` (None: all) from ``resource_version``.
 
-        See `JsonObjects.watch_custom_objects` (parameters, errors).
+        See `JsonObjects.watch` (parameters, errors).
         """
-        r = resource
-        return self.custom.watch_custom_objects(
-            r.group,
-            r.version,
-            r.plural,
-            namespace if r.namespaced and namespace else None,
+        return self.custom.watch(
+            *_where(resource, namespace),
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
             read_timeout=read_timeout,
@@ -461,9 +440,7 @@ class Kube:
         r = resource
         namespace = body["metadata"]["namespace"]
         try:
-            created = self.custom.create_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, dict(body)
-            )
+            created = self.custom.create(r.group, r.version, r.plural, namespace, body)
         except ApiException as exc:
             if exc.status == 409:
                 return CONFLICT
@@ -492,12 +469,13 @@ class Kube:
             422 when the schema refuses the result; any other failure but 404 and 409.
         """
         try:
-            stored = self._merge_patch(resource, namespace, name, patch, status=False)
+            return Write(Outcome.WRITTEN, self._merge_patch(resource, namespace, name, patch))
         except ApiException as exc:
+            if _missing(exc):
+                return GONE
             if exc.status == 409:
                 return CONFLICT
             raise
-        return GONE if stored is None else Write(Outcome.WRITTEN, stored)
 
     def patch_status(
         self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
@@ -518,8 +496,13 @@ class Kube:
         kubernetes.client.ApiException
             Any failure but 404.
         """
-        stored = self._merge_patch(resource, namespace, name, patch, status=True)
-        return GONE if stored is None else Write(Outcome.WRITTEN, stored)
+        try:
+            stored = self._merge_patch(resource, namespace, name, patch, status=True)
+        except ApiException as exc:
+            if _missing(exc):
+                return GONE
+            raise
+        return Write(Outcome.WRITTEN, stored)
 
     def _merge_patch(
         self,
@@ -528,30 +511,11 @@ class Kube:
         name: str,
         patch: Mapping[str, Any],
         *,
-        status: bool,
-    ) -> dict[str, Any] | None:
-        """Merge-patch an object (``status``: its status subresource); None when it is gone."""
-        r, custom = resource, self.custom
-        try:
-            if r.namespaced:
-                namespaced = (
-                    custom.patch_namespaced_custom_object_status
-                    if status
-                    else custom.patch_namespaced_custom_object
-                )
-                stored = namespaced(r.group, r.version, namespace, r.plural, name, dict(patch))
-            else:
-                cluster = (
-                    custom.patch_cluster_custom_object_status
-                    if status
-                    else custom.patch_cluster_custom_object
-                )
-                stored = cluster(r.group, r.version, r.plural, name, dict(patch))
-        except ApiException as exc:
-            if _missing(exc):
-                return None
-            raise
-        return cast(dict[str, Any], stored)
+        status: bool = False,
+    ) -> dict[str, Any]:
+        """Merge-patch an object (``status``: its status subresource); errors propagate."""
+        where = _where(resource, namespace)
+        return cast(dict[str, Any], self.custom.patch(*where, name, patch, status=status))
 
     def set_finalizer(
         self, resource: Resource, obj: Mapping[str, Any], finalizer: str, present: bool
@@ -584,25 +548,10 @@ class Kube:
             meta,
             finalizer,
             present,
-            lambda patch: self._patch_or_raise(
+            lambda patch: self._merge_patch(
                 resource, str(meta.get("namespace") or ""), meta["name"], patch
             ),
         )
-
-    def _patch_or_raise(
-        self, resource: Resource, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch like `patch`, but let 404 propagate (`set_finalizer` maps it)."""
-        r = resource
-        if r.namespaced:
-            stored = self.custom.patch_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, name, dict(patch)
-            )
-        else:
-            stored = self.custom.patch_cluster_custom_object(
-                r.group, r.version, r.plural, name, dict(patch)
-            )
-        return stored
 
     def delete(
         self,
@@ -641,21 +590,14 @@ class Kube:
             Any failure but 404 and 409.
         """
         if current is not None:
-            try:
-                return self._delete(resource, namespace, name, finalizer, current)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+            deleted = self._delete(resource, namespace, name, finalizer, current)
+            if deleted.outcome is not Outcome.CONFLICT:
+                return deleted
         uid = _meta(current).get("uid") if current is not None else None
         current = self.get(resource, namespace, name)
         if current is None or (uid and _meta(current).get("uid") != uid):
             return GONE  # the object seen is gone: another of its name is not ours to delete
-        try:
-            return self._delete(resource, namespace, name, finalizer, current)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            return CONFLICT
+        return self._delete(resource, namespace, name, finalizer, current)
 
     def _delete(
         self,
@@ -665,34 +607,27 @@ class Kube:
         finalizer: str | None,
         current: Mapping[str, Any],
     ) -> Write:
-        """Remove ``finalizer`` (guarded by resourceVersion), then delete; 409 propagates."""
-        r = resource
-        meta = _meta(current)
-        finalizers = list(meta.get("finalizers") or [])
-        if finalizer is not None and finalizer in finalizers:
-            finalizers.remove(finalizer)
-            patch = {
-                "metadata": {
-                    "finalizers": finalizers,
-                    "resourceVersion": meta.get("resourceVersion"),
-                }
-            }
-            try:
-                self.custom.patch_namespaced_custom_object(
-                    r.group, r.version, namespace, r.plural, name, patch
-                )
-            except ApiException as exc:
-                if _missing(exc):
-                    return GONE
-                raise
+        """Remove ``finalizer`` (guarded by resourceVersion), then delete (guarded by uid)."""
+        r, meta = resource, _meta(current)
+        if finalizer is not None:
+            removed = _finalizer_patch(
+                meta,
+                finalizer,
+                False,
+                lambda patch: self._merge_patch(r, namespace, name, patch),
+            )
+            if removed.outcome in (Outcome.GONE, Outcome.CONFLICT):
+                return removed
         try:
-            self.custom.delete_namespaced_custom_object(
-                r.group, r.version, namespace, r.plural, name, str(meta.get("uid") or "")
+            self.custom.delete(
+                r.group, r.version, r.plural, namespace, name, str(meta.get("uid") or "")
             )
         except ApiException as exc:
-            if not _missing(exc):
-                raise
-            return GONE
+            if _missing(exc):
+                return GONE
+            if exc.status == 409:
+                return CONFLICT
+            raise
         return Write(Outcome.WRITTEN)
 
     def set_secret_finalizer(
@@ -754,26 +689,7 @@ class Kube:
         kubernetes.client.ApiException
             When the API refuses it (409: the name exists).
         """
-        meta, involved = event["metadata"], event["involvedObject"]
-        body = CoreV1Event(
-            metadata=V1ObjectMeta(name=meta["name"], namespace=namespace),
-            involved_object=V1ObjectReference(
-                api_version=involved.get("apiVersion"),
-                kind=involved.get("kind"),
-                name=involved.get("name"),
-                namespace=involved.get("namespace"),
-                uid=involved.get("uid"),
-            ),
-            type=event["type"],
-            reason=event["reason"],
-            message=event["message"],
-            source=V1EventSource(component=event["source"]["component"]),
-            reporting_component=event["reportingComponent"],
-            first_timestamp=_parse_time(event["firstTimestamp"]),
-            last_timestamp=_parse_time(event["lastTimestamp"]),
-            count=event["count"],
-        )
-        self.core.create_namespaced_event(namespace, body)
+        self.core.create_namespaced_event(namespace, CoreV1Event.model_validate(event))
 
     def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Patch the Event ``name`` (``count``, ``lastTimestamp``, ``message``).
@@ -821,11 +737,6 @@ class Kube:
             count=1,
         )
         self.core.create_namespaced_event(namespace, event)
-
-
-def _parse_time(stamp: str) -> datetime.datetime:
-    """Return the UTC time of an RFC 3339 ``...Z`` timestamp."""
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _finalizer_patch(

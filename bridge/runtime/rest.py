@@ -25,29 +25,18 @@ __all__ = ["MERGE_PATCH", "Collection", "JsonObjects", "WatchStream"]
 #: The JSON merge patch media type (RFC 7386), which custom resources accept
 #: (https://kubernetes.io/docs/reference/using-api/api-concepts/#patch-and-apply).
 MERGE_PATCH = "application/merge-patch+json"
-_NAMESPACED = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
-_CLUSTER = "/apis/{group}/{version}/{plural}"
-
-
-def _page_query(limit: int | None, token: str | None) -> list[tuple[str, Any]]:
-    """Return the ``limit`` and ``continue`` query parameters of one page of a list."""
-    query: list[tuple[str, Any]] = [("limit", limit)] if limit else []
-    if token:
-        query.append(("continue", token))
-    return query
 
 
 class JsonObjects:
-    """Custom objects as plain JSON: the requests of ``kubernetes.client.CustomObjectsApi``.
+    """Custom objects as plain JSON, sent through an ``ApiClient``.
 
-    The same methods (names and positional parameters) as the generated
-    ``CustomObjectsApi`` the gateway uses, sending the same requests through the same
-    ``ApiClient`` (``param_serialize`` builds the URL, headers and credentials;
-    ``call_api`` sends it, so an `OperatorApiClient`'s timeout and fence apply to each),
-    answering the API server's JSON as plain dicts (``json.loads``): no validation of the
-    arguments by pydantic, no walk of the body by ``sanitize_for_serialization``, no
+    The requests of ``kubernetes.client.CustomObjectsApi`` with the scope as a parameter
+    (``namespace`` None: a cluster-scoped resource, or all namespaces of a list or watch).
+    They go through the same ``ApiClient`` (``param_serialize`` builds the URL, headers and
+    credentials; ``call_api`` sends it, so an `OperatorApiClient`'s timeout and fence apply
+    to each) and answer the API server's JSON as plain dicts: no pydantic validation, no
     deserialisation into the client's types. Bodies are JSON-ready mappings; patches are
-    JSON merge patches (RFC 7386, https://www.rfc-editor.org/rfc/rfc7386).
+    JSON merge patches (RFC 7386).
 
     Each method raises ``kubernetes.client.ApiException`` (its subclasses: 404
     ``NotFoundException``, 409 ``ConflictException``...) for a non-2xx answer, as the
@@ -63,84 +52,72 @@ class JsonObjects:
     def __init__(self, client: ApiClient) -> None:
         self.client = client
 
+    def _serialize(
+        self,
+        method: str,
+        where: tuple[str, str, str, str | None],
+        name: str,
+        query: Sequence[tuple[str, Any]],
+        headers: dict[str, str],
+        subresource: str = "",
+    ) -> tuple[str, str, dict[str, str]]:
+        """Return the method, URL and headers of a request on ``where`` (and ``name``)."""
+        group, version, plural, namespace = where
+        params = {"group": group, "version": version, "plural": plural, "name": name}
+        path = "/apis/{group}/{version}/{plural}"
+        if namespace is not None:
+            params["namespace"] = namespace
+            path = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+        method, url, headers, _, _ = self.client.param_serialize(
+            method=method,
+            resource_path=path + "/{name}" + subresource if name else path,
+            path_params=params,
+            query_params=list(query) or None,
+            header_params={"Accept": "application/json", **headers},
+            auth_settings=["BearerToken"],
+        )
+        return method, url, headers
+
     def _request(
         self,
         method: str,
-        path: str,
-        params: Mapping[str, str],
+        where: tuple[str, str, str, str | None],
+        name: str = "",
         *,
         body: Any = None,
         query: Sequence[tuple[str, Any]] = (),
-        content_type: str | None = None,
+        content_type: str = "application/json",
+        subresource: str = "",
     ) -> Any:
         """Send one request; return the answer's JSON (None for an empty body)."""
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        method, url, headers, _, post = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params=dict(params),
-            query_params=list(query) or None,
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        # The body goes as it is: param_serialize would only copy a JSON-ready mapping.
-        response = self.client.call_api(method, url, headers, body, post)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        method, url, headers = self._serialize(method, where, name, query, headers, subresource)
+        response = self.client.call_api(method, url, headers, None if body is None else dict(body))
         data = response.read()
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return json.loads(data) if data else None
 
-    @staticmethod
-    def _params(
-        group: str, version: str, plural: str, namespace: str | None = None, name: str = ""
-    ) -> tuple[str, dict[str, str]]:
-        params = {"group": group, "version": version, "plural": plural}
-        path = _CLUSTER if namespace is None else _NAMESPACED
-        if namespace is not None:
-            params["namespace"] = namespace
-        if name:
-            params["name"] = name
-            path += "/{name}"
-        return path, params
+    def get(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> Any:
+        """GET one object."""
+        return self._request("GET", (group, version, plural, namespace), name)
 
-    def get_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> Any:
-        """GET one namespaced object."""
-        return self._request("GET", *self._params(group, version, plural, namespace, name))
-
-    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str) -> Any:
-        """GET one cluster-scoped object."""
-        return self._request("GET", *self._params(group, version, plural, None, name))
-
-    def list_namespaced_custom_object(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        limit: int | None = None,
-        _continue: str | None = None,
-    ) -> Any:
-        """LIST the objects of a namespace (at most ``limit``; from a ``continue`` token)."""
-        query = _page_query(limit, _continue)
-        return self._request("GET", *self._params(group, version, plural, namespace), query=query)
-
-    def list_cluster_custom_object(
+    def list(
         self,
         group: str,
         version: str,
         plural: str,
+        namespace: str | None,
         limit: int | None = None,
-        _continue: str | None = None,
+        token: str | None = None,
     ) -> Any:
-        """LIST the objects of all namespaces, or of a cluster-scoped resource (paged alike)."""
-        query = _page_query(limit, _continue)
-        return self._request("GET", *self._params(group, version, plural), query=query)
+        """LIST the objects (at most ``limit``; from a ``continue`` token)."""
+        query: list[tuple[str, Any]] = [("limit", limit)] if limit else []
+        if token:
+            query.append(("continue", token))
+        return self._request("GET", (group, version, plural, namespace), query=query)
 
-    def watch_custom_objects(
+    def watch(
         self,
         group: str,
         version: str,
@@ -171,15 +148,8 @@ class JsonObjects:
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", timeout_seconds),
         ]
-        path, params = self._params(group, version, plural, namespace)
-        method, url, headers, _, _ = self.client.param_serialize(
-            method="GET",
-            resource_path=path,
-            path_params=params,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
+        where = (group, version, plural, namespace)
+        method, url, headers = self._serialize("GET", where, "", query, {})
         connect = getattr(self.client, "timeout", None)
         timeout = (connect[0] if connect else read_timeout, read_timeout)
         response = self.client.call_api(method, url, headers, _request_timeout=timeout)
@@ -188,55 +158,35 @@ class JsonObjects:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return WatchStream(response.response)
 
-    def create_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
+    def create(
+        self, group: str, version: str, plural: str, namespace: str, body: Mapping[str, Any]
     ) -> Any:
         """POST a new namespaced object."""
-        path, params = self._params(group, version, plural, namespace)
-        return self._request("POST", path, params, body=body, content_type="application/json")
+        return self._request("POST", (group, version, plural, namespace), body=body)
 
-    def patch_namespaced_custom_object(
+    def patch(
         self,
         group: str,
         version: str,
-        namespace: str,
         plural: str,
+        namespace: str | None,
         name: str,
         body: Mapping[str, Any],
+        *,
+        status: bool = False,
     ) -> Any:
-        """Merge-patch a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
+        """Merge-patch an object (``status``: its status subresource)."""
+        return self._request(
+            "PATCH",
+            (group, version, plural, namespace),
+            name,
+            body=body,
+            content_type=MERGE_PATCH,
+            subresource="/status" if status else "",
+        )
 
-    def patch_namespaced_custom_object_status(
-        self,
-        group: str,
-        version: str,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-    ) -> Any:
-        """Merge-patch the status subresource of a namespaced object."""
-        path, params = self._params(group, version, plural, namespace, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path, params, body=body, content_type=MERGE_PATCH)
-
-    def patch_cluster_custom_object_status(
-        self, group: str, version: str, plural: str, name: str, body: Mapping[str, Any]
-    ) -> Any:
-        """Merge-patch the status subresource of a cluster-scoped object."""
-        path, params = self._params(group, version, plural, None, name)
-        return self._request("PATCH", path + "/status", params, body=body, content_type=MERGE_PATCH)
-
-    def delete_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str, uid: str = ""
+    def delete(
+        self, group: str, version: str, plural: str, namespace: str, name: str, uid: str = ""
     ) -> Any:
         """DELETE a namespaced object (the API server's default propagation).
 
@@ -247,9 +197,7 @@ class JsonObjects:
         body = None
         if uid:
             body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        path, params = self._params(group, version, plural, namespace, name)
-        content_type = "application/json" if body is not None else None
-        return self._request("DELETE", path, params, body=body, content_type=content_type)
+        return self._request("DELETE", (group, version, plural, namespace), name, body=body)
 
 
 class WatchStream:

@@ -43,28 +43,17 @@ def claim(name: str) -> dict[str, Any]:
 def spy(kube: Kube, after_first: Any = None) -> list[tuple[Any, Any]]:
     """Record (limit, continue) of every list request; call ``after_first`` after page 1."""
     calls: list[tuple[Any, Any]] = []
-    custom = kube.custom
-    cluster, namespaced = custom.list_cluster_custom_object, custom.list_namespaced_custom_object
+    listed = kube.custom.list
 
-    def record(limit: Any, token: Any) -> None:
+    def recorded(
+        group: str, version: str, plural: str, ns: Any, limit: Any = None, token: Any = None
+    ) -> Any:
         calls.append((limit, token))
         if len(calls) == 2 and after_first is not None:
             after_first()
+        return listed(group, version, plural, ns, limit, token)
 
-    def listed_cluster(
-        group: str, version: str, plural: str, limit: Any = None, _continue: Any = None
-    ) -> Any:
-        record(limit, _continue)
-        return cluster(group, version, plural, limit, _continue)
-
-    def listed_namespaced(
-        group: str, version: str, ns: str, plural: str, limit: Any = None, _continue: Any = None
-    ) -> Any:
-        record(limit, _continue)
-        return namespaced(group, version, ns, plural, limit, _continue)
-
-    custom.list_cluster_custom_object = listed_cluster  # type: ignore[method-assign]
-    custom.list_namespaced_custom_object = listed_namespaced  # type: ignore[method-assign]
+    kube.custom.list = recorded  # type: ignore[method-assign]
     return calls
 
 

@@ -178,9 +178,7 @@ def test_our_own_write_reaches_the_store_through_the_watch_only(
     watcher.start()
     try:
         assert watcher.wait_tried(10)
-        written = gateway.custom.create_namespaced_custom_object(
-            GROUP, "v1", "default", "widgets", widget("mine")
-        )
+        written = gateway.custom.create(GROUP, "v1", "widgets", "default", widget("mine"))
         wait_for(lambda: recorder.seen(), timeout=10)
         assert recorder.seen() == [("ADDED", "mine", True)]
         assert cache.version(("default", "mine")) == written["metadata"]["resourceVersion"]

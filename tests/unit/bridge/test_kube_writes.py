@@ -22,21 +22,21 @@ class FakeCustom:
         self.calls: list[tuple[str, ...]] = []
         self.delete_uids: list[str] = []  # the preconditions.uid of each DELETE ("": none)
 
-    def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+    def get(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("get",))
         meta = {"finalizers": [ADDRESS_FINALIZER], "resourceVersion": self.stored_version}
         if self.stored_uid:
             meta["uid"] = self.stored_uid
         return {"metadata": meta}
 
-    def patch_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+    def patch(self, *args: Any, status: bool = False) -> dict[str, Any]:
         version = args[-1]["metadata"]["resourceVersion"]
         self.calls.append(("patch", version))
         if version != self.stored_version:
             raise ApiException(status=409, reason="Conflict")
         return {}
 
-    def delete_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+    def delete(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("delete",))
         self.delete_uids.append(args[5] if len(args) > 5 else "")
         return {}
@@ -156,7 +156,7 @@ def test_a_finalizer_write_tells_written_unchanged_gone_and_conflict_apart() -> 
 class Existing(FakeCustom):
     """An API server that holds an IPAddress of the created name (a create answers 409)."""
 
-    def create_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+    def create(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("create",))
         raise ApiException(status=409, reason="AlreadyExists")
 
@@ -173,7 +173,7 @@ def test_an_ipaddress_create_answering_409_returns_the_existing_one() -> None:
 
 def test_deleting_an_ipaddress_that_is_gone_is_gone_not_written() -> None:
     class Gone(FakeCustom):
-        def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+        def get(self, *args: Any) -> dict[str, Any]:
             raise ApiException(status=404, reason="NotFound")
 
     kube, expectations = kube_with(Gone("7"))

@@ -379,7 +379,7 @@ def _indent(text: str, by: str = "    ") -> str:
 
 
 def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
-    """Return the CPU per claim of interleaved base/this runs: each run, then the medians."""
+    """Return CPU per claim and claims/s of interleaved base/this runs: each, then medians."""
     first = rounds[0][1]
 
     def row(label: str, results: list[HotPathResult]) -> list[Any]:
@@ -388,7 +388,9 @@ def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
             ours = [next(p.cpu_ms for p in r.phases if p.label == phase) for r in results]
             bare = [r.bare[phase].cpu_ms for r in results]
             ratio = [o / b for o, b in zip(ours, bare, strict=True)]
+            rate = [next(p.per_second for p in r.phases if p.label == phase) for r in results]
             cells += [statistics.median(ours), statistics.median(bare), statistics.median(ratio)]
+            cells.append(statistics.median(rate))
         return cells
 
     each = [row(f"{label} {n // 2 + 1}", [r]) for n, (label, r) in enumerate(rounds)]
@@ -401,16 +403,18 @@ def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
         f"IPAM_BRIDGE_WORKERS={first.workers}, IPAM latency {first.latency_ms:g} ms, API "
         f"latency {first.api_ms[0]:g}/{first.api_ms[1]:g} ms; CPU ms per claim of the operator "
         "and of the bare client of the same run (a median row's ratio is the median of the runs' "
-        "ratios)\n"
+        "ratios), and the operator's claims bound (released) per second\n"
         + table(
             [
                 "run",
                 "alloc ms",
                 "bare ms",
                 "ratio",
+                "claims/s",
                 "release ms",
                 "bare ms",
                 "ratio",
+                "claims/s",
             ],
             each + medians,
         )

@@ -69,7 +69,12 @@ class Places:
         return Result.wait(token)
 
     def freed(self, token: Token) -> None:
-        """Promise the places of ``token`` not yet promised to the keys waiting longest."""
+        """Promise the places of ``token`` not yet promised to the keys waiting longest.
+
+        The promised keys are queued once the lock is let go: queueing may wake the event
+        loop (a write to its self-pipe, which lets other threads run), and every worker
+        ends its pass under this lock (`passed`).
+        """
         with self._lock:
             waiting = self._waiting.get(token)
             if not waiting:
@@ -80,9 +85,10 @@ class Places:
             for key in keys:
                 self._drop(self._waiting, token, key)
                 woken[key] = None
-                self._queue.add(key)
             if not woken:
                 del self._woken[token]
+        for key in keys:
+            self._queue.add(key)
 
     def may_take(self, token: Token, key: Key) -> bool:
         """Return True when ``key`` may take a place under ``token`` now.

@@ -123,6 +123,7 @@ class WorkQueue:
         self._started_at: dict[Key, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
+        self._told = False  # a notice is on its way to the loop, which has not looked since
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._progress_at = 0.0  # loop time a reconcile last started or finished
@@ -262,9 +263,15 @@ class WorkQueue:
                     del self._parked[token]
 
     def _notify(self) -> None:
+        """Tell the loop that keys changed, once until it looks again (one self-pipe write)."""
         loop, changed = self._loop, self._changed
-        if loop is not None and changed is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(changed.set)  # asyncio.Event is not thread-safe
+        if loop is None or changed is None or loop.is_closed():
+            return
+        with self._lock:
+            if self._told:
+                return
+            self._told = True
+        loop.call_soon_threadsafe(changed.set)  # asyncio.Event is not thread-safe
 
     # -- running -----------------------------------------------------------------------------
 
@@ -282,6 +289,8 @@ class WorkQueue:
         slots = asyncio.Semaphore(self._workers)
         try:
             while True:
+                with self._lock:
+                    self._told = False
                 self._changed.clear()
                 # A worker first, then a key: a key waiting for a worker stays due (`stalled`).
                 await slots.acquire()

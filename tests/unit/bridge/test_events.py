@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -147,13 +148,20 @@ def kube() -> Iterator[Kube]:
 
 def test_against_the_in_memory_api_a_repeat_is_one_event_with_a_count(kube: Kube) -> None:
     kube.core.create_namespace({"metadata": {"name": "ns"}})
-    events = EventRecorder(kube, background=False)
+    times = iter([1_700_000_000.0, 1_700_000_030.0, 1_700_000_060.0])
+    correlator = EventCorrelator(clock=lambda: next(times))
+    events = EventRecorder(kube, background=False, correlator=correlator)
     for _ in range(3):
         events.post(thing(), "Warning", "PoolNotReady", "pool p not found")
-    listed = kube.core.list_namespaced_event("ns").items
-    assert len(listed) == 1
-    assert (listed[0].count, listed[0].reason, listed[0].involved_object.uid) == (
-        3,
+    [event] = kube.core.list_namespaced_event("ns").items
+    assert (event.type, event.reason, event.message, event.count) == (
+        "Warning",
         "PoolNotReady",
-        "u1",
+        "pool p not found",
+        3,
     )
+    assert (event.involved_object.kind, event.involved_object.uid) == ("IPAddressClaim", "u1")
+    assert (event.source.component, event.reporting_component) == ("ipam-bridge", "ipam-bridge")
+    start = datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
+    assert event.first_timestamp == start
+    assert event.last_timestamp == start + datetime.timedelta(minutes=1)

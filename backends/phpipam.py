@@ -112,38 +112,6 @@ _NOT_FOUND_MESSAGES: Final = frozenset(
 
 _MESSAGE_MAX_CHARS: Final = 200
 
-#: Messages of phpIPAM's HTTP 500 answers that refuse one request (a lost first-free race,
-#: wrong credentials, a blocked client address, an address outside the subnet; see
-#: phpipam-api.md in the project's references): they say nothing of the server's load.
-_REFUSALS: Final = (
-    "duplicate entry",
-    "sid_ip_unique",
-    "invalid username or password",
-    "please provide username and password",
-    "has been blocked",
-    "is not a valid address for subnet",
-)
-
-
-def _overloaded(response: requests.Response) -> bool:
-    """Return True when a phpIPAM answer says the server is overloaded or failing.
-
-    As `backends.transport.overloaded` (HTTP 429, 5xx), except a JSON 500 whose message
-    refuses the request itself (`_REFUSALS`). A 500 without a JSON envelope (a PHP fatal
-    error) or about a lock (``Cannot obtain lock``, ``MySQL wait timeout exceeded``) stays
-    one.
-    """
-    if not overloaded(response):
-        return False
-    if response.status_code != 500:
-        return True
-    try:
-        envelope = response.json()
-    except ValueError:
-        return True
-    message = str(envelope.get("message") or "") if isinstance(envelope, dict) else ""
-    return not any(refusal in message.lower() for refusal in _REFUSALS)
-
 
 def _normalise_gateway(value: str, where: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
@@ -510,7 +478,7 @@ class PHPIPAMBackend:
             endpoints=endpoints,
             session=session,
             keep_cookies=False,
-            overloaded=_overloaded,
+            overloaded=self._overloaded,
         )
         self._auth_lock = threading.Lock()
         self._token: str | None = config.app_code
@@ -1394,6 +1362,26 @@ class PHPIPAMBackend:
         # phpIPAM <= 1.4 sends some errors as HTTP 200 with the real code in the body.
         effective = code if status < 400 and isinstance(code, int) and code >= 400 else status
         raise self._error(effective, message, what, status)
+
+    def _overloaded(self, response: requests.Response) -> bool:
+        """Return True when a phpIPAM answer says the server is overloaded or failing.
+
+        As `backends.transport.overloaded` (HTTP 429, 5xx), except an answer whose JSON
+        message `_error` maps to a refusal of the request itself rather than to
+        `BackendUnavailableError`: phpIPAM sends a lost first-free race (``Duplicate
+        entry``), wrong credentials, a blocked client address or an address outside the
+        subnet as HTTP 500 (phpipam-api.md in the project's references). A 5xx without a
+        JSON envelope (a PHP fatal error) or about a lock (``Cannot obtain lock``) stays one.
+        """
+        if not overloaded(response):
+            return False
+        try:
+            envelope = response.json()
+        except ValueError:
+            return True
+        message = str(envelope.get("message") or "") if isinstance(envelope, dict) else ""
+        status = response.status_code
+        return isinstance(self._error(status, message, "", status), BackendUnavailableError)
 
     def _error(self, code: int, message: str, what: str, status: int) -> BackendError:
         m = message.strip().lower()

@@ -170,6 +170,13 @@ class Settings(BaseSettings):
         description="Time between two tries to take or renew the Lease (renew deadline > "
         "1.2 x this).",
     )
+    cluster_id: str = Field(
+        "",
+        description="This management cluster's identity, written as the owner of every IPAM "
+        "entry it makes (with the claim's namespace/name): another cluster never adopts, "
+        "releases or repairs it. Empty = the uid of namespace kube-system, read once at "
+        "start-up. Never give two live clusters the same id.",
+    )
     peering_name: str = Field(
         "",
         description="Deprecated and ignored (a warning is logged when set): the operator runs "

@@ -14,6 +14,7 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
+from bridge.cluster_id import ClusterIdError, resolve_cluster_id
 from bridge.handlers.claims import AddressEvents, ClaimEvents, ClusterEvents
 from bridge.handlers.pools import PoolEvents
 from bridge.handlers.resync import purge_forever, resync_forever
@@ -122,12 +123,19 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`): the process exits 1.
     Every Kubernetes and IPAM write checks the replica's `bridge.runtime.fence.Fence` first.
 
+    The management cluster's identity (``IPAM_BRIDGE_CLUSTER_ID``, else the uid of namespace
+    ``kube-system``: `bridge.cluster_id.resolve_cluster_id`) is resolved once, before
+    anything is handled, into the settings every reconciler reads (``settings.cluster_id``).
+
     Raises
     ------
     kopf.PermanentError
         When the CAPI IPAM CRDs are not served, when the API server refuses the operator's
-        identity (401/403: its message is shown), or when the metrics port cannot be bound
-        (the operator stops with that message and a non-zero exit code).
+        identity (401/403: its message is shown), when the cluster identity cannot be read
+        (the message names ``IPAM_BRIDGE_CLUSTER_ID``), or when the metrics port cannot be
+        bound (the operator stops with that message and a non-zero exit code).
+    kopf.TemporaryError
+        When the API server did not answer the read of the cluster identity (tried again).
     """
     bridge = Settings()
     configure(settings, bridge)
@@ -149,6 +157,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         expectations=cache.expectations,
     )
     versions = await _served_versions(kube, bridge)
+    bridge = bridge.model_copy(update={"cluster_id": await _cluster_id(kube, bridge)})
     queue = WorkQueue(
         lambda key: op.reconcile(key),  # op is made next, before the queue runs
         workers=bridge.workers,
@@ -264,6 +273,30 @@ async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersio
         cluster_version = None
         log.warning("CAPI Clusters are not served: control-plane endpoints off")
     return ServedVersions(version, cluster_version)
+
+
+async def _cluster_id(kube: ObjectClient, bridge: Settings) -> str:
+    """Resolve this management cluster's identity (`bridge.cluster_id.resolve_cluster_id`).
+
+    Raises
+    ------
+    kopf.PermanentError
+        When it cannot be read (refused, namespace missing): the operator stops, its last
+        line naming ``IPAM_BRIDGE_CLUSTER_ID`` and the fix.
+    kopf.TemporaryError
+        When the API server did not answer (5xx, 429): kopf runs the start-up again in 5 s.
+    """
+    try:
+        cluster_id = await asyncio.to_thread(resolve_cluster_id, bridge, kube.core)
+    except ClusterIdError as exc:
+        if exc.transient:
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise kopf.PermanentError(str(exc)) from exc
+    source = "IPAM_BRIDGE_CLUSTER_ID" if bridge.cluster_id.strip() else "uid of kube-system"
+    log.info(
+        "management cluster identity %s (%s): the owner of its IPAM entries", cluster_id, source
+    )
+    return cluster_id
 
 
 def election_lock(bridge: Settings) -> ElectionLock:

@@ -71,7 +71,11 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("infrastructure.cluster.x-k8s.io", "nutanixclusters"): {"get", "patch"},
     ("", "secrets"): {"get", "patch"},
     ("", "events"): {"create", "patch"},
+    # The management cluster's identity (IPAM_BRIDGE_CLUSTER_ID empty: kube-system's uid).
+    ("", "namespaces"): {"get"},
 }
+#: The rules limited by resourceNames, (apiGroup, resource) -> names: only kube-system.
+EXPECTED_NAMES: dict[tuple[str, str], list[str]] = {("", "namespaces"): ["kube-system"]}
 # The owners an IPAddress points to with blockOwnerDeletion (claim and every pool kind).
 OWNER_RESOURCES = (
     "ipaddressclaims",
@@ -307,15 +311,19 @@ def test_every_object_is_labelled_and_in_the_right_scope(install: list[dict[str,
 def test_rbac_grants_exactly_the_listed_verbs(install: list[dict[str, Any]]) -> None:
     role = _one(install, "ClusterRole")
     granted: dict[tuple[str, str], set[str]] = {}
+    names: dict[tuple[str, str], list[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames/nonResourceURLs
+        assert set(rule) - {"resourceNames"} == {"apiGroups", "resources", "verbs"}
         for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
             assert "*" not in value
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 assert (group, resource) not in granted, f"{group}/{resource} listed twice"
                 granted[(group, resource)] = set(rule["verbs"])
+                if "resourceNames" in rule:
+                    names[(group, resource)] = rule["resourceNames"]
     assert granted == EXPECTED_RULES
+    assert names == EXPECTED_NAMES
     # The one Role is the leader election's (below); no other namespaced grant.
     assert [obj["metadata"]["name"] for obj in install if obj["kind"] == "Role"] == [
         "ipam-bridge-leader-election"
@@ -778,6 +786,10 @@ def test_helm_values_reach_the_manager() -> None:
     assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == "capi"
     assert env["IPAM_BRIDGE_RETRY_ATTEMPTS"]["value"] == "7"
     assert not [obj for obj in rendered if obj["kind"] == "Service"]
+    # No cluster identity by default (the uid of kube-system); the value sets one.
+    assert "IPAM_BRIDGE_CLUSTER_ID" not in env
+    named = _env(_manager(_helm_template("--set", "clusterId=mgmt-eu-1")))
+    assert named["IPAM_BRIDGE_CLUSTER_ID"]["value"] == "mgmt-eu-1"
 
 
 # --- image -------------------------------------------------------------------------------

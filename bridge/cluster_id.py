@@ -1,0 +1,101 @@
+"""The management cluster's identity: the owner's first half on every IPAM entry it makes.
+
+One IPAM serves many management clusters whose claim names repeat (``default/mgmt-cp-0`` in
+every one of them). Each entry ipam-bridge makes names its owner, `backends.base.EntryOwner`:
+this identity and the claim's ``<namespace>/<name>``. The identity is the setting
+``IPAM_BRIDGE_CLUSTER_ID``, else the uid of namespace ``kube-system``: the API server gives
+every namespace a random uid when it is created (RFC 4122 UUID), and ``kube-system`` lives as
+long as the cluster, so two clusters differ without any configuration
+(https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#uids).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kubernetes.client import ApiException
+
+__all__ = ["CLUSTER_ID_NAMESPACE", "ClusterIdError", "resolve_cluster_id"]
+
+#: The namespace whose uid is the default identity.
+CLUSTER_ID_NAMESPACE = "kube-system"
+
+#: The environment variable that sets the identity (`bridge.settings.Settings.cluster_id`).
+SETTING = "IPAM_BRIDGE_CLUSTER_ID"
+
+
+class _Settings(Protocol):
+    """The one setting read (`bridge.settings.Settings`)."""
+
+    @property
+    def cluster_id(self) -> str:
+        """``IPAM_BRIDGE_CLUSTER_ID``; empty: the uid of ``kube-system``."""
+
+
+class _NamespaceReader(Protocol):
+    """What is called to read the namespace (``kubernetes.client.CoreV1Api``)."""
+
+    def read_namespace(self, name: str) -> object:
+        """Return the Namespace ``name`` (``V1Namespace``)."""
+
+
+class ClusterIdError(Exception):
+    """The identity cannot be had: the message names `SETTING` and what to do.
+
+    Attributes
+    ----------
+    transient:
+        True when the API server could not answer (a 5xx, a timeout): trying again may help.
+        False when it refused (401/403: RBAC), the namespace is missing, or its uid is empty.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def resolve_cluster_id(settings: _Settings, core_api: _NamespaceReader) -> str:
+    """Return this management cluster's identity, read once at start-up.
+
+    Parameters
+    ----------
+    settings:
+        The operator settings: ``cluster_id`` (``IPAM_BRIDGE_CLUSTER_ID``) wins when set
+        (surrounding whitespace dropped; no API call then).
+    core_api:
+        A ``kubernetes.client.CoreV1Api`` (``read_namespace``: GET
+        ``/api/v1/namespaces/kube-system``, which needs ``get`` on that one namespace).
+
+    Returns
+    -------
+    str
+        The setting, else the uid of namespace ``kube-system``.
+
+    Raises
+    ------
+    ClusterIdError
+        When the setting is empty and the uid cannot be read: the API server refused
+        (RBAC), the namespace does not exist or has no uid, or (``transient``) the API
+        server did not answer. The message names the setting.
+    """
+    configured = settings.cluster_id.strip()
+    if configured:
+        return configured
+    try:
+        namespace = core_api.read_namespace(CLUSTER_ID_NAMESPACE)
+    except ApiException as exc:
+        raise ClusterIdError(
+            f"{SETTING} is empty and the uid of namespace {CLUSTER_ID_NAMESPACE} could not be "
+            f"read (the API server answered {exc.status} {exc.reason}): grant get on that "
+            f"namespace (deploy/ does) or set {SETTING} to an identity of this management "
+            "cluster that no other one uses",
+            transient=exc.status is None or exc.status >= 500 or exc.status == 429,
+        ) from exc
+    metadata = getattr(namespace, "metadata", None)
+    uid = str(getattr(metadata, "uid", "") or "").strip()
+    if not uid:
+        raise ClusterIdError(
+            f"{SETTING} is empty and namespace {CLUSTER_ID_NAMESPACE} has no uid: set "
+            f"{SETTING} to an identity of this management cluster that no other one uses"
+        )
+    return uid

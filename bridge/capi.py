@@ -107,6 +107,8 @@ class Reason(enum.StrEnum):
     POOL_NOT_READY = "PoolNotReady"
     POOL_EXHAUSTED = "PoolExhausted"
     ALLOCATION_FAILED = "AllocationFailed"
+    #: The entry under the claim's hostname belongs to another management cluster or claim.
+    HOSTNAME_TAKEN = "HostnameTaken"
     # Claims: Events of a release (Normal, Warning).
     RELEASED = "AddressReleased"
     RELEASE_SKIPPED = "ReleaseSkipped"

@@ -53,8 +53,8 @@ from typing import Any, Protocol, TypeVar
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from backends.base import Allocation
-from backends.errors import AddressUnavailableError, BackendError
+from backends.base import Allocation, EntryOwner
+from backends.errors import AddressUnavailableError, BackendError, EntryOwnedError
 from backends.flowcontrol import FlowControl, endpoint_key
 from bridge import capi
 from bridge.capi import Claim, Cluster, Reason
@@ -88,7 +88,7 @@ from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
-__all__ = ["ClaimApi", "ClaimDeps", "description_for", "reconcile_claim"]
+__all__ = ["ClaimApi", "ClaimDeps", "description_for", "owner_of", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,15 @@ def description_for(claim: Claim) -> str:
     if claim.cluster_name:
         text += f" cluster {claim.cluster_name}"
     return text
+
+
+def owner_of(settings: Settings, claim: Claim) -> EntryOwner:
+    """Return the owner written on the claim's IPAM entry: this management cluster, the claim.
+
+    ``settings.cluster_id`` is the identity resolved at start-up
+    (`bridge.cluster_id.resolve_cluster_id`); the claim is named ``<namespace>/<name>``.
+    """
+    return EntryOwner(cluster_id=settings.cluster_id, claim=claim.key)
 
 
 # -- the decision --------------------------------------------------------------------------
@@ -606,17 +615,48 @@ def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> C
     )
 
 
+def _taken(deps: ClaimDeps, exc: EntryOwnedError, pool: Pool) -> ClaimError:
+    """Return the error of a hostname whose entry another management cluster or claim owns.
+
+    Nothing was registered or changed: the entry is never adopted, released or repaired by
+    this cluster. The message names the hostname, the entry's address, its owner (cluster id
+    and claim) and the fix; the claim looks again only after
+    ``requeue_config_error_seconds`` (a person must act), writing nothing while nothing
+    changes.
+    """
+    owner = exc.owner
+    cluster = (
+        f"management cluster {owner.cluster_id}"
+        if owner.cluster_id
+        else "a management cluster of the previous release (no cluster id)"
+    )
+    message = (
+        f"hostname {exc.hostname} is registered in {pool.display} at {exc.address} by claim "
+        f"{owner.claim} of {cluster}: not adopted. Set spec.hostnameSuffix on "
+        f"{pool.display} (a suffix of this management cluster's own) so that its hostnames "
+        "differ, or remove that entry if nothing uses it"
+    )
+    return ClaimError(
+        Reason.HOSTNAME_TAKEN, message, delay=retry_delay(deps.settings, Reason.HOSTNAME_TAKEN)
+    )
+
+
 # -- allocation ----------------------------------------------------------------------------
 
 
 def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
+    A claim whose ``status.addressRef`` names its IPAddress costs no backend call. One
+    without it whose IPAddress exists (rebuilt by ``clusterctl move`` or a restore, or a
+    pass that stopped before its status write) first writes this cluster as the owner of
+    the IPAM entry its IPAddress names (`_restamp`), then is shown bound.
+
     From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
     a pool's deletion guard never lets go of a pool this claim is about to register in.
     """
     address = _address_of(deps, claim)
-    if address is not None:
+    if address is not None and claim.address_ref is not None:
         return _update_bound(deps, claim, address)
 
     _paused(deps, claim)
@@ -626,7 +666,58 @@ def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
         held = _add_finalizer(deps, claim, pool)
     if isinstance(held, Result):
         return held
+    if address is not None:
+        return _restamp(deps, held, pool, address)
     return _allocate(deps, held, pool)
+
+
+def _restamp(deps: ClaimDeps, claim: Claim, pool: Pool, address: IPAddress) -> Result:
+    """Write this cluster as the owner of the entry a rebuilt claim's IPAddress names; bind it.
+
+    One backend call: ``allocate`` of the hostname the IPAddress was registered under, at
+    its address, where its annotations say (`pool_backends.with_location`), with
+    ``adopt`` that address: the IPAM returns the entry it holds there (its owner fields
+    rewritten when another cluster, e.g. the source of a ``clusterctl move``, or the previous
+    release wrote them), or registers the address again if the entry is gone. Nothing is
+    counted as an allocation.
+
+    Raises
+    ------
+    ClaimError
+        ``HostnameTaken`` when the hostname's entry is at another address and owned by
+        another cluster or claim; ``AllocationFailed`` when another entry holds the address;
+        the pool's errors as for an allocation.
+    _Wait
+        When the pool's IPAM server is full.
+    """
+    annotations = address.metadata.annotations
+    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
+        claim, pool.hostname_suffix
+    )
+    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    held = str(address.spec.address or "")
+    labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
+    try:
+        with _admitted(deps, claim, where):
+            backend = deps.clients.backend_for(where, reuse=True)
+            deps.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "allocate",
+                lambda: backend.allocate(
+                    hostname, owner_of(deps.settings, claim), held or None, adopt=held or None
+                ),
+            )
+    except PoolError as exc:
+        raise _not_ready(deps, claim, exc) from exc
+    except EntryOwnedError as exc:
+        deps.metrics.allocations.labels(*labels, Reason.HOSTNAME_TAKEN).inc()
+        raise _taken(deps, exc, pool) from exc
+    except AddressUnavailableError as exc:
+        raise _unavailable(deps, exc, pool) from exc
+    except BackendError as exc:
+        raise _backend_error(deps, exc, pool) from exc
+    log.info("claim %s: rebuilt from IPAddress %s (%s)", claim.key, address.metadata.name, held)
+    return _update_bound(deps, claim, address, check_pause=False)
 
 
 def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
@@ -727,10 +818,13 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
             allocation = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "allocate",
-                lambda: backend.allocate(hostname, description_for(claim), address=requested),
+                lambda: backend.allocate(hostname, owner_of(deps.settings, claim), requested),
             )
     except PoolError as exc:
         raise _not_ready(deps, claim, exc) from exc
+    except EntryOwnedError as exc:
+        deps.metrics.allocations.labels(*labels, Reason.HOSTNAME_TAKEN).inc()
+        raise _taken(deps, exc, pool) from exc
     except AddressUnavailableError as exc:
         deps.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
         raise _unavailable(deps, exc, pool) from exc
@@ -1116,16 +1210,15 @@ def _release_in_ipam(
     )
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
+    registered = (str(address.spec.address or "") if address is not None else "") or None
     try:
         with _admitted(deps, claim, where):
             backend = deps.clients.backend_for(where, reuse=True)
             released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
-                lambda: (
-                    backend.release(hostname)
-                    if until is None
-                    else backend.release(hostname, quarantine_until=until)
+                lambda: backend.release(
+                    hostname, owner_of(deps.settings, claim), until, address=registered
                 ),
             )
     except PoolError as exc:

@@ -26,6 +26,7 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
+from backends.base import EntryOwner
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Claim, Reason
@@ -47,6 +48,8 @@ KIND = "PHPIPAMIPPool"
 DISPLAY = f"{KIND} {NS}/{POOL}"
 POOL_TOKEN = pool_token(NS, KIND, POOL)
 POOL_ENDPOINT = "https://ipam.example.com"  # the fake pools' spec.endpoint
+CLUSTER_ID = "uid-of-kube-system-a"  # this management cluster (IPAM_BRIDGE_CLUSTER_ID)
+OTHER_CLUSTER = "uid-of-kube-system-b"  # another one sharing the IPAM
 
 
 class World:
@@ -59,7 +62,7 @@ class World:
         self.queue = FakeQueue()
         self.now = 1000.0
         self.ctx = Operator(
-            settings=Settings(),
+            settings=Settings(cluster_id=CLUSTER_ID),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions(version),
             flow=FlowControl(clock=lambda: self.now),
@@ -505,9 +508,13 @@ def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
 
 
 def moved(world: World, *, finalizer: bool = True) -> None:
-    """Bind c1 (of Cluster c), then recreate the claim as clusterctl move does: no status."""
+    """Bind c1 (of Cluster c) in another cluster, then recreate the claim as clusterctl move does.
+
+    The IPAM entry names the source cluster as its owner; the claim comes without status.
+    """
     world.kube.add_cluster(NS, "c")
     bind(world, cluster="c")
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")  # made by the source
     del world.kube.claims[(NS, "c1")]
     world.kube.add_claim(
         claim(cluster="c", finalizers=(capi.CLAIM_FINALIZER,) if finalizer else ())
@@ -516,6 +523,7 @@ def moved(world: World, *, finalizer: bool = True) -> None:
 
 def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world: World) -> None:
     moved(world)
+    entries = dict(world.ipam.entries)
     world.kube.add_cluster(NS, "c", spec={"paused": True})
     assert world.reconcile() == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == [] and world.ipam.calls == []
@@ -523,19 +531,27 @@ def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world
     world.kube.add_cluster(NS, "c")
     assert world.reconcile() == Result.done()
     assert len(world.kube.of("claim.status")) == 1
-    # The pause was checked before the write.
+    # The pause was checked before the IPAM call and the write.
     timeline = world.kube.timeline
     assert timeline.index(("read", "get_cluster", "ns/c")) < timeline.index(
+        ("backend", "allocate", "c1.ns")
+    )
+    assert timeline.index(("backend", "allocate", "c1.ns")) < timeline.index(
         ("kube", "claim.status", "ns/c1")
     )
     stored = world.stored()
     assert stored["status"]["addressRef"] == {"name": "c1"}
     assert ready(stored)["reason"] == Reason.ALLOCATED
-    assert world.ipam.calls == [] and world.built == []
+    # One IPAM call: the same entry, its owner written anew (this cluster); nothing created.
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+    assert world.ipam.entries == entries
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert world.ipam.stamped == ["c1.ns"]
     assert world.kube.of("address.create") == []
+    assert world.ctx.metrics.allocations.labels(f"{NS}/{POOL}", KIND, "success")._value.get() == 1
     world.reset()
     assert world.reconcile() == Result.done()
-    assert world.kube.writes == []
+    assert world.kube.writes == [] and world.ipam.calls == []  # bound with status: no call
 
 
 def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
@@ -543,7 +559,139 @@ def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
     assert world.reconcile() == Result.done()
     assert world.kube.ops()[:2] == ["claim.finalizer", "claim.status"]
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
-    assert world.ipam.calls == []
+    # The finalizer before the IPAM call (the contract), then one call.
+    timeline = world.kube.timeline
+    assert timeline.index(("kube", "claim.finalizer", "ns/c1")) < timeline.index(
+        ("backend", "allocate", "c1.ns")
+    )
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+
+
+# -- owners (issue 36): one IPAM, many management clusters ---------------------------------
+
+
+def test_another_clusters_entry_under_the_hostname_is_refused_with_hostname_taken(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.4"
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")  # same names, no suffix
+    world.kube.add_claim(claim())
+    delay = world.ctx.settings.requeue_config_error_seconds
+    assert world.reconcile() == Result.requeue_after(delay)  # a person must act: slowly
+    condition = ready(world.stored())
+    assert (condition["status"], condition["reason"]) == ("False", "HostnameTaken")
+    message = condition["message"]
+    for part in ("c1.ns", "10.0.0.4", OTHER_CLUSTER, "ns/c1", "spec.hostnameSuffix", DISPLAY):
+        assert part in message, part
+    assert world.kube.events == [("Warning", "HostnameTaken", message)]
+    # Nothing taken, changed or registered; no IPAddress.
+    assert world.ipam.entries == {"c1.ns": "10.0.0.4"}
+    assert world.ipam.owners["c1.ns"] == EntryOwner(OTHER_CLUSTER, "ns/c1")
+    assert world.ipam.stamped == [] and world.kube.addresses == {}
+    metrics = world.ctx.metrics
+    taken = metrics.allocations.labels(f"{NS}/{POOL}", KIND, "HostnameTaken")
+    assert taken._value.get() == 1
+    assert metrics.pending_claims() == {"ns/c1": "HostnameTaken"}
+    # Quiet waiting: the next pass asks the IPAM again and writes nothing.
+    world.reset()
+    assert world.reconcile() == Result.requeue_after(delay)
+    assert world.kube.writes == [] and world.kube.events == []
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+    assert taken._value.get() == 2
+    # The other cluster's entry goes: the claim gets an address of its own.
+    del world.ipam.entries["c1.ns"], world.ipam.owners["c1.ns"]
+    world.reset()
+    assert world.reconcile() == Result.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert metrics.pending_claims() == {}
+
+
+def test_another_claims_entry_of_this_cluster_is_refused_too(world: World) -> None:
+    # Claim m1 of namespace prod on a pool with suffix "ns" and claim c1 of namespace ns on
+    # a pool without one meet at one hostname: the second is refused, never bound to it.
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.2"
+    world.ipam.owners["c1.ns"] = EntryOwner(CLUSTER_ID, "prod/m1")
+    world.kube.add_claim(claim())
+    world.reconcile()
+    condition = ready(world.stored())
+    assert condition["reason"] == "HostnameTaken"
+    assert f"claim prod/m1 of management cluster {CLUSTER_ID}" in condition["message"]
+    assert world.kube.addresses == {}
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [EntryOwner("", "ns/c1"), None],
+    ids=["previous-release-entry", "reservation"],
+)
+def test_an_entry_of_the_previous_release_or_a_reservation_is_adopted_and_stamped(
+    world: World, owner: EntryOwner | None
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.5"
+    if owner is not None:
+        world.ipam.owners["c1.ns"] = owner
+    world.kube.add_claim(claim())
+    assert world.reconcile() == Result.done()
+    assert world.kube.addresses[(NS, "c1")]["spec"]["address"] == "10.0.0.5"
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")  # upgraded
+    assert world.ipam.stamped == ["c1.ns"]
+
+
+def test_a_release_names_the_owner_and_leaves_another_clusters_entry_alone(
+    world: World,
+) -> None:
+    bind(world)
+    address = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    # Since bound, another management cluster holds the hostname (its entry at .6).
+    world.ipam.entries["c1.ns"] = "10.0.0.6"
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {"c1.ns": "10.0.0.6"}  # not ours: not released
+    assert world.kube.addresses == {} and (NS, "c1") not in world.kube.claims
+    assert address != "10.0.0.6"
+
+
+def test_a_release_of_our_entry_at_the_ipaddress_address_deletes_it(world: World) -> None:
+    bind(world)
+    world.ipam.owners["c1.ns"] = EntryOwner("", "ns/c1")  # written by the previous release
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {} and world.ipam.owners == {}
+
+
+def test_a_rebuilt_claim_whose_hostname_another_cluster_holds_elsewhere_waits(
+    world: World,
+) -> None:
+    moved(world)
+    held = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    # The entry at the IPAddress's address is gone; another cluster registered that address
+    # under another name meanwhile.
+    del world.ipam.entries["c1.ns"], world.ipam.owners["c1.ns"]
+    world.ipam.entries["x.other"] = held
+    world.ipam.owners["x.other"] = EntryOwner(OTHER_CLUSTER, "other/x")
+    delay = world.ctx.settings.requeue_config_error_seconds
+    assert world.reconcile() == Result.requeue_after(delay)
+    condition = ready(world.stored())
+    assert condition["reason"] == Reason.ALLOCATION_FAILED
+    assert held in condition["message"] and "x.other" in condition["message"]
+    assert "addressRef" not in world.stored()["status"]
+    assert world.ipam.entries == {"x.other": held}
+
+
+def test_a_rebuilt_claim_whose_entry_is_gone_registers_its_address_again(world: World) -> None:
+    moved(world)
+    held = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    world.ipam.entries.clear()
+    world.ipam.owners.clear()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {"c1.ns": held}  # the address its IPAddress names
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert world.stored()["status"]["addressRef"] == {"name": "c1"}
 
 
 def test_an_ipaddress_of_that_name_that_is_not_the_claims_is_never_taken_over(

@@ -15,32 +15,32 @@ from typing import Protocol
 
 from kubernetes.client import ApiException
 
-__all__ = ["CLUSTER_ID_NAMESPACE", "ClusterIdError", "resolve_cluster_id"]
+from bridge.settings import Settings
+
+__all__ = [
+    "CLUSTER_ID_ENV",
+    "CLUSTER_ID_NAMESPACE",
+    "ClusterIdError",
+    "NamespaceReader",
+    "resolve_cluster_id",
+]
 
 #: The namespace whose uid is the default identity.
 CLUSTER_ID_NAMESPACE = "kube-system"
 
 #: The environment variable that sets the identity (`bridge.settings.Settings.cluster_id`).
-SETTING = "IPAM_BRIDGE_CLUSTER_ID"
+CLUSTER_ID_ENV = "IPAM_BRIDGE_CLUSTER_ID"
 
 
-class _Settings(Protocol):
-    """The one setting read (`bridge.settings.Settings`)."""
-
-    @property
-    def cluster_id(self) -> str:
-        """``IPAM_BRIDGE_CLUSTER_ID``; empty: the uid of ``kube-system``."""
-
-
-class _NamespaceReader(Protocol):
-    """What is called to read the namespace (``kubernetes.client.CoreV1Api``)."""
+class NamespaceReader(Protocol):
+    """What `resolve_cluster_id` needs of a client: ``kubernetes.client.CoreV1Api`` has it."""
 
     def read_namespace(self, name: str) -> object:
         """Return the Namespace ``name`` (``V1Namespace``)."""
 
 
-class ClusterIdError(Exception):
-    """The identity cannot be had: the message names `SETTING` and what to do.
+class ClusterIdError(RuntimeError):
+    """The identity cannot be had: the message names `CLUSTER_ID_ENV` and what to do.
 
     Attributes
     ----------
@@ -54,7 +54,7 @@ class ClusterIdError(Exception):
         self.transient = transient
 
 
-def resolve_cluster_id(settings: _Settings, core_api: _NamespaceReader) -> str:
+def resolve_cluster_id(settings: Settings, core_api: NamespaceReader) -> str:
     """Return this management cluster's identity, read once at start-up.
 
     Parameters
@@ -85,17 +85,17 @@ def resolve_cluster_id(settings: _Settings, core_api: _NamespaceReader) -> str:
         namespace = core_api.read_namespace(CLUSTER_ID_NAMESPACE)
     except ApiException as exc:
         raise ClusterIdError(
-            f"{SETTING} is empty and the uid of namespace {CLUSTER_ID_NAMESPACE} could not be "
-            f"read (the API server answered {exc.status} {exc.reason}): grant get on that "
-            f"namespace (deploy/ does) or set {SETTING} to an identity of this management "
-            "cluster that no other one uses",
+            f"{CLUSTER_ID_ENV} is empty and the uid of namespace {CLUSTER_ID_NAMESPACE} could "
+            f"not be read (the API server answered {exc.status} {exc.reason}): grant get on "
+            f"that namespace (deploy/ does) or set {CLUSTER_ID_ENV} to an identity of this "
+            "management cluster that no other one uses",
             transient=exc.status is None or exc.status >= 500 or exc.status == 429,
         ) from exc
     metadata = getattr(namespace, "metadata", None)
     uid = str(getattr(metadata, "uid", "") or "").strip()
     if not uid:
         raise ClusterIdError(
-            f"{SETTING} is empty and namespace {CLUSTER_ID_NAMESPACE} has no uid: set "
-            f"{SETTING} to an identity of this management cluster that no other one uses"
+            f"{CLUSTER_ID_ENV} is empty and namespace {CLUSTER_ID_NAMESPACE} has no uid: set "
+            f"{CLUSTER_ID_ENV} to an identity of this management cluster that no other one uses"
         )
     return uid

@@ -112,7 +112,9 @@ class Operator:
     Attributes
     ----------
     settings:
-        The operator settings.
+        The operator settings, ``cluster_id`` resolved (the start-up's
+        `bridge.cluster_id.resolve_cluster_id`): every reconciler and the audit name this
+        management cluster as the owner of the IPAM entries they write.
     kube:
         The Kubernetes objects (`bridge.objects.client.ObjectClient`, or a test's fake).
     versions:
@@ -223,6 +225,7 @@ class Operator:
             interval=self.settings.audit_seconds,
             holding=self.backends.holding,
             cache=self.cache,
+            cluster_id=self.settings.cluster_id,
         )
 
     def reconcile(self, key: Hashable) -> Result:

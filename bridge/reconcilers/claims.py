@@ -1210,16 +1210,15 @@ def _release_in_ipam(
     )
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
-    registered = (str(address.spec.address or "") if address is not None else "") or None
+    owner = owner_of(deps.settings, claim)
+    held = address.spec.address if address is not None else None
     try:
         with _admitted(deps, claim, where):
             backend = deps.clients.backend_for(where, reuse=True)
             released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
-                lambda: backend.release(
-                    hostname, owner_of(deps.settings, claim), until, address=registered
-                ),
+                lambda: backend.release(hostname, owner, until, address=held),
             )
     except PoolError as exc:
         deps.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()

@@ -592,16 +592,13 @@ class FakeBackend:
     ) -> Allocation:
         self._call("allocate", hostname)
         existing = self.ipam.entries.get(hostname)
+        if existing is not None and not may_adopt(self._allocation(hostname), owner, adopt):
+            holder = self.ipam.owners[hostname]
+            raise EntryOwnedError(
+                f"{hostname} belongs to {holder}", hostname=hostname, address=existing, owner=holder
+            )
         if existing is not None and (address is None or existing == address):
             found = self._allocation(hostname)
-            if not may_adopt(found, owner, adopt):
-                assert found.owner is not None
-                raise EntryOwnedError(
-                    f"{hostname} ({existing}) belongs to {found.owner}",
-                    hostname=hostname,
-                    address=existing,
-                    owner=found.owner,
-                )
             if found.owner != owner:
                 self.ipam.owners[hostname] = owner
                 self.ipam.stamped.append(hostname)

@@ -40,6 +40,7 @@ from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
 
 SUBNET = "10.20.0.0/24"
+CLUSTERS = "cluster.x-k8s.io/v1beta2"
 PHPIPAM_SUBNET_ID = 7
 
 #: ``{hostname: (address, the IPAM's id of the entry, owner)}`` of the IPAM's entries.
@@ -277,18 +278,25 @@ def test_clusterctl_move_to_the_other_cluster_keeps_every_address(
     ns = f"move-{ipam.kind.lower()[:3]}"
     names = ["n0", "n1"]
     ipam.pool(a, ns)
+    a.create(
+        {"apiVersion": CLUSTERS, "kind": "Cluster", "metadata": {"name": "c1", "namespace": ns}}
+    )
     for name in names:
-        a.claim(ns, name, "pool", kind=ipam.kind)
+        a.claim(ns, name, "pool", kind=ipam.kind, cluster="c1")
     before = wait_bound(a, ns, names)
     entries = ipam.entries()
     b.namespace(ns)
 
-    # What clusterctl moves: the Secret, the pool, the claims, their IPAddresses (owners first).
+    # clusterctl move: pause the Cluster; copy the Cluster, the Secret, the pool, the claims
+    # and their IPAddresses (owners first); annotate, delete and strip them at the source,
+    # whose operator still runs; unpause the Cluster in the target.
+    a.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": True}}, ns)
     plural = "phpipamippools" if ipam.kind == "PHPIPAMIPPool" else "infobloxippools"
     kinds = [(f"{GROUP}/v1alpha1", plural) if p == "phpipamippools" else (v, p) for v, p in MOVE]
     assert a.version == "v1beta2"  # the version of PHPIPAM_MOVE's claims
-    clusterctl_move(a, b, kinds, namespace=ns)
+    clusterctl_move(a, b, [(CLUSTERS, "clusters"), *kinds], namespace=ns)
     a.wait_gone(ns, timeout=30)  # released nothing: each carried delete-for-move
+    b.kube.patch(CLUSTERS, "clusters", "c1", {"spec": {"paused": False}}, ns)
     assert wait_bound(b, ns, names) == before
     # No entry created or deleted (the same ids); the target wrote itself as their owner.
     wait_for(

@@ -76,7 +76,8 @@ def resolve_cluster_id(settings: Settings, core_api: NamespaceReader) -> str:
     ClusterIdError
         When the setting is empty and the uid cannot be read: the API server refused
         (RBAC), the namespace does not exist or has no uid, or (``transient``) the API
-        server did not answer. The message names the setting.
+        server answered 5xx or 429 or not at all (a connection error). The message names
+        the setting.
     """
     configured = settings.cluster_id.strip()
     if configured:
@@ -90,6 +91,12 @@ def resolve_cluster_id(settings: Settings, core_api: NamespaceReader) -> str:
             f"that namespace (deploy/ does) or set {CLUSTER_ID_ENV} to an identity of this "
             "management cluster that no other one uses",
             transient=exc.status is None or exc.status >= 500 or exc.status == 429,
+        ) from exc
+    except Exception as exc:  # urllib3's and the socket's: no answer at all
+        raise ClusterIdError(
+            f"{CLUSTER_ID_ENV} is empty and the uid of namespace {CLUSTER_ID_NAMESPACE} could "
+            f"not be read (no answer from the API server: {type(exc).__name__})",
+            transient=True,
         ) from exc
     metadata = getattr(namespace, "metadata", None)
     uid = str(getattr(metadata, "uid", "") or "").strip()

@@ -55,3 +55,9 @@ def test_a_failed_read_names_the_setting(status: int, transient: bool) -> None:
 def test_a_namespace_without_a_uid_is_refused() -> None:
     with pytest.raises(ClusterIdError, match="IPAM_BRIDGE_CLUSTER_ID"):
         resolve_cluster_id(Settings(), Core(namespace("")))
+
+
+def test_no_answer_at_all_is_transient() -> None:
+    with pytest.raises(ClusterIdError, match="IPAM_BRIDGE_CLUSTER_ID") as error:
+        resolve_cluster_id(Settings(), Core(ConnectionRefusedError()))
+    assert error.value.transient and "ConnectionRefusedError" in str(error.value)

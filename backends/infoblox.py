@@ -392,6 +392,13 @@ class InfobloxBackend:
     (``PUT <_ref>``); it keeps its address, so next-available-IP skips it, until
     `purge_quarantined` deletes it.
 
+    Ownership (`backends.base.EntryOwner`): every entry's ``comment`` is
+    `backends.base.owner_text`; with `InfobloxConfig.owner_extensible_attribute` the EA of that
+    name holds `owner_extattr_value` too (and is read first). An entry under a claim's
+    hostname is adopted, released or purged only as `backends.base.may_adopt` allows; adopting
+    one whose owner differs rewrites ``comment`` (and ``extattrs``, the object's own kept)
+    with one ``PUT <_ref>``; another owner's entry raises `backends.errors.EntryOwnedError`.
+
     Authentication is HTTP Basic (UTF-8) on the first request; afterwards the ``ibapauth``
     session cookie the grid sets is sent instead (one session for all the pool's networks).
     A 401 drops the cookie and repeats the request once with Basic auth; a 401 to Basic

@@ -482,6 +482,12 @@ class PHPIPAMBackend:
     hostname that `backends.base.may_adopt` gives the claim (a reservation: its owner fields are
     rewritten on adoption).
 
+    Ownership (`backends.base.EntryOwner`): every entry this client makes carries
+    `owner_fields` (``note``, the full truth, read first; ``owner``; ``description``). An entry
+    under a claim's hostname is adopted, released or purged only as `backends.base.may_adopt`
+    allows; adopting one whose owner differs rewrites those fields with one ``PATCH
+    addresses/{id}/``; another owner's entry raises `backends.errors.EntryOwnedError`.
+
     Quarantine (`backends.base`): a released entry may be kept with the hostname
     ``quarantined.<hostname>`` and the description `backends.base.quarantine_mark` (cut to
     `DESCRIPTION_MAX_CHARS`); `purge_quarantined` deletes it once the time has passed.

@@ -445,6 +445,7 @@ class SeedSettings(_SeedModel):
     max_login_failures: int = Field(default=10, ge=0)
     login_failure_window_seconds: float = Field(default=300.0, gt=0)
     block_seconds: float = Field(default=300.0, gt=0)
+    strict_sql_mode: bool = False
 
 
 class Seed(_SeedModel):

@@ -16,7 +16,13 @@ claim's current state each time (``docs/architecture.md``, "The flow of a claim"
   allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
   address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
   create the IPAddress (one that exists is adopted when it is this claim's, of this pool, at
-  the address the IPAM gave); write ``status.addressRef`` and Ready.
+  the address the IPAM gave); write ``status.addressRef`` and Ready. A claim rebuilt from
+  its IPAddress (``clusterctl move``, a restore: no ``status.addressRef``) first writes this
+  cluster as its entry's owner, with one IPAM call.
+
+Every entry names its owner (`owner_of`: this management cluster's ``settings.cluster_id``
+and the claim). An entry under the claim's hostname that another cluster or claim owns is
+never taken: the claim waits, Ready=False ``HostnameTaken`` (`backends.base.may_adopt`).
 
 Every write's outcome (`gateway.Write`: written, unchanged, gone, conflict) decides what
 follows; a release that stopped before its last step is finished from what the IPAM and the

@@ -27,7 +27,7 @@ from bridge.runtime import logcontext
 from bridge.runtime.gateway import AccessDeniedError
 from bridge.runtime.kubeconfig import SERVICE_ACCOUNT_TOKEN, in_cluster, load_configuration
 from bridge.runtime.leader import LeadershipLostError, OperatorStop
-from bridge.settings import Settings
+from bridge.settings import Settings, deprecated_names_used
 
 __all__ = [
     "DEPRECATED_PEERING",
@@ -35,6 +35,7 @@ __all__ = [
     "ConfigurationError",
     "ObjectRefFilter",
     "StartupError",
+    "build_parser",
     "check_configuration",
     "check_ports",
     "main",
@@ -283,6 +284,8 @@ def run_operator(
         if given
     ]
     _warn_deprecated(deprecated)
+    for warning in deprecated_names_used(os.environ):
+        log.warning("%s", warning)
     liveness_setting = "--liveness" if liveness else "IPAM_BRIDGE_HEALTH_PORT"
     if liveness is None and settings.health_port:
         liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
@@ -374,7 +377,8 @@ def _add_check_pool(sub: Any) -> None:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``ipam-bridge`` and its sub-commands."""
     parser = argparse.ArgumentParser(
         prog="ipam-bridge",
         description="Cluster API IPAM provider backed by phpIPAM and Infoblox NIOS.",
@@ -448,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (`audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
     not, 2 for a usage error (`bridge.check_pool.run_cli`); argparse's own usage errors exit 2.
     """
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0

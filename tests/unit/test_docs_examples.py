@@ -217,6 +217,30 @@ def _documents(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
 
 
+# -- one place for each thing --------------------------------------------------------------
+
+#: Words in a row two pages may share: more is a copied passage (link to it instead).
+SHARED_WORDS = 14
+
+
+def _prose_words(page: Path) -> list[str]:
+    text = re.sub(r"^[ ]*```.*?^[ ]*```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return re.findall(r"[\w`'./<>-]+", text.lower())
+
+
+def test_no_page_repeats_another_pages_text() -> None:
+    owner: dict[tuple[str, ...], Path] = {}
+    copied: set[tuple[str, str, str]] = set()
+    for page in PAGES:
+        words = _prose_words(page)
+        for i in range(len(words) - SHARED_WORDS + 1):
+            run = tuple(words[i : i + SHARED_WORDS])
+            first = owner.setdefault(run, page)
+            if first != page:
+                copied.add((first.name, page.name, " ".join(run)))
+    assert not copied, sorted(copied)[:5]
+
+
 # -- where manifests live ---------------------------------------------------------------------
 
 

@@ -397,6 +397,38 @@ def test_the_audit_table_of_the_book_is_what_the_cli_prints() -> None:
     assert "\n".join(table) == format_table(findings)
 
 
+#: Helm values documented as a whole (a map or list handed to the manifest as it is).
+WHOLE_VALUES = {
+    "settings",
+    "resources",
+    "podAnnotations",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+}
+
+
+def _value_paths(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in WHOLE_VALUES:
+            yield from _value_paths(value, f"{path}.")
+        else:
+            yield path
+
+
+def test_the_install_page_documents_every_helm_value() -> None:
+    page = (DOCS / "operations" / "install.md").read_text(encoding="utf-8")
+    helm = page[page.index("## Helm") : page.index("\n## ", page.index("## Helm") + 1)]
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "ipam-bridge" / "values.yaml").read_text())
+    shown = set(re.findall(r"`([\w.]+)`", helm))
+    for path in _value_paths(values):
+        # A row names the path, or a sibling's path and then its last key: `a.b.x`, `.y`.
+        parent, _, last = path.rpartition(".")
+        grouped = f".{last}" in shown and any(p.startswith(f"{parent}.") for p in shown)
+        assert path in shown or grouped, f"Helm value {path} not on the install page"
+
+
 def test_the_manager_pod_meets_the_restricted_standard() -> None:
     """Each control of the ``restricted`` Pod Security Standard, on deploy/'s Deployment.
 

@@ -42,6 +42,7 @@ import yaml
 __all__ = [
     "CLUSTERCTL_VARIABLES",
     "DEFAULT_IMAGE_REPOSITORY",
+    "FORMER_VARIABLES",
     "PROVIDER_LABEL",
     "ReleaseError",
     "chart_files",
@@ -68,12 +69,21 @@ DEFAULT_IMAGE_REPOSITORY = "ghcr.io/ipam-bridge/ipam-bridge"
 #: CAPI contract the release series implements (metadata.yaml).
 CONTRACT = "v1beta2"
 #: Environment variables of the manager container that become clusterctl variables, as
-#: ``env name -> clusterctl variable``. The default of each is the value in the Deployment.
+#: ``env name -> clusterctl variable`` (the same name: one name per setting). The default of
+#: each is the value in the Deployment.
 CLUSTERCTL_VARIABLES = {
-    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE_SCOPE",
+    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE",
     "IPAM_BRIDGE_WORKERS": "IPAM_BRIDGE_WORKERS",
     "IPAM_BRIDGE_LOG_LEVEL": "IPAM_BRIDGE_LOG_LEVEL",
     "IPAM_BRIDGE_LOG_FORMAT": "IPAM_BRIDGE_LOG_FORMAT",
+}
+#: Former clusterctl variables, still read: ``env name -> former variable``. The env's value
+#: falls back to the former variable (``${NEW:=${OLD:=<default>}}``, drone/envsubst's nested
+#: default), and the former variable also reaches the manager under its own name, which the
+#: operator reads as a deprecated name and warns about at start-up
+#: (``bridge.settings.DEPRECATED_NAMES``).
+FORMER_VARIABLES = {
+    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE_SCOPE",
 }
 #: clusterctl variable of the manager image.
 IMAGE_VARIABLE = "IPAM_BRIDGE_IMAGE"
@@ -228,9 +238,11 @@ def render_components(
     """Turn the rendered install into the clusterctl components (with variables).
 
     The manager image becomes ``${IPAM_BRIDGE_IMAGE:=<repository>:<version>}`` and each env
-    variable of :data:`CLUSTERCTL_VARIABLES` becomes ``${<variable>:=<value in deploy/>}``
-    (``IPAM_BRIDGE_NAMESPACE`` -> ``${IPAM_BRIDGE_NAMESPACE_SCOPE:=}``: empty = watch all
-    namespaces, clusterctl's default). Then the clusterctl rules are checked.
+    variable of :data:`CLUSTERCTL_VARIABLES` becomes ``${<variable>:=<value in deploy/>}``;
+    one with a former variable (:data:`FORMER_VARIABLES`) falls back to it
+    (``${IPAM_BRIDGE_NAMESPACE:=${IPAM_BRIDGE_NAMESPACE_SCOPE:=}}``: empty = all namespaces)
+    and the former one is passed on under its own name (the operator warns about it). Then
+    the clusterctl rules are checked.
 
     Parameters
     ----------
@@ -260,7 +272,13 @@ def render_components(
     for env_name, variable in CLUSTERCTL_VARIABLES.items():
         if env_name not in env or "value" not in env[env_name]:
             raise ReleaseError(f"the manager container has no env {env_name} with a value")
-        env[env_name]["value"] = f"${{{variable}:={env[env_name]['value']}}}"
+        default = env[env_name]["value"]
+        former = FORMER_VARIABLES.get(env_name)
+        if former is not None:
+            at = manager["env"].index(env[env_name]) + 1
+            manager["env"].insert(at, {"name": former, "value": f"${{{former}:=}}"})
+            default = f"${{{former}:={default}}}"
+        env[env_name]["value"] = f"${{{variable}:={default}}}"
 
     namespaces = [obj for obj in components if obj["kind"] == "Namespace"]
     if len(namespaces) != 1:
@@ -501,7 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = (
         f"ipam-bridge {version}: clusterctl components (IPAMProvider), rendered from deploy/ "
         f"by deploy/release_manifests.py ({used}).\n"
-        f"Variables: {IMAGE_VARIABLE}, " + ", ".join(CLUSTERCTL_VARIABLES.values())
+        f"Variables: {IMAGE_VARIABLE}, "
+        + ", ".join(CLUSTERCTL_VARIABLES.values())
+        + "; deprecated: "
+        + ", ".join(FORMER_VARIABLES.values())
     )
     (args.out / "ipam-components.yaml").write_text(
         dump_documents(components, header=header), encoding="utf-8"

@@ -5,6 +5,9 @@ Run by ``make release-manifests`` (``python deploy/release_manifests.py``). It w
 - ``out/metadata.yaml``: the clusterctl ``Metadata`` (release series and CAPI contract);
 - ``out/ipam-components.yaml``: the kustomize install of ``deploy/`` rendered to one file,
   with clusterctl ``${VAR:=default}`` variables for the image and the settings;
+- ``out/ipam-bridge-<version>.tgz``: the Helm chart packaged (``helm package``, chart version
+  and appVersion the release's), when helm is there (``--helm PATH``, ``$HELM``, ``helm`` on
+  ``PATH``); the release workflow pushes it as an OCI chart;
 - ``deploy/helm/ipam-bridge/crds/*.yaml``, ``files/clusterrole-rules.yaml`` and
   ``files/leader-election-rules.yaml``: the chart's CRDs and RBAC rules, copied from the
   install so that the chart cannot drift from it.
@@ -45,11 +48,14 @@ __all__ = [
     "FORMER_VARIABLES",
     "PROVIDER_LABEL",
     "ReleaseError",
+    "artifact_names",
     "chart_files",
     "dump_documents",
+    "helm_command",
     "kustomize_command",
     "main",
     "metadata_document",
+    "package_chart",
     "project_version",
     "render_components",
     "render_kustomization",
@@ -469,6 +475,54 @@ def sync_chart(objects: Iterable[Obj], chart_dir: Path = CHART_DIR, *, check: bo
     return differing
 
 
+def chart_version(version: str) -> str:
+    """Return the chart version of a release: ``v0.1.0`` -> ``0.1.0`` (SemVer 2, as Helm wants)."""
+    return version[1:] if version.startswith("v") else version
+
+
+def artifact_names(version: str) -> list[str]:
+    """Return the files ``make release-manifests`` writes into ``out/`` for ``version``.
+
+    ``metadata.yaml`` and ``ipam-components.yaml`` (clusterctl), and the packaged chart
+    ``ipam-bridge-<chart version>.tgz`` (when helm is there): what a release publishes.
+    """
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text(encoding="utf-8"))["name"]
+    return ["metadata.yaml", "ipam-components.yaml", f"{chart}-{chart_version(version)}.tgz"]
+
+
+def helm_command(tool: str | os.PathLike[str] | None = None) -> str | None:
+    """Return the helm binary to package the chart with, or None when there is none.
+
+    ``tool`` (a path or name), else ``$HELM``, else ``helm`` on ``PATH``.
+    """
+    chosen = str(tool) if tool else os.environ.get("HELM") or "helm"
+    return shutil.which(chosen)
+
+
+def package_chart(helm: str, out: Path, version: str, chart_dir: Path = CHART_DIR) -> Path:
+    """Package the chart into ``out`` with ``helm package``; return the ``.tgz`` written.
+
+    The chart's version and appVersion become the release's (``v0.1.0`` -> ``0.1.0``), so
+    the packaged chart installs the release's image (``image.tag`` defaults to
+    ``v<appVersion>``). ``helm lint`` runs first.
+
+    Raises
+    ------
+    ReleaseError
+        When ``helm lint`` or ``helm package`` fails (its message is in the error).
+    """
+    semver = chart_version(version)
+    versions = ["--version", semver, "--app-version", semver]
+    for argv in (
+        [helm, "lint", str(chart_dir)],
+        [helm, "package", str(chart_dir), "--destination", str(out), *versions],
+    ):
+        result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise ReleaseError(f"{' '.join(argv[:2])} failed: {result.stderr.strip()}")
+    return out / artifact_names(version)[2]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the release artifacts; the command-line entry point.
 
@@ -497,6 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         metavar="PATH",
         help="kustomize or kubectl binary (default: $KUSTOMIZE, $KUBECTL, else on PATH)",
+    )
+    parser.add_argument(
+        "--helm",
+        default=None,
+        metavar="PATH",
+        help="helm binary that packages the chart (default: $HELM, else on PATH; none: skipped)",
     )
     parser.add_argument(
         "--check-chart", action="store_true", help="only check the chart's generated files"
@@ -534,6 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out / 'ipam-components.yaml'} and {args.out / 'metadata.yaml'} ({used})")
     for name in changed:
         print(f"updated {CHART_DIR / name}")
+    helm = helm_command(args.helm)
+    if helm is None:
+        print("helm not found: the chart is not packaged (make helm; or --helm PATH)")
+    else:
+        print(f"wrote {package_chart(helm, args.out, version)}")
     return 0
 
 

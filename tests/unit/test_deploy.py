@@ -856,6 +856,76 @@ def test_helm_refuses_a_second_name_for_one_setting(values: list[str], message: 
         _helm_template(*args, check=False)
 
 
+# --- release: the packaged chart and the workflow ------------------------------------------
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_release_manifests_package_the_chart(release_out: Path) -> None:
+    """`make release-manifests` with helm: the chart as a .tgz of the release's version."""
+    version = rm.project_version()
+    assert sorted(p.name for p in release_out.iterdir()) == sorted(rm.artifact_names(version))
+    package = release_out / rm.artifact_names(version)[2]
+    with tarfile.open(package) as tar:
+        names = tar.getnames()
+        chart_file = tar.extractfile("ipam-bridge/Chart.yaml")
+        assert chart_file is not None
+        chart = yaml.safe_load(chart_file.read())
+    assert chart["version"] == chart["appVersion"] == version.removeprefix("v")
+    assert "ipam-bridge/values.yaml" in names
+    assert {f"ipam-bridge/crds/{p.name}" for p in (CHART / "crds").glob("*.yaml")} <= set(names)
+    helm = _helm()
+    assert helm is not None
+    packaged = subprocess.run(
+        [helm, "template", "ipam-bridge", str(package), "--namespace", NAMESPACE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert [doc for doc in yaml.safe_load_all(packaged) if doc] == _helm_template()
+
+
+def test_package_chart_reports_a_failing_helm(tmp_path: Path) -> None:
+    with pytest.raises(rm.ReleaseError, match="lint failed"):
+        rm.package_chart("false", tmp_path, "v0.1.0")
+    assert rm.helm_command(tmp_path / "no-helm") is None
+
+
+WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+
+
+def _steps() -> list[dict[str, Any]]:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    trigger = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key `on` as true
+    assert trigger["push"]["tags"] == ["v*.*.*"]
+    (job,) = workflow["jobs"].values()
+    steps: list[dict[str, Any]] = job["steps"]
+    return steps
+
+
+def test_release_workflow_publishes_what_make_release_manifests_writes() -> None:
+    """The workflow cannot run here: it parses, and names the artifacts the Makefile writes."""
+    steps = _steps()
+    runs = "\n".join(step.get("run", "") for step in steps)
+    version = rm.project_version()
+    chart_version = version.removeprefix("v")
+    assert re.search(r"^make release-manifests VERSION=", runs, re.M)
+    assert "make test" in runs
+    (release,) = [s for s in steps if str(s.get("uses", "")).startswith("softprops/")]
+    files = release["with"]["files"].replace("${{ env.CHART_VERSION }}", chart_version).split()
+    assert files == [f"out/{name}" for name in rm.artifact_names(version)]
+    # the chart as an OCI chart, the image built from the Dockerfile into the Makefile's repo
+    push = re.search(r'helm push "out/ipam-bridge-\$\{CHART_VERSION\}\.tgz" "\$CHART_REPO"', runs)
+    assert push is not None
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["env"]["CHART_REPO"] == "oci://ghcr.io/ipam-bridge/charts"
+    makefile = (ROOT / "Makefile").read_text()
+    repo = re.search(r"^IMG_REPO \?= (\S+)$", makefile, re.M)
+    assert repo is not None and workflow["env"]["IMG_REPO"] == repo.group(1)
+    (image,) = [s for s in steps if str(s.get("uses", "")).startswith("docker/build-push")]
+    assert image["with"]["context"] == "." and image["with"]["push"] is True
+
+
 # --- image -------------------------------------------------------------------------------
 
 

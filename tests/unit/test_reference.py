@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import functools
 import importlib.util
 import re
 import sys
@@ -49,12 +50,13 @@ def test_the_generated_reference_is_fresh() -> None:
 
 
 def test_check_names_a_stale_or_missing_page(tmp_path: Path) -> None:
-    assert gen.write(tmp_path) == sorted(gen.PAGES, key=list(gen.PAGES).index)
-    assert gen.check(tmp_path) == []
+    texts = gen.pages()
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    assert gen.check(tmp_path, texts) == []
     (tmp_path / "settings.md").write_text("# Settings\n\nhand-edited\n")
     (tmp_path / "cli.md").unlink()
-    assert gen.check(tmp_path) == ["settings.md", "cli.md"]
-    assert gen.main(["--check"]) == 0  # the committed pages
+    assert gen.check(tmp_path, texts) == ["settings.md", "cli.md"]
 
 
 def test_pool_fields_cover_every_field_of_the_four_kinds() -> None:
@@ -145,11 +147,18 @@ def _reason_expressions(tree: ast.AST) -> Iterator[ast.expr]:
                     yield value
 
 
+@functools.cache
+def _sources() -> list[tuple[Path, ast.Module]]:
+    """The parsed modules of the operator (bridge/, backends/)."""
+    paths = sorted([*(ROOT / "bridge").rglob("*.py"), *(ROOT / "backends").rglob("*.py")])
+    return [(path, ast.parse(path.read_text(), str(path))) for path in paths]
+
+
 def _literal_reasons() -> dict[str, str]:
     """Return ``{reason literal: where}`` of every string literal written as a reason."""
     found = {}
-    for path in sorted([*(ROOT / "bridge").rglob("*.py"), *(ROOT / "backends").rglob("*.py")]):
-        for expr in _reason_expressions(ast.parse(path.read_text(), str(path))):
+    for path, tree in _sources():
+        for expr in _reason_expressions(tree):
             if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
                 found[expr.value] = f"{path.relative_to(ROOT)}:{expr.lineno}"
     return found
@@ -170,11 +179,12 @@ def test_the_scan_finds_a_literal_reason() -> None:
 def test_the_enumerations_hold_every_reason_enum_of_the_operator() -> None:
     """A StrEnum named ``*Reason`` anywhere in bridge/ is listed in `bridge.reasons`."""
     listed = {e.reasons.__name__ for e in reasons.ENUMERATIONS}
-    declared = set()
-    for path in (ROOT / "bridge").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and node.name.endswith("Reason"):
-                declared.add(node.name)
+    declared = {
+        node.name
+        for _, tree in _sources()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Reason")
+    }
     assert declared == listed
     assert all(issubclass(e.reasons, enum.StrEnum) for e in reasons.ENUMERATIONS)
     assert "ControlPlaneEndpointClaimMismatch" in reasons.all_reasons()
@@ -292,3 +302,33 @@ def test_dockerignore_keeps_the_docs_out_of_the_image() -> None:
     ]
     assert "docs" not in allowed and "mkdocs.yml" not in allowed
     assert "*" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def _environment_reads() -> dict[str, str]:
+    """Return ``{name: where}`` of every ``os.environ.get("NAME")``/``os.environ["NAME"]``."""
+    found = {}
+    for path, tree in _sources():
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr == "get" and ast.unparse(node.func.value) == "os.environ":
+                    target = node.args[0] if node.args else None
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                target = node.slice
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                found[target.value] = f"{path.relative_to(ROOT)}:{node.lineno}"
+    return found
+
+
+def test_every_environment_variable_the_code_reads_is_documented() -> None:
+    from bridge.settings import ENV_PREFIX, OTHER_ENVIRONMENT
+
+    listed = {name.strip() for names in OTHER_ENVIRONMENT for name in names.split(",")}
+    reads = _environment_reads()
+    assert "REQUESTS_CA_BUNDLE" in reads and "POD_NAME" in reads
+    undocumented = {
+        name: where
+        for name, where in reads.items()
+        if not name.startswith(ENV_PREFIX) and name not in listed
+    }
+    assert undocumented == {}, "list them in bridge.settings.OTHER_ENVIRONMENT"

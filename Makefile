@@ -85,10 +85,10 @@ bench: $(STAMP)
 # on every change; `make docs-build` (run by `make test`) builds it into site/ (git-ignored) with
 # --strict: a broken link, a page missing from the navigation or a missing snippet fails it.
 docs: $(STAMP)
-	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 docs-build: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The generated reference pages (docs/reference/*.md) from the CRDs, bridge/settings.py,
 # bridge/metrics.py, the CLI's parsers and the reasons' enumeration (bridge/reasons.py);

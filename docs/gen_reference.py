@@ -148,6 +148,9 @@ def _validation(node: Mapping[str, Any]) -> str:
     parts += [_text(p) for p in _one_of(node)]
     for rule in node.get("x-kubernetes-validations") or []:
         parts.append("CEL: " + _text(rule.get("message") or f"`{rule['rule']}`"))
+    extra = node.get("additionalProperties")
+    if isinstance(extra, Mapping) and not extra.get("properties") and _validation(extra):
+        parts.append(f"each value: {_validation(extra)}")
     return "; ".join(parts)
 
 

@@ -85,10 +85,10 @@ bench: $(STAMP)
 # on every change; `make docs-build` (run by `make test`) builds it into site/ (git-ignored) with
 # --strict: a broken link, a page missing from the navigation or a missing snippet fails it.
 docs: $(STAMP)
-	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 docs-build: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The generated reference pages (docs/reference/*.md) from the CRDs, bridge/settings.py,
 # bridge/metrics.py, the CLI's parsers and the reasons' enumeration (bridge/reasons.py);
@@ -103,7 +103,9 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out site
 
 # Release artifacts (issue 5): the manager image, and the clusterctl files in out/
-# (metadata.yaml, ipam-components.yaml) plus the Helm chart's generated crds/ and RBAC rules.
+# (metadata.yaml, ipam-components.yaml), the packaged Helm chart (out/ipam-bridge-<version>.tgz)
+# plus the Helm chart's generated crds/ and RBAC rules. .github/workflows/release.yml publishes
+# them on a tag v*.
 VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMG_REPO ?= ghcr.io/ipam-bridge/ipam-bridge
 IMG ?= $(IMG_REPO):$(VERSION)
@@ -114,6 +116,8 @@ image:
 	docker build -t $(IMG) .
 
 # deploy/ is rendered by kustomize itself (`kubectl kustomize`, kustomize v5.6).
+# With helm (`make helm`) the chart is packaged too: out/ipam-bridge-<version>.tgz.
 release-manifests: $(STAMP) $(KUBECTL_BIN)
 	$(BIN)/python deploy/release_manifests.py --kustomize $(KUBECTL_BIN) \
-		--out out --version $(VERSION) --image-repository $(IMG_REPO)
+		--out out --version $(VERSION) --image-repository $(IMG_REPO) \
+		$$( [ -x $(HELM_BIN) ] && echo --helm $(HELM_BIN) )

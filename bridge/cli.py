@@ -373,6 +373,13 @@ def _add_check_pool(sub: Any) -> None:
         "--ca-file", type=Path, default=None, help="PEM bundle to trust (spec.tls.caSecretRef)"
     )
     check.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace of a namespaced pool whose file names none (default: the kubeconfig "
+        "context's namespace, else default, as kubectl)",
+    )
+    check.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="default text"
     )
 
@@ -469,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             username=args.username,
             password_stdin=sys.stdin if args.password_stdin else None,
             ca_path=args.ca_file,
+            namespace=args.namespace,
             output=args.output,
             out=sys.stdout,
             err=sys.stderr,

@@ -11,7 +11,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from backends.flowcontrol import EndpointState, FlowControl, RequestRecord
 from backends.retry import RetryPolicy
 
-__all__ = ["DEPRECATED_NAMES", "ENV_PREFIX", "Settings", "deprecated_names_used"]
+__all__ = [
+    "DEPRECATED_NAMES",
+    "ENV_PREFIX",
+    "OTHER_ENVIRONMENT",
+    "Settings",
+    "deprecated_names_used",
+]
 
 #: The prefix of every setting's environment variable.
 ENV_PREFIX = "IPAM_BRIDGE_"
@@ -20,6 +26,22 @@ ENV_PREFIX = "IPAM_BRIDGE_"
 #: was the clusterctl variable of ``IPAM_BRIDGE_NAMESPACE``.
 DEPRECATED_NAMES: Mapping[str, str] = {
     "IPAM_BRIDGE_NAMESPACE_SCOPE": "IPAM_BRIDGE_NAMESPACE",
+}
+
+#: Environment variables the operator reads besides its settings (no ``IPAM_BRIDGE_``
+#: prefix), and what each does: ``names -> description`` (the docs' settings reference
+#: lists them).
+OTHER_ENVIRONMENT: Mapping[str, str] = {
+    "KUBECONFIG": "The kubeconfig of `ipam-bridge run`, `audit` and `check-pool` (its first "
+    "file); without it, in a pod, the service account, else `~/.kube/config`.",
+    "POD_NAME": "Names the replica: the leader election holder identity "
+    "(`<POD_NAME>_<random>`) and the User-Agent of IPAM requests (the host name without it). "
+    "The installs set it from the Pod's name.",
+    "HTTPS_PROXY, HTTP_PROXY, NO_PROXY": "Proxies of the requests to the IPAMs (phpIPAM, "
+    "Infoblox), and the hosts reached without one, as requests reads them (lower-case names "
+    "too); read when a pool's IPAM client is made, not again for every request.",
+    "REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE": "A CA bundle file trusted by the requests to an "
+    "IPAM whose pool sets no `spec.tls.caSecretRef` (with one, only that bundle is trusted).",
 }
 
 

@@ -148,6 +148,9 @@ def _validation(node: Mapping[str, Any]) -> str:
     parts += [_text(p) for p in _one_of(node)]
     for rule in node.get("x-kubernetes-validations") or []:
         parts.append("CEL: " + _text(rule.get("message") or f"`{rule['rule']}`"))
+    extra = node.get("additionalProperties")
+    if isinstance(extra, Mapping) and not extra.get("properties") and _validation(extra):
+        parts.append(f"each value: {_validation(extra)}")
     return "; ".join(parts)
 
 
@@ -312,6 +315,17 @@ def settings_page() -> str:
         "the clusterctl components render too.",
         "",
         *_table(head, rows),
+        "## Other environment variables",
+        "",
+        "Read by the operator besides its settings (`bridge.settings.OTHER_ENVIRONMENT`).",
+        "",
+        *_table(
+            ("Variable", "What it does"),
+            [
+                (", ".join(f"`{n.strip()}`" for n in names.split(",")), _text(text))
+                for names, text in settings.OTHER_ENVIRONMENT.items()
+            ],
+        ),
     ]
     return _header("bridge/settings.py and deploy/") + "\n".join(lines).rstrip() + "\n"
 
@@ -483,22 +497,26 @@ def pages() -> dict[str, str]:
     return {name: make() for name, make in PAGES.items()}
 
 
-def check(directory: Path = REFERENCE_DIR) -> list[str]:
-    """Return the names of the pages in ``directory`` that are missing or differ (stale)."""
+def check(directory: Path = REFERENCE_DIR, texts: Mapping[str, str] | None = None) -> list[str]:
+    """Return the names of the pages in ``directory`` that are missing or differ (stale).
+
+    ``texts`` are the pages as `pages` returns them (made now when None).
+    """
+    texts = pages() if texts is None else texts
     return [
         name
-        for name, text in pages().items()
+        for name, text in texts.items()
         if not (directory / name).is_file() or (directory / name).read_text("utf-8") != text
     ]
 
 
 def write(directory: Path = REFERENCE_DIR) -> list[str]:
-    """Write every page into ``directory``; return the names of those that changed."""
-    stale = check(directory)
+    """Write the stale pages into ``directory``; return their names."""
+    texts = pages()
+    stale = check(directory, texts)
     directory.mkdir(parents=True, exist_ok=True)
-    for name, text in pages().items():
-        if name in stale:
-            (directory / name).write_text(text, encoding="utf-8")
+    for name in stale:
+        (directory / name).write_text(texts[name], encoding="utf-8")
     return stale
 
 

@@ -73,7 +73,11 @@ def deprecated_names_used(environ: Mapping[str, str]) -> list[str]:
 
 
 class Settings(BaseSettings):
-    """Every knob of the operator; each maps to ``IPAM_BRIDGE_<NAME>`` (see README, "Settings").
+    """Every knob of the operator; each maps to ``IPAM_BRIDGE_<NAME>`` (docs/reference/settings.md).
+
+    A setting has one name; a former one (`DEPRECATED_NAMES`) is still read after it, and
+    ``ipam-bridge run`` warns about it (`deprecated_names_used`). Every field has a
+    ``description``: the docs' settings reference is generated from them.
 
     Durations are in seconds. Credentials are never settings: they come from the Secret each
     pool names.

@@ -427,6 +427,14 @@ def test_the_install_page_documents_every_helm_value() -> None:
         parent, _, last = path.rpartition(".")
         grouped = f".{last}" in shown and any(p.startswith(f"{parent}.") for p in shown)
         assert path in shown or grouped, f"Helm value {path} not on the install page"
+    # ... and every value a row names is one of the chart's.
+    paths = set(_value_paths(values))
+    for row in re.findall(r"^\| (`[^|]+)\|", helm, re.MULTILINE):
+        names = re.findall(r"`([\w.]+)`", row)
+        full = [n for n in names if not n.startswith(".")]
+        base = full[0].rpartition(".")[0]
+        for name in full + [base + n for n in names if n.startswith(".")]:
+            assert name in paths or any(p.startswith(f"{name}.") for p in paths), name
 
 
 def test_the_manager_pod_meets_the_restricted_standard() -> None:

@@ -15,6 +15,7 @@ from integration_env import CREDENTIALS, NAMESPACE
 from moving import cluster_id
 
 import bridge.operator as operator_module
+from backends.base import parse_owner
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -440,6 +441,21 @@ def test_extensible_attributes_and_provenance_on_every_record(
         sandbox.delete_claim(NAMESPACE, name)
     sandbox.wait_gone(NAMESPACE)
     assert objects(infoblox, wapi_type) == []
+
+
+def test_the_pools_owner_extensible_attribute_names_the_owner(
+    infoblox: MockInfobloxServer, sandbox: Sandbox
+) -> None:
+    infoblox.store.seed({"extensible_attributes": ["CAPI-Owner"]})
+    ready_pool(sandbox, infoblox, "pool", V4_NET, ownerExtensibleAttribute="CAPI-Owner")
+    sandbox.claim(NAMESPACE, "m1", "pool", kind=KIND)
+    sandbox.wait_claims_bound(NAMESPACE, 1)
+
+    [record] = objects(infoblox, "record:host")
+    value = record["extattrs"]["CAPI-Owner"]["value"]
+    owner = parse_owner(f"ipam-bridge {value}")
+    assert owner is not None and owner.claim == "test/m1"
+    assert parse_owner(record["comment"]) == owner  # the comment names the same owner
 
 
 @pytest.mark.parametrize("record_type", ["host", "fixedaddress"])

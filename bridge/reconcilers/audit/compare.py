@@ -38,8 +38,8 @@ __all__ = [
     "unqualified_host",
 ]
 
-#: ``ipam-bridge <namespace>/<claim>`` at the start of an entry's description
-#: (`bridge.reconcilers.claims.description_for`); what follows the name, if anything, is whitespace.
+#: ``ipam-bridge <namespace>/<claim>`` at the start of an entry's description (the previous
+#: release's provenance, and phpIPAM's description now); what follows the name is whitespace.
 _PROVENANCE = re.compile(
     r"^ipam-bridge (?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
     r"/(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(?=\s|$)"

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from kubernetes.client import ApiException
 
-from backends.base import Allocation, EntryOwner, IPAMBackend
+from backends.base import Allocation, EntryOwner, IPAMBackend, may_adopt
 from backends.errors import AddressUnavailableError, BackendError, EntryOwnedError
 from bridge import capi
 from bridge.capi import Claim, Reason
@@ -455,13 +455,16 @@ class Auditor:
 
         Returns the new entry; None when it is registered there already (an allocation in
         flight); the finding itself when the IPAM failed or the auditor was stopped; a
-        conflict when the hostname or the address is held.
+        conflict when the hostname or the address is held (the hostname by another owner:
+        `backends.errors.EntryOwnedError`, never taken over).
         """
         metrics, hostname = self.deps.metrics, finding.expected
         backend_name = BACKEND_NAMES[pool.kind]
+        owner = EntryOwner(self.deps.cluster_id, claim.key)
         try:
             found = metrics.call(backend_name, "find", lambda: backend.find(hostname))
-            if found is not None:
+            # Another owner's entry under the hostname: the allocate below refuses it.
+            if found is not None and may_adopt(found, owner, finding.address):
                 if (normal_address(found.address) or found.address) == finding.address:
                     return None  # registered meanwhile (an allocation in flight)
                 return _conflict_from(
@@ -472,7 +475,6 @@ class Auditor:
                 )
             if self.stopped:
                 return finding
-            owner = EntryOwner(self.deps.cluster_id, claim.key)
             return metrics.call(
                 backend_name,
                 "allocate",

@@ -751,6 +751,22 @@ def test_allocate_refuses_a_row_of_another_owner_and_changes_nothing(
     assert [u for u in urls(rsps) if not u.startswith("GET")] == [f"POST {BASE}/user/"]
 
 
+def test_a_row_deleted_before_its_owner_is_written_is_a_lost_race_then_first_free(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend], sleeps: list[float]
+) -> None:
+    _prime(rsps)
+    search = owned_search("default.claim-1", owner=None, note=None, description="reserved")
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+    add(rsps, "PATCH", "addresses/13/", NO_SUCH_ADDRESS, 404)  # 6b: deleted meanwhile
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    allocation = make().allocate("default.claim-1", OWNER)
+
+    assert (allocation.address, allocation.owner) == ("10.20.0.2", OWNER)
+    assert len(sleeps) == 1  # one retry of the policy
+
+
 def test_allocate_adopts_another_owners_row_at_the_address_its_ipaddress_names(
     rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:

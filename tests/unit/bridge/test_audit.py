@@ -891,21 +891,15 @@ def test_a_repair_writes_this_clusters_owner_and_never_takes_another_owners_entr
     assert world.ipam.entries_[0].owner == EntryOwner(HERE, "ns/m1")
     assert world.ipam.writes() == [("allocate", "m1.ns", f"ipam-bridge {HERE} ns/m1", "10.0.0.5")]
 
-    # The same hostname is another cluster's entry by the time of the repair: a conflict.
-    world = World()
+    # The same hostname (no hostnameSuffix) holds another cluster's entry: a conflict naming
+    # that owner; nothing is registered or changed.
+    theirs = ipam_entry("10.0.0.9", "m1.ns", "x", owner=EntryOwner(THERE, "ns/m1"))
+    world = World([theirs])
     world.deps.cluster_id = HERE
     world.auditor = Auditor(world.deps)
     world.bind("m1", "10.0.0.5")
-    original = world.ipam.find
-
-    def find_then_theirs(hostname: str) -> Allocation | None:
-        found = original(hostname)
-        theirs = ipam_entry("10.0.0.9", "m1.ns", "x", owner=EntryOwner(THERE, "ns/m1"))
-        world.ipam.entries_.append(theirs)
-        return found
-
-    world.ipam.find = find_then_theirs  # type: ignore[method-assign]
     [result] = world.run()
     [conflict] = result.findings
-    assert conflict.finding == FindingKind.CONFLICT and THERE in conflict.message
-    assert [e.owner for e in world.ipam.entries_] == [EntryOwner(THERE, "ns/m1")]  # untouched
+    assert conflict.finding == FindingKind.CONFLICT and result.restored == []
+    assert f"claim ns/m1 of management cluster {THERE}" in conflict.message
+    assert world.ipam.entries_ == [theirs]  # untouched

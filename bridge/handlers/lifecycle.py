@@ -98,8 +98,11 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
 def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
     """Start the work of the replica that handles objects: queue, resync, purge, drift audit.
 
-    They run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
+    The queue accepts keys from now on (`WorkQueue.lead`); the resync task first queues
+    what the stores hold (`bridge.handlers.resync.replay`). They run as tasks on kopf's
+    loop until cancelled (the clean-up, or a lost leadership).
     """
+    queue.lead()
     return [
         asyncio.create_task(queue.run(), name="ipam-bridge work queue"),
         asyncio.create_task(resync_forever(op), name="ipam-bridge resync"),
@@ -118,7 +121,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ``memo.bridge``. The work queue and the periodic tasks (`start_work`) run on kopf's loop
     until the clean-up; with ``IPAM_BRIDGE_LEADER_ELECTION``, only once this replica wins the
     leader Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``): until then the
-    informers' sinks only queue keys in memory, and losing it stops the operator through
+    informers fill their stores and queue nothing, and losing it stops the operator through
     ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`): the process exits 1.
     Every Kubernetes and IPAM write checks the replica's `bridge.runtime.fence.Fence` first.
 
@@ -154,6 +157,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         workers=bridge.workers,
         error_delay=bridge.error_backoff_seconds,
         max_error_delay=bridge.error_backoff_max_seconds,
+        standby=True,  # nothing queued before `start_work`: a standby keeps no key
     )
     op = Operator(
         settings=bridge,

@@ -1,7 +1,7 @@
-"""The periodic work of the leader: resync of pools, claims and Clusters, quarantine purge.
+"""The work of the leader beside its queue: the replay at the start, resync, quarantine purge.
 
-Tasks on kopf's loop (`resync_forever`, `purge_forever`), started with the work queue
-(`bridge.handlers.lifecycle.start_work`) and cancelled with it.
+Tasks on kopf's loop (`resync_forever`, which starts with `replay`, and `purge_forever`),
+started with the work queue (`bridge.handlers.lifecycle.start_work`) and cancelled with it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from backends.errors import BackendError
 from bridge import capi
 from bridge.models import IPPool
 from bridge.objects.keys import claim_key, cluster_key, pool_key
+from bridge.reconcilers.control_plane import ENDPOINT_LABEL
 from bridge.operator import Operator
 from bridge.reconcilers.control_plane import wants_endpoint
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pools import purge_quarantined
 from bridge.runtime.store import Store
 
-__all__ = ["purge_forever", "resync_forever"]
+__all__ = ["purge_forever", "replay", "resync_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,63 @@ def _queue_clusters(op: Operator) -> int:
     return count
 
 
+def _queue_owners(op: Operator) -> int:
+    """Queue the claim of every stored IPAddress (its ``spec.claimRef``), in the background.
+
+    As controller-runtime's ``Owns()``: a dependent queues its owner, here once at the
+    replay; a claim already queued keeps its lane, and a claim that is gone is queued too
+    (its pass decides what its IPAddress needs).
+    """
+    count = 0
+    for body in op.cache.addresses.values():
+        meta = body.get("metadata") or {}
+        ref = (body.get("spec") or {}).get("claimRef") or {}
+        name = ref.get("name") or meta.get("name")
+        op.queue.add(claim_key(str(meta.get("namespace") or ""), str(name)), background=True)
+        count += 1
+    return count
+
+
+def _queue_endpoint_clusters(op: Operator) -> int:
+    """Queue the Cluster of every stored control-plane endpoint claim (`ENDPOINT_LABEL`)."""
+    if op.versions.cluster is None:
+        return 0
+    count = 0
+    for body in op.cache.claims.values():
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        cluster = labels.get(capi.CLUSTER_NAME_LABEL)
+        if labels.get(ENDPOINT_LABEL) == "true" and cluster:
+            op.queue.add(cluster_key(str(meta.get("namespace") or ""), str(cluster)))
+            count += 1
+    return count
+
+
+def replay(op: Operator) -> dict[str, int]:
+    """Queue every pool, claim and endpoint Cluster the stores hold, once; return the counts.
+
+    What a new leader does first, on a queue that accepts keys from now on
+    (`bridge.runtime.workqueue.WorkQueue.lead`): a standby's sinks queued nothing, so the
+    work is what the stores hold now, as client-go's informer replays its store to the
+    handlers a controller registers once it starts (controller-runtime starts its
+    controllers only after the election). Bound claims and the claims of stored IPAddresses
+    go to the background lane. A part not listed yet is listed from the API (`_objects`);
+    its informer's first list queues it again anyway.
+
+    Returns
+    -------
+    dict[str, int]
+        Keys queued by kind: ``pools``, ``claims``, ``owners`` (claims of IPAddresses),
+        ``clusters``.
+    """
+    return {
+        "pools": _queue_pools(op),
+        "claims": _queue_claims(op),
+        "owners": _queue_owners(op),
+        "clusters": _queue_clusters(op) + _queue_endpoint_clusters(op),
+    }
+
+
 async def resync_forever(op: Operator) -> None:
     """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
 
@@ -93,8 +151,13 @@ async def resync_forever(op: Operator) -> None:
     the work queue's background lane, behind new work). The resync is the safety net of
     level-triggered handling: whatever a reconcile left to a later event, the next pass
     decides again from the objects' state (from the informer cache, `_objects`). A list that
-    fails is logged and tried at the next tick.
+    fails is logged and tried at the next tick. It starts with the `replay` of the stores.
     """
+    try:
+        counts = await asyncio.to_thread(replay, op)
+        log.info("queued what the stores hold: %s", counts)
+    except Exception:
+        log.exception("replay of the stores failed; the next resync queues them")
     loop = asyncio.get_running_loop()
     next_pools = loop.time() + op.settings.pool_refresh_seconds
     resync = op.settings.resync_seconds

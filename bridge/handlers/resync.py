@@ -7,8 +7,10 @@ started with the work queue (`bridge.handlers.lifecycle.start_work`) and cancell
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,9 +18,8 @@ from backends.errors import BackendError
 from bridge import capi
 from bridge.models import IPPool
 from bridge.objects.keys import claim_key, cluster_key, pool_key
-from bridge.reconcilers.control_plane import ENDPOINT_LABEL
 from bridge.operator import Operator
-from bridge.reconcilers.control_plane import wants_endpoint
+from bridge.reconcilers.control_plane import ENDPOINT_LABEL, wants_endpoint
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pools import purge_quarantined
 from bridge.runtime.store import Store
@@ -183,16 +184,18 @@ async def resync_forever(op: Operator) -> None:
 ALL_POOLS_EVERY = 10
 
 
-def _purge(op: Operator, *, every_pool: bool) -> int:
+def _purge(op: Operator, *, every_pool: bool, stop: threading.Event | None = None) -> int:
     """Purge ended quarantines of the pools with a grace period (``every_pool``: of all).
 
     A pool whose grace period was set back to 0 may still hold quarantined entries: the
     passes over every pool (one in `ALL_POOLS_EVERY`) delete those once their time came.
     Returns the number of entries deleted; a pool that fails is logged and tried at the next
-    pass.
+    pass. ``stop`` set: the pass ends before its next pool.
     """
     deleted = 0
     for pool in _pools(op):
+        if stop is not None and stop.is_set():
+            break
         if not every_pool and (pool.spec is None or pool.grace_period_seconds <= 0):
             continue
         try:
@@ -210,12 +213,27 @@ async def purge_forever(op: Operator) -> None:
     then every ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` (default 30; one list request per
     subnet each); every pool is purged one pass in `ALL_POOLS_EVERY` (not at start-up: a
     restart costs no backend call for pools without a grace period).
+
+    Each pass runs in a thread of its own (``ipam-bridge-purge``). Cancelled, a running pass
+    ends before its next pool and the task ends once its thread has (a clean stop waits for
+    it before the Lease is released: `bridge.runtime.leader.Leadership.close`).
     """
     passes = 0
-    while True:
-        passes += 1
-        try:
-            await asyncio.to_thread(_purge, op, every_pool=passes % ALL_POOLS_EVERY == 0)
-        except Exception:
-            log.exception("quarantine purge failed; trying again at the next tick")
-        await asyncio.sleep(op.settings.quarantine_purge_seconds)
+    stop = threading.Event()
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="ipam-bridge-purge"
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            passes += 1
+            every_pool = passes % ALL_POOLS_EVERY == 0
+            purge = functools.partial(_purge, op, every_pool=every_pool, stop=stop)
+            try:
+                await loop.run_in_executor(executor, purge)
+            except Exception:
+                log.exception("quarantine purge failed; trying again at the next tick")
+            await asyncio.sleep(op.settings.quarantine_purge_seconds)
+    finally:
+        stop.set()
+        await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)

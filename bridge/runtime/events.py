@@ -42,6 +42,8 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from kubernetes.client import ApiException
 
+from bridge.runtime.fence import LeadershipLostError
+
 __all__ = [
     "AGGREGATE_INTERVAL_SECONDS",
     "AGGREGATE_MAX_EVENTS",
@@ -397,6 +399,10 @@ class EventRecorder:
             self._deliver(posting)
         except ApiException as exc:
             log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
+        except LeadershipLostError as exc:  # stopping, or the Lease was lost
+            if not self._background:
+                raise
+            log.debug("event %s not posted: %s", reason, exc)
         except Exception:
             if not self._background:
                 raise

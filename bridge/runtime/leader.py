@@ -7,7 +7,9 @@ the resync when it wins); the others stand by (their watches run, nothing is wri
 leader that cannot renew within the deadline stops handling at once and exits 1
 (`OperatorStop`): its `bridge.runtime.fence.Fence` refuses every write from the deadline on,
 in the writing thread, and the exit is armed from a thread of the election, so neither needs
-the event loop. On a clean stop the leader gives the Lease up (`ElectionLock.release`).
+the event loop. On a clean stop the leader lets its work end, revokes its fence, waits for
+its threads (bounded) and only then gives the Lease up (`Leadership.close`,
+`ElectionLock.release`): no write of it goes out once a standby may lead.
 
 The election is the official client's ``kubernetes.leaderelection`` in a daemon thread;
 `ElectionLock` adds what its ``LeaseLock`` lacks (our ``ApiClient``, request timeouts,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import enum
 import logging
 import os
 import secrets
@@ -50,6 +51,7 @@ __all__ = [
     "ElectionStoppedError",
     "Leadership",
     "LeadershipLostError",
+    "LeaseReason",
     "OperatorStop",
     "Timings",
     "election_client",
@@ -63,6 +65,19 @@ log = logging.getLogger(__name__)
 
 #: The Lease every replica runs for (``kubectl get lease ipam-bridge -n <namespace>``).
 LEASE_NAME = "ipam-bridge"
+
+
+class LeaseReason(enum.StrEnum):
+    """Reasons of the Events ipam-bridge posts on its leader election Lease.
+
+    The reason client-go's leader election gives its Events (``LeaderElection``).
+    """
+
+    #: Lease Event: Normal when a replica became the leader; Warning when the leader stopped
+    #: leading (it could not renew the Lease in time, or lost it), and exits.
+    LEADER_ELECTION = "LeaderElection"
+
+
 #: Shortest timeout of one Lease request (past the renew deadline a try fails at once).
 MIN_REQUEST_TIMEOUT = 0.1
 #: Seconds a clean stop lets the work end (in-flight reconciles, an audit or purge pass) with
@@ -570,7 +585,7 @@ class Leadership:
 
         def post() -> None:
             try:
-                kube.post_event(obj, type=type, reason="LeaderElection", message=message)
+                kube.post_event(obj, type=type, reason=LeaseReason.LEADER_ELECTION, message=message)
             except Exception as exc:
                 log.debug("leader election Event not posted: %s", exc)
 

@@ -99,13 +99,9 @@ def test_a_timed_window_applies_to_its_resource_and_to_the_servers_own_delete(
     thread.start()
     poll(lambda: kube.handler.deletes.waiting == 1)
     read = kube.get(f"{GROUP}/v2", "widgets", "w", "default")
-    kube.patch(
-        f"{GROUP}/v2",
-        "widgets",
-        "w",
-        {"metadata": {"finalizers": [FINALIZER], "resourceVersion": read["metadata"]["resourceVersion"]}},
-        "default",
-    )
+    version = read["metadata"]["resourceVersion"]
+    patch = {"metadata": {"finalizers": [FINALIZER], "resourceVersion": version}}
+    kube.patch(f"{GROUP}/v2", "widgets", "w", patch, "default")
     thread.join(timeout=10)
     assert time.monotonic() - started >= 0.3
     assert answer[0]["status"] == "Success"

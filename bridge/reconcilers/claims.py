@@ -700,7 +700,7 @@ def _not_bound_to(deps: ClaimDeps, claim: Claim) -> Result | None:
     orphan = _verified_orphan(deps, claim.namespace, claim.name)
     if orphan is None:
         return None
-    decided = _release_orphan(deps, orphan, "its claim is gone, another claim has its name")
+    decided = _release_orphan(deps, orphan, "its claim is gone (another has its name)")
     return Result.requeue_after(0.0) if decided == Result.done() else decided
 
 
@@ -958,8 +958,7 @@ def _undo(deps: ClaimDeps, claim: Claim) -> Result:
     orphan = _verified_orphan(deps, claim.namespace, claim.name)
     if orphan is None:
         return Result.done()
-    why = "its claim was found gone after its address was registered"
-    return _release_orphan(deps, orphan, why)
+    return _release_orphan(deps, orphan, "its claim is gone (found by a write of ours)")
 
 
 # -- release -------------------------------------------------------------------------------

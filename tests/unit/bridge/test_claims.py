@@ -1362,8 +1362,8 @@ def test_a_claim_found_gone_after_its_address_was_registered_is_undone_at_once(
     assert world.kube.ops()[-2:] == ["address.finalizer", "address.delete"]
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("release of")]
     assert line.startswith(
-        "release of claim ns/c1: released: its claim was found gone after its address was "
-        "registered; IPAddress c1 deleted; released 10.0.0.2 in"
+        "release of claim ns/c1: released: its claim is gone (found by a write of ours); "
+        "IPAddress c1 deleted; released 10.0.0.2 in"
     )
 
 

@@ -4,12 +4,18 @@
 start-up listing, the periodic resync, a wake-up) and makes the same decision from the
 claim's current state each time (``docs/architecture.md``, "The flow of a claim"):
 
-- not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
+- not ours (``spec.poolRef`` names another provider's kind): nothing, never a write;
+- gone, or made again under its name (another uid), while an IPAddress of ours names it (its
+  events queue the claim: controller-runtime's ``Owns()``): that IPAddress, live or being
+  deleted, is released in the IPAM and deleted once the API server confirms its claim is
+  gone (a DELETE in flight wins over our finalizer write, real-cluster.md 13e; the garbage
+  collector leaves the IPAddress to its pool, 13f); a pass that finds its own claim gone by
+  a write after it registered an address undoes it so at once;
 - being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
   entry in the IPAM where the IPAddress says it was registered, delete the IPAddress (its
   ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
-- bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
-  no Cluster read when it already does);
+- bound (its IPAddress exists and is its own: owned by its uid, not vanishing): make sure
+  status says so (no backend call, no Cluster read when it already does);
 - else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``
   (a claim found gone by that write stops there, before any IPAM call; from its look at the
   pool to that write it counts in the pool's deletion guard, `bridge.runtime.holds`);
@@ -683,7 +689,7 @@ def _not_bound_to(deps: ClaimDeps, claim: Claim) -> Result | None:
     """Decide about an IPAddress of the claim's name that names it but does not bind it.
 
     A predecessor's (another claim uid, or none: its claim gone) is released and deleted
-    when the API server confirms it (`_orphan`), in this claim's pass, serialised with it;
+    when the API server confirms it (`_verified_orphan`), in this claim's pass, serialised;
     the claim is then looked at again. The claim's own, vanishing (being deleted, not held
     by ``ProtectAddress``), is waited for: its deletion queues the claim (`Owns()`).
 
@@ -832,14 +838,15 @@ def _register(
 ) -> IPAddress | None:
     """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
 
-    An IPAddress of that name that exists (409) is read: it is adopted when it names this
-    claim and pool and holds the address the IPAM gave ``hostname`` (a pass that created it
-    before a restart or a cache lag).
+    An IPAddress of that name that exists (409) is read: it is adopted when it is this
+    claim's (`_binds`: named by it, owned by its uid, not vanishing) and holds the address
+    the IPAM gave ``hostname`` (a pass that created it before a restart or a cache lag).
 
     Returns
     -------
     IPAddress or None
-        The claim's IPAddress; None when the existing one was deleted right after the 409.
+        The claim's IPAddress; None when the existing one was deleted right after the 409,
+        or names the claim but is a predecessor's or vanishing (the next pass decides).
 
     Raises
     ------
@@ -1084,7 +1091,9 @@ def _from_api(
     tuple or None
         None when the claim is gone, is another object of its name (another uid), or no
         longer carries our finalizer. Else the claim as read; its IPAddress when it exists
-        and is the claim's (None when absent, not valid, or another claim's); why an
+        and names the claim and its pool (`_names_claim`: its own, or a predecessor's of
+        its name, which holds the same hostname's entry; None when absent, not valid, or
+        another claim's); why an
         IPAddress that exists is not used (None: no such problem); and which object carries
         `capi.MOVE_ANNOTATION` (None: neither).
 

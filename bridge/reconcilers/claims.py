@@ -1140,6 +1140,10 @@ def _orphan(deps: ClaimDeps, namespace: str, name: str) -> Result:
     cached = _cached_address(deps, namespace, name)
     if cached is None or not _orphan_shaped(cached, name):
         return Result.done()
+    expectations, key = deps.cache.expectations, ("ipaddresses", namespace, name)
+    if left := expectations.pending(key, deps.cache.addresses.version(key[1:]) or GONE):
+        # Our own write of it (a release's deletion) is on its way: its event decides.
+        return Result.wait(expectations.token(key), at_most=left)
     orphan = _verified_orphan(deps, namespace, name)
     if orphan is None:
         return Result.done()

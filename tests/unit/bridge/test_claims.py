@@ -39,6 +39,7 @@ from bridge.reconcilers.claims import _release, reconcile_claim
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
+from bridge.runtime.expectations import GONE
 from bridge.runtime.gateway import Outcome
 from bridge.runtime.gateway import Write as KubeWrite
 from bridge.runtime.informer import Event, Listed
@@ -1477,3 +1478,20 @@ def test_an_own_ipaddress_vanishing_without_protect_address_is_not_bound(world: 
     address["metadata"]["finalizers"] = [capi.ADDRESS_FINALIZER]
     assert world.reconcile() == Result.done()
     assert world.stored()["status"]["addressRef"]["name"] == "c1"
+
+
+def test_an_ipaddress_whose_deletion_of_ours_is_on_its_way_is_waited_for_not_read(
+    world: World,
+) -> None:
+    # A release's own IPAddress writes (its finalizer off, then its deletion) queue the claim
+    # (Owns()); that pass waits for the deletion's event instead of asking the API server.
+    bind(world)
+    body = copy.deepcopy(world.kube.addresses[(NS, "c1")])
+    world.ctx.cache.addresses.fill([((NS, "c1"), body)])
+    world.ctx.cache.claims.fill([])
+    del world.kube.claims[(NS, "c1")], world.kube.addresses[(NS, "c1")]
+    key = ("ipaddresses", NS, "c1")
+    world.ctx.cache.expectations.wrote(key, GONE)
+    result = world.reconcile()
+    assert result.wake_on == (world.ctx.cache.expectations.token(key),)
+    assert world.kube.reads == [] and world.kube.writes == [] and world.ipam.calls == []

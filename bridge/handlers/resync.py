@@ -74,6 +74,31 @@ def _queue_claims(op: Operator) -> int:
     return count
 
 
+def _queue_addresses(op: Operator) -> int:
+    """Queue the claim of every IPAddress of ours (background lane); return how many.
+
+    As `bridge.handlers.claims.AddressEvents`: the claim of ``spec.claimRef``, whose pass
+    releases an IPAddress whose claim is gone (live or being deleted). A claim that exists is
+    queued by `_queue_claims` as well (one key, one pass).
+    """
+    version = op.versions.address
+    namespaces: tuple[str | None, ...] = op.settings.namespaces or (None,)
+    count = 0
+    bodies = _objects(
+        op.cache.addresses,
+        lambda: [b for ns in namespaces for b in op.kube.list_ip_addresses(version, ns)],
+    )
+    for body in bodies:
+        spec = body.get("spec") or {}
+        if not capi.PoolRef.from_spec(spec).is_ours:
+            continue
+        meta = body.get("metadata") or {}
+        name = str((spec.get("claimRef") or {}).get("name") or meta.get("name"))
+        op.queue.add(claim_key(str(meta.get("namespace")), name), background=True)
+        count += 1
+    return count
+
+
 def _queue_clusters(op: Operator) -> int:
     """Queue every Cluster that asks for a control-plane endpoint (none when not served)."""
     if op.versions.cluster is None:
@@ -84,23 +109,6 @@ def _queue_clusters(op: Operator) -> int:
         if wants_endpoint(meta.get("annotations")):
             op.queue.add(cluster_key(str(meta.get("namespace")), str(meta.get("name"))))
             count += 1
-    return count
-
-
-def _queue_owners(op: Operator) -> int:
-    """Queue the claim of every stored IPAddress (its ``spec.claimRef``), in the background.
-
-    As controller-runtime's ``Owns()``: a dependent queues its owner, here once at the
-    replay; a claim already queued keeps its lane, and a claim that is gone is queued too
-    (its pass decides what its IPAddress needs).
-    """
-    count = 0
-    for body in op.cache.addresses.values():
-        meta = body.get("metadata") or {}
-        ref = (body.get("spec") or {}).get("claimRef") or {}
-        name = ref.get("name") or meta.get("name")
-        op.queue.add(claim_key(str(meta.get("namespace") or ""), str(name)), background=True)
-        count += 1
     return count
 
 
@@ -139,7 +147,7 @@ def replay(op: Operator) -> dict[str, int]:
     return {
         "pools": _queue_pools(op),
         "claims": _queue_claims(op),
-        "owners": _queue_owners(op),
+        "owners": _queue_addresses(op),
         "clusters": _queue_clusters(op) + _queue_endpoint_clusters(op),
     }
 
@@ -147,12 +155,13 @@ def replay(op: Operator) -> dict[str, int]:
 async def resync_forever(op: Operator) -> None:
     """Queue every pool, claim and endpoint Cluster of ours periodically, until cancelled.
 
-    Pools every ``pool_refresh_seconds`` (status: usage, readiness), claims and the Clusters
-    that ask for a control-plane endpoint every ``resync_seconds`` (0: never; bound claims in
-    the work queue's background lane, behind new work). The resync is the safety net of
-    level-triggered handling: whatever a reconcile left to a later event, the next pass
-    decides again from the objects' state (from the informer cache, `_objects`). A list that
-    fails is logged and tried at the next tick. It starts with the `replay` of the stores.
+    Pools every ``pool_refresh_seconds`` (status: usage, readiness); claims (and the claim of
+    every IPAddress of ours: one whose claim is gone is released in that key's pass) and the
+    Clusters that ask for a control-plane endpoint every ``resync_seconds`` (0: never; bound
+    claims in the work queue's background lane, behind new work). The resync is the safety
+    net of level-triggered handling: whatever a reconcile left to a later event, the next
+    pass decides again from the objects' state (from the informer cache, `_objects`). A list
+    that fails is logged and tried at the next tick. It starts with the `replay` of the stores.
     """
     try:
         counts = await asyncio.to_thread(replay, op)
@@ -174,8 +183,14 @@ async def resync_forever(op: Operator) -> None:
             if next_claims is not None and now >= next_claims:
                 next_claims = now + resync
                 count = await asyncio.to_thread(_queue_claims, op)
+                addresses = await asyncio.to_thread(_queue_addresses, op)
                 clusters = await asyncio.to_thread(_queue_clusters, op)
-                log.debug("resync: %d claims and %d Clusters queued", count, clusters)
+                log.debug(
+                    "resync: %d claims, the claims of %d IPAddresses and %d Clusters queued",
+                    count,
+                    addresses,
+                    clusters,
+                )
         except Exception:
             log.exception("periodic resync failed; trying again at the next tick")
 

@@ -9,7 +9,9 @@ operator), ``restart`` (10,000 bound claims), ``audit`` (the drift audit of a 10
 pool: wall and CPU seconds, IPAM requests), ``soak`` (a compressed day of churn: RSS and
 the size of every in-memory structure of the operator at start and end) and ``scale``
 (100 pools x 100 claims: allocation rate, a restart with all bound, release rate, the
-operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run).
+operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run) and
+``standby`` (a standby's RSS before and after 100,000 claims churned through its informers;
+``--standby-base`` measures another checkout's as well).
 
 Everything runs on 127.0.0.1: the emulated Kubernetes API and mock_phpipam in this process,
 the real kopf operator (the hot-path, restart and scale parts run it in a process of its
@@ -44,6 +46,8 @@ from benchmarks.scale_bench import format_result as format_scale
 from benchmarks.scale_bench import run_scale_bench
 from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
+from benchmarks.standby_bench import format_result as format_standby
+from benchmarks.standby_bench import run_standby_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -125,7 +129,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("operator", "client", "writes", "hot", "restart", "audit", "soak", "scale"),
+        choices=(
+            "operator",
+            "client",
+            "writes",
+            "hot",
+            "restart",
+            "audit",
+            "soak",
+            "scale",
+            "standby",
+        ),
         default=None,
         help="run one part only",
     )
@@ -199,6 +213,19 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=100,
         help="claims per pool of the scale run (default 100)",
+    )
+    parser.add_argument(
+        "--standby-claims",
+        type=int,
+        default=None,
+        help="claims churned past the standby (default 100000, 10000 with --quick)",
+    )
+    parser.add_argument(
+        "--standby-base",
+        type=Path,
+        default=None,
+        help="another checkout of this repository (git worktree add DIR main): its standby is "
+        "measured first, then this tree's",
     )
     parser.add_argument(
         "--timeout",
@@ -588,6 +615,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         pools = args.scale_pools or (10 if args.quick else 100)
         print(f"  scale: {pools} pools x {args.scale_per_pool} claims ...", flush=True)
         print("\n" + format_scale(run_scale_bench(pools, args.scale_per_pool)), flush=True)
+    if args.only in (None, "standby"):
+        churned = args.standby_claims or (10_000 if args.quick else 100_000)
+        print(f"  standby: {churned} claims churned ...", flush=True)
+        runs = [("base", args.standby_base.resolve())] if args.standby_base else []
+        standby = [
+            run_standby_bench(churned, source=source, label=label)
+            for label, source in [*runs, ("this", None)]
+        ]
+        print("\n" + format_standby(standby), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

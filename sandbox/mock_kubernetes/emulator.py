@@ -41,6 +41,7 @@ from mock_kubernetes.auth import (
     request_attributes,
 )
 from mock_kubernetes.faults import Faults
+from mock_kubernetes.inflight import DeletesInFlight
 from mock_kubernetes.partition import Partition
 from mock_kubernetes.resources import ResourceDef
 from mock_kubernetes.silence import Silence
@@ -222,6 +223,10 @@ class KubeEmulator:
     bookmark_seconds : float or None
         Seconds without an event after which a watch asked with ``allowWatchBookmarks``
         gets a ``BOOKMARK`` (60, as a real API server); ``None``: never.
+    deletes : DeletesInFlight
+        A window between a DELETE's read and its commit (`mock_kubernetes.inflight`): a
+        finalizer PATCH committed meanwhile is lost with the object (real-cluster.md 13e).
+        Closed by default.
 
     Notes
     -----
@@ -239,6 +244,7 @@ class KubeEmulator:
     faults: Faults = dataclasses.field(default_factory=Faults)
     silence: Silence = dataclasses.field(default_factory=Silence)
     bookmark_seconds: float | None = 60.0
+    deletes: DeletesInFlight = dataclasses.field(default_factory=DeletesInFlight)
 
     def __post_init__(self) -> None:
         self.identities[self.admin.token] = self.admin
@@ -315,6 +321,9 @@ class KubeEmulator:
         try:
             if target is not None:
                 body = await request.read()
+                raced = await self._delete_in_flight(request, target, body)
+                if raced is not None:
+                    return aiohttp.web.json_response(raced)
                 result = self._dispatch(request, target, body)
                 if isinstance(result, AsyncIterator):
                     return await self._stream(request, result)
@@ -451,6 +460,30 @@ class KubeEmulator:
         }
 
     # -- resources ------------------------------------------------------------------------------
+
+    async def _delete_in_flight(
+        self, request: aiohttp.web.BaseRequest, target: Route, raw: bytes
+    ) -> dict[str, Any] | None:
+        """Serve a DELETE through the window of `deletes` when it applies; else None.
+
+        The object is read (the decision), the window waited out, then the object removed as
+        it is by then (`ObjectStore.commit_delete`). None: served by `_dispatch` (no window
+        for this request, or the object has finalizers and is marked, not removed).
+        """
+        if not (
+            request.method.upper() == "DELETE"
+            and target.name is not None
+            and target.subresource is None
+            and self.deletes.applies(target.plural)
+        ):
+            return None
+        defn = self.store.resolve(target.group, target.version, target.plural)
+        options = _body(raw) if raw else None
+        read = self.store.read_for_delete(defn, target.namespace, target.name, options)
+        if read is None:
+            return None
+        await self.deletes.wait()
+        return self.store.commit_delete(defn, read, options)
 
     def _dispatch(self, request: aiohttp.web.BaseRequest, target: Route, raw: bytes) -> Any:
         """Serve a resource request from the store.

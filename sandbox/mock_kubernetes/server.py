@@ -571,11 +571,29 @@ class EmulatedKubernetes:
     def delete(
         self, api_version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:
-        """Delete an object (finalizers are honoured, as in the API)."""
+        """Delete an object (finalizers are honoured, as in the API).
+
+        Through the window of ``handler.deletes`` when it is open for ``plural``
+        (`mock_kubernetes.inflight`), as a DELETE request: this call then returns once the
+        window has passed.
+        """
         defn = self._resource(api_version, plural)
-        return self.call(
-            self.store.delete, defn, namespace, name, version=api_version.rpartition("/")[2]
-        )
+        version = api_version.rpartition("/")[2]
+        deletes = self.handler.deletes
+        if deletes.applies(defn.plural):
+
+            async def in_flight() -> dict[str, Any]:
+                read = self.store.read_for_delete(defn, namespace, name)
+                if read is None:
+                    return self.store.delete(defn, namespace, name, version=version)
+                await deletes.wait()
+                return self.store.commit_delete(defn, read)
+
+            loop = self._loop
+            if loop is None or not loop.is_running():
+                raise RuntimeError("the emulator is not running")
+            return asyncio.run_coroutine_threadsafe(in_flight(), loop).result()
+        return self.call(self.store.delete, defn, namespace, name, version=version)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

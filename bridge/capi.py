@@ -115,7 +115,9 @@ class Reason(enum.StrEnum):
     #: Claim Ready=False: the IPAM refused or failed the allocation (a requested address
     #: outside the pool or taken, an IPAM error); retried.
     ALLOCATION_FAILED = "AllocationFailed"
-    #: The entry under the claim's hostname belongs to another management cluster or claim.
+    #: Claim Ready=False (and a Warning Event): the entry under the claim's hostname belongs
+    #: to another management cluster or another claim (the message names it and the fix,
+    #: ``spec.hostnameSuffix``); nothing is taken, the claim looks again slowly.
     HOSTNAME_TAKEN = "HostnameTaken"
     # Claims: Events of a release (Normal, Warning).
     #: Claim release: the claim's address was released in the IPAM (logged; no Event, the

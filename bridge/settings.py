@@ -92,6 +92,13 @@ class Settings(BaseSettings):
         "(comma-separated; Global pools are served either way); empty serves all. "
         "`ipam-bridge run --namespace` and `--all-namespaces` override it.",
     )
+    cluster_id: str = Field(
+        "",
+        description="This management cluster's identity, written as the owner of every IPAM "
+        "entry it makes (with the claim's namespace/name): another cluster never adopts, "
+        "releases or repairs it. Empty = the uid of namespace kube-system, read once at "
+        "start-up. Never give two live clusters the same id.",
+    )
     workers: int = Field(10, ge=1, le=200, description="Claims and pools handled at the same time.")
     backend_timeout_seconds: float = Field(
         10.0, gt=0, description="Connect and read timeout of each backend HTTP request."
@@ -240,13 +247,6 @@ class Settings(BaseSettings):
         ge=1,
         description="Time between two tries to take or renew the Lease (renew deadline > "
         "1.2 x this).",
-    )
-    cluster_id: str = Field(
-        "",
-        description="This management cluster's identity, written as the owner of every IPAM "
-        "entry it makes (with the claim's namespace/name): another cluster never adopts, "
-        "releases or repairs it. Empty = the uid of namespace kube-system, read once at "
-        "start-up. Never give two live clusters the same id.",
     )
     peering_name: str = Field(
         "",

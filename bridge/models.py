@@ -410,6 +410,8 @@ class InfobloxIPPoolSpec(PoolSpec):
     dns_view: OptionalText = None
     dns_zone: OptionalText = None
     extensible_attributes: dict[str, str] = Field(default_factory=dict)
+    #: ``spec.ownerExtensibleAttribute``: the EA that carries each record's owner, or None.
+    owner_extensible_attribute: OptionalText = None
 
     @model_validator(mode="after")
     def _one_subnet(self, info: ValidationInfo) -> InfobloxIPPoolSpec:

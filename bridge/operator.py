@@ -225,6 +225,7 @@ class Operator:
             interval=self.settings.audit_seconds,
             holding=self.backends.holding,
             cache=self.cache,
+            cluster_id=self.settings.cluster_id,
         )
 
     def reconcile(self, key: Hashable) -> Result:

@@ -92,6 +92,11 @@ class Settings(BaseSettings):
         "(comma-separated; Global pools are served either way); empty serves all. "
         "`ipam-bridge run --namespace` and `--all-namespaces` override it.",
     )
+    cluster_id: str = Field(
+        default="",
+        description="Identity of this management cluster written on every IPAM entry; empty: "
+        "the uid of namespace kube-system.",
+    )
     workers: int = Field(10, ge=1, le=200, description="Claims and pools handled at the same time.")
     backend_timeout_seconds: float = Field(
         10.0, gt=0, description="Connect and read timeout of each backend HTTP request."

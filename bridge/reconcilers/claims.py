@@ -59,7 +59,7 @@ from typing import Any, Protocol, TypeVar
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from backends.base import Allocation
+from backends.base import Allocation, EntryOwner
 from backends.errors import AddressUnavailableError, BackendError
 from backends.flowcontrol import FlowControl, endpoint_key
 from bridge import capi
@@ -808,7 +808,9 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
             allocation = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "allocate",
-                lambda: backend.allocate(hostname, description_for(claim), address=requested),
+                lambda: backend.allocate(
+                    hostname, EntryOwner(deps.settings.cluster_id, claim.key), address=requested
+                ),
             )
     except PoolError as exc:
         raise _not_ready(deps, claim, exc) from exc
@@ -1270,17 +1272,15 @@ def _release_in_ipam(
     )
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
+    owner = EntryOwner(deps.settings.cluster_id, claim.key)
+    held = address.spec.address if address is not None else None
     try:
         with _admitted(deps, claim, where):
             backend = deps.clients.backend_for(where, reuse=True)
             released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
-                lambda: (
-                    backend.release(hostname)
-                    if until is None
-                    else backend.release(hostname, quarantine_until=until)
-                ),
+                lambda: backend.release(hostname, owner, until, address=held),
             )
     except PoolError as exc:
         deps.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()

@@ -275,6 +275,7 @@ def _infoblox(
         dns_view=spec.dns_view or "default",
         dns_zone=spec.dns_zone,
         extensible_attributes=dict(spec.extensible_attributes),
+        owner_extensible_attribute=spec.owner_extensible_attribute,
         username=username,
         password=password,
         verify=transport.verify,

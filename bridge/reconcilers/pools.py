@@ -561,7 +561,7 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
     purged = deps.metrics.call(
         BACKEND_NAMES[pool.kind],
         "purge_quarantined",
-        lambda: backend.purge_quarantined(time.time()),
+        lambda: backend.purge_quarantined(time.time(), deps.settings.cluster_id),
     )
     if purged:
         log.info(

@@ -271,6 +271,69 @@ def test_infoblox_first_free_skips_addresses_of_other_record_types(tmp_path: Pat
     assert result["firstFree"] == "10.20.1.2"
 
 
+def test_other_clusters_entries_without_a_hostname_suffix_are_a_warning(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two entries of management cluster B, one of ours (A), one of a person."""
+    monkeypatch.delenv("IPAM_BRIDGE_CLUSTER_ID", raising=False)
+    for ip, cluster, claim in (
+        ("10.20.0.5", "cluster-b", "default/m1"),
+        ("10.20.0.6", "cluster-b", "default/m2"),
+        ("10.20.0.7", "cluster-a", "default/m3"),
+    ):
+        note = f"ipam-bridge cluster={cluster} claim={claim}"
+        name = claim.split("/")[1] + ".default"
+        phpipam.store.create_address({"subnetId": 7, "ip": ip, "hostname": name, "note": note})
+    phpipam.store.create_address({"subnetId": 7, "ip": "10.20.0.8", "hostname": "printer"})
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnet": "10.20.0.0/24"}
+    secret = write(tmp_path, "secret.yaml", secret_doc(CREDENTIALS))
+    bare = write(tmp_path, "bare.yaml", pool_doc("PHPIPAMIPPool", **spec))
+    suffixed = write(
+        tmp_path, "suffixed.yaml", pool_doc("PHPIPAMIPPool", hostnameSuffix="a", **spec)
+    )
+
+    # This cluster unknown: every management cluster's entries count.
+    code, result = checked("-f", str(bare), "--secret", str(secret))
+    assert code == 0 and result["ready"] is True  # a warning, not a failure
+    [unknown] = result["warnings"]
+    assert "3 entries of 2 management clusters (cluster-a (1), cluster-b (2))" in unknown
+    assert "IPAM_BRIDGE_CLUSTER_ID" in unknown
+
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-a")
+    code, out, _ = run("-f", str(bare), "--secret", str(secret))
+    assert code == 0
+    [line] = [x for x in out.splitlines() if x.startswith("Warning: ")]
+    assert "2 entries of 1 other management cluster (cluster-b (2))" in line
+    assert "spec.hostnameSuffix" in line and "HostnameTaken" in line
+
+    assert checked("-f", str(suffixed), "--secret", str(secret))[1]["warnings"] == []
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-b")
+    assert "cluster-a (1)" in checked("-f", str(bare), "--secret", str(secret))[1]["warnings"][0]
+    assert phpipam.store.requests(writes_only=True) == []  # read-only
+
+
+def test_infoblox_entries_of_another_cluster_are_read_from_the_comment(
+    tmp_path: Path, infoblox: MockInfobloxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-a")
+    infoblox.store.add_record(
+        {
+            "name": "m1.default",
+            "address": "10.20.0.9",
+            "comment": "ipam-bridge cluster-b default/m1",
+        }
+    )
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        pool_doc("InfobloxIPPool", endpoint=infoblox.url, subnet="10.20.0.0/24"),
+        secret_doc(CREDENTIALS),
+    )
+    code, result = checked("-f", str(pool))
+    assert code == 0
+    assert "1 entry of 1 other management cluster (cluster-b (1))" in result["warnings"][0]
+
+
 # --- a manifest without metadata.namespace, as kubectl reads it ---------------------------
 
 

@@ -14,6 +14,7 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE
 
 import bridge.operator as operator_module
+from backends.base import parse_owner
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -413,9 +414,11 @@ def test_extensible_attributes_and_provenance_on_every_record(
     expected_eas = {k: {"value": v} for k, v in eas.items()}
     for record in records.values():
         assert record["extattrs"] == expected_eas
-    assert records["m1.test"]["comment"] == "ipam-bridge test/m1 cluster c1"
-    assert records["m2.test"]["comment"] == "ipam-bridge test/m2 cluster c1"
-    assert records["m3.test"]["comment"] == "ipam-bridge test/m3"
+    # The comment names the owner: this management cluster and the claim (owner_text).
+    for name, record in records.items():
+        owner = parse_owner(record["comment"])
+        assert owner is not None and owner.claim == f"test/{name.split('.')[0]}"
+        assert record["comment"].startswith("ipam-bridge ")
     labels = {
         a["metadata"]["name"]: a["metadata"].get("labels") or {}
         for a in sandbox.addresses(NAMESPACE)
@@ -438,6 +441,21 @@ def test_extensible_attributes_and_provenance_on_every_record(
         sandbox.delete_claim(NAMESPACE, name)
     sandbox.wait_gone(NAMESPACE)
     assert objects(infoblox, wapi_type) == []
+
+
+def test_the_pools_owner_extensible_attribute_names_the_owner(
+    infoblox: MockInfobloxServer, sandbox: Sandbox
+) -> None:
+    infoblox.store.seed({"extensible_attributes": ["CAPI-Owner"]})
+    ready_pool(sandbox, infoblox, "pool", V4_NET, ownerExtensibleAttribute="CAPI-Owner")
+    sandbox.claim(NAMESPACE, "m1", "pool", kind=KIND)
+    sandbox.wait_claims_bound(NAMESPACE, 1)
+
+    [record] = objects(infoblox, "record:host")
+    value = record["extattrs"]["CAPI-Owner"]["value"]
+    owner = parse_owner(f"ipam-bridge {value}")
+    assert owner is not None and owner.claim == "test/m1"
+    assert parse_owner(record["comment"]) == owner  # the comment names the same owner
 
 
 @pytest.mark.parametrize("record_type", ["host", "fixedaddress"])

@@ -25,8 +25,20 @@ from typing import Any, NamedTuple
 import pytest
 from kubernetes.client import ApiException
 
-from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
-from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
+from backends.base import (
+    QUARANTINE_PREFIX,
+    Allocation,
+    EntryOwner,
+    SubnetInfo,
+    may_adopt,
+    quarantine_mark,
+)
+from backends.errors import (
+    AddressUnavailableError,
+    BackendError,
+    EntryOwnedError,
+    SubnetExhaustedError,
+)
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -478,6 +490,8 @@ class FakeIPAM:
     more: list[tuple[str, str | None]] = field(default_factory=list)
     #: hostname -> address.
     entries: dict[str, str] = field(default_factory=dict)
+    #: hostname -> the owner its entry names (absent: none, a reservation).
+    owners: dict[str, EntryOwner] = field(default_factory=dict)
     #: address -> (quarantined hostname, until), entries released with a grace period.
     quarantined: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: ``(operation, hostname, location)`` of every call, in order.
@@ -533,6 +547,7 @@ class FakeBackend:
             hostname=hostname,
             ref=f"ref-{address}",
             subnet=cidr,
+            owner=self.ipam.owners.get(hostname),
         )
 
     def _taken(self) -> set[str]:
@@ -563,10 +578,23 @@ class FakeBackend:
         self._call("find", hostname)
         return self._allocation(hostname) if hostname in self.ipam.entries else None
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
         self._call("allocate", hostname)
         existing = self.ipam.entries.get(hostname)
+        if existing is not None and not may_adopt(self._allocation(hostname), owner, adopt):
+            holder = self.ipam.owners[hostname]
+            raise EntryOwnedError(
+                f"{hostname} belongs to {holder}", hostname=hostname, address=existing, owner=holder
+            )
         if existing is not None and (address is None or existing == address):
+            self.ipam.owners[hostname] = owner
             return self._allocation(hostname)
         taken = self._taken()
         if address is not None:
@@ -582,16 +610,30 @@ class FakeBackend:
                     f"{address} is already registered", address=address, holder=holder
                 )
             self.ipam.entries[hostname] = address
+            self.ipam.owners[hostname] = owner
             return self._allocation(hostname)
         for cidr, _ in self.ipam.subnets:
             free = [str(a) for a in ipaddress.ip_network(cidr).hosts() if str(a) not in taken]
             if free:
                 self.ipam.entries[hostname] = free[0]
+                self.ipam.owners[hostname] = owner
                 return self._allocation(hostname)
         raise SubnetExhaustedError("no subnet of the pool has a free address")
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
         self._call("release", hostname)
+        if hostname in self.ipam.entries and not may_adopt(
+            self._allocation(hostname), owner, address
+        ):
+            return False  # another owner's entry: left alone
+        self.ipam.owners.pop(hostname, None)
         address = self.ipam.entries.pop(hostname, None)
         if address is None:
             return False
@@ -599,7 +641,7 @@ class FakeBackend:
             self.ipam.quarantined[address] = (QUARANTINE_PREFIX + hostname, quarantine_until)
         return True
 
-    def purge_quarantined(self, now: float) -> list[str]:
+    def purge_quarantined(self, now: float, cluster_id: str) -> list[str]:
         self._call("purge_quarantined", "")
         due = sorted(a for a, (_, until) in self.ipam.quarantined.items() if until <= now)
         for address in due:

@@ -237,6 +237,26 @@ class EmulatedKubernetes:
         """
         self._control(self._come_up())
 
+    def reset_watches(self) -> int:
+        """Cut every open watch connection with a TCP reset, the server staying up.
+
+        As a load balancer, a proxy or a NAT dropping long-lived connections: each watching
+        client's read fails with "connection reset by peer" mid-stream; new requests are
+        served at once, and a watch resumed from its last resourceVersion gets what
+        happened meanwhile from the history (`KubeEmulator.reset_watches`).
+
+        Returns
+        -------
+        int
+            How many watch connections were cut.
+
+        Raises
+        ------
+        RuntimeError
+            If the emulator is not running.
+        """
+        return self.call(self.handler.reset_watches)
+
     @property
     def serving(self) -> bool:
         """True while connections are accepted (False between `go_down` and `come_up`)."""

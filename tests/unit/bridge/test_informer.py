@@ -115,9 +115,9 @@ def emulator() -> Iterator[EmulatedKubernetes]:
 
 @pytest.fixture
 def gateway(emulator: EmulatedKubernetes) -> Iterator[Kube]:
-    with emulator.api_client() as plain:  # the operator's client: one attempt per request
-        with api_client(plain.configuration) as client:
-            yield Kube(client)
+    # The operator's client: one attempt per request.
+    with emulator.api_client() as plain, api_client(plain.configuration) as client:
+        yield Kube(client)
 
 
 def informer(

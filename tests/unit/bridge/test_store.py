@@ -228,7 +228,7 @@ def test_a_part_listed_per_namespace_is_synced_once_every_namespace_was_listed()
     assert part.synced and part.lookup(("b", "c")) == MISSING
 
 
-def test_a_relist_of_one_namespace_does_not_sync_a_part_whose_other_namespace_never_listed() -> None:
+def test_a_relist_of_one_namespace_leaves_a_part_unsynced_while_another_never_listed() -> None:
     # client-go's HasSynced: true only after the initial list of every informer.
     part = Store("ipaddressclaims")
     a, b = in_namespace("a"), in_namespace("b")

@@ -98,7 +98,7 @@ def test_reset_watches_cuts_each_watch_mid_stream_and_serves_the_resumed_one(
         assert seen["metadata"]["name"] == "b"  # the watch is established
         assert kube.reset_watches() == 1
         # A reset, not an end: the chunked body never ends, the read fails.
-        with pytest.raises(requests.exceptions.ChunkedEncodingError, match="reset|aborted"):
+        with pytest.raises(requests.exceptions.ChunkedEncodingError, match=r"reset|aborted"):
             list(lines)
     assert kube.serving
     kube.delete(WIDGETS_V2, "widgets", "a", "default")

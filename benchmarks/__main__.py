@@ -44,6 +44,8 @@ from benchmarks.scale_bench import format_result as format_scale
 from benchmarks.scale_bench import run_scale_bench
 from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
+from benchmarks.watch_reset_bench import format_result as format_reset
+from benchmarks.watch_reset_bench import run_watch_reset_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -125,7 +127,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--only",
-        choices=("operator", "client", "writes", "hot", "restart", "audit", "soak", "scale"),
+        choices=(
+            "operator",
+            "client",
+            "writes",
+            "hot",
+            "restart",
+            "audit",
+            "soak",
+            "scale",
+            "reset",
+        ),
         default=None,
         help="run one part only",
     )
@@ -588,6 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         pools = args.scale_pools or (10 if args.quick else 100)
         print(f"  scale: {pools} pools x {args.scale_per_pool} claims ...", flush=True)
         print("\n" + format_scale(run_scale_bench(pools, args.scale_per_pool)), flush=True)
+    if args.only in (None, "reset"):
+        rounds = 3 if args.quick else 5
+        print(f"  watch reset: {rounds} resets of every watch connection ...", flush=True)
+        print("\n" + format_reset(run_watch_reset_bench(rounds=rounds)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

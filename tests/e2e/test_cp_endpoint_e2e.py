@@ -43,7 +43,7 @@ WHERE = {
 def capv_crds(api_server: ApiServer, cluster_api: Any) -> Iterator[None]:
     """The KubeadmControlPlane and VSphereCluster CRDs, applied when absent, removed after.
 
-    The in-memory API server has no CustomResourceDefinition objects: it is told to serve
+    The in-memory API server serves no CRD created through the API: it is told to serve
     them (`mock_kubernetes.EmulatedKubernetes.declare_crd`), for the rest of the session.
     """
     if api_server.emulator is not None:

@@ -150,3 +150,34 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
         message="the pool deleted",
     )
     assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter()
+
+
+def test_a_reset_of_every_watch_connection_costs_no_list_and_no_api_read(
+    sandbox: Sandbox, phpipam: MockPhpipamServer
+) -> None:
+    # A load balancer or NAT dropping long-lived connections: each watch resumes from its
+    # last resourceVersion (client-go's reflector), the cache stays trusted meanwhile.
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
+    for name in ("a", "b"):
+        sandbox.claim(NAMESPACE, name, "pool")
+    wait_for(lambda: _bound(sandbox, {"a", "b"}), timeout=CONVERGE_SECONDS, message="bound")
+    mark = len(sandbox.kube.access_log.records())
+    assert sandbox.kube.reset_watches() >= 4  # claims, IPAddresses, pool kinds, Clusters
+    sandbox.claim(NAMESPACE, "after", "pool")
+    sandbox.delete_claim(NAMESPACE, "a")
+    wait_for(
+        lambda: _bound(sandbox, {"b", "after"}) and sandbox.get_claim(NAMESPACE, "a") is None,
+        timeout=CONVERGE_SECONDS,
+        message="the claim made after the reset bound, the one deleted released",
+    )
+    user = sandbox.identity.user.name
+    since = [r for r in sandbox.kube.access_log.records()[mark:] if r.user == user]
+    assert not [r for r in since if r.verb == "list"]
+    reads = [
+        r for r in since if r.verb == "get" and r.resource in ("ipaddressclaims", "ipaddresses")
+    ]
+    assert not reads  # every pass read the store
+    assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter({"b", "after"})

@@ -250,8 +250,8 @@ class Informer:
                     break
                 version = end.version
                 failures = 0 if end.healthy else failures + 1
+                self._log_end(end, failures)
                 if failures:
-                    self._log_short(end, failures)
                     self._pause(failures)
             except _RelistError as exc:
                 failures += 1
@@ -277,10 +277,24 @@ class Informer:
                 self._pause(failures)
         log.debug("informer of %s stopped", self.name)
 
-    def _log_short(self, end: _WatchEnd, failures: int) -> None:
-        """Log a watch that could not be opened or ended at once (resumed after the backoff)."""
+    def _log_end(self, end: _WatchEnd, failures: int) -> None:
+        """Log a watch that broke, could not be opened or ended at once (then resumed).
+
+        A watch the API server ended after a while is resumed without a word.
+        """
+        if end.error is None and not failures:
+            return
         why = "ended at once without an event" if end.error is None else _describe(end.error)
-        log.info(
+        if not failures:
+            log.info(
+                "watch of %s ended (%s): resuming from resourceVersion %s",
+                self.name,
+                why,
+                end.version,
+            )
+            return
+        log.log(
+            logging.INFO if end.error is None else logging.WARNING,
             "watch of %s: %s; resuming from resourceVersion %s in %g s",
             self.name,
             why,

@@ -180,7 +180,7 @@ def new_connections(caplog: pytest.LogCaptureFixture) -> int:
 
 @pytest.mark.parametrize("method", ["PATCH", "DELETE", "PUT"])
 def test_a_write_to_a_blackholed_server_makes_one_attempt_within_the_lease_left(
-    method: str, caplog: pytest.LogCaptureFixture
+    method: str,
 ) -> None:
     # urllib3 retries a request 3 times by default, each with the whole timeout again: a
     # replica would still be writing long after its Lease ran out (issue 37, item 1).
@@ -195,7 +195,7 @@ def test_a_write_to_a_blackholed_server_makes_one_attempt_within_the_lease_left(
         client.close()
         server.close()
     assert server.accepted == 1
-    assert elapsed < 2.5  # the Lease's 1 s (4 attempts would take 4 s)
+    assert elapsed < 3.0  # the Lease's 1 s (4 attempts would take 4 s)
 
 
 def test_a_write_to_a_server_that_refuses_or_drops_connections_makes_one_attempt(
@@ -220,7 +220,7 @@ def test_a_write_to_a_server_that_refuses_or_drops_connections_makes_one_attempt
             finally:
                 client.close()
             assert new_connections(caplog) == 1, port
-            assert elapsed < 2.5, port
+            assert elapsed < 3.0, port  # 4 attempts of 1 s would take 4 s
     finally:
         filler.close()
         full.close()

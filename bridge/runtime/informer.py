@@ -54,7 +54,7 @@ WATCH_SECONDS: Final = 300
 STALL_SECONDS: Final = 90.0
 #: Seconds before each further attempt after a failure (a list, a watch that could not be
 #: opened or ended at once), the last one repeating: client-go's reflector backoff manager
-#: (0.8 s, doubling, capped at 30 s), reset by a healthy watch.
+#: (0.8 s, doubling, capped at 30 s; without its jitter), reset by a healthy watch.
 BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0)
 #: A watch that ends within this many seconds without an event or a bookmark ended "at
 #: once" (client-go's "very short watch"): the next one waits for the backoff.

@@ -21,10 +21,11 @@ import yaml
 
 from backends.base import IPAMBackend
 from backends.errors import BackendError
-from bridge.capi import POOL_KINDS
-from bridge.models import PoolStatus, wire
+from bridge.capi import GLOBAL_POOL_KINDS, POOL_KINDS
+from bridge.models import IPPool, PoolStatus, wire
 from bridge.reconcilers.errors import PoolError, pool_error_from
 from bridge.reconcilers.pool_backends import Pool, build_backend, parse_pool, pool_status
+from bridge.runtime.kubeconfig import context_namespace
 from bridge.settings import Settings
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "print_result",
     "run_cli",
     "secret_values",
+    "with_namespace",
 ]
 
 
@@ -59,6 +61,9 @@ class CheckResult:
         None when the pool would not be Ready.
     first_free:
         The address a first-free allocation would take now, or None (not Ready, or full).
+    pool:
+        The pool checked, ``<Kind> <namespace>/<name>`` (``<Kind> <name>`` for a Global
+        pool): says which namespace a file without one was read in.
     """
 
     ready: bool
@@ -66,6 +71,7 @@ class CheckResult:
     message: str
     status: PoolStatus | None = None
     first_free: str | None = None
+    pool: str = ""
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -97,6 +103,34 @@ def load_pool(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise UsageError(f"{path} must hold exactly one pool ({kinds}); found {len(pools)}")
     secrets = [doc for doc in docs if doc.get("kind") == "Secret"]
     return pools[0], secrets
+
+
+def with_namespace(body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    """Return a pool object in the namespace kubectl would create it in.
+
+    A namespaced kind without ``metadata.namespace`` gets ``namespace`` (the ``--namespace``
+    option), else the kubeconfig context's namespace, else ``default``
+    (`bridge.runtime.kubeconfig.context_namespace`); one with a namespace keeps it (and
+    ``namespace``, when given, must be the same, as kubectl requires). A Global kind is
+    cluster-scoped: it is returned as it is.
+
+    Raises
+    ------
+    UsageError
+        When ``namespace`` differs from the object's own namespace.
+    """
+    pool = dict(body)
+    if pool.get("kind") in GLOBAL_POOL_KINDS:
+        return pool
+    meta = dict(pool.get("metadata") or {})
+    own = meta.get("namespace")
+    if own and namespace and own != namespace:
+        raise UsageError(
+            f"the namespace of the pool ({own}) does not match --namespace {namespace}"
+        )
+    meta["namespace"] = own or namespace or context_namespace()
+    pool["metadata"] = meta
+    return pool
 
 
 def secret_values(secret: Mapping[str, Any]) -> dict[str, str]:
@@ -143,7 +177,7 @@ def _describe(backend: IPAMBackend, pool: Pool) -> CheckResult:
     ready = status.conditions[-1]
     usage = status.ip_addresses
     free = backend.first_free() if usage is not None and usage.free else None
-    return CheckResult(True, ready.reason, ready.message, status, free)
+    return CheckResult(True, ready.reason, ready.message, status, free, pool.display)
 
 
 def check_pool(
@@ -175,6 +209,7 @@ def check_pool(
         ``BackendUnavailable``) and its message. Never raises for a bad pool or IPAM.
     """
     settings = settings or Settings()
+    shown = IPPool.from_body(body).display
     try:
         pool = parse_pool(body)
         backend = build_backend(
@@ -185,12 +220,12 @@ def check_pool(
             retry=settings.retry_policy(),
         )
     except PoolError as exc:
-        return CheckResult(False, str(exc.reason), exc.message)
+        return CheckResult(False, str(exc.reason), exc.message, pool=shown)
     try:
         return _describe(backend, pool)
     except BackendError as exc:
         error = pool_error_from(exc, pool.display)
-        return CheckResult(False, str(error.reason), error.message)
+        return CheckResult(False, str(error.reason), error.message, pool=shown)
     finally:
         backend.close()
 
@@ -211,10 +246,13 @@ def print_result(result: CheckResult, out: TextIO, output: str = "text") -> None
             "message": result.message,
             "status": None if result.status is None else _shown(result.status),
             "firstFree": result.first_free,
+            "pool": result.pool,
         }
         out.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
         return
     out.write(f"Ready: {result.ready} ({result.reason}): {result.message}\n")
+    if result.pool:
+        out.write(f"pool: {result.pool}\n")
     if result.status is None:
         return
     shown = {
@@ -256,6 +294,7 @@ def run_cli(
     username: str | None = None,
     password_stdin: TextIO | None = None,
     ca_path: Path | None = None,
+    namespace: str | None = None,
     output: str = "text",
     out: TextIO,
     err: TextIO,
@@ -264,7 +303,9 @@ def run_cli(
 
     Credentials: ``username`` with the first line of ``password_stdin``, else the Secret of
     ``secret_path`` (the one ``spec.credentialsRef`` names when it holds several), else a
-    Secret in the pool's own file.
+    Secret in the pool's own file. A namespaced pool without ``metadata.namespace`` is
+    checked in ``namespace`` (``--namespace``), else the kubeconfig context's namespace, else
+    ``default``, as ``kubectl apply -f`` would create it (`with_namespace`).
 
     Returns
     -------
@@ -274,7 +315,7 @@ def run_cli(
         one line on ``err``).
     """
     try:
-        body, _ = load_pool(pool_path)
+        body = with_namespace(load_pool(pool_path)[0], namespace)
         secret = _credentials(pool_path, secret_path, username, password_stdin)
         ca_pem = ca_path.read_text(encoding="utf-8") if ca_path is not None else None
     except UsageError as exc:

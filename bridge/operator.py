@@ -175,7 +175,9 @@ class Operator:
         self.flow.on_request = self.metrics.request_made
         self.flow.on_limit = self.metrics.endpoint_limit
         self.flow.on_free = lambda endpoint: self.places.freed(endpoint_token(endpoint))
-        self.events = events = EventRecorder(self.kube, background=self.background_events)
+        self.events = events = EventRecorder(
+            self.kube, background=self.background_events, on_drop=self.metrics.event_dropped
+        )
         self.clients = clients = PoolClients(
             self.settings, self.kube, self.flow, self.backends, self.fence
         )

@@ -34,6 +34,7 @@ from bridge.models import (
     PoolSubnetStatus,
     PoolUsage,
     TLSSettings,
+    pool_context,
     problem_of,
     wire,
 )
@@ -153,7 +154,7 @@ def with_location(pool: Pool, location: str | None) -> Pool:
     if where == pool.location:
         return pool
     kept = {k: v for k, v in wire(pool.spec).items() if k not in fields}
-    context = {"namespace": pool.namespace, RECORDED: True}
+    context = {**pool_context(pool.kind, pool.metadata), RECORDED: True}
     try:
         spec = type(pool.spec).model_validate({**kept, **where}, context=context)
     except ValidationError as exc:

@@ -269,3 +269,103 @@ def test_infoblox_first_free_skips_addresses_of_other_record_types(tmp_path: Pat
     assert code == 0, result
     assert result["status"]["ipAddresses"] == {"total": 2, "used": 1, "free": 1}
     assert result["firstFree"] == "10.20.1.2"
+
+
+# --- a manifest without metadata.namespace, as kubectl reads it ---------------------------
+
+
+def kubeconfig(path: Path, namespace: str | None) -> Path:
+    """A kubeconfig whose current context has ``namespace`` (none when None); nothing answers."""
+    context: dict[str, Any] = {"cluster": "local", "user": "test"}
+    if namespace is not None:
+        context["namespace"] = namespace
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "local", "context": context}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def unplaced(kind: str, **spec: Any) -> dict[str, Any]:
+    """A pool as the docs' examples write it: no ``metadata.namespace``."""
+    doc = pool_doc(kind, **spec)
+    del doc["metadata"]["namespace"]
+    return doc
+
+
+@pytest.mark.parametrize(("context", "expected"), [("team-a", "team-a"), (None, "default")])
+def test_a_namespaced_pool_without_namespace_is_in_the_context_namespace(
+    tmp_path: Path,
+    phpipam: MockPhpipamServer,
+    monkeypatch: pytest.MonkeyPatch,
+    context: str | None,
+    expected: str,
+) -> None:
+    """kubectl's rule: the current context's namespace, else ``default``; never a Global pool."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", context)))
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        unplaced("PHPIPAMIPPool", endpoint=phpipam.url, appId="capi", subnet="10.20.0.0/24"),
+        secret_doc(CREDENTIALS),
+    )
+    code, out, err = run("-f", str(pool))
+    assert code == 0, out + err
+    assert out.startswith("Ready: True (PoolReady): ")
+    assert f"\npool: PHPIPAMIPPool {expected}/p\n" in out
+
+
+def test_a_pool_without_namespace_and_no_kubeconfig_is_in_default(
+    tmp_path: Path, infoblox: MockInfobloxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        unplaced("InfobloxIPPool", endpoint=infoblox.url, subnet="10.20.0.0/24"),
+    )
+    secret = write(tmp_path, "secret.yaml", secret_doc(CREDENTIALS))
+    code, result = checked("-f", str(pool), "--secret", str(secret))
+    assert (code, result["reason"]) == (0, "PoolReady"), result
+    assert result["pool"] == "InfobloxIPPool default/p"
+
+
+def test_namespace_option_places_the_pool_and_must_match_its_own(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", "team-a")))
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnetId": 10}
+    bare = write(tmp_path, "bare.yaml", unplaced("PHPIPAMIPPool", **spec), secret_doc(CREDENTIALS))
+    code, out, err = run("-f", str(bare), "--namespace", "team-b")
+    assert code == 0 and "\npool: PHPIPAMIPPool team-b/p\n" in out, err
+    placed = write(
+        tmp_path, "placed.yaml", pool_doc("PHPIPAMIPPool", **spec), secret_doc(CREDENTIALS)
+    )
+    assert run("-f", str(placed), "-n", "capi")[0] == 0
+    code, _, err = run("-f", str(placed), "-n", "team-b")
+    assert code == 2 and "(capi) does not match --namespace team-b" in err
+
+
+def test_a_global_pool_stays_global(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Global kind names its Secret's namespace, with or without a namespace in its file."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", "team-a")))
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnetId": 10}
+    for doc in (unplaced("GlobalPHPIPAMIPPool", **spec), pool_doc("GlobalPHPIPAMIPPool", **spec)):
+        pool = write(tmp_path, "pool.yaml", doc, secret_doc(CREDENTIALS))
+        code, result = checked("-f", str(pool))
+        assert (code, result["reason"]) == (1, "InvalidSpec")
+        assert "spec.credentialsRef.namespace is required on a Global pool" in result["message"]
+    named = unplaced(
+        "GlobalPHPIPAMIPPool", **spec, credentialsRef={"name": "creds", "namespace": "x"}
+    )
+    pool = write(tmp_path, "pool.yaml", named, secret_doc(CREDENTIALS))
+    code, result = checked("-f", str(pool))
+    assert (code, result["reason"]) == (0, "PoolReady"), result
+    assert result["pool"] == "GlobalPHPIPAMIPPool p"

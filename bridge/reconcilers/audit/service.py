@@ -602,7 +602,8 @@ async def audit_forever(deps: AuditDeps) -> None:
     thread of its own (one, named ``ipam-bridge-audit``), never in the work queue's worker
     threads, so an audit never delays claim handling. The first round starts one interval
     after the start. Cancelling (clean-up, lost leadership) stops a running round before
-    its next pool or repair.
+    its next pool or repair, and the task ends once the round's thread has (a clean stop waits
+    for it before the Lease is released: `bridge.runtime.leader.Leadership.close`).
 
     Parameters
     ----------
@@ -628,7 +629,7 @@ async def audit_forever(deps: AuditDeps) -> None:
             log.debug("drift audit: %d pools audited", len(audited))
     finally:
         auditor.stop()
-        executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
 
 
 def _held_round(deps: AuditDeps, auditor: Auditor) -> list[PoolAudit]:

@@ -7,11 +7,13 @@ seconds per allocation and per release next to a bare client's sending the same 
 rates vs the raw IPAM and the bare client, API requests by verb, a yappi CPU profile of the
 operator), ``restart`` (10,000 bound claims), ``audit`` (the drift audit of a 10,000-address
 pool: wall and CPU seconds, IPAM requests), ``soak`` (a compressed day of churn: RSS and
-the size of every in-memory structure of the operator at start and end) and ``scale``
+the size of every in-memory structure of the operator at start and end), ``scale``
 (100 pools x 100 claims: allocation rate, a restart with all bound, release rate, the
-operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run) and
+operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run),
 ``standby`` (a standby's RSS before and after 100,000 claims churned through its informers;
-``--standby-base`` measures another checkout's as well).
+``--standby-base`` measures another checkout's as well) and ``reset`` (every watch
+connection cut by a TCP reset: the LIST and GET requests a reset costs, and the time to the
+next claim bound).
 
 Everything runs on 127.0.0.1: the emulated Kubernetes API and mock_phpipam in this process,
 the real kopf operator (the hot-path, restart and scale parts run it in a process of its
@@ -48,6 +50,8 @@ from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
 from benchmarks.standby_bench import format_result as format_standby
 from benchmarks.standby_bench import run_standby_bench
+from benchmarks.watch_reset_bench import format_result as format_reset
+from benchmarks.watch_reset_bench import run_watch_reset_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -139,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
             "soak",
             "scale",
             "standby",
+            "reset",
         ),
         default=None,
         help="run one part only",
@@ -624,6 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, source in [*runs, ("this", None)]
         ]
         print("\n" + format_standby(standby), flush=True)
+    if args.only in (None, "reset"):
+        rounds = 3 if args.quick else 5
+        print(f"  watch reset: {rounds} resets of every watch connection ...", flush=True)
+        print("\n" + format_reset(run_watch_reset_bench(rounds=rounds)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

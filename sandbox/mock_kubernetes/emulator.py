@@ -26,6 +26,8 @@ import dataclasses
 import json
 import logging
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -245,6 +247,9 @@ class KubeEmulator:
     silence: Silence = dataclasses.field(default_factory=Silence)
     bookmark_seconds: float | None = 60.0
     deletes: DeletesInFlight = dataclasses.field(default_factory=DeletesInFlight)
+    _watching: set[asyncio.Transport] = dataclasses.field(
+        default_factory=set, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.identities[self.admin.token] = self.admin
@@ -358,6 +363,9 @@ class KubeEmulator:
             status=200, headers={"Content-Type": "application/json"}
         )
         await response.prepare(request)
+        transport = request.transport
+        if transport is not None:
+            self._watching.add(transport)
         try:
             try:
                 async for event in events:
@@ -380,8 +388,29 @@ class KubeEmulator:
         except ConnectionError:
             pass  # the client went away while the stream ended
         finally:
+            if transport is not None:
+                self._watching.discard(transport)
             await _aclose(events)  # the store forgets the watcher at once
         return response
+
+    def reset_watches(self) -> int:
+        """Cut every open watch connection with a TCP reset; return how many (loop thread).
+
+        As a load balancer, a proxy or a NAT that drops a long-lived connection does: the
+        client's next read fails with "connection reset by peer" in the middle of the
+        stream (no end of the chunked body). The server stays up: new connections, and
+        watches resumed from a resourceVersion, are served as before.
+        """
+        cut = 0
+        for transport in list(self._watching):
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # linger 0: close() sends RST, not FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+            cut += 1
+        self._watching.clear()
+        self.store.drop_watches()  # their handlers end (the store forgets the watchers)
+        return cut
 
     # -- discovery ------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from mock_kubernetes.resources import (
     BUILTIN_RESOURCES,
     KOPF_PEERING_RESOURCES,
     ResourceDef,
+    crd_document,
+    crd_object,
     resources_from_crd,
 )
 from mock_kubernetes.store import ApiError, ObjectStore
@@ -105,12 +107,12 @@ class EmulatedKubernetes:
         """The object store; touch it only through this class's methods from other threads."""
         for defn in BUILTIN_RESOURCES + (KOPF_PEERING_RESOURCES if peering else ()):
             self.store.declare(defn)
-        for crd in crds:
-            self.store.declare(resources_from_crd(crd))
         for ns in ("default", "kube-system"):
             self.store.create(
                 self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
             )
+        for crd in crds:
+            self._declare_crd(crd)
         self.handler = KubeEmulator(
             store=self.store, require_token=require_token, bookmark_seconds=bookmark_seconds
         )
@@ -237,6 +239,26 @@ class EmulatedKubernetes:
         """
         self._control(self._come_up())
 
+    def reset_watches(self) -> int:
+        """Cut every open watch connection with a TCP reset, the server staying up.
+
+        As a load balancer, a proxy or a NAT dropping long-lived connections: each watching
+        client's read fails with "connection reset by peer" mid-stream; new requests are
+        served at once, and a watch resumed from its last resourceVersion gets what
+        happened meanwhile from the history (`KubeEmulator.reset_watches`).
+
+        Returns
+        -------
+        int
+            How many watch connections were cut.
+
+        Raises
+        ------
+        RuntimeError
+            If the emulator is not running.
+        """
+        return self.call(self.handler.reset_watches)
+
     @property
     def serving(self) -> bool:
         """True while connections are accepted (False between `go_down` and `come_up`)."""
@@ -273,6 +295,9 @@ class EmulatedKubernetes:
     def declare_crd(self, crd: Mapping[str, Any] | str | Path) -> ResourceDef:
         """Serve the resource of an ``apiextensions.k8s.io/v1`` CRD (dict or YAML file path).
 
+        The CRD object is stored too (``Established``, as `crd_object` shows it), unless one
+        of that name is there already: clients read it as from a real API server.
+
         Returns
         -------
         ResourceDef
@@ -284,7 +309,22 @@ class EmulatedKubernetes:
             If it is not a CRD (see :func:`resources_from_crd`).
 
         """
-        return self.declare(resources_from_crd(crd))
+        return self.call(self._declare_crd, crd)
+
+    def _declare_crd(self, crd: Mapping[str, Any] | str | Path) -> ResourceDef:
+        """Serve the CRD's resource and store the CRD object (`crd_object`), if new."""
+        doc = crd_document(crd)
+        defn = resources_from_crd(doc)
+        self.store.declare(defn)
+        crds = self.store.resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        name = str(doc["metadata"]["name"])
+        try:
+            self.store.get(crds, None, name)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            self.store.create(crds, None, crd_object(doc))
+        return defn
 
     # -- identities -----------------------------------------------------------------------------
 

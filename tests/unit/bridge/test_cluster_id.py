@@ -61,3 +61,32 @@ def test_no_answer_at_all_is_transient() -> None:
     with pytest.raises(ClusterIdError, match="IPAM_BRIDGE_CLUSTER_ID") as error:
         resolve_cluster_id(Settings(), Core(ConnectionRefusedError()))
     assert error.value.transient and "ConnectionRefusedError" in str(error.value)
+
+
+@pytest.mark.parametrize(("status", "error"), [(403, "PermanentError"), (503, "TemporaryError")])
+def test_start_up_stops_on_a_refusal_and_tries_again_without_an_answer(
+    status: int, error: str
+) -> None:
+    # bridge.handlers.lifecycle: a refusal ends the operator with the message (exit 1, no
+    # crash loop of tracebacks); a 5xx makes kopf run the start-up again.
+    import asyncio
+
+    import kopf
+
+    from bridge.handlers import lifecycle
+
+    kube = SimpleNamespace(core=Core(ApiException(status=status, reason="x")))
+    with pytest.raises(getattr(kopf, error)) as raised:
+        asyncio.run(lifecycle._cluster_id(kube, Settings()))  # type: ignore[arg-type]
+    assert "IPAM_BRIDGE_CLUSTER_ID" in str(raised.value)
+
+
+def test_start_up_logs_the_identity_it_uses(caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from bridge.handlers import lifecycle
+
+    kube = SimpleNamespace(core=Core(namespace("uid-1")))
+    with caplog.at_level("INFO", logger="bridge.handlers.lifecycle"):
+        assert asyncio.run(lifecycle._cluster_id(kube, Settings())) == "uid-1"  # type: ignore[arg-type]
+    assert "management cluster identity uid-1 (uid of kube-system)" in caplog.text

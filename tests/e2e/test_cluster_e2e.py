@@ -114,6 +114,8 @@ SCHEMA_CAUSES: dict[str, tuple[str, str]] = {
     "app-id-too-long": ("spec.appId", "FieldValueTooLong"),  # maxLength
     "ea-too-many": ("spec.extensibleAttributes", "FieldValueTooMany"),  # maxProperties
     "record-type-a": ("spec.recordType", "FieldValueNotSupported"),  # enum
+    "owner-ea-empty": ("spec.ownerExtensibleAttribute", "FieldValueInvalid"),  # minLength
+    "owner-ea-not-string": ("spec.ownerExtensibleAttribute", "FieldValueTypeInvalid"),
 }
 #: The cases that name a field the kind's schema does not have: ``fieldValidation=Strict``
 #: makes it ``400 BadRequest`` (``strict decoding error: unknown field "<path>"``).

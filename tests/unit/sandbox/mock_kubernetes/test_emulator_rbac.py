@@ -546,23 +546,27 @@ def test_deploy_identity_is_the_deployments_service_account_with_deploys_rbac() 
     assert identity.authorizer is not None
 
     everything = {
-        (group, resource, verb)
+        (group, resource, verb, name)
         for rule in cluster_role_rules()
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [""]
     }
     assert everything  # the install grants something
-    for group, resource, verb in everything:
+    for group, resource, verb, name in everything:
         for ns in ("", "team"):
-            assert identity.authorize(attributes(verb, resource, ns, group=group))[0]
+            assert identity.authorize(attributes(verb, resource, ns, group=group, name=name))[0]
+    # A rule limited to resourceNames grants nothing else (namespaces: kube-system alone).
+    assert not identity.authorize(attributes("get", "namespaces", "", group="", name="team"))[0]
+    everything_unnamed = {(group, resource, verb) for group, resource, verb, _ in everything}
     # What no rule grants is refused, e.g. deleting claims or listing Secrets.
     for group, resource, verb in [
         ("ipam.cluster.x-k8s.io", "ipaddressclaims", "delete"),
         ("", "secrets", "list"),
         ("", "configmaps", "get"),
     ]:
-        if (group, resource, verb) not in everything:
+        if (group, resource, verb) not in everything_unnamed:
             assert not identity.authorize(attributes(verb, resource, "team", group=group))[0]
 
 

@@ -157,10 +157,12 @@ class WorkQueue:
                     self._again_unless.setdefault(key, []).append((after, unless))
                     return
             if unless():
+                log.debug("%s not queued: the echo of our own write", key)
                 return
         with self._lock:
             self._unpark(key)
             self._schedule(key, self._now() + max(after, 0.0), background=background)
+        log.debug("%s queued, due in %.3f s", key, after)
         self._notify()
 
     def wake(self, token: Token, count: int | None = None) -> int:
@@ -181,6 +183,9 @@ class WorkQueue:
                 self._unpark(key)
                 self._schedule(key, self._now())
         if keys:
+            if log.isEnabledFor(logging.DEBUG):
+                for key in keys:
+                    log.debug("%s woken by %s", key, token)
             self._notify()
         return len(keys)
 
@@ -303,6 +308,7 @@ class WorkQueue:
                         async with asyncio.timeout(wait):
                             await self._changed.wait()
                     continue
+                log.debug("%s handed to a worker", key)
                 task = asyncio.create_task(self._process(key, slots))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -388,11 +394,18 @@ class WorkQueue:
                 return key, None
             return None, min(waits, default=None)
 
+    def _pass(self, key: Key) -> Result:
+        """Reconcile ``key`` in a worker thread; its start and decision are logged at DEBUG."""
+        log.debug("pass of %s starts", key)
+        decision = self._reconcile(key)
+        log.debug("pass of %s decided %s", key, decision)
+        return decision
+
     async def _process(self, key: Key, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
         decision: Result
         try:
-            decision = await loop.run_in_executor(self._executor, self._reconcile, key)
+            decision = await loop.run_in_executor(self._executor, self._pass, key)
         except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
             log.warning("%s not reconciled: %s", key, exc)
             decision = Result.requeue_after(1.0)
@@ -422,4 +435,5 @@ class WorkQueue:
                 if decision.after is not None:
                     self._schedule(key, loop.time() + decision.after)
             self._forget_old_wakes()
+        log.debug("pass of %s over", key)
         self._notify()

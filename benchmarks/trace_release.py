@@ -28,12 +28,11 @@ event seen). Figures only; nothing passes or fails.
 
 from __future__ import annotations
 
-import itertools
+import json
 import re
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +71,7 @@ class TraceResult:
     seconds: float = 0.0  # the release phase: first deletion to every claim gone
     timelines: dict[str, list[Step]] = field(default_factory=dict)  # by claim name
     lines: int = 0  # trace lines read
+    workdir: Path | None = None  # trace.log, operator.log, timelines.json (every step)
 
 
 def _key_name(text: str) -> str | None:
@@ -130,6 +130,7 @@ def parse_trace(lines: Iterable[str], deleted: dict[str, float]) -> dict[str, li
     """
     timelines: dict[str, list[Step]] = {n: [Step(t, "deleted")] for n, t in deleted.items()}
     running: dict[str, str] = {}  # thread -> claim whose pass runs in it
+    parked: set[str] = set()  # claims whose last pass parked for an IPAM place
 
     def add(name: str | None, at: float, label: str) -> None:
         if name is not None and name in deleted and at >= deleted[name]:
@@ -148,17 +149,16 @@ def parse_trace(lines: Iterable[str], deleted: dict[str, float]) -> dict[str, li
                 add(name, at, "pass starts (worker)")
             elif message.startswith("pass of ") and " decided " in message:
                 running.pop(thread, None)
-                add(name, at, "pass decided: " + _decision(message))
+                decision = _decision(message)
+                if decision == "parked for an IPAM place" and name is not None:
+                    parked.add(name)
+                add(name, at, "pass decided: " + decision)
             elif message.startswith("pass of ") and message.endswith(" over"):
                 add(name, at, "pass over (event loop)")
             elif " queued, due in " in message:
-                steps = timelines.get(name or "")
-                parked = (
-                    bool(steps)
-                    and steps[-1].label.startswith("pass over")
-                    and any(s.label == "pass decided: parked for an IPAM place" for s in steps[-3:])
-                )
-                add(name, at, "queued: a place freed" if parked else "queued")
+                woken = name in parked
+                parked.discard(name or "")
+                add(name, at, "queued: a place freed" if woken else "queued")
             elif " not queued" in message:
                 add(name, at, "not queued (our echo)")
             elif " woken by " in message:
@@ -262,6 +262,17 @@ def run_trace_release(
     text = trace.read_text(encoding="utf-8").splitlines()
     result.lines = len(text)
     result.timelines = parse_trace(text, deleted)
+    result.workdir = workdir
+    (workdir / "timelines.json").write_text(
+        json.dumps(
+            {
+                name: [[round(s.at - steps[0].at, 6), s.label] for s in steps]
+                for name, steps in result.timelines.items()
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
     return result
 
 
@@ -271,68 +282,135 @@ def _figures(values: Sequence[float]) -> list[float | int]:
     return [statistics.median(ms), percentile(ms, 0.9), len(ms)]
 
 
-def _steps_table(timelines: dict[str, list[Step]]) -> str:
-    """Each step's delay after the claim's previous step: median, p90, count; in time order."""
-    delays: dict[str, list[float]] = defaultdict(list)
-    offsets: dict[str, list[float]] = defaultdict(list)
-    ranks: dict[str, list[int]] = defaultdict(list)
-    for steps in timelines.values():
-        start = steps[0].at
-        seen: dict[str, int] = defaultdict(int)
-        for rank, (before, step) in enumerate(itertools.pairwise(steps)):
-            seen[step.label] += 1
-            label = step.label if seen[step.label] == 1 else f"{step.label} #{seen[step.label]}"
-            delays[label].append(step.at - before.at)
-            offsets[label].append(step.at - start)
-            ranks[label].append(rank)
-    # In the order the steps usually come (their median place in a claim's timeline).
-    order = sorted(
-        delays, key=lambda k: (statistics.median(ranks[k]), statistics.median(offsets[k]))
-    )
-    return table(
-        ["step", "after previous: median ms", "p90 ms", "claims", "since deletion: median ms"],
-        [
-            [label, *_figures(delays[label]), 1000 * statistics.median(offsets[label])]
-            for label in order
-        ],
-    )
+def _first(steps: Sequence[Step], label: str, after: float | None) -> float | None:
+    """Return the time of the first step whose label starts with ``label`` at/after ``after``."""
+    if after is None:
+        return None
+    return next((s.at for s in steps if s.at >= after and s.label.startswith(label)), None)
 
 
-def _first(steps: list[Step], prefix: str) -> float | None:
-    return next((s.at for s in steps if s.label.startswith(prefix)), None)
+def _moments(steps: Sequence[Step]) -> dict[str, float | None]:
+    """Name the moments of one claim's release (the keys `SPANS` and `WHOLE` use).
+
+    The first pass (from the claim's deletion); when it parked for an IPAM place, the wake
+    and the pass that followed; the releasing pass (the last to start) and its requests.
+    """
+    first = _first
+    m: dict[str, float | None] = {"deleted": steps[0].at}
+    m["event"] = first(steps, "event: claim changed", m["deleted"])
+    m["queued"] = first(steps, "queued", m["event"])
+    m["handed"] = first(steps, "handed to a worker", m["queued"])
+    m["starts"] = first(steps, "pass starts", m["handed"])
+    m["decided"] = first(steps, "pass decided", m["starts"])
+    m["over"] = first(steps, "pass over", m["decided"])
+    parked = _first(steps, "pass decided: parked for an IPAM place", m["starts"])
+    if parked is not None and parked == m["decided"]:
+        m["woken"] = first(steps, "queued: a place freed", m["over"])
+        m["woken handed"] = first(steps, "handed to a worker", m["woken"])
+        m["woken starts"] = first(steps, "pass starts", m["woken handed"])
+    starts = [s.at for s in steps if s.label.startswith("pass starts")]
+    m["last starts"] = starts[-1] if starts else None
+    for label in (
+        "IPAM search sent",
+        "IPAM search answered",
+        "IPAM delete sent",
+        "IPAM delete answered",
+        "API PATCH ipaddresses sent",
+        "API PATCH ipaddresses answered",
+        "API DELETE ipaddresses sent",
+        "API DELETE ipaddresses answered",
+        "API PATCH ipaddressclaims sent",
+        "API PATCH ipaddressclaims answered",
+    ):
+        # A request's sent time is estimated (its log time less its seconds): 5 ms of slack.
+        since = m["last starts"]
+        m[label] = first(steps, label, None if since is None else since - 0.005)
+    m["last decided"] = first(steps, "pass decided", m["API PATCH ipaddressclaims answered"])
+    m["last over"] = first(steps, "pass over", m["last decided"])
+    m["claim DELETED"] = first(steps, "event: claim DELETED", m["API PATCH ipaddressclaims sent"])
+    return m
+
+
+#: The spans of a release, in order: (name, from moment, to moment) of `_moments`. The
+#: "parked" rows count only the claims whose first pass was refused a place at the IPAM.
+SPANS: tuple[tuple[str, str, str], ...] = (
+    ("watch: deletion -> claim event seen", "deleted", "event"),
+    ("sink: event -> key queued", "event", "queued"),
+    ("queue: queued -> handed to a worker", "queued", "handed"),
+    ("executor: handed -> first pass starts", "handed", "starts"),
+    ("first pass: starts -> decided", "starts", "decided"),
+    ("loop: decided -> pass over", "decided", "over"),
+    ("parked: pass over -> woken for a place", "over", "woken"),
+    ("parked: woken -> handed to a worker", "woken", "woken handed"),
+    ("parked: handed -> pass starts", "woken handed", "woken starts"),
+    ("releasing pass: starts -> IPAM search sent", "last starts", "IPAM search sent"),
+    ("IPAM search (a place held)", "IPAM search sent", "IPAM search answered"),
+    ("search answered -> IPAM delete sent", "IPAM search answered", "IPAM delete sent"),
+    ("IPAM delete (a place held)", "IPAM delete sent", "IPAM delete answered"),
+    ("IPAM answered -> PATCH IPAddress sent", "IPAM delete answered", "API PATCH ipaddresses sent"),
+    (
+        "PATCH IPAddress (ProtectAddress off)",
+        "API PATCH ipaddresses sent",
+        "API PATCH ipaddresses answered",
+    ),
+    (
+        "answered -> DELETE IPAddress sent",
+        "API PATCH ipaddresses answered",
+        "API DELETE ipaddresses sent",
+    ),
+    ("DELETE IPAddress", "API DELETE ipaddresses sent", "API DELETE ipaddresses answered"),
+    (
+        "answered -> PATCH claim sent",
+        "API DELETE ipaddresses answered",
+        "API PATCH ipaddressclaims sent",
+    ),
+    (
+        "PATCH claim (ReleaseAddress off)",
+        "API PATCH ipaddressclaims sent",
+        "API PATCH ipaddressclaims answered",
+    ),
+    ("answered -> pass decided (done)", "API PATCH ipaddressclaims answered", "last decided"),
+    ("loop: decided -> pass over", "last decided", "last over"),
+    (
+        "echo: finalizer off -> claim DELETED seen",
+        "API PATCH ipaddressclaims answered",
+        "claim DELETED",
+    ),
+)
+
+#: The whole release, from the claim's deletion to a moment of `_moments`.
+WHOLE: tuple[tuple[str, str], ...] = (
+    ("deletion -> releasing pass starts", "last starts"),
+    ("deletion -> IPAM search sent", "IPAM search sent"),
+    ("deletion -> claim finalizer removal answered", "API PATCH ipaddressclaims answered"),
+    ("deletion -> claim DELETED seen", "claim DELETED"),
+)
+
+
+def _spans(
+    moments: Sequence[dict[str, float | None]], spans: Iterable[tuple[str, str, str]]
+) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for name, start, end in spans:
+        values = [
+            b - a
+            for m in moments
+            if (a := m.get(start)) is not None and (b := m.get(end)) is not None
+        ]
+        if values:
+            rows.append([name, *_figures(values)])
+    return rows
 
 
 def format_result(result: TraceResult) -> str:
-    """Return the trace's report: the steps, the passes per release, the whole release."""
+    """Return the trace's report: each span of a release, the passes, the whole release."""
     timelines = {n: s for n, s in result.timelines.items() if len(s) > 1}
     passes = [
-        sum(1 for s in steps if s.label == "pass starts (worker)") for steps in timelines.values()
+        sum(1 for s in steps if s.label.startswith("pass starts")) for steps in timelines.values()
     ]
-    wholes: dict[str, list[float]] = defaultdict(list)
-    for steps in timelines.values():
-        start = steps[0].at
-        for label, prefix in (
-            ("deletion -> claim event seen", "event: claim changed"),
-            ("deletion -> last pass starts", None),
-            ("deletion -> IPAM search sent", "IPAM search sent"),
-            ("deletion -> claim finalizer removal answered", None),
-            ("deletion -> claim DELETED seen", "event: claim DELETED"),
-        ):
-            if prefix is None and "last pass" in label:
-                at = max((s.at for s in steps if s.label == "pass starts (worker)"), default=None)
-            elif prefix is None:
-                at = max(
-                    (s.at for s in steps if s.label == "API PATCH ipaddressclaims answered"),
-                    default=None,
-                )
-            else:
-                at = _first(steps, prefix)
-            if at is not None:
-                wholes[label].append(at - start)
-    whole = table(
-        ["span", "median ms", "p90 ms", "claims"],
-        [[label, *_figures(values)] for label, values in wholes.items()],
-    )
+    moments = [_moments(steps) for steps in timelines.values()]
+    spans = _spans(moments, SPANS)
+    whole = _spans(moments, [(name, "deleted", end) for name, end in WHOLE])
     counts = ", ".join(
         f"{n} pass{'es' if n != 1 else ''}: {passes.count(n)}" for n in sorted(set(passes))
     )
@@ -342,9 +420,11 @@ def format_result(result: TraceResult) -> str:
         f"all gone in {result.seconds:.2f} s ({result.claims / result.seconds:.1f} claims/s "
         f"with DEBUG tracing on); {result.lines} trace lines, {len(timelines)} claims traced; "
         f"passes per release: {counts}\n"
-        "each step: how long after the claim's previous step (median, p90 over the claims "
-        "that had it), and its median time since the claim's deletion\n"
-        + _steps_table(timelines)
+        "each span of a release, in order (ms; a request's sent time is its log time less its "
+        "seconds, so gaps next to a request may read a fraction of a ms below 0)\n"
+        + table(["span", "median ms", "p90 ms", "claims"], spans)
         + "\n\nthe whole release:\n"
-        + whole
+        + table(["span", "median ms", "p90 ms", "claims"], whole)
+        + f"\n(every claim's steps: {result.workdir}/timelines.json; the operator's trace lines: "
+        "trace.log beside it)"
     )

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 Key = Hashable
 Token = Hashable
 
+#: The due time of a key added ``first`` (`WorkQueue.add`): before any loop time.
+FIRST = float("-inf")
+
 
 @dataclass(frozen=True)
 class Result:
@@ -137,6 +140,7 @@ class WorkQueue:
         *,
         background: bool = False,
         unless: Callable[[], bool] | None = None,
+        first: bool = False,
     ) -> None:
         """Queue ``key`` to be reconciled in ``after`` seconds (keeps an earlier due time).
 
@@ -150,6 +154,12 @@ class WorkQueue:
         of the pass's own write, which the pass records only before it ends; see
         `bridge.runtime.expectations.Expectations.ours`). It must be quick and must not call
         this queue.
+
+        ``first``: the key runs before every key of the front lane due now, in the order
+        such keys were added (``after`` ignored; controller-runtime's priority queue,
+        ``AddOpts.Priority``): a key that holds something the others wait for, such as a
+        place promised at an IPAM server (`bridge.runtime.waits.Places`), does not wait
+        behind keys that hold nothing.
         """
         if unless is not None:
             with self._lock:
@@ -161,8 +171,9 @@ class WorkQueue:
                 return
         with self._lock:
             self._unpark(key)
-            self._schedule(key, self._now() + max(after, 0.0), background=background)
-        log.debug("%s queued, due in %.3f s", key, after)
+            due = FIRST if first else self._now() + max(after, 0.0)
+            self._schedule(key, due, background=background and not first)
+        log.debug("%s queued, due in %.3f s%s", key, after, " (first)" if first else "")
         self._notify()
 
     def wake(self, token: Token, count: int | None = None) -> int:

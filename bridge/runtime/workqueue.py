@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 Key = Hashable
 Token = Hashable
 
-#: The due time of a key added ``first`` (`WorkQueue.add`): before any loop time.
-FIRST = float("-inf")
+#: Seconds a key added ``first`` (`WorkQueue.add`) is due before its add time: before every
+#: key due, as the loop's clock (monotonic, since boot) is never that far (31 years) from 0.
+FIRST_LEAD = 1e9
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class WorkQueue:
                 return
         with self._lock:
             self._unpark(key)
-            due = FIRST if first else self._now() + max(after, 0.0)
+            due = self._now() - FIRST_LEAD if first else self._now() + max(after, 0.0)
             self._schedule(key, due, background=background and not first)
         log.debug("%s queued, due in %.3f s%s", key, after, " (first)" if first else "")
         self._notify()
@@ -242,7 +243,9 @@ class WorkQueue:
             if self._loop is None:
                 return 0.0
             now = self._now()
-            waiting = [due for due, _ in self._due.values() if due <= now]
+            # A key added first waits since its add time, not since its lead.
+            waiting = [due + FIRST_LEAD if due < 0 else due for due, _ in self._due.values()]
+            waiting = [due for due in waiting if due <= now]
             if not waiting:
                 return 0.0
             return max(0.0, now - max(self._progress_at, min(waiting)))

@@ -488,3 +488,26 @@ async def test_a_key_added_first_runs_before_the_keys_due_before_it() -> None:
         release.set()
         await until(lambda: len(order) == 5)
     assert order == ["busy", "promised", "c", "a", "b"]
+
+
+async def test_a_key_added_first_counts_as_stalled_only_since_it_was_added() -> None:
+    # Its due time is a lead before every key's, not the time it waits since: the liveness
+    # check (`stalled`) must not see a queue stalled since its last progress.
+    started, release = threading.Event(), threading.Event()
+
+    def reconcile(key: Hashable) -> Result:
+        if key == "busy":
+            started.set()
+            release.wait(30)
+        return Result.done()
+
+    queue = WorkQueue(reconcile, workers=1)
+    async with Running(queue):
+        queue.add("busy")  # the last progress: this pass started
+        await until(started.is_set)
+        await asyncio.sleep(0.05)
+        before = time.monotonic()
+        queue.add("promised", first=True)  # waits for the only worker
+        assert queue.stalled() <= time.monotonic() - before
+        release.set()
+        await until(lambda: len(queue) == 0)

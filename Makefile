@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install helm kubectl promtool demo test unit integration lint typecheck e2e bench constraints clean
+.PHONY: install helm kubectl promtool demo test unit integration lint typecheck e2e bench constraints clean \
+	docs docs-build reference
 
 # The operator (`ipam-bridge`, .) and the sandbox (`ipam-bridge-sandbox`, sandbox/: the demo
 # extra's distribution, not on PyPI) in one resolver run, so that `ipam-bridge[demo]`'s
@@ -14,7 +15,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml sandbox/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo,bench]' -e ./sandbox
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,demo,bench,docs]' -e ./sandbox
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -55,6 +56,7 @@ test: $(STAMP) $(HELM_BIN) $(KUBECTL_BIN) promtool
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(MAKE) docs-build
 	HELM="$$( [ -x $(HELM_BIN) ] && echo $(abspath $(HELM_BIN)) )" \
 		KUBECTL=$(abspath $(KUBECTL_BIN)) \
 		$(BIN)/python -m pytest -n 2 --dist loadfile tests/unit tests/integration tests/e2e
@@ -79,14 +81,31 @@ e2e: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+# The docs site (mkdocs.yml, docs/): `make docs` serves it on http://127.0.0.1:8000 and rebuilds
+# on every change; `make docs-build` (run by `make test`) builds it into site/ (git-ignored) with
+# --strict: a broken link, a page missing from the navigation or a missing snippet fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+# The generated reference pages (docs/reference/*.md) from the CRDs, bridge/settings.py,
+# bridge/metrics.py, the CLI's parsers and the reasons' enumeration (bridge/reasons.py);
+# tests/unit/test_reference.py fails when one is stale.
+reference: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+
 constraints: $(STAMP)
 	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -E '^(ipam-bridge|ipam-bridge-sandbox|pip)==' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out site
 
 # Release artifacts (issue 5): the manager image, and the clusterctl files in out/
-# (metadata.yaml, ipam-components.yaml) plus the Helm chart's generated crds/ and RBAC rules.
+# (metadata.yaml, ipam-components.yaml), the packaged Helm chart (out/ipam-bridge-<version>.tgz)
+# plus the Helm chart's generated crds/ and RBAC rules. .github/workflows/release.yml publishes
+# them on a tag v*.
 VERSION ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMG_REPO ?= ghcr.io/ipam-bridge/ipam-bridge
 IMG ?= $(IMG_REPO):$(VERSION)
@@ -97,6 +116,8 @@ image:
 	docker build -t $(IMG) .
 
 # deploy/ is rendered by kustomize itself (`kubectl kustomize`, kustomize v5.6).
+# With helm (`make helm`) the chart is packaged too: out/ipam-bridge-<version>.tgz.
 release-manifests: $(STAMP) $(KUBECTL_BIN)
 	$(BIN)/python deploy/release_manifests.py --kustomize $(KUBECTL_BIN) \
-		--out out --version $(VERSION) --image-repository $(IMG_REPO)
+		--out out --version $(VERSION) --image-repository $(IMG_REPO) \
+		$$( [ -x $(HELM_BIN) ] && echo --helm $(HELM_BIN) )

@@ -19,20 +19,35 @@ A quarantined entry is never found by `IPAMBackend.find` nor deleted by
 `IPAMBackend.release`; first-free skips it because it is registered; usage counts it as used.
 `QUARANTINE_PREFIX`, `quarantine_mark` and `quarantined_until` are the one definition of the
 mark both clients use.
+
+Ownership (one IPAM serves many management clusters): every entry ipam-bridge makes names its
+`EntryOwner`, the management cluster's identity and the claim's ``<namespace>/<name>``, in the
+fields a person sees in the IPAM's UI (phpIPAM: ``note``, ``owner`` and ``description``;
+Infoblox: ``comment`` and optionally an extensible attribute). `owner_text` and `parse_owner` are
+the one text form; `may_adopt` is the one rule for what a claim may take over or release.
+The quarantine mark keeps the owner readable: it precedes the former text, which
+`parse_owner` still reads.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "OWNER_PREFIX",
     "QUARANTINE_PREFIX",
     "Allocation",
+    "EntryOwner",
     "IPAMBackend",
     "SubnetInfo",
     "SubnetRef",
+    "may_adopt",
+    "owner_text",
+    "parse_owner",
     "quarantine_mark",
     "quarantined_until",
 ]
@@ -67,6 +82,84 @@ def quarantined_until(text: str | None) -> float | None:
         return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
+
+
+#: First word of every owner text ipam-bridge writes (`owner_text`, previous-release descriptions).
+OWNER_PREFIX = "ipam-bridge"
+
+# A claim key: a namespace (DNS label) and a claim name (DNS subdomain).
+_CLAIM = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?/[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?"
+# owner_text: "ipam-bridge <cluster id> <ns>/<name>"; previous release:
+# "ipam-bridge <ns>/<name>[ cluster <capi-cluster>]"; phpIPAM note:
+# "ipam-bridge cluster=<cluster id> claim=<ns>/<name>".
+_OWNER_RE = re.compile(rf"^{OWNER_PREFIX} (?P<cluster>[^\s/=]+) (?P<claim>{_CLAIM})(?=\s|$)")
+_LEGACY_RE = re.compile(rf"^{OWNER_PREFIX} (?P<claim>{_CLAIM})(?=\s|$)")
+_NOTE_RE = re.compile(
+    rf"^{OWNER_PREFIX} cluster=(?P<cluster>[^\s/]*) claim=(?P<claim>{_CLAIM})(?=\s|$)"
+)
+
+
+@dataclass(frozen=True)
+class EntryOwner:
+    """Who made an IPAM entry: a management cluster and one of its claims.
+
+    Attributes
+    ----------
+    cluster_id:
+        The management cluster's identity (setting ``IPAM_BRIDGE_CLUSTER_ID``, by default the
+        uid of namespace ``kube-system``); ``""`` for an entry of the previous release, which
+        carries no cluster identity.
+    claim:
+        ``<namespace>/<name>`` of the IPAddressClaim.
+    """
+
+    cluster_id: str
+    claim: str
+
+    def __str__(self) -> str:
+        """``<claim> of cluster <cluster_id>`` (``<claim> (previous release)`` without one)."""
+        if not self.cluster_id:
+            return f"{self.claim} (an entry of the previous release, no cluster identity)"
+        return f"{self.claim} of management cluster {self.cluster_id}"
+
+
+def owner_text(owner: EntryOwner) -> str:
+    """Return the text naming ``owner``: ``"ipam-bridge <cluster_id> <namespace>/<name>"``.
+
+    Stored as phpIPAM's ``owner`` field and WAPI's ``comment``. Without a cluster id the text is
+    the previous release's form ``"ipam-bridge <namespace>/<name>"`` (so `parse_owner` reads the
+    same owner back).
+    """
+    if not owner.cluster_id:
+        return f"{OWNER_PREFIX} {owner.claim}"
+    return f"{OWNER_PREFIX} {owner.cluster_id} {owner.claim}"
+
+
+def parse_owner(text: str | None) -> EntryOwner | None:
+    """Return the `EntryOwner` a stored text names, or None when it names none.
+
+    Reads, after an optional `quarantine_mark` prefix (whose former text follows it):
+
+    - `owner_text`: ``ipam-bridge <cluster_id> <namespace>/<name>``;
+    - phpIPAM's note: ``ipam-bridge cluster=<cluster_id> claim=<namespace>/<name>``;
+    - the previous release's description ``ipam-bridge <namespace>/<name>[ cluster
+      <capi-cluster>]``, as ``EntryOwner("", "<namespace>/<name>")``.
+
+    Anything else (a person's text, another tool's, a reservation of ipam-bridge's own such as
+    ``ipam-bridge: the subnet's gateway, never assign``) gives None.
+    """
+    if not text:
+        return None
+    text = text.strip()
+    if text.startswith(_MARK):
+        _, _, text = text.partition(": ")
+        text = text.strip()
+    for pattern in (_NOTE_RE, _LEGACY_RE, _OWNER_RE):
+        found = pattern.match(text)
+        if found is not None:
+            cluster = found.groupdict().get("cluster") or ""
+            return EntryOwner(cluster_id=cluster, claim=found["claim"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -149,6 +242,9 @@ class Allocation:
         The entry's provenance text (phpIPAM ``description``, WAPI ``comment``), as stored.
     quarantined_until:
         Unix time (seconds) the entry's quarantine ends, or None when it is not quarantined.
+    owner:
+        The ipam-bridge owner the entry names (see `parse_owner`), or None when it carries
+        none (a network team's reservation, another tool's entry).
     """
 
     address: str
@@ -159,6 +255,39 @@ class Allocation:
     subnet: str = ""
     description: str = ""
     quarantined_until: float | None = None
+    owner: EntryOwner | None = None
+
+
+def may_adopt(entry: Allocation, owner: EntryOwner, address: str | None) -> bool:
+    """Return True when the claim ``owner`` may take over (or release) ``entry``.
+
+    True when the entry carries no ipam-bridge owner (a reservation: the documented way to pin
+    an address), or its owner is the same claim of this cluster or of the previous release
+    (``cluster_id`` ``""``), or ``address`` -- the address the claim's IPAddress already
+    names (objects moved by ``clusterctl move`` or restored from a backup) -- is the entry's.
+    False for an entry of another management cluster or another claim.
+
+    Parameters
+    ----------
+    entry:
+        The entry found under the claim's hostname.
+    owner:
+        This cluster and the claim.
+    address:
+        The address the claim's IPAddress names (normalised text), or None.
+    """
+    if entry.owner is None:
+        return True
+    if entry.owner.claim == owner.claim and entry.owner.cluster_id in ("", owner.cluster_id):
+        return True
+    return address is not None and _same_address(address, entry.address)
+
+
+def _same_address(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a.strip()) == ipaddress.ip_address(b.strip())
+    except ValueError:
+        return a.strip() == b.strip()
 
 
 @runtime_checkable
@@ -190,20 +319,31 @@ class IPAMBackend(Protocol):
         subnets. The match is exact (the IPAM may compare case-insensitively); entries in
         other subnets, quarantined entries, and entries at an address that is never handed
         out (gateway, network or broadcast address) are ignored. When several entries
-        match, the oldest one wins.
+        match, the oldest one wins. The Allocation's ``owner`` is the one the entry names,
+        whoever it is (the caller decides with `may_adopt`).
         """
         ...
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
         """Register an address under ``hostname``: the requested one, or the first free.
 
         ``address`` if given, else the first free address of the first subnet (in the
         pool's order) that has one.
 
-        Looks the hostname up first and returns the existing entry if there is one (when
-        ``address`` is given, only an entry at that address counts as existing), so a
-        repeated call never creates a second entry. The reservation itself is atomic on the
-        IPAM side (phpIPAM ``POST addresses/first_free/`` or ``POST addresses/`` with
+        Looks the hostname up first and returns the existing entry if there is one and
+        `may_adopt` (entry, ``owner``, ``adopt``) allows it (when ``address`` is given, only
+        an entry at that address counts as existing), so a repeated call never creates a
+        second entry. When the found entry's stored owner differs from ``owner`` (a
+        reservation, an entry of the previous release, a moved one), its owner fields are
+        rewritten in the IPAM with one update request. The reservation itself is atomic on
+        the IPAM side (phpIPAM ``POST addresses/first_free/`` or ``POST addresses/`` with
         ``ip``; WAPI ``func:nextavailableip`` or an explicit ``ipv4addr``/``ipv6addr``); a
         lost race is retried for first-free and reported for a requested address. Subnets
         the IPAM reports full are skipped without a further round trip where the IPAM's
@@ -214,13 +354,24 @@ class IPAMBackend(Protocol):
         ----------
         hostname:
             The claim's key (see `bridge.reconcilers.claims.hostname_for`).
-        description:
-            Provenance text stored with the entry (truncated to what the IPAM accepts).
+        owner:
+            This management cluster and the claim, stored with the entry (see `owner_text`).
         address:
             A requested address (IPv4 or IPv6 text), or None for first free.
+        adopt:
+            The address the claim's IPAddress already names (moved or restored objects), or
+            None: an entry at that address is adopted whoever owns it.
+
+        Returns
+        -------
+        Allocation
+            With ``owner`` set to ``owner``.
 
         Raises
         ------
+        EntryOwnedError
+            When the entry under ``hostname`` belongs to another cluster or claim; nothing
+            was changed.
         SubnetExhaustedError
             When no subnet of the pool has a free address (first free only).
         AddressUnavailableError
@@ -229,22 +380,36 @@ class IPAMBackend(Protocol):
         """
         ...
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
-        """Delete (or quarantine) every entry registered under ``hostname`` in the pool.
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
+        """Delete (or quarantine) the entries under ``hostname`` that ``owner`` may release.
 
-        When ``quarantine_until`` (Unix time, seconds) is given, the entries are marked
-        quarantined until then (see the module docstring) instead of deleted.
+        Only entries `may_adopt` (entry, ``owner``, ``address``) allows: ours, ours from the
+        previous release, or an unowned entry at ``address`` (the address the claim's
+        IPAddress names). Another owner's entry is left alone (logged at INFO) and does not
+        count as released. When ``quarantine_until`` (Unix time, seconds) is given, the
+        entries are marked quarantined until then (see the module docstring) instead of
+        deleted; the owner stays readable.
 
         Idempotent: returns True when something was deleted or marked, False when nothing
-        was registered under ``hostname`` (which is success, not an error). Quarantined
-        entries are left as they are.
+        of this owner was registered under ``hostname`` (which is success, not an error).
+        Quarantined entries are left as they are.
         """
         ...
 
-    def purge_quarantined(self, now: float) -> list[str]:
-        """Delete the quarantined entries of the pool's subnets whose quarantine ended.
+    def purge_quarantined(self, now: float, cluster_id: str) -> list[str]:
+        """Delete the quarantined entries of ``cluster_id`` whose quarantine ended.
 
-        Ended means ``quarantined_until <= now`` (Unix time in seconds). Idempotent.
+        Ended means ``quarantined_until <= now`` (Unix time in seconds). Only entries whose
+        owner's cluster is ``cluster_id`` or ``""`` (the previous release; an entry without
+        an owner counts as that) are deleted: another management cluster purges its own.
+        Idempotent.
 
         Returns the addresses deleted. Costs one list request per subnet (plus one delete
         per entry deleted).
@@ -275,7 +440,8 @@ class IPAMBackend(Protocol):
         """Return every entry registered in the pool's subnets, whoever made it.
 
         For the drift audit: quarantined entries (with `Allocation.quarantined_until`), entries of
-        other tools and people, and reservations of ours (`RESERVED_HOSTNAMES`) included.
+        other tools and people, and reservations of ours (`RESERVED_HOSTNAMES`) included, each
+        with the ``owner`` it names (None when it names none).
 
         One list request per subnet (phpIPAM ``GET subnets/{id}/addresses/``; WAPI the
         pool's entries in the network, paged).

@@ -8,6 +8,10 @@ reasons in one place (`bridge.reconcilers.errors`).
 from __future__ import annotations
 
 import ssl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.base import EntryOwner
 
 __all__ = [
     "AddressUnavailableError",
@@ -16,6 +20,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConflictError",
     "EndpointUnavailableError",
+    "EntryOwnedError",
     "InvalidRequestError",
     "SubnetExhaustedError",
     "SubnetNotFoundError",
@@ -115,6 +120,38 @@ class AddressUnavailableError(BackendError):
         super().__init__(message, status=status)
         self.address = address
         self.holder = holder
+
+
+class EntryOwnedError(BackendError):
+    """The entry under a claim's hostname belongs to another management cluster or claim.
+
+    Raised by ``allocate`` when `backends.base.may_adopt` refuses the entry found: it is never
+    adopted, changed or released. Not retried (``retryable`` False): a person must give the
+    pool a ``hostnameSuffix`` (or remove the other entry); the claim waits.
+
+    Attributes
+    ----------
+    hostname:
+        The hostname the entry is registered under.
+    address:
+        The entry's address, normalised.
+    owner:
+        The `backends.base.EntryOwner` the entry names.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hostname: str,
+        address: str,
+        owner: EntryOwner,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message, status=status)
+        self.hostname = hostname
+        self.address = address
+        self.owner = owner
 
 
 class InvalidRequestError(BackendError):

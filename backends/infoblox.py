@@ -8,7 +8,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.cookiejar import Cookie, CookieJar
 from types import MappingProxyType
 from typing import Any, Literal, cast
@@ -17,10 +17,15 @@ from urllib.parse import quote
 import requests
 
 from backends.base import (
+    OWNER_PREFIX,
     QUARANTINE_PREFIX,
     Allocation,
+    EntryOwner,
     SubnetInfo,
     SubnetRef,
+    may_adopt,
+    owner_text,
+    parse_owner,
     quarantine_mark,
     quarantined_until,
 )
@@ -30,6 +35,7 @@ from backends.errors import (
     BackendError,
     BackendUnavailableError,
     ConflictError,
+    EntryOwnedError,
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
@@ -51,6 +57,7 @@ __all__ = [
     "NIOS_LOCKOUT_FAILURES",
     "InfobloxBackend",
     "InfobloxConfig",
+    "owner_extattr_value",
 ]
 
 log = logging.getLogger(__name__)
@@ -180,6 +187,12 @@ class InfobloxConfig:
     extensible_attributes:
         Extensible attributes (EA name -> value) stamped on every entry; each EA must be
         defined in the grid.
+    owner_extensible_attribute:
+        Name of an extensible attribute (a string EA the grid defines; the pool's
+        ``spec.ownerExtensibleAttribute``) that carries each entry's owner as
+        `owner_extattr_value` (``<cluster_id> <namespace>/<name>``), besides the ``comment``;
+        None (default) writes the owner in the comment only. A grid that does not define it
+        refuses the create with 400 ``Unknown extensible attribute``.
     verify:
         TLS verification: True (default), False (off: ``insecureSkipVerify``).
     ca_pem:
@@ -225,6 +238,7 @@ class InfobloxConfig:
     dns_view: str = "default"
     dns_zone: str | None = None
     extensible_attributes: Mapping[str, str] = field(default_factory=dict)
+    owner_extensible_attribute: str | None = None
     verify: bool = True
     ca_pem: str | None = field(default=None, repr=False)
     timeout_seconds: float = 10.0
@@ -266,6 +280,15 @@ class InfobloxConfig:
         object.__setattr__(
             self, "extensible_attributes", MappingProxyType(dict(self.extensible_attributes))
         )
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What `InfobloxBackend.allocate` registers: the hostname, its owner, the address to adopt."""
+
+    hostname: str
+    owner: EntryOwner
+    adopt: str | None = None
 
 
 class _RefNotFoundError(InvalidRequestError):
@@ -326,6 +349,10 @@ class _Entry:
     comment: str
     #: For host records: the whole host record (to rewrite its address lists).
     host_record: Mapping[str, Any] | None = None
+    #: The owner the entry names (the owner EA, else the comment), or None.
+    owner: EntryOwner | None = None
+    #: The object's ``extattrs`` as WAPI returned them (read only with an owner EA).
+    extattrs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def quarantined_until(self) -> float | None:
@@ -364,6 +391,13 @@ class InfobloxBackend:
     ``quarantined.<name>`` and its ``comment`` becomes `backends.base.quarantine_mark`
     (``PUT <_ref>``); it keeps its address, so next-available-IP skips it, until
     `purge_quarantined` deletes it.
+
+    Ownership (`backends.base.EntryOwner`): every entry's ``comment`` is
+    `backends.base.owner_text`; with `InfobloxConfig.owner_extensible_attribute` the EA of that
+    name holds `owner_extattr_value` too (and is read first). An entry under a claim's
+    hostname is adopted, released or purged only as `backends.base.may_adopt` allows; adopting
+    one whose owner differs rewrites ``comment`` (and ``extattrs``, the object's own kept)
+    with one ``PUT <_ref>``; another owner's entry raises `backends.errors.EntryOwnedError`.
 
     Authentication is HTTP Basic (UTF-8) on the first request; afterwards the ``ibapauth``
     session cookie the grid sets is sent instead (one session for all the pool's networks).
@@ -518,19 +552,32 @@ class InfobloxBackend:
         """
         return self._transport.call("find", lambda: self._find_once(hostname))
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
         """Register an address under ``hostname``: the requested one, or the next available.
 
-        Looks the hostname up first (as `find`) and returns the existing entry (adoption,
-        and a repeat after a lost answer never creates a second entry); with ``address``
-        only an entry at that address counts.
+        Looks the hostname up first (as `find`) and returns the existing entry when
+        `backends.base.may_adopt` (entry, ``owner``, ``adopt``) allows it (adoption, and a
+        repeat after a lost answer never creates a second entry); with ``address`` only an
+        entry at that address counts. When the adopted entry's owner is not ``owner`` (a
+        reservation, an entry of the previous release, a moved one), one ``PUT <_ref>``
+        with ``comment`` (`backends.base.owner_text`) and, with an owner EA, ``extattrs``
+        (the object's EAs with the owner EA set: WAPI's ``extattrs`` replaces them all)
+        rewrites it. An entry of another owner raises `EntryOwnedError`, unchanged.
 
         Next available (``address`` None): for each network in order, ONE create:
         ``POST record:host`` with ``ipv4addrs``/``ipv6addrs`` ``[{"ipv4addr":
         "func:nextavailableip:<cidr>,<view>", "configure_for_dhcp": false}]``, or
         ``POST fixedaddress``/``ipv6fixedaddress`` with the function as the address, MAC
         ``00:00:00:00:00:00`` (IPv6: a DUID derived from the hostname), ``comment`` (the
-        description, cut to 256 characters) and ``extattrs``; ``_return_fields`` brings the
+        owner text, cut to 256 characters) and ``extattrs`` (the pool's, plus the owner EA
+        when `InfobloxConfig.owner_extensible_attribute` is set); ``_return_fields`` brings the
         address back in the same answer. A network WAPI answers full is skipped.
 
         Requested address: refused at once when it lies outside every network of the pool
@@ -545,19 +592,23 @@ class InfobloxBackend:
         ----------
         hostname:
             The claim's key; with a DNS zone the entry is ``<hostname>.<zone>``.
-        description:
-            Provenance, stored as the entry's ``comment``.
+        owner:
+            This management cluster and the claim, stored as the ``comment`` (and the owner EA).
         address:
             A requested IPv4 or IPv6 address, or None for the next available one.
+        adopt:
+            The address the claim's IPAddress already names, or None.
 
         Returns
         -------
         Allocation
             The address, its network's prefix, gateway and CIDR, ``hostname``, the entry's
-            ``_ref`` and comment.
+            ``_ref`` and comment; ``owner`` is ``owner``.
 
         Raises
         ------
+        EntryOwnedError
+            The entry under ``hostname`` names another cluster or claim; nothing changed.
         SubnetExhaustedError
             Next available only: WAPI answered "Cannot find 1 available IP address(es)" for
             every network of the pool.
@@ -581,12 +632,22 @@ class InfobloxBackend:
         AuthenticationFailedError, BackendUnavailableError
 
         """
-        return self._transport.call(
-            "allocate", lambda: self._allocate_once(hostname, description, address)
-        )
+        claim = _Claim(hostname, owner, adopt)
+        return self._transport.call("allocate", lambda: self._allocate_once(claim, address))
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
-        """Remove (or quarantine) every address registered under ``hostname`` in the pool.
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
+        """Remove (or quarantine) the addresses under ``hostname`` that ``owner`` may release.
+
+        Only entries `backends.base.may_adopt` (entry, ``owner``, ``address``) allows; another
+        owner's entry is left alone (logged at INFO). The quarantine mark precedes the former
+        comment, so the owner stays readable (and the owner EA is kept).
 
         Without ``quarantine_until``: ``DELETE <_ref>`` of each matching fixed address or
         host record. A host record that also holds addresses outside the pool (one a person
@@ -606,20 +667,19 @@ class InfobloxBackend:
         Returns
         -------
         bool
-            True when something was registered (and is now gone or quarantined), False when
-            nothing was.
+            True when something of ``owner`` was registered (and is now gone or
+            quarantined), False when nothing was.
 
         Raises
         ------
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self._transport.call(
-            "release", lambda: self._release_once(hostname, quarantine_until)
-        )
+        claim = _Claim(hostname, owner, address)
+        return self._transport.call("release", lambda: self._release_once(claim, quarantine_until))
 
-    def purge_quarantined(self, now: float) -> list[str]:
-        """Delete the quarantined entries of the pool's networks whose quarantine ended.
+    def purge_quarantined(self, now: float, cluster_id: str) -> list[str]:
+        """Delete the quarantined entries of ``cluster_id`` whose quarantine ended.
 
         Host mode: one paged search for the quarantined host records of the pool's view,
         ``GET record:host?name~=^quarantined[.]&view=<dns view>`` (``network_view=<view>``
@@ -627,7 +687,9 @@ class InfobloxBackend:
         whatever the number of live entries. Fixed-address mode: each network's fixed
         addresses as `entries` lists them. Then ``DELETE <_ref>`` for each entry of the
         pool's networks whose `backends.base.quarantined_until` is ``<= now`` (Unix time,
-        seconds). Idempotent: an entry already gone is success.
+        seconds) and whose owner's cluster is ``cluster_id`` or ``""`` (the previous
+        release; a mark without a readable owner counts as that). Idempotent: an entry
+        already gone is success.
 
         Returns
         -------
@@ -639,7 +701,7 @@ class InfobloxBackend:
         AuthenticationFailedError, BackendUnavailableError, InvalidRequestError
 
         """
-        return self._transport.call("purge_quarantined", lambda: self._purge_once(now))
+        return self._transport.call("purge_quarantined", lambda: self._purge_once(now, cluster_id))
 
     def entries(self) -> list[Allocation]:
         """Return every entry in the pool's networks, whoever registered it.
@@ -760,15 +822,20 @@ class InfobloxBackend:
             out.append(entry)
         return sorted(out, key=lambda e: (e.net.index, int(e.address)))
 
-    def _allocate_once(self, hostname: str, description: str, address: str | None) -> Allocation:
+    def _allocate_once(self, claim: _Claim, address: str | None) -> Allocation:
+        hostname = claim.hostname
         live = [e for e in self._search(hostname) if e.quarantined_until is None]
         usable = self._usable(live)
+        mine = [e for e in usable if self._adoptable(e, claim)]
+        if usable and not mine:
+            raise self._owned(usable[0], claim)
         if address is not None:
-            return self._allocate_address(hostname, description, address, live, usable)
-        if usable:
-            existing = self._allocation(hostname, usable[0])
+            return self._allocate_address(claim, address, live, mine)
+        if mine:
+            existing = self._take_over(mine[0], claim)
             log.debug("infoblox: %s already holds %s", hostname, existing.address)
             return existing
+        live = [e for e in live if self._adoptable(e, claim)]
         if live:
             # Only addresses that are never assigned (an entry left by an attempt interrupted
             # below, or by a client that did not skip them): ours to remove, never to adopt.
@@ -779,7 +846,7 @@ class InfobloxBackend:
             routers = self._refresh_gateway(net)
             value = self._next_available(net, self._gateways(net, routers))
             try:
-                entry = self._create_or_explain(hostname, description, net, value)
+                entry = self._create_or_explain(claim, net, value)
             except SubnetExhaustedError as exc:
                 log.debug("infoblox: %s is full; trying the next network", net.cidr)
                 full = exc
@@ -790,7 +857,7 @@ class InfobloxBackend:
                     f"WAPI handed out {entry.address} of {net.cidr}, which is never assigned "
                     "(the gateway, network or broadcast address); the entry was removed"
                 )
-            allocation = self._allocation(hostname, entry)
+            allocation = self._take_over(entry, claim)
             log.debug("infoblox: allocated %s to %s in %s", allocation.address, hostname, net.cidr)
             return allocation
         raise SubnetExhaustedError(
@@ -801,13 +868,13 @@ class InfobloxBackend:
 
     def _allocate_address(
         self,
-        hostname: str,
-        description: str,
+        claim: _Claim,
         address: str,
         live: list[_Entry],
         usable: list[_Entry],
     ) -> Allocation:
-        """Register the requested ``address`` (see `allocate`)."""
+        """Register the requested ``address`` (see `allocate`); ``usable`` are adoptable."""
+        hostname = claim.hostname
         ip = _parse_address(address.strip())
         if ip is None:
             raise AddressUnavailableError(
@@ -822,7 +889,7 @@ class InfobloxBackend:
             )
         for entry in usable:
             if entry.address == ip:
-                return self._allocation(hostname, entry)
+                return self._take_over(entry, claim)
         routers = self._refresh_gateway(net)
         if ip in self._never_assigned(net, routers):
             raise AddressUnavailableError(
@@ -836,13 +903,14 @@ class InfobloxBackend:
                 f"{usable[0].address} in the pool; release that address or drop the request",
                 address=str(ip),
             )
+        live = [e for e in live if self._adoptable(e, claim)]
         if live:
             self._remove_entries(hostname, live)  # never-assigned leftovers, as next-available
         used, names, _ = self._address_use(net, ip)
         if used:
             raise self._held(ip, names[0] if names else None)
         try:
-            entry = self._create_or_explain(hostname, description, net, str(ip))
+            entry = self._create_or_explain(claim, net, str(ip))
         except ConflictError as exc:
             # A fixed address WAPI refuses on a used address (or a lost race for it).
             _, names, _ = self._address_use(net, ip)
@@ -861,7 +929,7 @@ class InfobloxBackend:
                 self._remove_entries(hostname, [entry])
                 other = next((n for n in names if n.casefold() != entry.name.casefold()), None)
                 raise self._held(ip, other)
-        allocation = self._allocation(hostname, entry)
+        allocation = self._take_over(entry, claim)
         log.debug("infoblox: registered requested %s to %s in %s", ip, hostname, net.cidr)
         return allocation
 
@@ -876,18 +944,19 @@ class InfobloxBackend:
             status=status,
         )
 
-    def _create_or_explain(
-        self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
-    ) -> _Entry:
+    def _create_or_explain(self, claim: _Claim, net: _Net, value: str | dict[str, Any]) -> _Entry:
         """Create the entry; turn WAPI's errors into what they mean for this pool."""
+        hostname = claim.hostname
         try:
-            return self._create(hostname, description, net, value)
+            return self._create(hostname, claim.owner, net, value)
         except ConflictError as exc:
             if self.config.record_type != "host":
                 raise  # fixedaddress names are not unique: this is a lost address race
             again = self._usable([e for e in self._search(hostname) if e.quarantined_until is None])
             if again:
                 # Another writer registered the same name meanwhile.
+                if not self._adoptable(again[0], claim):
+                    raise self._owned(again[0], claim) from exc
                 return again[0]
             name = self._wapi_name(hostname)
             if name.lower() in exc.message.lower():
@@ -906,8 +975,66 @@ class InfobloxBackend:
                 raise
             raise self._subnet_not_found(net) from exc
 
-    def _release_once(self, hostname: str, until: float | None) -> bool:
-        entries = [e for e in self._search(hostname) if e.quarantined_until is None]
+    def _adoptable(self, entry: _Entry, claim: _Claim) -> bool:
+        """Return True when `backends.base.may_adopt` gives ``entry`` to the claim."""
+        found = Allocation(str(entry.address), 0, None, entry.name, entry.ref, owner=entry.owner)
+        return may_adopt(found, claim.owner, claim.adopt)
+
+    def _owned(self, entry: _Entry, claim: _Claim) -> EntryOwnedError:
+        owner = entry.owner or claim.owner  # never None here: an unowned entry is adoptable
+        return EntryOwnedError(
+            f"infoblox: {entry.name} ({entry.address}) belongs to claim {owner}; it is not adopted",
+            hostname=claim.hostname,
+            address=str(entry.address),
+            owner=owner,
+        )
+
+    def _take_over(self, entry: _Entry, claim: _Claim) -> Allocation:
+        """Return an adoptable entry as the claim's; rewrite its owner when it differs.
+
+        When its comment is not the claim's `backends.base.owner_text` (or its owner EA not
+        the claim's): one ``PUT <_ref>`` with ``comment`` (and ``extattrs`` with an owner
+        EA); an object gone meanwhile is a lost race, retried.
+        """
+        ea = self.config.owner_extensible_attribute
+        stored = entry.extattrs.get(ea) if ea else None
+        stale_ea = ea is not None and (
+            not isinstance(stored, Mapping)
+            or stored.get("value") != owner_extattr_value(claim.owner)
+        )
+        comment = owner_text(claim.owner)[:MAX_COMMENT]
+        if entry.comment != comment or stale_ea:
+            body: dict[str, Any] = {"comment": comment}
+            if ea is not None:
+                body["extattrs"] = self._extattrs(claim.owner, entry.extattrs)
+            try:
+                self._call_json("PUT", entry.ref, json=body)
+            except _RefNotFoundError:
+                raise ConflictError(f"infoblox: {entry.ref} went away; retrying") from None
+            log.info(
+                "infoblox: %s (%s) now names its owner %s (was %s)",
+                entry.name,
+                entry.address,
+                claim.owner,
+                entry.owner or "none",
+            )
+        return replace(self._allocation(claim.hostname, entry), owner=claim.owner)
+
+    def _release_once(self, claim: _Claim, until: float | None) -> bool:
+        hostname = claim.hostname
+        entries = []
+        for entry in self._search(hostname):
+            if entry.quarantined_until is not None:
+                continue
+            if self._adoptable(entry, claim):
+                entries.append(entry)
+            else:
+                log.info(
+                    "infoblox: left %s (%s) alone: it belongs to claim %s",
+                    entry.name,
+                    entry.address,
+                    entry.owner,
+                )
         if not entries:
             return False
         if until is None:
@@ -949,7 +1076,11 @@ class InfobloxBackend:
 
     def _merge_quarantined(self, entry: _Entry, name: str, until: float) -> None:
         """Add a host record's addresses to the quarantined host record ``name``; delete it."""
-        params = [("name", name), *self._host_scope(), ("_return_fields", _HOST_FIELDS)]
+        params = [
+            ("name", name),
+            *self._host_scope(),
+            ("_return_fields", self._fields(_HOST_FIELDS)),
+        ]
         found = self._get_list("record:host", params)
         host_record = entry.host_record
         if not found or host_record is None:
@@ -974,17 +1105,23 @@ class InfobloxBackend:
         self._call_json("PUT", str(target["_ref"]), json=body)
         self._delete(entry.ref)
 
-    def _purge_once(self, now: float) -> list[str]:
+    def _purge_once(self, now: float, cluster_id: str) -> list[str]:
         if self.config.record_type == "host":
             params = [
                 ("name~", "^" + QUARANTINE_PREFIX.replace(".", "[.]")),
                 *self._host_scope(),
-                ("_return_fields", _HOST_FIELDS),
+                ("_return_fields", self._fields(_HOST_FIELDS)),
             ]
             marked = self._host_entries(list(self._paged("record:host", params)), None)
         else:
             marked = [e for net in self._nets for e in self._list_network(net)]
-        ended = [e for e in marked if (until := e.quarantined_until) is not None and until <= now]
+        ended = [
+            e
+            for e in marked
+            if (until := e.quarantined_until) is not None
+            and until <= now
+            and (e.owner is None or e.owner.cluster_id in ("", cluster_id))
+        ]
         deleted: list[str] = []
         for ref, group in _by_ref(ended).items():
             self._delete(ref)
@@ -1026,6 +1163,39 @@ class InfobloxBackend:
 
     # ----------------------------------------------------------------- WAPI objects
 
+    def _fields(self, fields: str) -> str:
+        """``_return_fields`` with ``extattrs`` added when the pool names an owner EA."""
+        return fields + ",extattrs" if self.config.owner_extensible_attribute else fields
+
+    def _extattrs(
+        self, owner: EntryOwner, current: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Return the ``extattrs`` of an entry of ``owner``: ``current``, the pool's, the owner EA.
+
+        WAPI's ``extattrs`` in a PUT replaces every EA of the object, so the object's own
+        (``current``) are kept.
+        """
+        extattrs: dict[str, Any] = {
+            name: {"value": item["value"]}
+            for name, item in (current or {}).items()
+            if isinstance(item, Mapping) and "value" in item
+        }
+        for name, value in self.config.extensible_attributes.items():
+            extattrs[name] = {"value": value}
+        if self.config.owner_extensible_attribute:
+            extattrs[self.config.owner_extensible_attribute] = {"value": owner_extattr_value(owner)}
+        return extattrs
+
+    def _owner_of(self, obj: Mapping[str, Any]) -> EntryOwner | None:
+        """Return the owner a WAPI object names: its owner EA, else its comment."""
+        ea = self.config.owner_extensible_attribute
+        extattrs = obj.get("extattrs")
+        if ea and isinstance(extattrs, Mapping) and isinstance(extattrs.get(ea), Mapping):
+            owner = parse_owner(f"{OWNER_PREFIX} {extattrs[ea].get('value') or ''}")
+            if owner is not None:
+                return owner
+        return parse_owner(str(obj.get("comment") or ""))
+
     def _host_scope(self) -> list[tuple[str, str]]:
         """Search arguments that scope host records to the pool's DNS or network view."""
         if self.config.dns_zone:
@@ -1036,7 +1206,7 @@ class InfobloxBackend:
         """Every entry of the pool's networks named ``hostname``."""
         if self.config.record_type == "host":
             params = [("name", self._wapi_name(hostname)), *self._host_scope()]
-            params.append(("_return_fields", _HOST_FIELDS))
+            params.append(("_return_fields", self._fields(_HOST_FIELDS)))
             return self._host_entries(self._get_list("record:host", params), None)
         entries: list[_Entry] = []
         for v6 in self._families():
@@ -1051,7 +1221,7 @@ class InfobloxBackend:
                     ("_return_fields", "ip_address,names,objects"),
                 ],
             )
-            fields = f"name,comment,{addr_field},network_view"
+            fields = self._fields(f"name,comment,{addr_field},network_view")
             objects = [
                 obj
                 for ref in self._object_refs(found, fixed_type)
@@ -1098,11 +1268,11 @@ class InfobloxBackend:
             host_records = [
                 host_record
                 for ref in self._object_refs(used, "record:host")
-                if (host_record := self._read(ref, _HOST_FIELDS)) is not None
+                if (host_record := self._read(ref, self._fields(_HOST_FIELDS))) is not None
             ]
             return self._host_entries(host_records, net)
         fixed_type, addr_field = _fixed_names(net.v6)
-        fields = ("_return_fields", f"name,comment,{addr_field},network_view")
+        fields = ("_return_fields", self._fields(f"name,comment,{addr_field},network_view"))
         return self._fixed_entries(list(self._paged(fixed_type, [*scope, fields])), addr_field, net)
 
     def _host_entries(self, host_records: list[dict[str, Any]], only: _Net | None) -> list[_Entry]:
@@ -1125,6 +1295,8 @@ class InfobloxBackend:
                             name=str(host_record.get("name") or ""),
                             comment=str(host_record.get("comment") or ""),
                             host_record=host_record,
+                            owner=self._owner_of(host_record),
+                            extattrs=_extattrs_of(host_record),
                         )
                     )
         return entries
@@ -1146,16 +1318,18 @@ class InfobloxBackend:
                     net=net,
                     name=str(obj.get("name") or ""),
                     comment=str(obj.get("comment") or ""),
+                    owner=self._owner_of(obj),
+                    extattrs=_extattrs_of(obj),
                 )
             )
         return entries
 
     def _create(
-        self, hostname: str, description: str, net: _Net, value: str | dict[str, Any]
+        self, hostname: str, owner: EntryOwner, net: _Net, value: str | dict[str, Any]
     ) -> _Entry:
         body: dict[str, Any] = {
             "name": self._wapi_name(hostname),
-            "comment": description[:MAX_COMMENT],
+            "comment": owner_text(owner)[:MAX_COMMENT],
         }
         family = net.family
         if self.config.record_type == "host":
@@ -1178,10 +1352,10 @@ class InfobloxBackend:
             else:
                 body["mac"] = ZERO_MAC
             return_fields = f"name,comment,{family}addr,network_view"
-        if self.config.extensible_attributes:
-            body["extattrs"] = {
-                name: {"value": value} for name, value in self.config.extensible_attributes.items()
-            }
+        return_fields = self._fields(return_fields)
+        extattrs = self._extattrs(owner)
+        if extattrs:
+            body["extattrs"] = extattrs
         answer = self._call_json(
             "POST", obj_type, params=[("_return_fields", return_fields)], json=body
         )
@@ -1198,7 +1372,10 @@ class InfobloxBackend:
             raise BackendUnavailableError(
                 f"WAPI answered the {obj_type} create with an unexpected body"
             )
-        answer.setdefault("comment", body["comment"])
+        # What this create wrote, whatever the answer echoes (a grid may leave fields out).
+        answer["comment"] = body["comment"]
+        if "extattrs" in body:
+            answer["extattrs"] = body["extattrs"]
         if self.config.record_type == "host":
             entries = self._host_entries([answer], net)
         else:
@@ -1421,6 +1598,7 @@ class InfobloxBackend:
             subnet=net.cidr,
             description=entry.comment,
             quarantined_until=quarantined,
+            owner=entry.owner,
         )
 
     def _cached_gateway(self, net: _Net) -> str | None:
@@ -1727,6 +1905,19 @@ def _duid_for(hostname: str) -> str:
     """
     raw = b"\x00\x04" + uuid.uuid5(_DUID_NAMESPACE, hostname).bytes
     return ":".join(f"{byte:02x}" for byte in raw)
+
+
+def owner_extattr_value(owner: EntryOwner) -> str:
+    """Return the owner EA's value for ``owner``: ``<cluster_id> <namespace>/<name>``.
+
+    Without a cluster id, ``<namespace>/<name>`` (the previous release's owner).
+    """
+    return f"{owner.cluster_id} {owner.claim}" if owner.cluster_id else owner.claim
+
+
+def _extattrs_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    extattrs = obj.get("extattrs")
+    return extattrs if isinstance(extattrs, Mapping) else {}
 
 
 def _by_ref(entries: list[_Entry]) -> dict[str, list[_Entry]]:

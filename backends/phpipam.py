@@ -10,17 +10,22 @@ import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 
 from backends.base import (
+    OWNER_PREFIX,
     QUARANTINE_PREFIX,
     Allocation,
+    EntryOwner,
     SubnetInfo,
     SubnetRef,
+    may_adopt,
+    owner_text,
+    parse_owner,
     quarantine_mark,
     quarantined_until,
 )
@@ -30,6 +35,7 @@ from backends.errors import (
     BackendError,
     BackendUnavailableError,
     ConflictError,
+    EntryOwnedError,
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
@@ -48,6 +54,7 @@ from backends.transport import (
 __all__ = [
     "DESCRIPTION_MAX_CHARS",
     "MAX_SUBNETS",
+    "OWNER_MAX_CHARS",
     "RESERVED_BROADCAST_HOSTNAME",
     "RESERVED_GATEWAY_DESCRIPTION",
     "RESERVED_GATEWAY_HOSTNAME",
@@ -57,6 +64,7 @@ __all__ = [
     "PHPIPAMBackend",
     "PHPIPAMConfig",
     "lowest_free",
+    "owner_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,10 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: phpIPAM's ``ipaddresses.description`` column is ``varchar(64)``; MariaDB strict mode
 #: rejects longer values with a 500, so descriptions are cut to this many characters.
 DESCRIPTION_MAX_CHARS: Final = 64
+
+#: phpIPAM's ``ipaddresses.owner`` column is ``varchar(128)``; ``note`` is ``text``
+#: (``db/SCHEMA.sql``; reference phpipam-api.md section 12).
+OWNER_MAX_CHARS: Final = 128
 
 #: How many subnets one pool may list (``spec.subnets``, as the CRD allows).
 MAX_SUBNETS: Final = 32
@@ -390,6 +402,17 @@ class _Entry:
     raw_ip: str
     hostname: str
     description: str
+    #: The owner the entry names: its ``note``, else its ``owner`` field, else its description.
+    owner: EntryOwner | None = None
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What `PHPIPAMBackend.allocate` registers: the hostname, its owner, the address to adopt."""
+
+    hostname: str
+    owner: EntryOwner
+    adopt: str | None = None
 
 
 class _InvalidAddressError(InvalidRequestError):
@@ -434,7 +457,10 @@ class PHPIPAMBackend:
       new id, 409 ``IP address already exists`` when the subnet holds it (under a
       lost race also the 500 ``Duplicate entry``), 500 ``<ip> is not a valid address for
       subnet <cidr>`` outside the subnet or at its IPv4 network/broadcast address;
-    * ``PATCH addresses/{id}/`` changes ``hostname`` and ``description``;
+    * ``PATCH addresses/{id}/`` changes ``hostname``, ``description``, ``owner`` and ``note``
+      (200 ``Address updated``, no ``data``; PUT behaves the same; ``ip`` cannot change);
+    * ``owner`` (``varchar(128)``) and ``note`` (``text``) are taken on create and returned on
+      every read, ``search_hostname`` included (phpipam-api.md section 12);
     * ``addresses/search_hostname/{h}/`` matches exactly (case-insensitively) across every
       subnet; 2nd and later entries may carry ``ip`` as a decimal integer;
       ``addresses/search/{ip}/`` lists the entries of an address in every subnet;
@@ -452,8 +478,15 @@ class PHPIPAMBackend:
     `RESERVED_GATEWAY_HOSTNAME` (``POST addresses/``; a 409 means someone registered it
     already); should first-free still hand out one of these addresses, the entry it created is
     renamed to the matching reserved hostname instead of being given to the claim. Entries this
-    client did not create are never changed or deleted (entries under the claim's hostname are
-    the claim's).
+    client did not create are never changed or deleted, except entries under the claim's
+    hostname that `backends.base.may_adopt` gives the claim (a reservation: its owner fields are
+    rewritten on adoption).
+
+    Ownership (`backends.base.EntryOwner`): every entry this client makes carries
+    `owner_fields` (``note``, the full truth, read first; ``owner``; ``description``). An entry
+    under a claim's hostname is adopted, released or purged only as `backends.base.may_adopt`
+    allows; adopting one whose owner differs rewrites those fields with one ``PATCH
+    addresses/{id}/``; another owner's entry raises `backends.errors.EntryOwnedError`.
 
     Quarantine (`backends.base`): a released entry may be kept with the hostname
     ``quarantined.<hostname>`` and the description `backends.base.quarantine_mark` (cut to
@@ -571,25 +604,39 @@ class PHPIPAMBackend:
 
         return self._retry("find", attempt)
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
         """Return the address of ``hostname``, registering one if needed.
 
-        First free (``address`` None): searches first (an existing entry in any of the
-        pool's subnets is adopted, so a repeat never creates a second entry), then, subnet
+        Ownership: an entry found under ``hostname`` is adopted only when
+        `backends.base.may_adopt` (entry, ``owner``, ``adopt``) allows it; of several, the oldest
+        adoptable one. When its stored owner is not ``owner`` (a reservation, an entry of the
+        previous release, a moved one), one ``PATCH addresses/{id}/`` with `owner_fields`
+        (``{"description", "owner", "note"}``; phpIPAM answers 200 ``Address updated``)
+        rewrites it. An entry of another owner raises `EntryOwnedError` and is left as it is.
+
+        First free (``address`` None): searches first (an adoptable entry in any of the
+        pool's subnets is returned, so a repeat never creates a second entry), then, subnet
         by subnet in the pool's order, ``POST addresses/first_free/{subnetId}/`` with JSON
-        ``{"hostname", "description"}``; a subnet answering 404 ``No free addresses found``
-        is skipped (that answer is the only round trip it costs). A lost race (409 ``IP
-        address already exists``, 500 ``Duplicate entry``) raises `ConflictError` inside
-        the retry policy, which searches again before the next POST.
+        ``{"hostname", "description", "owner", "note"}``; a subnet answering 404 ``No free
+        addresses found`` is skipped (that answer is the only round trip it costs). A lost
+        race (409 ``IP address already exists``, 500 ``Duplicate entry``) raises
+        `ConflictError` inside the retry policy, which searches again before the next POST.
 
         Requested address: the subnet of the pool that contains it is chosen; unless
         ``hostname`` already holds that very address (returned as it is) or another one of
         the pool (`AddressUnavailableError`: one address per claim), ``POST
-        addresses/`` with ``{"subnetId", "ip", "hostname", "description"}``. When phpIPAM
-        answers that the address exists (409, or the 500 ``Duplicate entry`` of a race
-        with a first-free), ``GET addresses/search/{ip}/`` tells who holds it: the claim's
-        own hostname (a repeat whose answer was lost) is returned, anyone else is
-        `AddressUnavailableError` naming the holder.
+        addresses/`` with ``{"subnetId", "ip", "hostname", "description", "owner", "note"}``.
+        When phpIPAM answers that the address exists (409, or the 500 ``Duplicate entry`` of a
+        race with a first-free), ``GET addresses/search/{ip}/`` tells who holds it: the claim's
+        own hostname (a repeat whose answer was lost) is returned when adoptable, anyone else
+        is `AddressUnavailableError` naming the holder.
 
         Before the first POST into a subnet, a gateway without an entry (the subnet item's override)
         is registered under `RESERVED_GATEWAY_HOSTNAME` with ``POST addresses/``
@@ -606,19 +653,24 @@ class PHPIPAMBackend:
         ----------
         hostname:
             The claim's key.
-        description:
-            Provenance text; cut to `DESCRIPTION_MAX_CHARS` characters.
+        owner:
+            This management cluster and the claim (`owner_fields`).
         address:
             The requested address (IPv4 or IPv6 text), or None for first free.
+        adopt:
+            The address the claim's IPAddress already names, or None (see
+            `backends.base.may_adopt`).
 
         Returns
         -------
         Allocation
             ``ref`` is the phpIPAM address id as a string; ``prefix`` and ``gateway`` are
-            those of the subnet the address is in.
+            those of the subnet the address is in; ``owner`` is ``owner``.
 
         Raises
         ------
+        EntryOwnedError
+            The entry under ``hostname`` names another cluster or claim.
         SubnetExhaustedError
             Every subnet of the pool answered ``No free addresses found`` (first free).
         AddressUnavailableError
@@ -632,29 +684,41 @@ class PHPIPAMBackend:
             See `backends.errors`.
 
         """
+        claim = _Claim(hostname, owner, adopt)
         if address is None:
-            return self._retry("allocate", lambda: self._allocate_first_free(hostname, description))
-        return self._retry(
-            "allocate", lambda: self._allocate_address(hostname, description, address)
-        )
+            return self._retry("allocate", lambda: self._allocate_first_free(claim))
+        return self._retry("allocate", lambda: self._allocate_address(claim, address))
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
-        """Delete (or quarantine) every entry registered under ``hostname`` in the pool.
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
+        """Delete (or quarantine) the entries under ``hostname`` that ``owner`` may release.
 
         One search (``GET addresses/search_hostname/{hostname}/``), then for each entry of the
-        pool's subnets either ``DELETE addresses/{id}/`` (never ``addresses/{ip}/
-        {subnetId}/``, which phpIPAM answers with a PHP fatal error when the address is
-        already gone; 404 ``Address does not exist`` counts as done), or, with
-        ``quarantine_until``, ``PATCH addresses/{id}/`` with ``{"hostname":
-        "quarantined.<hostname>", "description": quarantine_mark(until, former)}`` (cut to
-        `DESCRIPTION_MAX_CHARS` and stripped of trailing blanks, so little of the former
-        description survives; the entry and its address stay registered). Entries already
+        pool's subnets that `backends.base.may_adopt` (entry, ``owner``, ``address``) allows
+        (another owner's entry is left alone, logged at INFO) either ``DELETE
+        addresses/{id}/`` (never ``addresses/{ip}/{subnetId}/``, which phpIPAM answers with
+        a PHP fatal error when the address is already gone; 404 ``Address does not exist``
+        counts as done), or, with ``quarantine_until``, ``PATCH addresses/{id}/``
+        with ``{"hostname": "quarantined.<hostname>", "description": quarantine_mark(until,
+        former)}`` (cut to `DESCRIPTION_MAX_CHARS` and stripped of trailing blanks, so little
+        of the former description survives; ``owner`` and ``note`` are kept, so the owner
+        stays readable; the entry and its address stay registered). Entries already
         quarantined are left as they are.
 
         Parameters
         ----------
         hostname:
             The claim's key.
+        owner:
+            This management cluster and the claim.
+        address:
+            The address the claim's IPAddress names, or None.
         quarantine_until:
             Unix time (seconds) until which the address stays out of use, or None to delete.
 
@@ -662,7 +726,7 @@ class PHPIPAMBackend:
         -------
         bool
             True when this call deleted or marked at least one entry, False when there was
-            none.
+            none that ``owner`` may release.
 
         Raises
         ------
@@ -676,6 +740,8 @@ class PHPIPAMBackend:
 
         def attempt() -> bool:
             for entry in self._search(hostname, self._resolve_ids()):
+                if not self._releasable(entry, owner, address):
+                    continue
                 if quarantine_until is None:
                     if self._lookup("DELETE", f"addresses/{entry.id}/") is not None:
                         done.append(entry.id)
@@ -695,18 +761,21 @@ class PHPIPAMBackend:
 
         return self._retry("release", attempt)
 
-    def purge_quarantined(self, now: float) -> list[str]:
-        """Delete the quarantined entries of the pool's subnets whose quarantine ended.
+    def purge_quarantined(self, now: float, cluster_id: str) -> list[str]:
+        """Delete the quarantined entries of ``cluster_id`` whose quarantine ended.
 
         Per subnet ``GET subnets/{id}/addresses/`` (404 ``No addresses found`` is an empty
         subnet), then ``DELETE addresses/{id}/`` for each entry whose hostname starts with
-        ``quarantined.`` and whose description carries a `backends.base.quarantine_mark`
-        at or before ``now``. Idempotent.
+        ``quarantined.``, whose description carries a `backends.base.quarantine_mark`
+        at or before ``now`` and whose owner's cluster is ``cluster_id`` or ``""`` (the
+        previous release; a mark without a readable owner counts as that). Idempotent.
 
         Parameters
         ----------
         now:
             The current Unix time in seconds.
+        cluster_id:
+            This management cluster's identity.
 
         Returns
         -------
@@ -727,6 +796,8 @@ class PHPIPAMBackend:
                 for entry in self._list_entries(subnet):
                     until = _quarantine_end(entry)
                     if until is None or until > now:
+                        continue
+                    if entry.owner is not None and entry.owner.cluster_id not in ("", cluster_id):
                         continue
                     if self._lookup("DELETE", f"addresses/{entry.id}/") is not None:
                         address = _entry_address(entry, subnet.network)
@@ -826,10 +897,13 @@ class PHPIPAMBackend:
             free=max(free, 0),
         )
 
-    def _adopt(self, hostname: str, facts: Mapping[int, _SubnetFacts]) -> Allocation | None:
-        """Return the oldest usable entry of ``hostname`` in the pool, renaming unusable ones."""
+    def _adopt(self, claim: _Claim, facts: Mapping[int, _SubnetFacts]) -> Allocation | None:
+        """Return the oldest adoptable entry of the claim in the pool, renaming unusable ones.
+
+        Raises `EntryOwnedError` when every usable entry names another owner.
+        """
         usable: list[tuple[_Entry, str]] = []
-        for entry in self._search(hostname, facts):
+        for entry in self._search(claim.hostname, facts):
             subnet = facts[entry.subnet_id]
             address = _entry_address(entry, subnet.network)
             never = self._never_assigned(subnet)
@@ -840,21 +914,85 @@ class PHPIPAMBackend:
                 usable.append((entry, address))
         if not usable:
             return None
+        for entry, address in usable:
+            if self._adoptable(entry, address, facts[entry.subnet_id], claim):
+                log.info("phpIPAM: %s already has address id %d", claim.hostname, entry.id)
+                return self._take_over(entry, address, facts[entry.subnet_id], claim)
         entry, address = usable[0]
-        log.info("phpIPAM: %s already has address id %d", hostname, entry.id)
-        return self._allocation(entry, address, facts[entry.subnet_id], hostname)
+        raise self._owned(entry, address, claim)
 
-    def _allocate_first_free(self, hostname: str, description: str) -> Allocation:
+    def _adoptable(self, entry: _Entry, address: str, facts: _SubnetFacts, claim: _Claim) -> bool:
+        return may_adopt(self._allocation(entry, address, facts), claim.owner, claim.adopt)
+
+    def _take_over(
+        self, entry: _Entry, address: str, facts: _SubnetFacts, claim: _Claim
+    ) -> Allocation:
+        """Return an adoptable entry as the claim's; rewrite its owner fields when they differ.
+
+        One ``PATCH addresses/{id}/`` with `owner_fields` (200 ``Address updated``); an entry
+        deleted meanwhile (404 ``Address does not exist``) is a lost race, retried.
+        """
+        if entry.owner != claim.owner:
+            done = self._lookup("PATCH", f"addresses/{entry.id}/", json=owner_fields(claim.owner))
+            if done is None:
+                raise ConflictError(f"phpIPAM: address id {entry.id} went away; retrying")
+            log.info(
+                "phpIPAM: %s (id %d) of %s now names its owner %s (was %s)",
+                address,
+                entry.id,
+                claim.hostname,
+                claim.owner,
+                entry.owner or "none",
+            )
+        allocation = self._allocation(entry, address, facts, claim.hostname)
+        return replace(allocation, owner=claim.owner)
+
+    @staticmethod
+    def _owned(entry: _Entry, address: str, claim: _Claim) -> EntryOwnedError:
+        owner = entry.owner or claim.owner  # never None here: an unowned entry is adoptable
+        return EntryOwnedError(
+            f"phpIPAM: {entry.hostname} ({address}, address id {entry.id}) belongs to claim "
+            f"{owner}; it is not adopted",
+            hostname=entry.hostname,
+            address=address,
+            owner=owner,
+        )
+
+    def _releasable(self, entry: _Entry, owner: EntryOwner, address: str | None) -> bool:
+        """Return True when ``owner`` may release ``entry`` (`backends.base.may_adopt`).
+
+        The entry's subnet facts (its address) are read only when the owner alone does not
+        decide.
+        """
+        found = Allocation(
+            address="", prefix=0, gateway=None, hostname=entry.hostname, ref=str(entry.id)
+        )
+        found = replace(found, owner=entry.owner)
+        if may_adopt(found, owner, None):
+            return True
+        if address is not None:
+            held = _entry_address(entry, self._facts_by_id()[entry.subnet_id].network)
+            if may_adopt(replace(found, address=held), owner, address):
+                return True
+        log.info(
+            "phpIPAM: left %s (address id %d) alone: it belongs to claim %s",
+            entry.hostname,
+            entry.id,
+            entry.owner,
+        )
+        return False
+
+    def _allocate_first_free(self, claim: _Claim) -> Allocation:
         subnets = self._all_facts()
-        existing = self._adopt(hostname, {s.id: s for s in subnets})
+        existing = self._adopt(claim, {s.id: s for s in subnets})
         if existing is not None:
             return existing
-        body = {"hostname": hostname, "description": description[:DESCRIPTION_MAX_CHARS]}
+        body = {"hostname": claim.hostname, **owner_fields(claim.owner)}
         full: list[str] = []
         status: int | None = None
         for subnet in subnets:
             try:
-                return self._first_free_in(subnet, hostname, body)
+                return self._first_free_in(subnet, claim, body)
             except SubnetExhaustedError as exc:
                 full.append(subnet.cidr)
                 status = exc.status
@@ -867,7 +1005,7 @@ class PHPIPAMBackend:
         )
 
     def _first_free_in(
-        self, subnet: _SubnetFacts, hostname: str, body: Mapping[str, Any]
+        self, subnet: _SubnetFacts, claim: _Claim, body: Mapping[str, Any]
     ) -> Allocation:
         never = self._never_assigned(subnet)
         self._register_gateway(subnet)
@@ -882,13 +1020,14 @@ class PHPIPAMBackend:
             if address in never:
                 self._reserve_entry(int(ref), address, never[address], subnet)
                 continue
-            log.debug("phpIPAM: allocated %s (id %s) to %s", address, ref, hostname)
-            return _created(subnet, address, hostname, ref, str(body["description"]))
+            log.debug("phpIPAM: allocated %s (id %s) to %s", address, ref, claim.hostname)
+            return _created(subnet, address, claim, ref)
         raise BackendUnavailableError(
             f"phpIPAM kept offering addresses that are never assigned ({', '.join(sorted(never))})"
         )
 
-    def _allocate_address(self, hostname: str, description: str, requested: str) -> Allocation:
+    def _allocate_address(self, claim: _Claim, requested: str) -> Allocation:
+        hostname = claim.hostname
         text = requested.strip()
         try:
             address = ipaddress.ip_address(text).compressed
@@ -916,21 +1055,24 @@ class PHPIPAMBackend:
         facts = self._facts_by_id()
         for entry in self._search(hostname, facts):
             held = _entry_address(entry, facts[entry.subnet_id].network)
+            if held in self._never_assigned(facts[entry.subnet_id]):
+                continue
+            if not self._adoptable(entry, held, facts[entry.subnet_id], claim):
+                raise self._owned(entry, held, claim)
             if held == address:
                 log.info("phpIPAM: %s already has %s (id %d)", hostname, address, entry.id)
-                return self._allocation(entry, address, subnet, hostname)
-            if held not in self._never_assigned(facts[entry.subnet_id]):
-                raise AddressUnavailableError(
-                    f"requested address {address}: {hostname} already holds {held} in the "
-                    "pool (one address per claim); nothing registered",
-                    address=address,
-                )
-        cut = description[:DESCRIPTION_MAX_CHARS]
-        body = {"subnetId": subnet.id, "ip": address, "hostname": hostname, "description": cut}
+                return self._take_over(entry, address, subnet, claim)
+            raise AddressUnavailableError(
+                f"requested address {address}: {hostname} already holds {held} in the "
+                "pool (one address per claim); nothing registered",
+                address=address,
+            )
+        body = {"subnetId": subnet.id, "ip": address, "hostname": hostname}
+        body.update(owner_fields(claim.owner))
         try:
             created = self._call("POST", "addresses/", json=body)
         except ConflictError:
-            return self._holder_of(address, subnet, hostname)
+            return self._holder_of(address, subnet, claim)
         except _InvalidAddressError as exc:
             raise AddressUnavailableError(
                 f"requested address {address} is not valid in subnet {subnet.cidr} for "
@@ -942,9 +1084,9 @@ class PHPIPAMBackend:
         if not ref.isdigit():
             raise BackendUnavailableError("phpIPAM created an address but sent no id")
         log.info("phpIPAM: registered requested %s (id %s) to %s", address, ref, hostname)
-        return _created(subnet, address, hostname, ref, cut)
+        return _created(subnet, address, claim, ref)
 
-    def _holder_of(self, address: str, subnet: _SubnetFacts, hostname: str) -> Allocation:
+    def _holder_of(self, address: str, subnet: _SubnetFacts, claim: _Claim) -> Allocation:
         """After phpIPAM said ``address`` exists: ours (returned) or someone else's (raise)."""
         answer = self._lookup("GET", f"addresses/search/{address}/")
         found = self._entries_in(answer, {subnet.id}) if answer is not None else []
@@ -952,9 +1094,12 @@ class PHPIPAMBackend:
             # Deleted again since phpIPAM refused it: try once more under the retry policy.
             raise ConflictError(f"phpIPAM: {address} was taken, then freed again; retrying")
         entry = found[0]
+        hostname = claim.hostname
         if entry.hostname.lower() == hostname.lower() and _quarantine_end(entry) is None:
+            if not self._adoptable(entry, address, subnet, claim):
+                raise self._owned(entry, address, claim)
             log.info("phpIPAM: %s already has %s (id %d)", hostname, address, entry.id)
-            return self._allocation(entry, address, subnet, hostname)
+            return self._take_over(entry, address, subnet, claim)
         holder = entry.hostname or None
         shown = repr(holder) if holder is not None else "an entry without hostname"
         raise AddressUnavailableError(
@@ -1110,6 +1255,7 @@ class PHPIPAMBackend:
                     raw_ip=str(raw.get("ip")),
                     hostname=str(raw.get("hostname") or ""),
                     description=str(raw.get("description") or ""),
+                    owner=_entry_owner(raw),
                 )
             )
         return sorted(entries, key=lambda r: r.id)
@@ -1127,6 +1273,7 @@ class PHPIPAMBackend:
             subnet=facts.cidr,
             description=entry.description,
             quarantined_until=_quarantine_end(entry),
+            owner=entry.owner,
         )
 
     # ----------------------------------------------------------------- subnets
@@ -1434,19 +1581,43 @@ class PHPIPAMBackend:
 _BLOCK_SECONDS: Final = 300.0
 
 
-def _created(
-    subnet: _SubnetFacts, address: str, hostname: str, ref: str, description: str
-) -> Allocation:
+def _created(subnet: _SubnetFacts, address: str, claim: _Claim, ref: str) -> Allocation:
     """Return the `Allocation` of an entry this client just created in ``subnet``."""
     return Allocation(
         address=address,
         prefix=subnet.prefix,
         gateway=subnet.effective_gateway,
-        hostname=hostname,
+        hostname=claim.hostname,
         ref=ref,
         subnet=subnet.cidr,
-        description=description,
+        description=owner_fields(claim.owner)["description"],
+        owner=claim.owner,
     )
+
+
+def owner_fields(owner: EntryOwner) -> dict[str, str]:
+    """Return the phpIPAM address fields that name ``owner`` (create and ``PATCH`` bodies).
+
+    ``note`` (``text``): ``ipam-bridge cluster=<cluster_id> claim=<namespace>/<name>``, the
+    full truth, read first; ``owner`` (``varchar(128)``): `backends.base.owner_text` cut to
+    `OWNER_MAX_CHARS`, for people; ``description`` (``varchar(64)``): ``ipam-bridge
+    <namespace>/<name>`` cut to `DESCRIPTION_MAX_CHARS` (phpipam-api.md section 12: a longer
+    value is cut, or refused with a 500 under MariaDB strict mode).
+    """
+    return {
+        "description": f"{OWNER_PREFIX} {owner.claim}"[:DESCRIPTION_MAX_CHARS],
+        "owner": owner_text(owner)[:OWNER_MAX_CHARS],
+        "note": f"{OWNER_PREFIX} cluster={owner.cluster_id} claim={owner.claim}",
+    }
+
+
+def _entry_owner(raw: Mapping[str, Any]) -> EntryOwner | None:
+    """Return the owner an address entry names: its ``note``, else ``owner``, else description."""
+    for name in ("note", "owner", "description"):
+        owner = parse_owner(str(raw.get(name) or ""))
+        if owner is not None:
+            return owner
+    return None
 
 
 def _blocked_for(exc: AuthenticationFailedError) -> float:

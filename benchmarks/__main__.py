@@ -9,9 +9,13 @@ operator), ``trace-release`` (claims deleted at once, each release traced step b
 its deletion to its finalizer removal: `benchmarks.trace_release`), ``restart`` (10,000
 bound claims), ``audit`` (the drift audit of a 10,000-address
 pool: wall and CPU seconds, IPAM requests), ``soak`` (a compressed day of churn: RSS and
-the size of every in-memory structure of the operator at start and end) and ``scale``
+the size of every in-memory structure of the operator at start and end), ``scale``
 (100 pools x 100 claims: allocation rate, a restart with all bound, release rate, the
-operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run).
+operator's peak RSS; ``--scale-pools``/``--scale-per-pool`` for a smaller run),
+``standby`` (a standby's RSS before and after 100,000 claims churned through its informers;
+``--standby-base`` measures another checkout's as well) and ``reset`` (every watch
+connection cut by a TCP reset: the LIST and GET requests a reset costs, and the time to the
+next claim bound).
 
 Everything runs on 127.0.0.1: the emulated Kubernetes API and mock_phpipam in this process,
 the real kopf operator (the hot-path, restart and scale parts run it in a process of its
@@ -46,8 +50,12 @@ from benchmarks.scale_bench import format_result as format_scale
 from benchmarks.scale_bench import run_scale_bench
 from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
+from benchmarks.standby_bench import format_result as format_standby
+from benchmarks.standby_bench import run_standby_bench
 from benchmarks.trace_release import format_result as format_trace
 from benchmarks.trace_release import run_trace_release
+from benchmarks.watch_reset_bench import format_result as format_reset
+from benchmarks.watch_reset_bench import run_watch_reset_bench
 
 
 def _int_list(text: str) -> list[int]:
@@ -139,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
             "audit",
             "soak",
             "scale",
+            "standby",
+            "reset",
         ),
         default=None,
         help="run one part only",
@@ -225,6 +235,19 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=100,
         help="claims per pool of the scale run (default 100)",
+    )
+    parser.add_argument(
+        "--standby-claims",
+        type=int,
+        default=None,
+        help="claims churned past the standby (default 100000, 10000 with --quick)",
+    )
+    parser.add_argument(
+        "--standby-base",
+        type=Path,
+        default=None,
+        help="another checkout of this repository (git worktree add DIR main): its standby is "
+        "measured first, then this tree's",
     )
     parser.add_argument(
         "--timeout",
@@ -638,6 +661,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         pools = args.scale_pools or (10 if args.quick else 100)
         print(f"  scale: {pools} pools x {args.scale_per_pool} claims ...", flush=True)
         print("\n" + format_scale(run_scale_bench(pools, args.scale_per_pool)), flush=True)
+    if args.only in (None, "standby"):
+        churned = args.standby_claims or (10_000 if args.quick else 100_000)
+        print(f"  standby: {churned} claims churned ...", flush=True)
+        runs = [("base", args.standby_base.resolve())] if args.standby_base else []
+        standby = [
+            run_standby_bench(churned, source=source, label=label)
+            for label, source in [*runs, ("this", None)]
+        ]
+        print("\n" + format_standby(standby), flush=True)
+    if args.only in (None, "reset"):
+        rounds = 3 if args.quick else 5
+        print(f"  watch reset: {rounds} resets of every watch connection ...", flush=True)
+        print("\n" + format_reset(run_watch_reset_bench(rounds=rounds)), flush=True)
     print(f"\ndone in {time.monotonic() - started:.1f}s")
     return 0
 

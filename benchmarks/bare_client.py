@@ -31,7 +31,11 @@ from typing import Any, Self
 
 import urllib3
 
+from backends.base import EntryOwner
 from benchmarks.common import cpu_seconds
+
+#: The management cluster the bare client writes as the owner of its entries.
+BENCH_CLUSTER_ID = "bare-client-benchmark"
 
 __all__ = ["BareClient", "BarePhase", "main"]
 
@@ -106,7 +110,8 @@ class _Contract:
     def allocate(self, claim: Sequence[str]) -> None:
         name, uid = claim
         hostname = f"{name}.{self.namespace}"
-        found = self.ipam.allocate(hostname, f"ipam-bridge {self.namespace}/{name}")
+        owner = EntryOwner(BENCH_CLUSTER_ID, f"{self.namespace}/{name}")
+        found = self.ipam.allocate(hostname, owner)
         pool = self.config["pool"]
         self._send(
             "PATCH",
@@ -175,7 +180,8 @@ class _Contract:
 
     def release(self, claim: Sequence[str]) -> None:
         name = claim[0]
-        self.ipam.release(f"{name}.{self.namespace}")
+        owner = EntryOwner(BENCH_CLUSTER_ID, f"{self.namespace}/{name}")
+        self.ipam.release(f"{name}.{self.namespace}", owner)
         self._send(
             "PATCH",
             self._path("ipaddresses", name),

@@ -99,33 +99,68 @@ class Reason(enum.StrEnum):
     """Every reason of a Ready condition or an Event the operator writes, claims' and pools'.
 
     A `enum.StrEnum`: members are the plain strings the API stores (CAPI ``v1beta2``
-    condition constants for claims; our own for pools, see the README).
+    condition constants for claims; our own for pools). The ``#:`` comment of each member
+    says where it appears and what it means: ``docs/gen_reference.py`` prints them in
+    ``docs/reference/reasons.md`` (`bridge.reasons` lists every enumeration of reasons).
     """
 
     # Claims: the Ready condition.
+    #: Claim Ready=True: the address is reserved in the IPAM and the IPAddress written.
     ALLOCATED = "AddressAllocated"
+    #: Claim Ready=False: its pool is missing, being deleted or not Ready (the pool's reason
+    #: is in the message); the claim is served once the pool is Ready.
     POOL_NOT_READY = "PoolNotReady"
+    #: Claim Ready=False: no subnet of the pool has a free address; the claim waits for one.
     POOL_EXHAUSTED = "PoolExhausted"
+    #: Claim Ready=False: the IPAM refused or failed the allocation (a requested address
+    #: outside the pool or taken, an IPAM error); retried.
     ALLOCATION_FAILED = "AllocationFailed"
+    #: Claim Ready=False (and a Warning Event): the entry under the claim's hostname belongs
+    #: to another management cluster or another claim (the message names it and the fix,
+    #: ``spec.hostnameSuffix``); nothing is taken, the claim looks again slowly.
+    HOSTNAME_TAKEN = "HostnameTaken"
     # Claims: Events of a release (Normal, Warning).
+    #: Claim release: the claim's address was released in the IPAM (logged; no Event, the
+    #: claim is going away).
     RELEASED = "AddressReleased"
+    #: Claim Event (Warning): the claim went away without an IPAM release: its pool was gone
+    #: (the entry may stay in the IPAM), or ``clusterctl move`` took it to another cluster
+    #: (the entry is kept for the moved claim).
     RELEASE_SKIPPED = "ReleaseSkipped"
     # Pools: the Ready condition.
+    #: Pool Ready=True: the IPAM answers, the credentials work and every subnet exists.
     POOL_READY = "PoolReady"
+    #: Pool Ready=False: a spec field is missing or malformed (the message names it).
     INVALID_SPEC = "InvalidSpec"
+    #: Pool Ready=False: the credentials Secret (or a key of it) does not exist.
     CREDENTIALS_NOT_FOUND = "CredentialsNotFound"
+    #: Pool Ready=False: the IPAM refused the credentials (401/403, a wrong app id).
     AUTHENTICATION_FAILED = "AuthenticationFailed"
+    #: Pool Ready=False: a subnet of the pool does not exist in the IPAM.
     SUBNET_NOT_FOUND = "SubnetNotFound"
+    #: Pool Ready=False: the IPAM's TLS certificate is not trusted (spec.tls).
     TLS_VERIFICATION_FAILED = "TLSVerificationFailed"
+    #: Pool Ready=False: the IPAM cannot be reached or answers with server errors.
     BACKEND_UNAVAILABLE = "BackendUnavailable"
+    #: Pool Ready=False (and Warning Event) while it is being deleted: IPAddresses or claims
+    #: still use it (named in the message); it goes once they are gone.
     DELETION_BLOCKED = "DeletionBlocked"
     # Pools: the InSync condition of the drift audit (bridge.reconcilers.audit).
+    #: Pool InSync=True: the last drift audit found the IPAM as the IPAddresses say.
     NO_DRIFT = "NoDrift"
+    #: Pool InSync=False: the last drift audit left missing entries, conflicts or orphans
+    #: (counted in the message; each one is a Warning Event).
     DRIFT_FOUND = "DriftFound"
     # Drift audit Events: on claims (restored, missing, conflict) and pools (orphan).
+    #: Claim Event (Normal): the audit registered a missing IPAM entry again at its address.
     ADDRESS_RESTORED = "AddressRestored"
+    #: Claim Event (Warning): the claim's IPAM entry is gone and could not be registered
+    #: again (its address is taken or out of the subnets).
     ADDRESS_MISSING = "AddressMissing"
+    #: Claim Event (Warning): the claim's address or hostname is held by another IPAM entry
+    #: (found by the audit, or by a release that left that entry alone).
     ADDRESS_CONFLICT = "AddressConflict"
+    #: Pool Event (Warning): an IPAM entry ipam-bridge made for a claim that no longer exists.
     ORPHAN_ENTRY = "OrphanEntry"
 
 

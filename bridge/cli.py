@@ -27,7 +27,7 @@ from bridge.runtime import logcontext
 from bridge.runtime.gateway import AccessDeniedError
 from bridge.runtime.kubeconfig import SERVICE_ACCOUNT_TOKEN, in_cluster, load_configuration
 from bridge.runtime.leader import LeadershipLostError, OperatorStop
-from bridge.settings import Settings
+from bridge.settings import Settings, deprecated_names_used
 
 __all__ = [
     "DEPRECATED_PEERING",
@@ -35,6 +35,7 @@ __all__ = [
     "ConfigurationError",
     "ObjectRefFilter",
     "StartupError",
+    "build_parser",
     "check_configuration",
     "check_ports",
     "main",
@@ -283,6 +284,8 @@ def run_operator(
         if given
     ]
     _warn_deprecated(deprecated)
+    for warning in deprecated_names_used(os.environ):
+        log.warning("%s", warning)
     liveness_setting = "--liveness" if liveness else "IPAM_BRIDGE_HEALTH_PORT"
     if liveness is None and settings.health_port:
         liveness = f"http://0.0.0.0:{settings.health_port}/healthz"
@@ -370,11 +373,19 @@ def _add_check_pool(sub: Any) -> None:
         "--ca-file", type=Path, default=None, help="PEM bundle to trust (spec.tls.caSecretRef)"
     )
     check.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace of a namespaced pool whose file names none (default: the kubeconfig "
+        "context's namespace, else default, as kubectl)",
+    )
+    check.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="default text"
     )
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``ipam-bridge`` and its sub-commands."""
     parser = argparse.ArgumentParser(
         prog="ipam-bridge",
         description="Cluster API IPAM provider backed by phpIPAM and Infoblox NIOS.",
@@ -448,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (`audit.run_cli`). ``check-pool`` returns 0 when the pool would be Ready, 1 when
     not, 2 for a usage error (`bridge.check_pool.run_cli`); argparse's own usage errors exit 2.
     """
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0
@@ -465,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             username=args.username,
             password_stdin=sys.stdin if args.password_stdin else None,
             ca_path=args.ca_file,
+            namespace=args.namespace,
             output=args.output,
             out=sys.stdout,
             err=sys.stderr,

@@ -200,7 +200,14 @@ class Metrics:
         60 s; beyond ``IPAM_BRIDGE_WATCH_STALL_SECONDS`` the watch is dead and listed again.
     leader:
         ``ipam_bridge_leader``: 1 on the replica that handles claims and pools (the holder of
-        the leader Lease, or the only process without leader election), 0 on a standby.
+        the leader Lease, or the only process without leader election), 0 on a standby
+        (served from the start of the process, before any API request).
+    events_dropped:
+        ``ipam_bridge_events_dropped_total{reason}``: Kubernetes Events not posted, by why:
+        ``queue_full`` (1,000 Events were waiting to be posted already: the API server
+        answers slowly; `bridge.runtime.events.MAX_QUEUED_EVENTS`) or ``spam_filter`` (more
+        than 25 Events about one object within minutes; client-go's spam filter). Both
+        series exist from the start, at 0.
     last_success:
         The same time, across backends, as a float (None before the first success); read by
         the liveness probe.
@@ -228,6 +235,14 @@ class Metrics:
             "1 on the replica that handles claims and pools (the leader), 0 on a standby.",
             registry=self.registry,
         )
+        self.events_dropped = Counter(
+            "ipam_bridge_events_dropped",
+            "Kubernetes Events not posted, by reason (queue_full, spam_filter).",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in ("queue_full", "spam_filter"):
+            self.events_dropped.labels(reason)
         self.last_success: float | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, str] = {}
@@ -356,6 +371,16 @@ class Metrics:
         """
         with self.timed(backend, operation):
             return fn()
+
+    def event_dropped(self, reason: str) -> None:
+        """Count one Event not posted (the `bridge.runtime.events.EventRecorder` drop hook).
+
+        Parameters
+        ----------
+        reason:
+            ``queue_full`` or ``spam_filter``.
+        """
+        self.events_dropped.labels(reason).inc()
 
     def endpoint_changed(self, endpoint: str, state: EndpointState) -> None:
         """Record an endpoint's new circuit state (the `FlowControl` state hook)."""

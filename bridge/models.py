@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "GLOBAL",
     "LOCATION_FIELDS",
     "MAX_SUBNETS",
     "POOL_SPECS",
@@ -58,6 +59,7 @@ __all__ = [
     "SecretRef",
     "SubnetEntry",
     "TLSSettings",
+    "pool_context",
     "problem_of",
     "wire",
 ]
@@ -343,8 +345,14 @@ class PoolSpec(_Model):
 
     @model_validator(mode="after")
     def _global_names_namespaces(self, info: ValidationInfo) -> PoolSpec:
-        """Require a Global pool (no namespace of its own) to name each Secret's namespace."""
-        if (info.context or {}).get("namespace"):
+        """Require a Global pool (no namespace of its own) to name each Secret's namespace.
+
+        The validation context's `GLOBAL` says whether the pool is of a Global kind (the
+        kind decides, never a missing namespace: a namespaced pool read from a file may have
+        none yet); without it, a pool without a namespace is taken for a Global one.
+        """
+        context = info.context or {}
+        if not context.get(GLOBAL, not context.get("namespace")):
             return self
         if self.credentials_ref.namespace is None:
             raise ValueError("spec.credentialsRef.namespace is required on a Global pool")
@@ -353,6 +361,8 @@ class PoolSpec(_Model):
         return self
 
 
+#: Validation context key: the pool is of a Global (cluster-scoped) kind.
+GLOBAL = "global"
 #: Validation context key: the spec carries a location recorded on an IPAddress
 #: (`bridge.reconcilers.pool_backends.with_location`), taken as it was recorded: the
 #: fields are typed, the rules across subnet fields (checked when it was written) are not.
@@ -400,6 +410,8 @@ class InfobloxIPPoolSpec(PoolSpec):
     dns_view: OptionalText = None
     dns_zone: OptionalText = None
     extensible_attributes: dict[str, str] = Field(default_factory=dict)
+    #: ``spec.ownerExtensibleAttribute``: the EA that carries each record's owner, or None.
+    owner_extensible_attribute: OptionalText = None
 
     @model_validator(mode="after")
     def _one_subnet(self, info: ValidationInfo) -> InfobloxIPPoolSpec:
@@ -504,6 +516,18 @@ class TLSSettings:
     ca_secret_namespace: str | None = None
 
 
+def pool_context(kind: str, metadata: ObjectMeta) -> dict[str, Any]:
+    """Return the validation context of a pool's spec: its namespace, and whether it is Global.
+
+    A Global kind is cluster-scoped: its namespace is ``""`` whatever the metadata says (the
+    API server ignores one), and its Secret references must name their namespaces. A
+    namespaced kind keeps its namespace, even an empty one (a manifest not applied yet):
+    it is never taken for a Global pool.
+    """
+    is_global = kind in _GLOBAL_KINDS
+    return {"namespace": "" if is_global else metadata.namespace, GLOBAL: is_global}
+
+
 class IPPool(_Model):
     """A pool object of one of our kinds, typed once where a client hands it over.
 
@@ -559,7 +583,7 @@ class IPPool(_Model):
             problem = f"unknown pool kind {kind!r}"
         else:
             try:
-                spec = POOL_SPECS[kind].model_validate(raw, context={"namespace": meta.namespace})
+                spec = POOL_SPECS[kind].model_validate(raw, context=pool_context(kind, meta))
             except ValidationError as exc:
                 problem = problem_of(exc, within="spec")
         try:

@@ -115,7 +115,9 @@ class Operator:
     Attributes
     ----------
     settings:
-        The operator settings.
+        The operator settings, ``cluster_id`` resolved (the start-up's
+        `bridge.cluster_id.resolve_cluster_id`): every reconciler and the audit name this
+        management cluster as the owner of the IPAM entries they write.
     kube:
         The Kubernetes objects (`bridge.objects.client.ObjectClient`, or a test's fake).
     versions:
@@ -178,7 +180,9 @@ class Operator:
         self.flow.on_request = self.metrics.request_made
         self.flow.on_limit = self.metrics.endpoint_limit
         self.flow.on_free = lambda endpoint: self.places.freed(endpoint_token(endpoint))
-        self.events = events = EventRecorder(self.kube, background=self.background_events)
+        self.events = events = EventRecorder(
+            self.kube, background=self.background_events, on_drop=self.metrics.event_dropped
+        )
         self.clients = clients = PoolClients(
             self.settings, self.kube, self.flow, self.backends, self.fence
         )
@@ -226,6 +230,7 @@ class Operator:
             interval=self.settings.audit_seconds,
             holding=self.backends.holding,
             cache=self.cache,
+            cluster_id=self.settings.cluster_id,
         )
 
     def reconcile(self, key: Hashable) -> Result:

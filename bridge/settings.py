@@ -2,29 +2,102 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backends.flowcontrol import EndpointState, FlowControl, RequestRecord
 from backends.retry import RetryPolicy
 
-__all__ = ["Settings"]
+__all__ = [
+    "DEPRECATED_NAMES",
+    "ENV_PREFIX",
+    "OTHER_ENVIRONMENT",
+    "Settings",
+    "deprecated_names_used",
+]
+
+#: The prefix of every setting's environment variable.
+ENV_PREFIX = "IPAM_BRIDGE_"
+#: Former names of settings, still read (a warning is logged at start-up when one is set):
+#: ``former environment variable -> the setting's one name``. ``IPAM_BRIDGE_NAMESPACE_SCOPE``
+#: was the clusterctl variable of ``IPAM_BRIDGE_NAMESPACE``.
+DEPRECATED_NAMES: Mapping[str, str] = {
+    "IPAM_BRIDGE_NAMESPACE_SCOPE": "IPAM_BRIDGE_NAMESPACE",
+}
+
+#: Environment variables the operator reads besides its settings (no ``IPAM_BRIDGE_``
+#: prefix), and what each does: ``names -> description`` (the docs' settings reference
+#: lists them).
+OTHER_ENVIRONMENT: Mapping[str, str] = {
+    "KUBECONFIG": "The kubeconfig of `ipam-bridge run`, `audit` and `check-pool` (its first "
+    "file); without it, in a pod, the service account, else `~/.kube/config`.",
+    "POD_NAME": "Names the replica: the leader election holder identity "
+    "(`<POD_NAME>_<random>`) and the User-Agent of IPAM requests (the host name without it). "
+    "The installs set it from the Pod's name.",
+    "HTTPS_PROXY, HTTP_PROXY, NO_PROXY": "Proxies of the requests to the IPAMs (phpIPAM, "
+    "Infoblox), and the hosts reached without one, as requests reads them (lower-case names "
+    "too); read when a pool's IPAM client is made, not again for every request.",
+    "REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE": "A CA bundle file trusted by the requests to an "
+    "IPAM whose pool sets no `spec.tls.caSecretRef` (with one, only that bundle is trusted).",
+}
+
+
+def _names(name: str) -> AliasChoices:
+    """Return the environment variables of a setting: its one name, then its former ones."""
+    former = [old for old, new in DEPRECATED_NAMES.items() if new == name]
+    return AliasChoices(name, *former)
+
+
+def deprecated_names_used(environ: Mapping[str, str]) -> list[str]:
+    """Return one warning per former setting name set (not empty) in ``environ``.
+
+    Each names the variable to use instead, and says when the former one's value is ignored:
+    the setting's one name, when set (even empty), wins (`pydantic.AliasChoices` order). Names
+    are compared as pydantic-settings reads them (case-insensitively).
+    """
+    upper = {key.upper(): value for key, value in environ.items()}
+    warnings = []
+    for old, new in DEPRECATED_NAMES.items():
+        if not upper.get(old):
+            continue
+        if new in upper and upper[new] != upper[old]:
+            warnings.append(
+                f"{old} is deprecated and ignored: {new} is set ({upper[new]!r}) and used"
+            )
+        else:
+            warnings.append(f"{old} is deprecated: set {new} instead")
+    return warnings
 
 
 class Settings(BaseSettings):
-    """Every knob of the operator; each maps to ``IPAM_BRIDGE_<NAME>`` (see README, "Settings").
+    """Every knob of the operator; each maps to ``IPAM_BRIDGE_<NAME>`` (docs/reference/settings.md).
+
+    A setting has one name; a former one (`DEPRECATED_NAMES`) is still read after it, and
+    ``ipam-bridge run`` warns about it (`deprecated_names_used`). Every field has a
+    ``description``: the docs' settings reference is generated from them.
 
     Durations are in seconds. Credentials are never settings: they come from the Secret each
     pool names.
     """
 
-    model_config = SettingsConfigDict(env_prefix="IPAM_BRIDGE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", populate_by_name=True)
 
     namespace: str = Field(
-        "", description="Watch only these namespaces (comma-separated); empty watches all."
+        "",
+        validation_alias=_names("IPAM_BRIDGE_NAMESPACE"),
+        description="Serve only the claims, pools and Clusters of these namespaces "
+        "(comma-separated; Global pools are served either way); empty serves all. "
+        "`ipam-bridge run --namespace` and `--all-namespaces` override it.",
+    )
+    cluster_id: str = Field(
+        "",
+        description="This management cluster's identity, written as the owner of every IPAM "
+        "entry it makes (with the claim's namespace/name): another cluster never adopts, "
+        "releases or repairs it. Empty = the uid of namespace kube-system, read once at "
+        "start-up. Never give two live clusters the same id.",
     )
     workers: int = Field(10, ge=1, le=200, description="Claims and pools handled at the same time.")
     backend_timeout_seconds: float = Field(
@@ -129,9 +202,14 @@ class Settings(BaseSettings):
         8081, ge=0, le=65535, description="Port of kopf's liveness endpoint /healthz; 0 = off."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level."
+        "INFO", description="Log level (DEBUG adds kopf's per-object lines)."
     )
-    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log line format: `text` (kopf's, for a person at a terminal) or `json` "
+        "(one object per line, for a log collector; what the kustomize, Helm and clusterctl "
+        "installs set).",
+    )
     kube_connect_timeout_seconds: float = Field(
         5.0, gt=0, description="Connect timeout of each Kubernetes API request."
     )

@@ -5,6 +5,9 @@ Run by ``make release-manifests`` (``python deploy/release_manifests.py``). It w
 - ``out/metadata.yaml``: the clusterctl ``Metadata`` (release series and CAPI contract);
 - ``out/ipam-components.yaml``: the kustomize install of ``deploy/`` rendered to one file,
   with clusterctl ``${VAR:=default}`` variables for the image and the settings;
+- ``out/ipam-bridge-<version>.tgz``: the Helm chart packaged (``helm package``, chart version
+  and appVersion the release's), when helm is there (``--helm PATH``, ``$HELM``, ``helm`` on
+  ``PATH``); the release workflow pushes it as an OCI chart;
 - ``deploy/helm/ipam-bridge/crds/*.yaml``, ``files/clusterrole-rules.yaml`` and
   ``files/leader-election-rules.yaml``: the chart's CRDs and RBAC rules, copied from the
   install so that the chart cannot drift from it.
@@ -42,13 +45,17 @@ import yaml
 __all__ = [
     "CLUSTERCTL_VARIABLES",
     "DEFAULT_IMAGE_REPOSITORY",
+    "FORMER_VARIABLES",
     "PROVIDER_LABEL",
     "ReleaseError",
+    "artifact_names",
     "chart_files",
     "dump_documents",
+    "helm_command",
     "kustomize_command",
     "main",
     "metadata_document",
+    "package_chart",
     "project_version",
     "render_components",
     "render_kustomization",
@@ -68,12 +75,21 @@ DEFAULT_IMAGE_REPOSITORY = "ghcr.io/ipam-bridge/ipam-bridge"
 #: CAPI contract the release series implements (metadata.yaml).
 CONTRACT = "v1beta2"
 #: Environment variables of the manager container that become clusterctl variables, as
-#: ``env name -> clusterctl variable``. The default of each is the value in the Deployment.
+#: ``env name -> clusterctl variable`` (the same name: one name per setting). The default of
+#: each is the value in the Deployment.
 CLUSTERCTL_VARIABLES = {
-    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE_SCOPE",
+    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE",
     "IPAM_BRIDGE_WORKERS": "IPAM_BRIDGE_WORKERS",
     "IPAM_BRIDGE_LOG_LEVEL": "IPAM_BRIDGE_LOG_LEVEL",
     "IPAM_BRIDGE_LOG_FORMAT": "IPAM_BRIDGE_LOG_FORMAT",
+}
+#: Former clusterctl variables, still read: ``env name -> former variable``. The env's value
+#: falls back to the former variable (``${NEW:=${OLD:=<default>}}``, drone/envsubst's nested
+#: default), and the former variable also reaches the manager under its own name, which the
+#: operator reads as a deprecated name and warns about at start-up
+#: (``bridge.settings.DEPRECATED_NAMES``).
+FORMER_VARIABLES = {
+    "IPAM_BRIDGE_NAMESPACE": "IPAM_BRIDGE_NAMESPACE_SCOPE",
 }
 #: clusterctl variable of the manager image.
 IMAGE_VARIABLE = "IPAM_BRIDGE_IMAGE"
@@ -228,9 +244,11 @@ def render_components(
     """Turn the rendered install into the clusterctl components (with variables).
 
     The manager image becomes ``${IPAM_BRIDGE_IMAGE:=<repository>:<version>}`` and each env
-    variable of :data:`CLUSTERCTL_VARIABLES` becomes ``${<variable>:=<value in deploy/>}``
-    (``IPAM_BRIDGE_NAMESPACE`` -> ``${IPAM_BRIDGE_NAMESPACE_SCOPE:=}``: empty = watch all
-    namespaces, clusterctl's default). Then the clusterctl rules are checked.
+    variable of :data:`CLUSTERCTL_VARIABLES` becomes ``${<variable>:=<value in deploy/>}``;
+    one with a former variable (:data:`FORMER_VARIABLES`) falls back to it
+    (``${IPAM_BRIDGE_NAMESPACE:=${IPAM_BRIDGE_NAMESPACE_SCOPE:=}}``: empty = all namespaces)
+    and the former one is passed on under its own name (the operator warns about it). Then
+    the clusterctl rules are checked.
 
     Parameters
     ----------
@@ -260,7 +278,13 @@ def render_components(
     for env_name, variable in CLUSTERCTL_VARIABLES.items():
         if env_name not in env or "value" not in env[env_name]:
             raise ReleaseError(f"the manager container has no env {env_name} with a value")
-        env[env_name]["value"] = f"${{{variable}:={env[env_name]['value']}}}"
+        default = env[env_name]["value"]
+        former = FORMER_VARIABLES.get(env_name)
+        if former is not None:
+            at = manager["env"].index(env[env_name]) + 1
+            manager["env"].insert(at, {"name": former, "value": f"${{{former}:=}}"})
+            default = f"${{{former}:={default}}}"
+        env[env_name]["value"] = f"${{{variable}:={default}}}"
 
     namespaces = [obj for obj in components if obj["kind"] == "Namespace"]
     if len(namespaces) != 1:
@@ -451,6 +475,54 @@ def sync_chart(objects: Iterable[Obj], chart_dir: Path = CHART_DIR, *, check: bo
     return differing
 
 
+def chart_version(version: str) -> str:
+    """Return the chart version of a release: ``v0.1.0`` -> ``0.1.0`` (SemVer 2, as Helm wants)."""
+    return version[1:] if version.startswith("v") else version
+
+
+def artifact_names(version: str) -> list[str]:
+    """Return the files ``make release-manifests`` writes into ``out/`` for ``version``.
+
+    ``metadata.yaml`` and ``ipam-components.yaml`` (clusterctl), and the packaged chart
+    ``ipam-bridge-<chart version>.tgz`` (when helm is there): what a release publishes.
+    """
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text(encoding="utf-8"))["name"]
+    return ["metadata.yaml", "ipam-components.yaml", f"{chart}-{chart_version(version)}.tgz"]
+
+
+def helm_command(tool: str | os.PathLike[str] | None = None) -> str | None:
+    """Return the helm binary to package the chart with, or None when there is none.
+
+    ``tool`` (a path or name), else ``$HELM``, else ``helm`` on ``PATH``.
+    """
+    chosen = str(tool) if tool else os.environ.get("HELM") or "helm"
+    return shutil.which(chosen)
+
+
+def package_chart(helm: str, out: Path, version: str, chart_dir: Path = CHART_DIR) -> Path:
+    """Package the chart into ``out`` with ``helm package``; return the ``.tgz`` written.
+
+    The chart's version and appVersion become the release's (``v0.1.0`` -> ``0.1.0``), so
+    the packaged chart installs the release's image (``image.tag`` defaults to
+    ``v<appVersion>``). ``helm lint`` runs first.
+
+    Raises
+    ------
+    ReleaseError
+        When ``helm lint`` or ``helm package`` fails (its message is in the error).
+    """
+    semver = chart_version(version)
+    versions = ["--version", semver, "--app-version", semver]
+    for argv in (
+        [helm, "lint", str(chart_dir)],
+        [helm, "package", str(chart_dir), "--destination", str(out), *versions],
+    ):
+        result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise ReleaseError(f"{' '.join(argv[:2])} failed: {result.stderr.strip()}")
+    return out / artifact_names(version)[2]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the release artifacts; the command-line entry point.
 
@@ -481,6 +553,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kustomize or kubectl binary (default: $KUSTOMIZE, $KUBECTL, else on PATH)",
     )
     parser.add_argument(
+        "--helm",
+        default=None,
+        metavar="PATH",
+        help="helm binary that packages the chart (default: $HELM, else on PATH; none: skipped)",
+    )
+    parser.add_argument(
         "--check-chart", action="store_true", help="only check the chart's generated files"
     )
     parser.add_argument(
@@ -501,7 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = (
         f"ipam-bridge {version}: clusterctl components (IPAMProvider), rendered from deploy/ "
         f"by deploy/release_manifests.py ({used}).\n"
-        f"Variables: {IMAGE_VARIABLE}, " + ", ".join(CLUSTERCTL_VARIABLES.values())
+        f"Variables: {IMAGE_VARIABLE}, "
+        + ", ".join(CLUSTERCTL_VARIABLES.values())
+        + "; deprecated: "
+        + ", ".join(FORMER_VARIABLES.values())
     )
     (args.out / "ipam-components.yaml").write_text(
         dump_documents(components, header=header), encoding="utf-8"
@@ -513,6 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out / 'ipam-components.yaml'} and {args.out / 'metadata.yaml'} ({used})")
     for name in changed:
         print(f"updated {CHART_DIR / name}")
+    helm = helm_command(args.helm)
+    if helm is None:
+        print("helm not found: the chart is not packaged (make helm; or --helm PATH)")
+    else:
+        print(f"wrote {package_chart(helm, args.out, version)}")
     return 0
 
 

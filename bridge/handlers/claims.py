@@ -119,32 +119,57 @@ class ClaimEvents:
         _queue_cluster(op, event.body)
 
 
-class AddressEvents:
-    """The IPAddresses informer's sink: a later list queues the claims of what it changed.
+def _claim_of_address(body: Mapping[str, Any]) -> ClaimKey:
+    """Return the key of the claim an IPAddress names (``spec.claimRef``, else its own name)."""
+    namespace, name = _names(body)
+    ref = (body.get("spec") or {}).get("claimRef") or {}
+    return claim_key(namespace, str(ref.get("name") or name))
 
-    The informer keeps our IPAddresses in the store; their watch events queue nothing (a
-    claim's reconcile reads its IPAddress from the store when it runs) but wake the pass
-    waiting for our own write's echo. A list after a watch restart queues the claim of each
-    IPAddress gone or changed meanwhile. Called in the informer's thread.
+
+class AddressEvents:
+    """The IPAddresses informer's sink: each event queues the claim of ``spec.claimRef``.
+
+    controller-runtime's ``Owns()`` (an owned object's event queues its owner), with the
+    owner found by ``spec.claimRef`` (the garbage collector may have dropped the claim from
+    the owner references, real-cluster.md 13f): the claim's pass decides, and releases an
+    IPAddress of ours whose claim is gone (`bridge.reconcilers.claims`). The informer keeps
+    only IPAddresses of our pools. The echo of our own write queues nothing, as for claims
+    (`ClaimEvents.event`), and wakes the pass waiting for it. The first list queues the claim
+    of every IPAddress (in the background lane: a bound claim's key is queued by its own list
+    too), so a start-up finds the IPAddresses whose claim went while no leader ran; a later
+    list queues the claim of each IPAddress gone or changed meanwhile. Called in the
+    informer's thread.
     """
 
     def __init__(self, op: Operator) -> None:
         self._op = op
 
     def listed(self, listed: Listed) -> None:
-        """Nothing to queue: claims are queued by their own list."""
+        """Queue the claim of every listed IPAddress, in the background lane."""
+        for _, body in listed.items:
+            self._op.queue.add(_claim_of_address(body), background=True)
 
     def relisted(self, relisted: Relisted) -> None:
         """Queue the claims of the IPAddresses gone or changed."""
         _relisted(self._op, "ipaddresses", relisted)
         for _, body in [*relisted.gone, *relisted.changed]:
-            namespace, name = _names(body)
-            ref = (body.get("spec") or {}).get("claimRef") or {}
-            self._op.queue.add(claim_key(namespace, str(ref.get("name") or name)))
+            self._op.queue.add(_claim_of_address(body))
 
     def event(self, event: Event) -> None:
-        """Tell the expectations (the store has the event)."""
-        _observed(self._op, "ipaddresses", event)
+        """Queue the claim of an event that changed the store, unless it is our echo."""
+        op = self._op
+        expected, ours = _observed(op, "ipaddresses", event)
+        if ours or not event.changed:
+            return
+        op.queue.add(
+            _claim_of_address(event.body),
+            unless=functools.partial(
+                op.cache.expectations.ours,
+                expected,
+                version_of(event.body),
+                deleted=event.type == "DELETED",
+            ),
+        )
 
 
 class ClusterEvents:

@@ -14,10 +14,11 @@ import kopf
 from kubernetes.client import ApiException
 
 from bridge.capi import CLUSTER_GROUP, GROUP, SUPPORTED_VERSIONS
+from bridge.cluster_id import ClusterIdError, resolve_cluster_id
 from bridge.handlers.claims import AddressEvents, ClaimEvents, ClusterEvents
 from bridge.handlers.pools import PoolEvents
 from bridge.handlers.resync import purge_forever, resync_forever
-from bridge.metrics import PortUnavailableError
+from bridge.metrics import Metrics, PortUnavailableError
 from bridge.objects.cache import PARTS, Cache, informers
 from bridge.objects.client import ObjectClient
 from bridge.operator import Operator
@@ -30,6 +31,8 @@ from bridge.runtime.informer import Informer
 from bridge.runtime.kubeconfig import kopf_connection_info
 from bridge.runtime.leader import (
     LEASE_NAME,
+    STOP_DRAIN_SECONDS,
+    STOP_JOIN_SECONDS,
     ElectionLock,
     Leadership,
     OperatorStop,
@@ -38,6 +41,7 @@ from bridge.runtime.leader import (
     holder_identity,
     lease_fence,
     lease_namespace,
+    stop_tasks,
 )
 from bridge.runtime.workqueue import WorkQueue
 from bridge.settings import Settings
@@ -48,6 +52,7 @@ __all__ = [
     "election_lock",
     "login",
     "probe",
+    "serve_metrics",
     "start_informers",
     "start_work",
     "startup",
@@ -98,8 +103,11 @@ def login(**_: Any) -> kopf.ConnectionInfo | None:
 def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
     """Start the work of the replica that handles objects: queue, resync, purge, drift audit.
 
-    They run as tasks on kopf's loop until cancelled (the clean-up, or a lost leadership).
+    The queue accepts keys from now on (`WorkQueue.lead`); the resync task first queues
+    what the stores hold (`bridge.handlers.resync.replay`). They run as tasks on kopf's
+    loop until cancelled (the clean-up, or a lost leadership).
     """
+    queue.lead()
     return [
         asyncio.create_task(queue.run(), name="ipam-bridge work queue"),
         asyncio.create_task(resync_forever(op), name="ipam-bridge resync"),
@@ -113,24 +121,32 @@ def start_work(op: Operator, queue: WorkQueue) -> list[asyncio.Task[None]]:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Read settings, connect, detect the served CAPI versions, start the work queue.
 
-    Starts the informers (`start_informers`), serves ``/metrics`` on
-    ``IPAM_BRIDGE_METRICS_PORT`` unless it is 0 and puts the `bridge.operator.Operator` in
-    ``memo.bridge``. The work queue and the periodic tasks (`start_work`) run on kopf's loop
-    until the clean-up; with ``IPAM_BRIDGE_LEADER_ELECTION``, only once this replica wins the
-    leader Lease (`bridge.runtime.leader.Leadership`, in ``memo.leadership``): until then the
-    informers' sinks only queue keys in memory, and losing it stops the operator through
+    Serves ``/metrics`` first (`serve_metrics`), then starts the informers
+    (`start_informers`) and puts the `bridge.operator.Operator` in ``memo.bridge``. The work
+    queue and the periodic tasks (`start_work`) run on kopf's loop until the clean-up; with
+    ``IPAM_BRIDGE_LEADER_ELECTION``, only once this replica wins the leader Lease
+    (`bridge.runtime.leader.Leadership`, in ``memo.leadership``): until then the informers
+    fill their stores and queue nothing, and losing it stops the operator through
     ``memo.operator_stop`` (`bridge.runtime.leader.OperatorStop`): the process exits 1.
     Every Kubernetes and IPAM write checks the replica's `bridge.runtime.fence.Fence` first.
+
+    The management cluster's identity (``IPAM_BRIDGE_CLUSTER_ID``, else the uid of namespace
+    ``kube-system``: `bridge.cluster_id.resolve_cluster_id`) is resolved once, before
+    anything is handled, into the settings every reconciler reads (``settings.cluster_id``).
 
     Raises
     ------
     kopf.PermanentError
         When the CAPI IPAM CRDs are not served, when the API server refuses the operator's
-        identity (401/403: its message is shown), or when the metrics port cannot be bound
-        (the operator stops with that message and a non-zero exit code).
+        identity (401/403: its message is shown), when the cluster identity cannot be read
+        (the message names ``IPAM_BRIDGE_CLUSTER_ID``), or when the metrics port cannot be
+        bound (the operator stops with that message and a non-zero exit code).
+    kopf.TemporaryError
+        When the API server did not answer the read of the cluster identity (tried again).
     """
     bridge = Settings()
     configure(settings, bridge)
+    metrics = serve_metrics(memo, bridge)
     # Loading the kubeconfig may run an exec plugin: never on the event loop.
     lock = await asyncio.to_thread(election_lock, bridge) if bridge.leader_election else None
     fence = Fence.open() if lock is None else lease_fence(lock)
@@ -149,11 +165,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         expectations=cache.expectations,
     )
     versions = await _served_versions(kube, bridge)
+    bridge = bridge.model_copy(update={"cluster_id": await _cluster_id(kube, bridge)})
     queue = WorkQueue(
         lambda key: op.reconcile(key),  # op is made next, before the queue runs
         workers=bridge.workers,
         error_delay=bridge.error_backoff_seconds,
         max_error_delay=bridge.error_backoff_max_seconds,
+        standby=True,  # nothing queued before `start_work`: a standby keeps no key
     )
     op = Operator(
         settings=bridge,
@@ -164,14 +182,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         cache=cache,
         flow=bridge.flow_control(fence=fence.check),
         fence=fence,
+        metrics=metrics,
     )
     memo.informers = await start_informers(op)
-    if bridge.metrics_port:
-        try:
-            port = op.metrics.serve(bridge.metrics_port, bridge.metrics_address)
-        except PortUnavailableError as exc:
-            raise kopf.PermanentError(str(exc)) from exc
-        log.info("serving metrics on :%d/metrics", port)
     memo.bridge = op
     if lock is None:
         op.metrics.leader.set(1)
@@ -186,8 +199,35 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         arm_exit=None if stop is None else stop.arm,
         fence=fence,
         kube=op.kube,
+        drained=op.events.close,
     )
     memo.leadership.start()
+
+
+def serve_metrics(memo: kopf.Memo, bridge: Settings) -> Metrics:
+    """Return the operator's metrics, served on ``IPAM_BRIDGE_METRICS_PORT`` unless it is 0.
+
+    Served first, before any API request: a replica shows ``ipam_bridge_leader 0`` from its
+    start, while it lists or stands by (the alert and the dashboard count the leaders from
+    it). Kept in ``memo.metrics``, so that a start-up handler tried again serves them once.
+
+    Raises
+    ------
+    kopf.PermanentError
+        When the port cannot be bound (its message names the address, port and setting).
+    """
+    metrics: Metrics | None = memo.get("metrics")
+    if metrics is not None:
+        return metrics
+    metrics = Metrics()
+    if bridge.metrics_port:
+        try:
+            port = metrics.serve(bridge.metrics_port, bridge.metrics_address)
+        except PortUnavailableError as exc:
+            raise kopf.PermanentError(str(exc)) from exc
+        log.info("serving metrics on :%d/metrics", port)
+    memo.metrics = metrics
+    return metrics
 
 
 async def start_informers(op: Operator) -> list[Informer]:
@@ -266,6 +306,30 @@ async def _served_versions(kube: ObjectClient, bridge: Settings) -> ServedVersio
     return ServedVersions(version, cluster_version)
 
 
+async def _cluster_id(kube: ObjectClient, bridge: Settings) -> str:
+    """Resolve this management cluster's identity (`bridge.cluster_id.resolve_cluster_id`).
+
+    Raises
+    ------
+    kopf.PermanentError
+        When it cannot be read (refused, namespace missing): the operator stops, its last
+        line naming ``IPAM_BRIDGE_CLUSTER_ID`` and the fix.
+    kopf.TemporaryError
+        When the API server did not answer (5xx, 429): kopf runs the start-up again in 5 s.
+    """
+    try:
+        cluster_id = await asyncio.to_thread(resolve_cluster_id, bridge, kube.core)
+    except ClusterIdError as exc:
+        if exc.transient:
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise kopf.PermanentError(str(exc)) from exc
+    source = "IPAM_BRIDGE_CLUSTER_ID" if bridge.cluster_id.strip() else "uid of kube-system"
+    log.info(
+        "management cluster identity %s (%s): the owner of its IPAM entries", cluster_id, source
+    )
+    return cluster_id
+
+
 def election_lock(bridge: Settings) -> ElectionLock:
     """Return this replica's candidate for the Lease (a new holder identity); blocking.
 
@@ -282,9 +346,12 @@ def election_lock(bridge: Settings) -> ElectionLock:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the work queue (in-flight reconciles finish), the resync and the informers; close.
+    """Stop the work (in-flight reconciles finish), its threads, the informers; close.
 
-    With leader election, the Lease is given up after the work stopped (unless it was lost).
+    With leader election (`bridge.runtime.leader.Leadership.close`): the work ends within
+    `STOP_DRAIN_SECONDS`, then the fence is revoked, what still runs is waited for
+    `STOP_JOIN_SECONDS` more, and the Lease is given up (unless it was lost). Without it,
+    the work is waited for as long, the fence open.
     """
     leadership: Leadership | None = memo.get("leadership")
     if leadership is not None:
@@ -292,12 +359,17 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     tasks = list(memo.get("tasks") or [])
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if await stop_tasks(tasks, STOP_DRAIN_SECONDS + STOP_JOIN_SECONDS):
+        log.warning(
+            "the work did not end within %g s of the stop", STOP_DRAIN_SECONDS + STOP_JOIN_SECONDS
+        )
     for informer in memo.get("informers") or []:
         await asyncio.to_thread(informer.stop)
     op = memo.get("bridge")
     if op is not None:
         await asyncio.to_thread(op.close)
+    elif (metrics := memo.get("metrics")) is not None:  # start-up did not finish
+        await asyncio.to_thread(metrics.close)
 
 
 @kopf.on.probe(id="bridge")

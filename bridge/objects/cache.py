@@ -12,8 +12,10 @@ recorded in `Cache.expectations` (`bridge.runtime.expectations`), never in a sto
 - **Initial lists.** IPAddresses, pools and Clusters are listed before claims
   (`bridge.handlers.lifecycle.start_informers`): a claim's first reconcile finds them; a
   claim absent from a synced store was deleted.
-- **Watch restarts** (connection loss, an API server restart, 410 Gone): the informer that
-  owns the watch makes its scope suspect at once (lookups read the API) and lists it again.
+- **Watch restarts** (connection loss, an API server restart, the server's timeout): the
+  informer resumes its watch from the last resourceVersion, and the part stays trusted.
+  After a gap (410 Gone, a watch silent for the stall limit) it makes its scope suspect at
+  once (lookups read the API) and lists it again.
 - **Stale entries** left by a watch that lags: writes stay guarded (resourceVersion on
   finalizer patches, which answer 404 for a claim gone; 409 AlreadyExists on IPAddress
   create). An IPAddress of ours cannot vanish while it carries our ``ProtectAddress``

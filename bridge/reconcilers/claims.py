@@ -4,19 +4,31 @@
 start-up listing, the periodic resync, a wake-up) and makes the same decision from the
 claim's current state each time (``docs/architecture.md``, "The flow of a claim"):
 
-- not ours (``spec.poolRef`` names another provider's kind) or gone: nothing, never a write;
+- not ours (``spec.poolRef`` names another provider's kind): nothing, never a write;
+- gone, or made again under its name (another uid), while an IPAddress of ours names it (its
+  events queue the claim: controller-runtime's ``Owns()``): that IPAddress, live or being
+  deleted, is released in the IPAM and deleted once the API server confirms its claim is
+  gone (a DELETE in flight wins over our finalizer write, real-cluster.md 13e; the garbage
+  collector leaves the IPAddress to its pool, 13f); a pass that finds its own claim gone by
+  a write after it registered an address undoes it so at once;
 - being deleted and carrying our ``ReleaseAddress`` finalizer: release (unless paused): free the
   entry in the IPAM where the IPAddress says it was registered, delete the IPAddress (its
   ``ProtectAddress`` finalizer first), remove ``ReleaseAddress``;
-- bound (its IPAddress exists and belongs to it): make sure status says so (no backend call,
-  no Cluster read when it already does);
+- bound (its IPAddress exists and is its own: owned by its uid, not vanishing): make sure
+  status says so (no backend call, no Cluster read when it already does);
 - else: wait while paused or while the pool is missing or not Ready; add ``ReleaseAddress``
   (a claim found gone by that write stops there, before any IPAM call; from its look at the
   pool to that write it counts in the pool's deletion guard, `bridge.runtime.holds`);
   allocate in the IPAM by hostname (find first, so a repeat never makes a second entry; the
   address of the ``ipam.cluster.x-k8s.io/requested-address`` annotation when set);
   create the IPAddress (one that exists is adopted when it is this claim's, of this pool, at
-  the address the IPAM gave); write ``status.addressRef`` and Ready.
+  the address the IPAM gave); write ``status.addressRef`` and Ready. A claim rebuilt from
+  its IPAddress (``clusterctl move``, a restore: no ``status.addressRef``) first writes this
+  cluster as its entry's owner, with one IPAM call.
+
+Every entry names its owner (`owner_of`: this management cluster's ``settings.cluster_id``
+and the claim). An entry under the claim's hostname that another cluster or claim owns is
+never taken: the claim waits, Ready=False ``HostnameTaken`` (`backends.base.may_adopt`).
 
 Every write's outcome (`gateway.Write`: written, unchanged, gone, conflict) decides what
 follows; a release that stopped before its last step is finished from what the IPAM and the
@@ -53,8 +65,8 @@ from typing import Any, Protocol, TypeVar
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from backends.base import Allocation
-from backends.errors import AddressUnavailableError, BackendError
+from backends.base import Allocation, EntryOwner
+from backends.errors import AddressUnavailableError, BackendError, EntryOwnedError
 from backends.flowcontrol import FlowControl, endpoint_key
 from bridge import capi
 from bridge.capi import Claim, Cluster, Reason
@@ -88,7 +100,7 @@ from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
-__all__ = ["ClaimApi", "ClaimDeps", "description_for", "reconcile_claim"]
+__all__ = ["ClaimApi", "ClaimDeps", "description_for", "owner_of", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +212,15 @@ def description_for(claim: Claim) -> str:
     if claim.cluster_name:
         text += f" cluster {claim.cluster_name}"
     return text
+
+
+def owner_of(settings: Settings, claim: Claim) -> EntryOwner:
+    """Return the owner written on the claim's IPAM entry: this management cluster, the claim.
+
+    ``settings.cluster_id`` is the identity resolved at start-up
+    (`bridge.cluster_id.resolve_cluster_id`); the claim is named ``<namespace>/<name>``.
+    """
+    return EntryOwner(cluster_id=settings.cluster_id, claim=claim.key)
 
 
 # -- the decision --------------------------------------------------------------------------
@@ -329,13 +350,52 @@ def _paused(deps: ClaimDeps, claim: Claim) -> None:
         raise _Wait(Result.wait(token))
 
 
-def _belongs_to(address: IPAddress, claim: Claim) -> bool:
+def _names_claim(address: IPAddress, claim: Claim) -> bool:
+    """Return True when ``address`` names the claim and its pool (``claimRef``, ``poolRef``).
+
+    Any claim of that name: a predecessor deleted and made again under the same name is
+    named too (`_belongs_to` tells them apart).
+    """
     spec = address.spec
     return (
         spec.claim_ref.name == claim.name
         and spec.pool_ref.name == claim.pool_ref.name
         and spec.pool_ref.kind == claim.pool_ref.kind
     )
+
+
+def _claim_owner(address: IPAddress) -> str | None:
+    """Return the uid of the IPAddress's ``IPAddressClaim`` owner reference; None: it has none.
+
+    Every IPAddress the operator makes names its claim there (`capi.build_ip_address`);
+    the garbage collector drops the reference once that claim is gone and the pool still
+    owns the IPAddress (real-cluster.md 13f).
+    """
+    return next(
+        (ref.uid for ref in address.metadata.owner_references if ref.kind == "IPAddressClaim"),
+        None,
+    )
+
+
+def _belongs_to(address: IPAddress, claim: Claim) -> bool:
+    """Return True when ``address`` is this claim's: named by it, owned by its uid.
+
+    An IPAddress of a predecessor of the same name (another uid, or its reference dropped
+    by the garbage collector) is not.
+    """
+    return _names_claim(address, claim) and _claim_owner(address) == claim.uid
+
+
+def _binds(address: IPAddress, claim: Claim) -> bool:
+    """Return True when a live claim may be bound to (or stay bound to) ``address``.
+
+    It must be this claim's (`_belongs_to`) and not vanishing: an IPAddress being deleted
+    binds only while our ``ProtectAddress`` holds it (the contract keeps the IPAddress while
+    its claim lives); without it, it goes whenever the other finalizers do.
+    """
+    meta = address.metadata
+    held = not meta.deleting or capi.ADDRESS_FINALIZER in meta.finalizers
+    return held and _belongs_to(address, claim)
 
 
 def _parse_address(body: Mapping[str, Any] | None) -> IPAddress | None:
@@ -460,18 +520,27 @@ def _last_seen(address: IPAddress) -> dict[str, Any]:
     }
 
 
-def _address_of(deps: ClaimDeps, claim: Claim) -> IPAddress | None:
-    """Return the claim's IPAddress when it exists and belongs to it, else None."""
-    version, name = deps.versions.address, claim.address_ref or claim.name
+def _cached_address(deps: ClaimDeps, namespace: str, name: str) -> IPAddress | None:
+    """Return an IPAddress as last seen (cache, else one GET), typed; None when absent."""
+    version = deps.versions.address
     typed = _typed(
         deps.cache.addresses,
-        (claim.namespace, name),
+        (namespace, name),
         _address_typed,
-        lambda: deps.kube.get_ip_address(version, claim.namespace, name),
+        lambda: deps.kube.get_ip_address(version, namespace, name),
         version,
     )
-    address = None if typed is None else typed[1]
-    if address is not None and _belongs_to(address, claim):
+    return None if typed is None else typed[1]
+
+
+def _address_of(deps: ClaimDeps, claim: Claim, *, binding: bool = True) -> IPAddress | None:
+    """Return the claim's IPAddress when it exists and is the claim's, else None.
+
+    ``binding``: one a live claim may be bound to (`_binds`); else any of the claim's own
+    (`_belongs_to`), being deleted or not (a release deletes it).
+    """
+    address = _cached_address(deps, claim.namespace, claim.address_ref or claim.name)
+    if address is not None and (_binds if binding else _belongs_to)(address, claim):
         return address
     return None
 
@@ -606,18 +675,51 @@ def _unavailable(deps: ClaimDeps, exc: AddressUnavailableError, pool: Pool) -> C
     )
 
 
+def _taken(deps: ClaimDeps, exc: EntryOwnedError, pool: Pool) -> ClaimError:
+    """Return the error of a hostname whose entry another management cluster or claim owns.
+
+    Nothing was registered or changed: the entry is never adopted, released or repaired by
+    this cluster. The message names the hostname, the entry's address, its owner (cluster id
+    and claim) and the fix; the claim looks again only after
+    ``requeue_config_error_seconds`` (a person must act), writing nothing while nothing
+    changes.
+    """
+    owner = exc.owner
+    cluster = (
+        f"management cluster {owner.cluster_id}"
+        if owner.cluster_id
+        else "a management cluster of the previous release (no cluster id)"
+    )
+    message = (
+        f"hostname {exc.hostname} is registered in {pool.display} at {exc.address} by claim "
+        f"{owner.claim} of {cluster}: not adopted. Set spec.hostnameSuffix on "
+        f"{pool.display} (a suffix of this management cluster's own) so that its hostnames "
+        "differ, or remove that entry if nothing uses it"
+    )
+    return ClaimError(
+        Reason.HOSTNAME_TAKEN, message, delay=retry_delay(deps.settings, Reason.HOSTNAME_TAKEN)
+    )
+
+
 # -- allocation ----------------------------------------------------------------------------
 
 
 def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
     """Bind a live claim: answer from its IPAddress, or allocate one.
 
+    A claim whose ``status.addressRef`` names its IPAddress costs no backend call. One
+    without it whose IPAddress exists (rebuilt by ``clusterctl move`` or a restore, or a
+    pass that stopped before its status write) first writes this cluster as the owner of
+    the IPAM entry its IPAddress names (`_restamp`), then is shown bound.
+
     From its look at its pool to its finalizer write the claim counts in ``deps.holds``, so
     a pool's deletion guard never lets go of a pool this claim is about to register in.
     """
     address = _address_of(deps, claim)
-    if address is not None:
+    if address is not None and claim.address_ref is not None:
         return _update_bound(deps, claim, address)
+    if address is None and (decided := _not_bound_to(deps, claim)) is not None:
+        return decided
 
     _paused(deps, claim)
     ref = claim.pool_ref
@@ -626,7 +728,83 @@ def _reconcile_live(deps: ClaimDeps, claim: Claim) -> Result:
         held = _add_finalizer(deps, claim, pool)
     if isinstance(held, Result):
         return held
+    if address is not None:
+        return _restamp(deps, held, pool, address)
     return _allocate(deps, held, pool)
+
+
+def _restamp(deps: ClaimDeps, claim: Claim, pool: Pool, address: IPAddress) -> Result:
+    """Write this cluster as the owner of the entry a rebuilt claim's IPAddress names; bind it.
+
+    One backend call: ``allocate`` of the hostname the IPAddress was registered under, at
+    its address, where its annotations say (`pool_backends.with_location`), with
+    ``adopt`` that address: the IPAM returns the entry it holds there (its owner fields
+    rewritten when another cluster, e.g. the source of a ``clusterctl move``, or the previous
+    release wrote them), or registers the address again if the entry is gone. Nothing is
+    counted as an allocation.
+
+    Raises
+    ------
+    ClaimError
+        ``HostnameTaken`` when the hostname's entry is at another address and owned by
+        another cluster or claim; ``AllocationFailed`` when another entry holds the address;
+        the pool's errors as for an allocation.
+    _Wait
+        When the pool's IPAM server is full.
+    """
+    annotations = address.metadata.annotations
+    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
+        claim, pool.hostname_suffix
+    )
+    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    held = str(address.spec.address or "")
+    labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
+    try:
+        with _admitted(deps, claim, where):
+            backend = deps.clients.backend_for(where, reuse=True)
+            deps.metrics.call(
+                BACKEND_NAMES[pool.kind],
+                "allocate",
+                lambda: backend.allocate(
+                    hostname, owner_of(deps.settings, claim), held or None, adopt=held or None
+                ),
+            )
+    except PoolError as exc:
+        raise _not_ready(deps, claim, exc) from exc
+    except EntryOwnedError as exc:
+        deps.metrics.allocations.labels(*labels, Reason.HOSTNAME_TAKEN).inc()
+        raise _taken(deps, exc, pool) from exc
+    except AddressUnavailableError as exc:
+        raise _unavailable(deps, exc, pool) from exc
+    except BackendError as exc:
+        raise _backend_error(deps, exc, pool) from exc
+    log.info("claim %s: rebuilt from IPAddress %s (%s)", claim.key, address.metadata.name, held)
+    return _update_bound(deps, claim, address, check_pause=False)
+
+
+def _not_bound_to(deps: ClaimDeps, claim: Claim) -> Result | None:
+    """Decide about an IPAddress of the claim's name that names it but does not bind it.
+
+    A predecessor's (another claim uid, or none: its claim gone) is released and deleted
+    when the API server confirms it (`_verified_orphan`), in this claim's pass, serialised;
+    the claim is then looked at again. The claim's own, vanishing (being deleted, not held
+    by ``ProtectAddress``), is waited for: its deletion queues the claim (`Owns()`).
+
+    Returns
+    -------
+    Result or None
+        What ends the pass; None when there is no such IPAddress (allocate as usual).
+    """
+    address = _cached_address(deps, claim.namespace, claim.name)
+    if address is None or not _names_claim(address, claim):
+        return None
+    if _belongs_to(address, claim):
+        return Result.done()  # vanishing: its DELETED event queues the claim again
+    orphan = _verified_orphan(deps, claim.namespace, claim.name)
+    if orphan is None:
+        return None
+    decided = _release_orphan(deps, orphan, "its claim is gone (another has its name)")
+    return Result.requeue_after(0.0) if decided == Result.done() else decided
 
 
 def _ready_pool(deps: ClaimDeps, claim: Claim) -> Pool:
@@ -727,10 +905,13 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
             allocation = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "allocate",
-                lambda: backend.allocate(hostname, description_for(claim), address=requested),
+                lambda: backend.allocate(hostname, owner_of(deps.settings, claim), requested),
             )
     except PoolError as exc:
         raise _not_ready(deps, claim, exc) from exc
+    except EntryOwnedError as exc:
+        deps.metrics.allocations.labels(*labels, Reason.HOSTNAME_TAKEN).inc()
+        raise _taken(deps, exc, pool) from exc
     except AddressUnavailableError as exc:
         deps.metrics.allocations.labels(*labels, Reason.ALLOCATION_FAILED).inc()
         raise _unavailable(deps, exc, pool) from exc
@@ -757,14 +938,15 @@ def _register(
 ) -> IPAddress | None:
     """Create the claim's IPAddress for ``allocation``; adopt an existing one that is its own.
 
-    An IPAddress of that name that exists (409) is read: it is adopted when it names this
-    claim and pool and holds the address the IPAM gave ``hostname`` (a pass that created it
-    before a restart or a cache lag).
+    An IPAddress of that name that exists (409) is read: it is adopted when it is this
+    claim's (`_binds`: named by it, owned by its uid, not vanishing) and holds the address
+    the IPAM gave ``hostname`` (a pass that created it before a restart or a cache lag).
 
     Returns
     -------
     IPAddress or None
-        The claim's IPAddress; None when the existing one was deleted right after the 409.
+        The claim's IPAddress; None when the existing one was deleted right after the 409,
+        or names the claim but is a predecessor's or vanishing (the next pass decides).
 
     Raises
     ------
@@ -787,9 +969,12 @@ def _register(
     found = _parse_address(written.obj)
     if written.outcome is Outcome.CONFLICT and written.obj is None:
         return None
+    conflict = written.outcome is Outcome.CONFLICT
+    if conflict and found is not None and _names_claim(found, claim) and not _binds(found, claim):
+        return None  # a predecessor's or a vanishing one: the next pass decides about it
     if written.outcome is Outcome.CONFLICT and not (
         found is not None
-        and _belongs_to(found, claim)
+        and _binds(found, claim)
         and _same_address(str(found.spec.address or ""), allocation.address)
     ):
         raise ClaimError(
@@ -855,14 +1040,32 @@ def _update_bound(
     if check_pause:
         _paused(deps, claim)
     if missing_finalizer:
-        held = _after_finalizer_write(
-            deps, claim, deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
-        )
+        written = deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, True)
+        if written.outcome is Outcome.GONE:
+            return _undo(deps, claim)
+        held = _after_finalizer_write(deps, claim, written)
         if isinstance(held, Result):
             return held
         claim = held
-    _update_status(deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name)
+    if not _update_status(
+        deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name
+    ):
+        return _undo(deps, claim)
     return Result.done()
+
+
+def _undo(deps: ClaimDeps, claim: Claim) -> Result:
+    """Undo at once what was done for a claim found gone after its address was registered.
+
+    A 200 on our finalizer write does not keep the claim: a DELETE in flight that read it
+    without finalizers removes it anyway (real-cluster.md 13e). Its IPAddress (this claim's,
+    checked against the API server, `_verified_orphan`) is released in the IPAM and deleted
+    (`_release_orphan`), with one log line as every release.
+    """
+    orphan = _verified_orphan(deps, claim.namespace, claim.name)
+    if orphan is None:
+        return Result.done()
+    return _release_orphan(deps, orphan, "its claim is gone (found by a write of ours)")
 
 
 # -- release -------------------------------------------------------------------------------
@@ -927,7 +1130,7 @@ def _release_decided(deps: ClaimDeps, claim: Claim) -> Result:
     without a release, or leaving its IPAddress behind, cannot be undone.
     """
     _paused(deps, claim)
-    address = _address_of(deps, claim)
+    address = _address_of(deps, claim, binding=False)
     labels = (f"{_pool_ns(claim)}/{claim.pool_ref.name}", claim.pool_ref.kind)
     problem = None
     if address is None or _moved(claim.annotations, address):
@@ -988,7 +1191,9 @@ def _from_api(
     tuple or None
         None when the claim is gone, is another object of its name (another uid), or no
         longer carries our finalizer. Else the claim as read; its IPAddress when it exists
-        and is the claim's (None when absent, not valid, or another claim's); why an
+        and names the claim and its pool (`_names_claim`: its own, or a predecessor's of
+        its name, which holds the same hostname's entry; None when absent, not valid, or
+        another claim's); why an
         IPAddress that exists is not used (None: no such problem); and which object carries
         `capi.MOVE_ANNOTATION` (None: neither).
 
@@ -1013,7 +1218,7 @@ def _from_api(
     problem = None
     if found is not None and address is None:
         problem = f"{what} is not a valid IPAddress: left as it is, not deleted"
-    elif address is not None and not _belongs_to(address, read):
+    elif address is not None and not _names_claim(address, read):
         ref = address.spec.claim_ref.name
         problem = f"{what} is another claim's ({ref}): left as it is, not deleted"
         address = None
@@ -1021,69 +1226,118 @@ def _from_api(
 
 
 def _orphan(deps: ClaimDeps, namespace: str, name: str) -> Result:
-    """Release what an IPAddress of ours holds whose claim is gone (``ProtectAddress`` on it).
+    """Release what an IPAddress of ours holds whose claim is gone (the claim's key, gone).
 
-    A claim deleted before the finalizer write of a release that allocated anyway (as
-    1f7aac2 did) goes at once; its IPAddress, collected with it (``deletionTimestamp``), is
-    held by our finalizer, its IPAM entry still registered. Such an IPAddress, named after
-    the claim, of one of our pool kinds, without `capi.MOVE_ANNOTATION`, is checked against
-    the API server (the claim absent, the IPAddress still so), then released as a claim's:
-    its IPAM entry where its annotations say, then the IPAddress. One INFO line says so.
-
-    Raises
-    ------
-    _Wait, ClaimError, kubernetes.client.ApiException
-        As `_release_decided` (the claim is queued again by the IPAddress's events).
+    Its claim may be gone with its finalizer still on (a DELETE in flight wins over our
+    finalizer write, real-cluster.md 13e), or let go by hand; its IPAddress, live (the pool
+    still owns it: the garbage collector only drops the claim from its owners, 13f) or being
+    deleted, still names its IPAM entry. Such an IPAddress (named after the claim, of one of
+    our pool kinds, without `capi.MOVE_ANNOTATION`) is checked against the API server
+    (`_verified_orphan`), then released as a claim's (`_release_orphan`). IPAddress events
+    queue their claim's key (`Owns()`), so this runs in that key's pass, serialised with a
+    claim made again under the name.
     """
-    version = deps.versions.address
-    cached = _cached(
-        deps.cache.addresses,
-        (namespace, name),
-        lambda: deps.kube.get_ip_address(version, namespace, name),
-    )
-    if not _orphaned(_parse_address(cached), name):
+    cached = _cached_address(deps, namespace, name)
+    if cached is None or not _orphan_shaped(cached, name):
         return Result.done()
-    if deps.kube.get_claim(version, namespace, name) is not None:
+    expectations, key = deps.cache.expectations, ("ipaddresses", namespace, name)
+    if left := expectations.pending(key, deps.cache.addresses.version(key[1:]) or GONE):
+        # Our own write of it (a release's deletion) is on its way: its event decides.
+        return Result.wait(expectations.token(key), at_most=left)
+    orphan = _verified_orphan(deps, namespace, name)
+    if orphan is None:
         return Result.done()
-    address = _parse_address(deps.kube.get_ip_address(version, namespace, name))
-    if address is None or not _orphaned(address, name):
-        return Result.done()
-    owner = next(
-        (o.uid for o in address.metadata.owner_references if o.kind == "IPAddressClaim"), ""
-    )
-    ref = address.spec.pool_ref
-    claim = Claim.from_body(
-        {
-            "apiVersion": address.api_version,
-            "metadata": {"namespace": namespace, "name": name, "uid": owner},
-            "spec": {"poolRef": {"apiGroup": ref.api_group, "kind": ref.kind, "name": ref.name}},
-        }
-    )
-    labels = (f"{_pool_ns(claim)}/{ref.name}", ref.kind)
-    pool = _pool_of(deps, claim)
-    message = f"{_pool_display(claim)} is gone; {address.spec.address} left in the IPAM"
-    if pool is not None:
-        hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
-        registered = address.spec.address or hostname
-        message = _released_message(pool, registered, hostname, released, until)
-    _delete_address(deps, claim, address)
-    _log_release(claim, "released", f"its claim is gone; IPAddress {name} deleted; {message}")
-    return Result.done()
+    return _release_orphan(deps, orphan, "its claim is gone")
 
 
-def _orphaned(address: IPAddress | None, name: str) -> bool:
-    """Return True for an IPAddress of ours being deleted that names claim ``name``."""
-    if address is None:
-        return False
+def _orphan_shaped(address: IPAddress, name: str) -> bool:
+    """Return True for an IPAddress of ours, named after claim ``name``, not being moved."""
     meta, ref = address.metadata, address.spec.pool_ref
     return (
-        meta.deleting
-        and capi.ADDRESS_FINALIZER in meta.finalizers
-        and capi.MOVE_ANNOTATION not in meta.annotations
+        meta.name == name
         and address.spec.claim_ref.name == name
+        and capi.MOVE_ANNOTATION not in meta.annotations
         and ref.api_group == capi.GROUP
         and ref.kind in capi.POOL_KINDS
     )
+
+
+def _verified_orphan(deps: ClaimDeps, namespace: str, name: str) -> IPAddress | None:
+    """Return the IPAddress ``name`` when the API server shows it an orphan, else None.
+
+    Read from the API server (GET, never the cache): the IPAddress, of our shape
+    (`_orphan_shaped`), and the claim of its name, which must not be the IPAddress's owner:
+    absent, or another uid (a successor made again under the name), or the IPAddress names
+    no claim owner any more (the garbage collector dropped it: that claim is gone).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found".
+    """
+    version = deps.versions.address
+    address = _parse_address(deps.kube.get_ip_address(version, namespace, name))
+    if address is None or not _orphan_shaped(address, name):
+        return None
+    owner = _claim_owner(address)
+    body = deps.kube.get_claim(version, namespace, name)
+    if body is not None and owner is not None:
+        uid = str((body.get("metadata") or {}).get("uid") or "")
+        if uid == owner:
+            return None  # its claim exists: that claim's pass decides
+    return address
+
+
+def _release_orphan(deps: ClaimDeps, address: IPAddress, why: str) -> Result:
+    """Release an orphan IPAddress's IPAM entry where its annotations say, then delete it.
+
+    Waits (and keeps it) while its Cluster (the cluster-name label) is paused: a
+    ``clusterctl move`` deletes claims before it annotates their IPAddresses. One INFO line
+    says what was decided, as for every release (`_log_release`).
+
+    Returns
+    -------
+    Result
+        Done; a wait while paused or the IPAM server is full; a retry after a failure of
+        the IPAM (the IPAddress is kept, so a later pass finds it again).
+
+    Raises
+    ------
+    kubernetes.client.ApiException
+        On API failures other than "not found" and conflicts.
+    """
+    meta, ref = address.metadata, address.spec.pool_ref
+    claim = Claim.from_body(
+        {
+            "apiVersion": address.api_version,
+            "metadata": {
+                "namespace": meta.namespace,
+                "name": meta.name,
+                "uid": _claim_owner(address) or "",
+                "labels": dict(meta.labels),
+                "deletionTimestamp": meta.deletion_timestamp or "orphan",
+            },
+            "spec": {"poolRef": {"apiGroup": ref.api_group, "kind": ref.kind, "name": ref.name}},
+        }
+    )
+    try:
+        _paused(deps, claim)
+        pool = _pool_of(deps, claim)
+        message = f"{_pool_display(claim)} is gone; {address.spec.address} left in the IPAM"
+        if pool is not None:
+            labels = (f"{_pool_ns(claim)}/{ref.name}", ref.kind)
+            hostname, until, released = _release_in_ipam(deps, claim, pool, address, labels)
+            registered = address.spec.address or hostname
+            message = _released_message(pool, registered, hostname, released, until)
+        _delete_address(deps, claim, address)
+    except _Wait as wait:
+        _log_release(claim, "waiting", f"{why}: {_waiting_on(wait)}")
+        return wait.decision
+    except ClaimError as error:
+        _log_release(claim, "waiting", f"{why}: {error.reason}: {error.message}")
+        return Result.requeue_after(error.delay)
+    _log_release(claim, "released", f"{why}; IPAddress {meta.name} deleted; {message}")
+    return Result.done()
 
 
 def _release_in_ipam(
@@ -1116,17 +1370,15 @@ def _release_in_ipam(
     )
     where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
+    owner = owner_of(deps.settings, claim)
+    held = address.spec.address if address is not None else None
     try:
         with _admitted(deps, claim, where):
             backend = deps.clients.backend_for(where, reuse=True)
             released = deps.metrics.call(
                 BACKEND_NAMES[pool.kind],
                 "release",
-                lambda: (
-                    backend.release(hostname)
-                    if until is None
-                    else backend.release(hostname, quarantine_until=until)
-                ),
+                lambda: backend.release(hostname, owner, until, address=held),
             )
     except PoolError as exc:
         deps.metrics.releases.labels(*labels, Reason.POOL_NOT_READY).inc()
@@ -1178,14 +1430,13 @@ def _finish_release(
 ) -> Result:
     """Remove ``ReleaseAddress`` from the claim, count, warn when skipped, queue the pool.
 
-    A 409 on the finalizer write counts nothing and retries in one second: the next pass
-    decides again from the API server's claim and IPAddress (an IPAM release of an entry
-    released already finds nothing to release). The decision is logged as one INFO line.
+    A 409 on the finalizer write (the claim changed since it was read) reads the claim again
+    from the API server and decides from it (`_let_go`), never releasing again; only when
+    409s persist is the pass retried in one second (counting nothing). The decision is
+    logged as one INFO line.
     """
-    if deps.kube.set_claim_finalizer(claim, capi.CLAIM_FINALIZER, False).outcome is (
-        Outcome.CONFLICT
-    ):
-        _log_release(claim, "waiting", f"{reason}, but our finalizer's removal met a 409: again")
+    if not _let_go(deps, claim):
+        _log_release(claim, "waiting", f"{reason}, but our finalizer's removal met 409s: again")
         return Result.requeue_after(1.0)
     deps.metrics.releases.labels(*labels, result).inc()
     deps.metrics.pending(claim.key, None)
@@ -1200,6 +1451,27 @@ def _finish_release(
     if isinstance(cached, str) or cached[1].deleting:
         deps.queue.add(pool_key(_pool_ns(claim), ref.kind, ref.name))
     return Result.done()
+
+
+def _let_go(deps: ClaimDeps, claim: Claim) -> bool:
+    """Remove ``ReleaseAddress`` from a released claim; return False while 409s persist.
+
+    On 409 Conflict the claim is read again from the API server (a Kubernetes client's
+    conflict retry: read, decide, write again): gone, another uid under its name, or without
+    our finalizer, it is let go already (True); else the removal is written again on the
+    claim as read, at most `STATUS_ATTEMPTS` times.
+    """
+    current = claim
+    for _ in range(STATUS_ATTEMPTS):
+        written = deps.kube.set_claim_finalizer(current, capi.CLAIM_FINALIZER, False)
+        if written.outcome is not Outcome.CONFLICT:
+            return True
+        body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
+        read = _claim_typed(body)[1] if body is not None else None
+        if read is None or read.uid != claim.uid or capi.CLAIM_FINALIZER not in read.finalizers:
+            return True
+        current = read
+    return False
 
 
 # -- status --------------------------------------------------------------------------------
@@ -1249,6 +1521,10 @@ def _changed_since(before: Claim, after: Claim) -> bool:
 STATUS_ATTEMPTS = 5
 
 
+class _ClaimGone(Exception):  # noqa: N818 - control flow: the claim no longer exists
+    """A write or a read of the claim found it gone (404, or another uid under its name)."""
+
+
 def _write_status(
     deps: ClaimDeps,
     claim: Claim,
@@ -1264,7 +1540,13 @@ def _write_status(
     changed (`_changed_since`: a deletion, the spec, annotations, labels) nothing is
     written and the claim is queued to decide again; else the status is merged into the
     claim as it is now and written again, guarded by that version (at most
-    `STATUS_ATTEMPTS` writes; then the claim is queued). None: not written (gone, or queued).
+    `STATUS_ATTEMPTS` writes; then the claim is queued). None: not written (queued).
+
+    Raises
+    ------
+    _ClaimGone
+        When the write answers 404, or the claim read again is gone or another object of
+        its name (another uid).
     """
     key = claim_key(claim.namespace, claim.name)
     current = claim
@@ -1281,12 +1563,12 @@ def _write_status(
             resource_version=current.resource_version or None,
         )
         if written.outcome is Outcome.GONE:
-            return None
+            raise _ClaimGone
         if written.outcome is not Outcome.CONFLICT:
             return _parsed(written.obj, current)
         body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
-        if body is None:
-            return None
+        if body is None or str((body.get("metadata") or {}).get("uid") or "") != claim.uid:
+            raise _ClaimGone  # gone, or another claim made again under its name
         fresh = current.updated(body)
         if _changed_since(claim, fresh):
             break
@@ -1304,8 +1586,10 @@ def _update_status(
     reason: Reason,
     message: str,
     ref: str | None = None,
-) -> None:
+) -> bool:
     """Write the claim's Ready condition (and addressRef) where it changed; Event on change.
+
+    Returns False when the claim was found gone (`_write_status`), else True.
 
     An unchanged status is never written again. The write is guarded by the resourceVersion
     the status was merged into (`_write_status`), so a condition another writer added since
@@ -1316,10 +1600,13 @@ def _update_status(
     status = _status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
     changed = _changes(claim, status)
     if not changed:
-        return
-    stored = _write_status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
+        return True
+    try:
+        stored = _write_status(deps, claim, ready=ready, reason=reason, message=message, ref=ref)
+    except _ClaimGone:
+        return False  # nobody is left to read its status or an Event
     if stored is None:
-        return  # gone (nobody is left to read its status or an Event), or decided again
+        return True  # decided again
     if claim.version == "v1beta1" and "v1beta2" in changed:
         kept = "v1beta2" in stored.status
         if deps.versions.v1beta2_kept != kept:
@@ -1334,3 +1621,4 @@ def _update_status(
     # and an allocation stays at three API writes (finalizer, IPAddress, status).
     if before != ("True" if ready else "False", reason) and (not ready or before[0] is not None):
         deps.events.post(claim.as_object(), "Normal" if ready else "Warning", reason, message)
+    return True

@@ -886,7 +886,8 @@ def _place_refused(
         message = (
             f"{what}: the operator may not read or patch it ({api_status_message(exc)}); add "
             f"the rule {{apiGroups: [{ref.group}], resources: [{plural}], verbs: [get, "
-            "patch]} to its ClusterRole (README: another InfraCluster kind)"
+            "patch]} to its ClusterRole (docs/tasks/control-plane-vip.md: another InfraCluster "
+            "kind)"
         )
         _warn(deps, cluster, EndpointReason.FORBIDDEN, message, ref.kind)
     else:

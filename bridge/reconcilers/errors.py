@@ -39,7 +39,8 @@ def retry_delay(settings: Settings, reason: str) -> float:
     """Return how long an object waits before it is looked at again, by the reason it waits.
 
     The one place that decides retry delays (seconds). Causes a person must fix (wrong
-    credentials, unknown subnet, bad spec, TLS, a name conflict) wait
+    credentials, unknown subnet, bad spec, TLS, a name conflict, a hostname another
+    management cluster or claim owns) wait
     ``requeue_config_error_seconds``; an exhausted pool ``requeue_exhausted_seconds`` (how
     often the pool probes its IPAM while claims wait for an address: the claims themselves
     are parked, see `claims`); everything else (an unreachable IPAM, an API conflict)
@@ -105,6 +106,7 @@ _PERSON_REASONS = frozenset(
         Reason.SUBNET_NOT_FOUND,
         Reason.TLS_VERIFICATION_FAILED,
         Reason.POOL_NOT_READY,
+        Reason.HOSTNAME_TAKEN,
     }
 )
 

@@ -34,6 +34,7 @@ from bridge.models import (
     PoolSubnetStatus,
     PoolUsage,
     TLSSettings,
+    pool_context,
     problem_of,
     wire,
 )
@@ -153,7 +154,7 @@ def with_location(pool: Pool, location: str | None) -> Pool:
     if where == pool.location:
         return pool
     kept = {k: v for k, v in wire(pool.spec).items() if k not in fields}
-    context = {"namespace": pool.namespace, RECORDED: True}
+    context = {**pool_context(pool.kind, pool.metadata), RECORDED: True}
     try:
         spec = type(pool.spec).model_validate({**kept, **where}, context=context)
     except ValidationError as exc:
@@ -274,6 +275,7 @@ def _infoblox(
         dns_view=spec.dns_view or "default",
         dns_zone=spec.dns_zone,
         extensible_attributes=dict(spec.extensible_attributes),
+        owner_extensible_attribute=spec.owner_extensible_attribute,
         username=username,
         password=password,
         verify=transport.verify,

@@ -535,7 +535,9 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
     ``IPAM_BRIDGE_QUARANTINE_PURGE_SECONDS`` for the pools with
     ``addressReuseGracePeriodSeconds`` > 0 (`bridge.handlers.resync.purge_forever`). The
     quarantine mark lives in the IPAM (`backends.base.quarantine_mark`), so nothing here
-    depends on memory: a restart or a new leader purges what is due. When entries were
+    depends on memory: a restart or a new leader purges what is due. Only this management
+    cluster's entries (and the previous release's) are purged (``settings.cluster_id``):
+    another cluster purges its own. When entries were
     deleted, one claim waiting for an address in the pool is woken.
 
     Returns
@@ -561,7 +563,7 @@ def purge_quarantined(deps: PoolDeps, namespace: str, kind: str, name: str) -> l
     purged = deps.metrics.call(
         BACKEND_NAMES[pool.kind],
         "purge_quarantined",
-        lambda: backend.purge_quarantined(time.time()),
+        lambda: backend.purge_quarantined(time.time(), deps.settings.cluster_id),
     )
     if purged:
         log.info(

@@ -1,7 +1,8 @@
 """The ``ApiClient`` every Kubernetes request goes through, and its connection pool.
 
 `OperatorApiClient` (the official client's ``ApiClient`` with a timeout on each request, a
-fence before each write and each write's whole timeout cut to the Lease's time left) and
+fence before each write, each write's whole timeout cut to the Lease's time left and one
+attempt per request: no urllib3 retry) and
 `api_client`, which makes one from the kubeconfig or the in-cluster configuration with a
 connection pool sized for the threads that call at once.
 """
@@ -50,10 +51,16 @@ class OperatorApiClient(ApiClient):
     stops waiting on a write before its fence closes. Events are notes, not state, and the
     Event saying that a replica stopped leading is posted after its fence closed.
 
+    Requests are sent once: the configuration's ``retries`` is set to False (urllib3 makes
+    no further attempt, each of which would get the whole timeout again, so that a write
+    could still go out after the Lease ran out). As client-go's REST client, which retries
+    no write on a broken connection, whoever asked tries again: the work queue with its
+    backoff, the informer, the election every retry period.
+
     Parameters
     ----------
     configuration:
-        The client configuration (`load_configuration`).
+        The client configuration (`load_configuration`); its ``retries`` is set to False.
     timeout:
         ``(connect, read)`` timeout of each request in seconds (urllib3's meaning: the read
         timeout bounds each wait for bytes, not the whole answer); None: the client's
@@ -73,6 +80,7 @@ class OperatorApiClient(ApiClient):
         fence: Callable[[], None] | None = None,
         write_timeout: Callable[[float], float] | None = None,
     ) -> None:
+        configuration.retries = False
         super().__init__(configuration)
         self.timeout = timeout
         self.fence = fence

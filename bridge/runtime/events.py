@@ -20,6 +20,12 @@ client-go's ``EventCorrelator`` (``tools/record/events_cache.go``, ``NewEventCor
 
 Each of the three keeps at most 4096 keys (least recently used dropped first), so memory
 stays bounded whatever the number of objects.
+
+Posted in the background, at most `MAX_QUEUED_EVENTS` Events wait or are being sent at once;
+a further one is dropped and counted (`EventRecorder.dropped`, the hook ``on_drop``): as
+client-go's broadcaster, whose queue holds ``maxQueuedEvents`` (1,000) and drops the rest
+(``watch.NewLongQueueBroadcaster`` with ``DropIfChannelFull``), so an API server that
+answers slowly costs bounded memory, never a worker.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from kubernetes.client import ApiException
 
+from bridge.runtime.fence import LeadershipLostError
+
 __all__ = [
     "AGGREGATE_INTERVAL_SECONDS",
     "AGGREGATE_MAX_EVENTS",
     "CACHE_ENTRIES",
     "COMBINED_PREFIX",
+    "MAX_QUEUED_EVENTS",
     "POSTING_THREADS",
     "SPAM_BURST",
     "SPAM_REFILL_SECONDS",
@@ -55,6 +64,12 @@ log = logging.getLogger(__name__)
 
 #: Threads posting Events in the background, by default (each may hold an API connection).
 POSTING_THREADS: Final = 4
+#: Events waiting to be posted, or being posted, at most (client-go's ``maxQueuedEvents``).
+MAX_QUEUED_EVENTS: Final = 1000
+#: Why an Event was dropped (the ``reason`` label of ``ipam_bridge_events_dropped_total``):
+#: the posting queue was full, or the object's spam bucket was empty.
+DROPPED_QUEUE_FULL: Final = "queue_full"
+DROPPED_SPAM_FILTER: Final = "spam_filter"
 #: Keys kept by each of the correlator's caches (client-go's ``maxLruCacheEntries``).
 CACHE_ENTRIES: Final = 4096
 #: Distinct messages of similar events before they are combined (``defaultAggregateMaxEvents``).
@@ -282,18 +297,25 @@ class EventRecorder:
     A refused Event is logged at DEBUG. A patch of an Event that is gone (404: it expired,
     by default after an hour) creates it again; a create of a name that exists (409: a
     later patch of the same Event, sent by another posting thread, got there first) is
-    dropped, as that Event tells it already.
+    dropped, as that Event tells it already. An Event the spam filter or a full queue
+    drops is counted (`dropped`) and told to ``on_drop``.
 
     Parameters
     ----------
     poster:
         What sends an Event (the gateway).
     background:
-        True: Events are posted by up to `POSTING_THREADS` threads (`close` posts those
-        still queued) and any other error is logged. False: each is posted at once in the
-        caller's thread and an error other than ``ApiException`` propagates.
+        True: Events are posted by up to `POSTING_THREADS` threads, at most ``max_queued``
+        waiting or being posted at once (`close` posts those still queued), and any other
+        error is logged. False: each is posted at once in the caller's thread and an
+        error other than ``ApiException`` propagates.
     correlator:
         The correlator (a fresh one by default).
+    on_drop:
+        Called with `DROPPED_QUEUE_FULL` or `DROPPED_SPAM_FILTER` for each Event dropped
+        (``bridge.metrics.Metrics.event_dropped``); quick, any thread.
+    max_queued:
+        How many Events may wait or be posted at once (`MAX_QUEUED_EVENTS`).
     """
 
     def __init__(
@@ -302,32 +324,74 @@ class EventRecorder:
         *,
         background: bool = True,
         correlator: EventCorrelator | None = None,
+        on_drop: Callable[[str], None] | None = None,
+        max_queued: int = MAX_QUEUED_EVENTS,
     ) -> None:
         self._poster = poster
         self._background = background
         self.correlator = correlator or EventCorrelator()
+        self._on_drop = on_drop
+        self._max_queued = max_queued
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queued = 0  # submitted to the pool, not yet sent
+        self._dropped: dict[str, int] = {}
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Return how many Events were dropped so far, by why (`DROPPED_QUEUE_FULL`...)."""
+        with self._lock:
+            return dict(self._dropped)
+
+    @property
+    def queued(self) -> int:
+        """Return how many Events wait to be posted or are being posted now."""
+        with self._lock:
+            return self._queued
+
+    def _drop(self, why: str) -> None:
+        with self._lock:
+            self._dropped[why] = self._dropped.get(why, 0) + 1
+        if self._on_drop is not None:
+            self._on_drop(why)
 
     def post(self, obj: Mapping[str, Any], type: str, reason: str, message: str) -> None:
         """Tell an Event of ``type`` with ``reason`` and ``message`` about ``obj``."""
         posting = self.correlator.correlate(obj, type, reason, message)
         if posting is None:
             log.debug("event %s dropped: too many Events about the object", reason)
+            self._drop(DROPPED_SPAM_FILTER)
             return
         if not self._background:
             self._send(posting)
             return
         with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=POSTING_THREADS, thread_name_prefix="ipam-bridge-events"
-                )
+            full = self._queued >= self._max_queued
+            if not full:
+                self._queued += 1
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=POSTING_THREADS, thread_name_prefix="ipam-bridge-events"
+                    )
             pool = self._pool
+        if full:
+            log.debug("event %s dropped: %d Events queued already", reason, self._max_queued)
+            self._drop(DROPPED_QUEUE_FULL)
+            return
         try:
-            pool.submit(self._send, posting)
+            if pool is None:
+                raise RuntimeError("closed")
+            pool.submit(self._send_queued, posting)
         except RuntimeError:  # shut down: closing
+            self._send_queued(posting)
+
+    def _send_queued(self, posting: Posting) -> None:
+        """Send a posting that was counted as queued; it no longer counts afterwards."""
+        try:
             self._send(posting)
+        finally:
+            with self._lock:
+                self._queued -= 1
 
     def _send(self, posting: Posting) -> None:
         reason = posting.event["reason"]
@@ -335,6 +399,10 @@ class EventRecorder:
             self._deliver(posting)
         except ApiException as exc:
             log.debug("event %s not posted: %s %s", reason, exc.status, exc.reason)
+        except LeadershipLostError as exc:  # stopping, or the Lease was lost
+            if not self._background:
+                raise
+            log.debug("event %s not posted: %s", reason, exc)
         except Exception:
             if not self._background:
                 raise

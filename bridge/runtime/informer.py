@@ -3,11 +3,15 @@
 It lists a scope (a namespace, or all) into its `bridge.runtime.store.Store` (the first list
 fills it, a later one replaces the scope), then watches from the list's resourceVersion with
 bookmarks, applying each event to the store in the watch's order before handing it to its
-`Sink`. A watch the API server ends (its ``timeoutSeconds``) is resumed from the last
-resourceVersion seen. Any other end (410 Gone, an error answer, a broken connection, no byte
-for `STALL_SECONDS` while a real API server sends a bookmark about once a minute) makes the
-scope suspect at once and lists again, after a backoff when it keeps failing: a restarted
-watch never tells of the objects deleted meanwhile.
+`Sink`. A watch that ends (the API server's ``timeoutSeconds``, a broken connection, an error
+answer) is resumed from the last resourceVersion seen, as client-go's reflector does: the
+API server replays what happened meanwhile, and the store stays trusted. Only a gap makes
+the scope suspect at once and lists it again: 410 Gone (the version is older than the API
+server's watch history), or no byte for `STALL_SECONDS` while a real API server sends a
+bookmark about once a minute (a dead connection: what it missed is not known). A watch that
+ends at once without an event, or cannot be opened, is opened again after a backoff
+(`BACKOFF_SECONDS`, client-go's backoff manager), reset by a healthy watch; a list that
+fails is tried again after the same backoff.
 
 Nothing here knows of CAPI or of IPAM: the caller chooses the objects, their keys and what
 an event leads to (`Informer`'s parameters).
@@ -15,6 +19,7 @@ an event leads to (`Informer`'s parameters).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -30,6 +35,7 @@ from bridge.runtime.store import Key, Relisted, Scope, Store
 
 __all__ = [
     "BACKOFF_SECONDS",
+    "SHORT_WATCH_SECONDS",
     "STALL_SECONDS",
     "WATCH_SECONDS",
     "Event",
@@ -46,8 +52,13 @@ WATCH_SECONDS: Final = 300
 #: Seconds without an event or a bookmark after which a watch is dead (a real API server
 #: sends a bookmark about every 60 s): the read timeout of the watch's socket.
 STALL_SECONDS: Final = 90.0
-#: Seconds before each further attempt to list after a failure (the last one repeats).
-BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: Seconds before each further attempt after a failure (a list, a watch that could not be
+#: opened or ended at once), the last one repeating: client-go's reflector backoff manager
+#: (0.8 s, doubling, capped at 30 s; without its jitter), reset by a healthy watch.
+BACKOFF_SECONDS: Final[tuple[float, ...]] = (0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0)
+#: A watch that ends within this many seconds without an event or a bookmark ended "at
+#: once" (client-go's "very short watch"): the next one waits for the backoff.
+SHORT_WATCH_SECONDS: Final = 1.0
 #: What ends a watch without a bug: an error answer, a broken or silent connection, a line
 #: that is not JSON (a connection cut mid-line).
 BROKEN: Final = (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
@@ -99,7 +110,20 @@ class Sink(Protocol):
 
 
 class _RelistError(Exception):
-    """The watch ended in a way that needs a fresh list (410 Gone, an error event)."""
+    """The watch has a gap and needs a fresh list (410 Gone, silent for the stall limit)."""
+
+
+@dataclass(frozen=True)
+class _WatchEnd:
+    """How one watch ended: the version to resume from, and whether it was healthy.
+
+    ``healthy``: it brought an event or a bookmark, or lasted `SHORT_WATCH_SECONDS`;
+    ``error``: what broke it (None: the API server ended it).
+    """
+
+    version: str
+    healthy: bool
+    error: BaseException | None = None
 
 
 class Informer:
@@ -221,11 +245,17 @@ class Informer:
                     finally:
                         self._tried.set()
                     first = False
-                version = self._watch_once(version)
-                failures = 0
+                end = self._watch_once(version)
+                if self._stopped.is_set():
+                    break
+                version = end.version
+                failures = 0 if end.healthy else failures + 1
+                self._log_end(end, failures)
+                if failures:
+                    self._pause(failures)
             except _RelistError as exc:
                 failures += 1
-                log.info("watch of %s must list again: %s", self.name, exc)
+                log.warning("watch of %s failed (%s): listing again", self.name, exc)
                 self._store.suspect(self._scope)
                 version = None
                 if failures > 1:
@@ -247,8 +277,37 @@ class Informer:
                 self._pause(failures)
         log.debug("informer of %s stopped", self.name)
 
+    def _log_end(self, end: _WatchEnd, failures: int) -> None:
+        """Log a watch that broke, could not be opened or ended at once (then resumed).
+
+        A watch the API server ended after a while is resumed without a word.
+        """
+        if end.error is None and not failures:
+            return
+        why = "ended at once without an event" if end.error is None else _describe(end.error)
+        if not failures:
+            log.info(
+                "watch of %s ended (%s): resuming from resourceVersion %s",
+                self.name,
+                why,
+                end.version,
+            )
+            return
+        log.log(
+            logging.INFO if end.error is None else logging.WARNING,
+            "watch of %s: %s; resuming from resourceVersion %s in %g s",
+            self.name,
+            why,
+            end.version,
+            self._delay(failures),
+        )
+
+    def _delay(self, failures: int) -> float:
+        """Return the backoff in seconds after ``failures`` (>= 1) failures in a row."""
+        return self._backoff[min(failures, len(self._backoff)) - 1]
+
     def _pause(self, failures: int) -> None:
-        self._stopped.wait(self._backoff[min(failures, len(self._backoff)) - 1])
+        self._stopped.wait(self._delay(failures))
 
     def _list_once(self, first: bool) -> str:
         """List the scope into the store; return the list's resourceVersion.
@@ -283,48 +342,71 @@ class Informer:
             )
         return collection.resource_version
 
-    def _watch_once(self, version: str) -> str:
-        """Watch from ``version`` until the server ends the watch; return the last version.
+    def _watch_once(self, version: str) -> _WatchEnd:
+        """Watch from ``version`` until the watch ends; return how it ended.
+
+        A watch the API server ends, a broken connection, an error answer or an ``ERROR``
+        event other than 410 end it with the last version seen, to resume from.
 
         Raises
         ------
         _RelistError
-            For 410 Gone or an ``ERROR`` event: list again.
-        ApiException, urllib3.exceptions.HTTPError, OSError, ValueError
-            When the request fails, the connection breaks or a line is not JSON.
+            For 410 Gone (an answer or an ``ERROR`` event), or no byte for `stall` seconds.
+        Exception
+            Whatever else was raised (a bug: list again).
         """
+        began, heard = time.monotonic(), False
         try:
             stream = self._watch(version, read_timeout=self.stall)
-        except ApiException as exc:
-            if exc.status == 410:
-                raise _RelistError("410 Gone") from exc
-            raise
+        except _WATCH_BROKEN as exc:
+            _raise_gap(exc)
+            return _WatchEnd(version, False, exc)
         with self._lock:
             self._stream = stream
         self.watches += 1
         try:
             if self._stopped.is_set():
-                return version
+                return _WatchEnd(version, True)
             for raw in stream:
-                kind = str(raw.get("type") or "")
-                body = raw.get("object")
+                heard, body = True, raw.get("object")
                 self._heard = time.monotonic()
-                if not isinstance(body, dict):
-                    continue
-                if kind == "ERROR":
-                    raise _RelistError(
-                        f"{body.get('code')} {body.get('reason')}: {body.get('message')}"
-                    )
-                version = str((body.get("metadata") or {}).get("resourceVersion") or version)
-                if kind == "BOOKMARK" or not self._wanted(body):
-                    continue
-                key = self._key(body)
-                changed = self._store.apply(key, body, deleted=kind == "DELETED")
-                self._tell(self._sink.event, Event(kind, key, body, changed))
+                if isinstance(body, dict):
+                    version = self._handle(str(raw.get("type") or ""), body, version)
+        except _WATCH_BROKEN as exc:
+            _raise_gap(exc)
+            return _WatchEnd(version, heard or self._lasted(began), exc)
         finally:
             with self._lock:
                 self._stream = None
             stream.close()
+        return _WatchEnd(version, heard or self._lasted(began))
+
+    @staticmethod
+    def _lasted(began: float) -> bool:
+        """Whether a watch opened at ``began`` lasted `SHORT_WATCH_SECONDS` or more."""
+        return time.monotonic() - began >= SHORT_WATCH_SECONDS
+
+    def _handle(self, kind: str, body: dict[str, Any], version: str) -> str:
+        """Apply one watch event to the store and tell it; return the version it brings.
+
+        Raises
+        ------
+        _RelistError
+            For an ``ERROR`` event of code 410 (the version is too old).
+        _WatchError
+            For another ``ERROR`` event: the watch ends, resumed from ``version``.
+        """
+        if kind == "ERROR":
+            message = f"{body.get('code')} {body.get('reason')}: {body.get('message')}"
+            if body.get("code") == 410:
+                raise _RelistError(message)
+            raise _WatchError(message)
+        version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+        if kind == "BOOKMARK" or not self._wanted(body):
+            return version
+        key = self._key(body)
+        changed = self._store.apply(key, body, deleted=kind == "DELETED")
+        self._tell(self._sink.event, Event(kind, key, body, changed))
         return version
 
     def _tell(self, call: Callable[[Any], None], what: Any) -> None:
@@ -336,7 +418,36 @@ class Informer:
                 log.exception("the sink of %s failed", self.name)
 
 
+class _WatchError(ValueError):
+    """An ``ERROR`` event other than 410: the watch ends, and is resumed (a `BROKEN` end)."""
+
+
+#: What ends a watch that is then resumed (or listed again: `_raise_gap`): `BROKEN`, but
+#: of ``ValueError`` only a line that is not JSON and an ``ERROR`` event (another is a bug).
+_WATCH_BROKEN: Final = (
+    ApiException,
+    urllib3.exceptions.HTTPError,
+    OSError,
+    json.JSONDecodeError,
+    _WatchError,
+)
+
+
+def _raise_gap(exc: BaseException) -> None:
+    """Raise `_RelistError` when ``exc`` leaves a gap: 410 Gone, or a watch silent too long.
+
+    urllib3's ``ReadTimeoutError`` is the read timeout of the watch's socket, its stall
+    limit: nothing came for that long, and what the connection missed is not known.
+    """
+    if isinstance(exc, ApiException) and exc.status == 410:
+        raise _RelistError("410 Gone") from exc
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        raise _RelistError(type(exc).__name__) from exc
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, ApiException):
         return f"{exc.status} {exc.reason}"
+    if isinstance(exc, _WatchError):
+        return f"ERROR event {exc}"
     return type(exc).__name__

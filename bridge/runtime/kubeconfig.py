@@ -20,6 +20,7 @@ import kubernetes
 __all__ = [
     "SERVICE_ACCOUNT_TOKEN",
     "authorization_header",
+    "context_namespace",
     "in_cluster",
     "kopf_connection_info",
     "load_configuration",
@@ -114,6 +115,26 @@ def _trim_tokens(configuration: kubernetes.client.Configuration) -> None:
 
         configuration.refresh_api_key_hook = refresh_and_trim
     _strip_api_keys(configuration)
+
+
+def context_namespace(kubeconfig: str | None = None) -> str:
+    """Return the namespace kubectl puts an object without one in: the context's, else default.
+
+    The namespace of the current context of the kubeconfig (``kubeconfig``, else the first
+    file of ``$KUBECONFIG``, else ``~/.kube/config``), as ``kubectl apply -f`` uses it
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/namespaces/); ``default``
+    when there is no kubeconfig, no current context or no namespace in it. Never raises: a
+    kubeconfig that cannot be read gives ``default`` too.
+    """
+    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    try:
+        _, current = kubernetes.config.list_kube_config_contexts(
+            config_file=path or os.path.expanduser("~/.kube/config")
+        )
+    except Exception:  # no file, not YAML, no current context: kubectl's default
+        return "default"
+    context = (current or {}).get("context") or {}
+    return str(context.get("namespace") or "default")
 
 
 def service_account_file(name: str) -> str:

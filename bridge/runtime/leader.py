@@ -7,7 +7,9 @@ the resync when it wins); the others stand by (their watches run, nothing is wri
 leader that cannot renew within the deadline stops handling at once and exits 1
 (`OperatorStop`): its `bridge.runtime.fence.Fence` refuses every write from the deadline on,
 in the writing thread, and the exit is armed from a thread of the election, so neither needs
-the event loop. On a clean stop the leader gives the Lease up (`ElectionLock.release`).
+the event loop. On a clean stop the leader lets its work end, revokes its fence, waits for
+its threads (bounded) and only then gives the Lease up (`Leadership.close`,
+`ElectionLock.release`): no write of it goes out once a standby may lead.
 
 The election is the official client's ``kubernetes.leaderelection`` in a daemon thread;
 `ElectionLock` adds what its ``LeaseLock`` lacks (our ``ApiClient``, request timeouts,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import enum
 import logging
 import os
 import secrets
@@ -48,20 +51,43 @@ __all__ = [
     "ElectionStoppedError",
     "Leadership",
     "LeadershipLostError",
+    "LeaseReason",
     "OperatorStop",
     "Timings",
     "election_client",
     "holder_identity",
     "lease_fence",
     "lease_namespace",
+    "stop_tasks",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The Lease every replica runs for (``kubectl get lease ipam-bridge -n <namespace>``).
 LEASE_NAME = "ipam-bridge"
+
+
+class LeaseReason(enum.StrEnum):
+    """Reasons of the Events ipam-bridge posts on its leader election Lease.
+
+    The reason client-go's leader election gives its Events (``LeaderElection``).
+    """
+
+    #: Lease Event: Normal when a replica became the leader; Warning when the leader stopped
+    #: leading (it could not renew the Lease in time, or lost it), and exits.
+    LEADER_ELECTION = "LeaderElection"
+
+
 #: Shortest timeout of one Lease request (past the renew deadline a try fails at once).
 MIN_REQUEST_TIMEOUT = 0.1
+#: Seconds a clean stop lets the work end (in-flight reconciles, an audit or purge pass) with
+#: the fence open, then the seconds it waits, the fence revoked, for what did not end. With
+#: the informers' stops (5 s each at most) they fit the Deployment's
+#: ``terminationGracePeriodSeconds`` of 60.
+STOP_DRAIN_SECONDS = 10.0
+STOP_JOIN_SECONDS = 5.0
+#: Seconds a clean stop lets the Events still queued be posted before the fence is revoked.
+STOP_EVENTS_SECONDS = 2.0
 
 
 class ElectionStoppedError(Exception):
@@ -373,6 +399,11 @@ class Leadership:
     run_election:
         Runs the election of a ``kubernetes.leaderelection`` ``Config`` until it returns
         (tests replace it).
+    drained:
+        Called in a thread on a clean stop once the work ended, before the fence is revoked
+        (posts the Events still queued: ``EventRecorder.close``); None: nothing.
+    drain_seconds, join_seconds:
+        The bounds of a clean stop (`close`): `STOP_DRAIN_SECONDS`, `STOP_JOIN_SECONDS`.
     """
 
     def __init__(
@@ -386,8 +417,14 @@ class Leadership:
         fence: Fence | None = None,
         kube: Kube | None = None,
         run_election: Callable[[Any], None] = lambda c: leaderelection.LeaderElection(c).run(),
+        drained: Callable[[], None] | None = None,
+        drain_seconds: float = STOP_DRAIN_SECONDS,
+        join_seconds: float = STOP_JOIN_SECONDS,
     ) -> None:
         self.lock = lock
+        self._drained = drained
+        self.drain_seconds = drain_seconds
+        self.join_seconds = join_seconds
         self.timings: Timings = lock.timings
         self.fence = fence or lease_fence(lock)
         self._arm_exit = arm_exit
@@ -548,24 +585,42 @@ class Leadership:
 
         def post() -> None:
             try:
-                kube.post_event(obj, type=type, reason="LeaderElection", message=message)
+                kube.post_event(obj, type=type, reason=LeaseReason.LEADER_ELECTION, message=message)
             except Exception as exc:
                 log.debug("leader election Event not posted: %s", exc)
 
         threading.Thread(target=post, name="ipam-bridge-leader-event", daemon=True).start()
 
     async def close(self) -> None:
-        """Stop: the work (in-flight reconciles finish), then the election; give the Lease up.
+        """Stop cleanly: the work, then the fence, then the Lease is given up.
 
-        The Lease is still renewed while the work finishes; it is released unless leadership
-        was lost (the holder is checked on the server: a standby releases nothing).
+        As controller-runtime's manager with ``LeaderElectionReleaseOnCancel``: the work is
+        cancelled and its in-flight passes may end within `drain_seconds` (the Lease still
+        renewed, writes allowed); then the fence is revoked, so that no write of this
+        replica goes out once the Lease is released (the audit's and the purge's included),
+        and what did not end is waited for `join_seconds` more (its writes now refused);
+        only then is the Lease released (unless leadership was lost: the holder is checked
+        on the server, so a standby releases nothing). What still runs after that is
+        abandoned (logged): every pass is level-triggered and safe to redo by the next
+        leader.
         """
         self._closed.set()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             if not task.cancelling():  # cancelled once (lost): let it finish
                 task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending = await stop_tasks(tasks, self.drain_seconds)
+        if not pending and self._drained is not None and self.leading:
+            events = asyncio.create_task(asyncio.to_thread(self._drained))
+            await stop_tasks([events], STOP_EVENTS_SECONDS)
+        self.fence.revoke(f"stopping: the leader Lease {self.where} is being released")
+        pending = await stop_tasks(pending, self.join_seconds)
+        if pending:
+            log.warning(
+                "%s did not end within %g s of the stop; abandoned (their writes are refused)",
+                ", ".join(sorted(t.get_name() for t in pending)),
+                self.drain_seconds + self.join_seconds,
+            )
         if self.lost is None:
             released = await asyncio.to_thread(self.lock.release)
             if released:
@@ -575,3 +630,19 @@ class Leadership:
         self.leading = False
         self._metrics.leader.set(0)
         await asyncio.to_thread(self.lock.client.close)
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], timeout: float) -> set[asyncio.Task[Any]]:
+    """Wait up to ``timeout`` seconds for ``tasks`` (cancelled already) to end; return the rest.
+
+    A task that ends by cancellation or an error is done as any other (its exception is
+    retrieved, never raised here).
+    """
+    waiting = set(tasks)
+    if not waiting:
+        return set()
+    done, pending = await asyncio.wait(waiting, timeout=timeout)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning
+    return pending

@@ -213,7 +213,7 @@ class Store:
         """Apply a first list's objects (as events, in order); mark synced.
 
         ``scope``: the keys the list covers; while another scope given to `expect` has not
-        been filled, the part is not marked synced yet.
+        been listed (`fill` or `replace`), the part is not marked synced yet.
 
         Returns
         -------
@@ -225,10 +225,18 @@ class Store:
             self.apply(key, body)
             count += 1
         with self._lock:
-            self._unfilled.discard(scope)
-            if not self._unfilled:
-                self._synced = True
+            self._listed(scope)
         return count
+
+    def _listed(self, scope: Scope | None) -> None:
+        """Record that ``scope`` was listed; mark synced once every expected one was (lock held).
+
+        client-go's ``HasSynced`` is true only after the initial list of every informer: a
+        part filled by one list per namespace is synced once each of them has come.
+        """
+        self._unfilled.discard(scope)
+        if not self._unfilled:
+            self._synced = True
 
     def begin_relist(self) -> Relisting:
         """Start recording the keys events touch: call right before the list request.
@@ -255,7 +263,7 @@ class Store:
         *,
         scope: Scope | None = None,
     ) -> Relisted:
-        """Make the store what a fresh list says; mark synced.
+        """Make the store what a fresh list says; mark synced once every scope was listed.
 
         The list replaces every entry of ``scope`` (None: every entry) except those an
         event touched since ``relisting`` began (`begin_relist`; None: no event is newer
@@ -287,7 +295,7 @@ class Store:
                 if key not in touched and (current is None or stored.version != current.version):
                     self._objects[key] = stored
                     changed.append((key, stored))
-            self._synced = True
+            self._listed(scope)
             self._suspects.discard(scope)
         return Relisted(
             [(key, stored.body()) for key, stored in gone],
@@ -298,7 +306,7 @@ class Store:
 
     @property
     def synced(self) -> bool:
-        """True once a listing was seen."""
+        """True once every scope given to `expect` was listed (without `expect`: one list)."""
         return self._synced
 
     @property

@@ -10,6 +10,12 @@ seen again (run only when no other key is due, one at a time, so that these chec
 the CPU to new work), and parking under wake tokens (`Result.wait`, `WorkQueue.wake`).
 Memory is kept per key only while it is queued, parked, processed or failing.
 
+A queue made with ``standby=True`` drops every key and wake until `WorkQueue.lead`: a replica
+standing by for the leader Lease keeps no per-key state, however many objects its informers
+see (controller-runtime starts its controllers, and so their event handlers, only once
+elected); the new leader then queues what its stores hold
+(`bridge.handlers.resync.replay`).
+
 The queue runs on the operator's event loop, the reconciles in a pool of ``workers`` threads;
 `add` and `wake` may be called from any thread.
 """
@@ -89,6 +95,9 @@ class WorkQueue:
         again; each further failure in a row doubles it.
     max_error_delay:
         The cap of that doubling, in seconds.
+    standby:
+        True: `add` and `wake` drop everything until `lead` is called (a standby replica);
+        False: keys are kept from the start.
     """
 
     def __init__(
@@ -98,8 +107,10 @@ class WorkQueue:
         workers: int,
         error_delay: float = 0.005,
         max_error_delay: float = 1000.0,
+        standby: bool = False,
     ) -> None:
         self._reconcile = reconcile
+        self._leading = not standby
         self._workers = workers
         # The background key running, if any: one at a time, as a thread that checks settled
         # objects one after the other already takes the GIL from the event loop half the time.
@@ -148,7 +159,7 @@ class WorkQueue:
         ``background``: the key runs only when no key of the front lane is due (a check of an
         object that most likely needs nothing); a key already queued in the front lane stays
         there. Safe from any thread; before `run` has started, keys are kept and run once it
-        starts.
+        starts. A standby queue (``standby=True``) drops the key until `lead`.
 
         ``unless``: nothing is queued if it answers True, asked now or, when the key is
         being processed, once that pass has ended (for a watch event that may be the echo
@@ -162,6 +173,8 @@ class WorkQueue:
         place promised at an IPAM server (`bridge.runtime.waits.Places`), does not wait
         behind keys that hold nothing.
         """
+        if not self._leading:
+            return
         if unless is not None:
             with self._lock:
                 if key in self._processing:
@@ -185,7 +198,11 @@ class WorkQueue:
         count:
             Wake at most this many, longest parked first (None: all). With a count, a wake
             that finds no key parked is not remembered for keys being processed.
+
+        A standby queue (``standby=True``) wakes and remembers nothing until `lead`.
         """
+        if not self._leading:
+            return 0
         with self._lock:
             parked = list(self._parked.get(token, ()))
             keys = parked if count is None else parked[:count]
@@ -200,6 +217,20 @@ class WorkQueue:
                     log.debug("%s woken by %s", key, token)
             self._notify()
         return len(keys)
+
+    def lead(self) -> None:
+        """Accept keys and wakes from now on (a standby queue; a no-op on any other).
+
+        What the watches told before is not in the queue: the caller queues what its stores
+        hold once this returned (`bridge.handlers.resync.replay`), so that an event told
+        between the two is queued either way.
+        """
+        self._leading = True
+
+    @property
+    def leading(self) -> bool:
+        """True once keys are accepted (always, but on a standby queue before `lead`)."""
+        return self._leading
 
     def backoff(self, failures: int) -> float:
         """Return the delay in seconds after ``failures`` (>= 1) failed passes in a row."""

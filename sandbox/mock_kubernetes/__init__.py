@@ -3,6 +3,7 @@
 from mock_kubernetes.auth import AccessLog, AccessRecord, Identity, User, service_account_user
 from mock_kubernetes.emulator import KubeEmulator
 from mock_kubernetes.faults import Fault, Faults
+from mock_kubernetes.inflight import DeletesInFlight
 from mock_kubernetes.rbac import PolicyRule, RBACAuthorizer, deploy_identity
 from mock_kubernetes.resources import (
     BUILTIN_RESOURCES,
@@ -21,6 +22,7 @@ __all__ = [
     "AccessLog",
     "AccessRecord",
     "ApiError",
+    "DeletesInFlight",
     "EmulatedKubernetes",
     "Fault",
     "Faults",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.base import parse_owner
 from mock_kubernetes.sandbox import Sandbox, wait_for
 
 __all__ = ["run_demo"]
@@ -32,7 +33,7 @@ USERNAME = "ipam-bridge"
 PASSWORD = "demo-password-not-a-secret"  # the mock's own; printed nowhere
 
 
-def _phpipam(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]], str]:
+def _phpipam(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str, str]]], str]:
     from mock_phpipam.server import MockPhpipamServer
     from mock_phpipam.store import Store
 
@@ -65,16 +66,20 @@ def _phpipam(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]]
         credentials={"username": USERNAME, "password": PASSWORD},
     )
 
-    def entries() -> list[tuple[str, str]]:
+    def entries() -> list[tuple[str, str, str]]:
         return [
-            (str(a.ip), a.hostname or ("(gateway)" if a.is_gateway else ""))
+            (
+                str(a.ip),
+                a.hostname or ("(gateway)" if a.is_gateway else ""),
+                _owner(a.values.get("note")),
+            )
             for a in store.subnet_addresses(7)
         ]
 
     return server, entries, "PHPIPAMIPPool"
 
 
-def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]], str]:
+def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str, str]]], str]:
     from mock_infoblox.server import MockInfobloxServer
     from mock_infoblox.store import InfobloxStore
 
@@ -96,14 +101,24 @@ def _infoblox(sandbox: Sandbox) -> tuple[Any, Callable[[], list[tuple[str, str]]
         credentials={"username": USERNAME, "password": PASSWORD},
     )
 
-    def entries() -> list[tuple[str, str]]:
+    def entries() -> list[tuple[str, str, str]]:
         rows = []
         for host in store.dump()["objects"].get("record:host", []):
+            owner = _owner(host.get("comment"))
             for addr in host.get("ipv4addrs") or []:
-                rows.append((str(addr.get("ipv4addr")), str(host.get("name"))))
+                rows.append((str(addr.get("ipv4addr")), str(host.get("name")), owner))
         return sorted(rows, key=lambda r: tuple(int(x) for x in r[0].split(".")))
 
     return server, entries, "InfobloxIPPool"
+
+
+def _owner(text: object) -> str:
+    """Return the ipam-bridge owner a stored text names, ``<cluster id> <ns>/<claim>``, or "-".
+
+    phpIPAM's ``note`` and WAPI's ``comment`` (`backends.base.parse_owner`).
+    """
+    owner = parse_owner(text if isinstance(text, str) else None)
+    return "-" if owner is None else f"{owner.cluster_id or '(previous release)'} {owner.claim}"
 
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -398,8 +413,9 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
                 f"3. pool usage: total {usage['total']}, used {usage['used']}, free {usage['free']}"
             )
             registered = entries()
-            say(f"   the {backend} mock holds {len(registered)} entries in {SUBNET}:")
-            say(_table([(ip, host) for ip, host in registered], ("address", "hostname")))
+            say(f"   the {backend} mock holds {len(registered)} entries in {SUBNET}, each naming")
+            say("   its owner: this management cluster (the uid of kube-system) and the claim:")
+            say(_table(registered, ("address", "hostname", "owner (cluster, claim)")))
             say("")
 
             for c in bound:
@@ -408,7 +424,7 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
             left = entries()
             say(
                 f"4. claims deleted: every IPAddress is gone; the {backend} mock holds "
-                f"{len(left)} entries: {', '.join(f'{ip} {h}' for ip, h in left) or 'none'}"
+                f"{len(left)} entries: {', '.join(f'{ip} {h}' for ip, h, _ in left) or 'none'}"
             )
             say("")
             endpoint_ok = _endpoint_step(sandbox, kind, say)
@@ -423,7 +439,7 @@ def run_demo(*, claims: int = 10, backend: str = "phpipam") -> int:
         distinct == claims
         and endpoint_ok
         and subnets_ok
-        and not [h for _, h in left if h.startswith(("node-", "workload-"))]
+        and not [h for _, h, _ in left if h.startswith(("node-", "workload-"))]
     )
     say(f"\n{'done' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s")
     return 0 if ok else 1

@@ -26,6 +26,8 @@ import dataclasses
 import json
 import logging
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -41,6 +43,7 @@ from mock_kubernetes.auth import (
     request_attributes,
 )
 from mock_kubernetes.faults import Faults
+from mock_kubernetes.inflight import DeletesInFlight
 from mock_kubernetes.partition import Partition
 from mock_kubernetes.resources import ResourceDef
 from mock_kubernetes.silence import Silence
@@ -222,6 +225,10 @@ class KubeEmulator:
     bookmark_seconds : float or None
         Seconds without an event after which a watch asked with ``allowWatchBookmarks``
         gets a ``BOOKMARK`` (60, as a real API server); ``None``: never.
+    deletes : DeletesInFlight
+        A window between a DELETE's read and its commit (`mock_kubernetes.inflight`): a
+        finalizer PATCH committed meanwhile is lost with the object (real-cluster.md 13e).
+        Closed by default.
 
     Notes
     -----
@@ -239,6 +246,10 @@ class KubeEmulator:
     faults: Faults = dataclasses.field(default_factory=Faults)
     silence: Silence = dataclasses.field(default_factory=Silence)
     bookmark_seconds: float | None = 60.0
+    deletes: DeletesInFlight = dataclasses.field(default_factory=DeletesInFlight)
+    _watching: set[asyncio.Transport] = dataclasses.field(
+        default_factory=set, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.identities[self.admin.token] = self.admin
@@ -315,6 +326,9 @@ class KubeEmulator:
         try:
             if target is not None:
                 body = await request.read()
+                raced = await self._delete_in_flight(request, target, body)
+                if raced is not None:
+                    return aiohttp.web.json_response(raced)
                 result = self._dispatch(request, target, body)
                 if isinstance(result, AsyncIterator):
                     return await self._stream(request, result)
@@ -349,6 +363,9 @@ class KubeEmulator:
             status=200, headers={"Content-Type": "application/json"}
         )
         await response.prepare(request)
+        transport = request.transport
+        if transport is not None:
+            self._watching.add(transport)
         try:
             try:
                 async for event in events:
@@ -371,8 +388,29 @@ class KubeEmulator:
         except ConnectionError:
             pass  # the client went away while the stream ended
         finally:
+            if transport is not None:
+                self._watching.discard(transport)
             await _aclose(events)  # the store forgets the watcher at once
         return response
+
+    def reset_watches(self) -> int:
+        """Cut every open watch connection with a TCP reset; return how many (loop thread).
+
+        As a load balancer, a proxy or a NAT that drops a long-lived connection does: the
+        client's next read fails with "connection reset by peer" in the middle of the
+        stream (no end of the chunked body). The server stays up: new connections, and
+        watches resumed from a resourceVersion, are served as before.
+        """
+        cut = 0
+        for transport in list(self._watching):
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # linger 0: close() sends RST, not FIN
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+            cut += 1
+        self._watching.clear()
+        self.store.drop_watches()  # their handlers end (the store forgets the watchers)
+        return cut
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -451,6 +489,30 @@ class KubeEmulator:
         }
 
     # -- resources ------------------------------------------------------------------------------
+
+    async def _delete_in_flight(
+        self, request: aiohttp.web.BaseRequest, target: Route, raw: bytes
+    ) -> dict[str, Any] | None:
+        """Serve a DELETE through the window of `deletes` when it applies; else None.
+
+        The object is read (the decision), the window waited out, then the object removed as
+        it is by then (`ObjectStore.commit_delete`). None: served by `_dispatch` (no window
+        for this request, or the object has finalizers and is marked, not removed).
+        """
+        if not (
+            request.method.upper() == "DELETE"
+            and target.name is not None
+            and target.subresource is None
+            and self.deletes.applies(target.plural)
+        ):
+            return None
+        defn = self.store.resolve(target.group, target.version, target.plural)
+        options = _body(raw) if raw else None
+        read = self.store.read_for_delete(defn, target.namespace, target.name, options)
+        if read is None:
+            return None
+        await self.deletes.wait()
+        return self.store.commit_delete(defn, read, options)
 
     def _dispatch(self, request: aiohttp.web.BaseRequest, target: Route, raw: bytes) -> Any:
         """Serve a resource request from the store.

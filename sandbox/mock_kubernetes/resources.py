@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,67 @@ class ResourceDef:
         return entries
 
 
+def crd_document(crd: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+    """Return a CRD given as a dict, or read from a YAML file (its first CRD document).
+
+    Raises
+    ------
+    ValueError
+        If it is not a CustomResourceDefinition (or the file holds none).
+
+    """
+    if isinstance(crd, (str, Path)):
+        docs = list(yaml.safe_load_all(Path(crd).read_text(encoding="utf-8")))
+        found = [
+            d for d in docs if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition"
+        ]
+        if not found:
+            raise ValueError(f"no CustomResourceDefinition in {crd}")
+        crd = found[0]
+    if crd.get("kind") != "CustomResourceDefinition":
+        raise ValueError("not a CustomResourceDefinition")
+    return crd
+
+
+def crd_object(crd: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the CustomResourceDefinition object an API server serving ``crd`` shows.
+
+    Its spec as given (``apiVersion`` ``apiextensions.k8s.io/v1``), and the status the
+    apiextensions-apiserver writes once the names are accepted and the resource is served:
+    conditions ``NamesAccepted`` and ``Established`` True, ``acceptedNames`` (the spec's names
+    with ``singular`` and ``listKind`` filled in), ``storedVersions`` (the storage version)
+    (https://kubernetes.io/docs/reference/kubernetes-api/extend-resources/custom-resource-definition-v1/).
+    """
+    body = copy.deepcopy(dict(crd))
+    body["apiVersion"] = "apiextensions.k8s.io/v1"
+    names = dict(body["spec"]["names"])
+    names.setdefault("singular", str(names["kind"]).lower())
+    names.setdefault("listKind", f"{names['kind']}List")
+    storage = [v["name"] for v in body["spec"].get("versions", []) if v.get("storage")]
+    body["status"] = {
+        "acceptedNames": names,
+        "conditions": [
+            _condition("NamesAccepted", "NoConflicts", "no conflicts found"),
+            _condition(
+                "Established", "InitialNamesAccepted", "the initial names have been accepted"
+            ),
+        ],
+        "storedVersions": storage,
+    }
+    return body
+
+
+def _condition(kind: str, reason: str, message: str) -> dict[str, str]:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+
+
 def resources_from_crd(crd: Mapping[str, Any] | str | Path) -> ResourceDef:
     """Build a :class:`ResourceDef` from an ``apiextensions.k8s.io/v1`` CustomResourceDefinition.
 
@@ -140,16 +203,7 @@ def resources_from_crd(crd: Mapping[str, Any] | str | Path) -> ResourceDef:
         If the document is not a v1 CRD or serves no version.
 
     """
-    if isinstance(crd, (str, Path)):
-        docs = list(yaml.safe_load_all(Path(crd).read_text(encoding="utf-8")))
-        found = [
-            d for d in docs if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition"
-        ]
-        if not found:
-            raise ValueError(f"no CustomResourceDefinition in {crd}")
-        crd = found[0]
-    if crd.get("kind") != "CustomResourceDefinition":
-        raise ValueError("not a CustomResourceDefinition")
+    crd = crd_document(crd)
     spec = crd["spec"]
     names = spec["names"]
     versions = [v for v in spec.get("versions", []) if v.get("served", True)]
@@ -198,8 +252,8 @@ BUILTIN_RESOURCES: tuple[ResourceDef, ...] = (
     _builtin("configmaps", "ConfigMap"),
     _builtin("events", "Event"),
     _builtin("events", "Event", group="events.k8s.io"),
-    # kopf lists and watches CRDs to notice resources that appear later (an operator needs
-    # list/watch on them); the collection is served, empty: CRD objects are not stored.
+    # The CRDs an emulator serves are stored as objects (`crd_object`), read-only in effect:
+    # creating one through the API does not serve its resource.
     _builtin(
         "customresourcedefinitions",
         "CustomResourceDefinition",
@@ -209,7 +263,7 @@ BUILTIN_RESOURCES: tuple[ResourceDef, ...] = (
     _builtin("leases", "Lease", group="coordination.k8s.io"),
 )
 """Served by every emulator: namespaces, secrets, configmaps, core and events.k8s.io events,
-the CRD collection (empty; kopf lists and watches it),
+the CRD collection (the CRDs served, as objects; kopf lists and watches it),
 and coordination.k8s.io leases (leader election)."""
 
 

@@ -20,6 +20,8 @@ from mock_kubernetes.resources import (
     BUILTIN_RESOURCES,
     KOPF_PEERING_RESOURCES,
     ResourceDef,
+    crd_document,
+    crd_object,
     resources_from_crd,
 )
 from mock_kubernetes.store import ApiError, ObjectStore
@@ -105,12 +107,12 @@ class EmulatedKubernetes:
         """The object store; touch it only through this class's methods from other threads."""
         for defn in BUILTIN_RESOURCES + (KOPF_PEERING_RESOURCES if peering else ()):
             self.store.declare(defn)
-        for crd in crds:
-            self.store.declare(resources_from_crd(crd))
         for ns in ("default", "kube-system"):
             self.store.create(
                 self.store.resolve("", "v1", "namespaces"), None, {"metadata": {"name": ns}}
             )
+        for crd in crds:
+            self._declare_crd(crd)
         self.handler = KubeEmulator(
             store=self.store, require_token=require_token, bookmark_seconds=bookmark_seconds
         )
@@ -237,6 +239,26 @@ class EmulatedKubernetes:
         """
         self._control(self._come_up())
 
+    def reset_watches(self) -> int:
+        """Cut every open watch connection with a TCP reset, the server staying up.
+
+        As a load balancer, a proxy or a NAT dropping long-lived connections: each watching
+        client's read fails with "connection reset by peer" mid-stream; new requests are
+        served at once, and a watch resumed from its last resourceVersion gets what
+        happened meanwhile from the history (`KubeEmulator.reset_watches`).
+
+        Returns
+        -------
+        int
+            How many watch connections were cut.
+
+        Raises
+        ------
+        RuntimeError
+            If the emulator is not running.
+        """
+        return self.call(self.handler.reset_watches)
+
     @property
     def serving(self) -> bool:
         """True while connections are accepted (False between `go_down` and `come_up`)."""
@@ -273,6 +295,9 @@ class EmulatedKubernetes:
     def declare_crd(self, crd: Mapping[str, Any] | str | Path) -> ResourceDef:
         """Serve the resource of an ``apiextensions.k8s.io/v1`` CRD (dict or YAML file path).
 
+        The CRD object is stored too (``Established``, as `crd_object` shows it), unless one
+        of that name is there already: clients read it as from a real API server.
+
         Returns
         -------
         ResourceDef
@@ -284,7 +309,22 @@ class EmulatedKubernetes:
             If it is not a CRD (see :func:`resources_from_crd`).
 
         """
-        return self.declare(resources_from_crd(crd))
+        return self.call(self._declare_crd, crd)
+
+    def _declare_crd(self, crd: Mapping[str, Any] | str | Path) -> ResourceDef:
+        """Serve the CRD's resource and store the CRD object (`crd_object`), if new."""
+        doc = crd_document(crd)
+        defn = resources_from_crd(doc)
+        self.store.declare(defn)
+        crds = self.store.resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        name = str(doc["metadata"]["name"])
+        try:
+            self.store.get(crds, None, name)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            self.store.create(crds, None, crd_object(doc))
+        return defn
 
     # -- identities -----------------------------------------------------------------------------
 
@@ -571,11 +611,29 @@ class EmulatedKubernetes:
     def delete(
         self, api_version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:
-        """Delete an object (finalizers are honoured, as in the API)."""
+        """Delete an object (finalizers are honoured, as in the API).
+
+        Through the window of ``handler.deletes`` when it is open for ``plural``
+        (`mock_kubernetes.inflight`), as a DELETE request: this call then returns once the
+        window has passed.
+        """
         defn = self._resource(api_version, plural)
-        return self.call(
-            self.store.delete, defn, namespace, name, version=api_version.rpartition("/")[2]
-        )
+        version = api_version.rpartition("/")[2]
+        deletes = self.handler.deletes
+        if deletes.applies(defn.plural):
+
+            async def in_flight() -> dict[str, Any]:
+                read = self.store.read_for_delete(defn, namespace, name)
+                if read is None:
+                    return self.store.delete(defn, namespace, name, version=version)
+                await deletes.wait()
+                return self.store.commit_delete(defn, read)
+
+            loop = self._loop
+            if loop is None or not loop.is_running():
+                raise RuntimeError("the emulator is not running")
+            return asyncio.run_coroutine_threadsafe(in_flight(), loop).result()
+        return self.call(self.store.delete, defn, namespace, name, version=version)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -226,6 +226,11 @@ class StoreSettings:
         the last one (phpIPAM: 300 s); shorter in tests.
     block_seconds:
         How long a block lasts after the last failure (phpIPAM: 300 s).
+    strict_sql_mode:
+        MariaDB's ``STRICT_TRANS_TABLES``: True refuses a string longer than its column
+        (``description varchar(64)``, ``owner varchar(128)``, ``hostname varchar(255)``...)
+        with 500 ``Data too long``; False (default) cuts it to the column's length, as the
+        measured phpIPAM 1.8.2 did (reference phpipam-api.md section 12).
     """
 
     stringify_results: bool = False
@@ -237,6 +242,7 @@ class StoreSettings:
     max_login_failures: int = 10
     login_failure_window_seconds: float = 300.0
     block_seconds: float = 300.0
+    strict_sql_mode: bool = False
 
 
 @dataclass
@@ -439,6 +445,7 @@ class SeedSettings(_SeedModel):
     max_login_failures: int = Field(default=10, ge=0)
     login_failure_window_seconds: float = Field(default=300.0, gt=0)
     block_seconds: float = Field(default=300.0, gt=0)
+    strict_sql_mode: bool = False
 
 
 class Seed(_SeedModel):
@@ -843,9 +850,9 @@ class Store:
             values[api_key] = self._db_value(db_name, kind, max_len, raw)
         return values
 
-    @staticmethod
-    def _db_value(column: str, kind: type, max_len: int | None, raw: Any) -> Any:
-        # MariaDB strict mode: wrong types and long strings fail the INSERT/UPDATE (500).
+    def _db_value(self, column: str, kind: type, max_len: int | None, raw: Any) -> Any:
+        # Wrong types fail the INSERT/UPDATE (500); a long string fails under MariaDB's strict
+        # mode and is cut to the column's length otherwise (`StoreSettings.strict_sql_mode`).
         if raw is None:
             return None
         if kind is int:
@@ -862,6 +869,8 @@ class Store:
             return int(raw)
         text = ("1" if raw else "") if isinstance(raw, bool) else str(raw)
         if max_len is not None and len(text) > max_len:
+            if not self.settings.strict_sql_mode:
+                return text[:max_len]
             raise PhpipamError(
                 500,
                 "Error: SQLSTATE[22001]: String data, right truncated: 1406 Data too long "

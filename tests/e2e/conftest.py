@@ -85,8 +85,8 @@ def cluster_api(api_server: ApiServer) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` of `api_server`, with our CRDs applied.
 
     Fails when the API server does not answer (a misconfiguration should not pass as a
-    skip). The in-memory API server serves the CRDs from its start (it has no
-    CustomResourceDefinition objects to apply).
+    skip). The in-memory API server serves the CRDs from its start (and shows them as
+    CustomResourceDefinition objects; one applied through the API would serve nothing).
     """
     path = api_server.kubeconfig
     from kubernetes.client import ApisApi

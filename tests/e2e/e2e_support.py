@@ -65,7 +65,9 @@ PLURALS = {"PHPIPAMIPPool": "phpipamippools", "InfobloxIPPool": "infobloxippools
 E2E_ENV: Mapping[str, str] = {
     key: value
     for key, value in os.environ.items()
-    if key == "KUBECONFIG" or key.startswith("PHPIPAM_") or key.startswith("IPAM_BRIDGE_E2E_")
+    if key in ("KUBECONFIG", "KUBECONFIG_SECOND")
+    or key.startswith("PHPIPAM_")
+    or key.startswith("IPAM_BRIDGE_E2E_")
 }
 
 #: Seconds the cluster tests wait for one step (a real API server and watch are slower than

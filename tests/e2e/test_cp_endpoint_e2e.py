@@ -1,13 +1,14 @@
-"""The control-plane VIP in every place, on a real kube-apiserver (issue 30, DESIGN section 11).
+"""The control-plane VIP in every place, CAPV's own template (issue 30, DESIGN section 11).
 
 CAPV v1.16.1's own ``cluster-template.yaml``, rendered as ``clusterctl generate cluster`` does
 with the VIP left empty (`mock_kubernetes.capv.generate_cluster`), applied in a fresh
-namespace of the cluster of ``KUBECONFIG``; the real operator in this process; mock_phpipam (or
-``PHPIPAM_URL``'s phpIPAM). Needs a real API server (skipped on the in-memory one, which the
-integration tests cover): its schemas, defaulting and webhooks are what this checks. The
-KubeadmControlPlane and VSphereCluster CRDs are applied when the cluster has none (and
-deleted afterwards), so it runs on a plain kind cluster as well as a management cluster
-(where CAPI's controllers may act on the Cluster once it is unpaused: a test namespace).
+namespace of the session's API server (``KUBECONFIG``'s cluster, else the in-memory one);
+the real operator in this process, started first as in a management cluster; mock_phpipam
+(or ``PHPIPAM_URL``'s phpIPAM). On a real API server its schemas, defaulting and webhooks are
+what this checks. The KubeadmControlPlane and VSphereCluster CRDs are applied when the
+cluster has none (and deleted afterwards), so it runs on a plain kind cluster as well as a
+management cluster (where CAPI's controllers may act on the Cluster once it is unpaused: a
+test namespace); the in-memory API server is told to serve them.
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ WHERE = {
 
 @pytest.fixture(scope="module")
 def capv_crds(api_server: ApiServer, cluster_api: Any) -> Iterator[None]:
-    """The KubeadmControlPlane and VSphereCluster CRDs, applied when absent, removed after."""
+    """The KubeadmControlPlane and VSphereCluster CRDs, applied when absent, removed after.
+
+    The in-memory API server serves no CRD created through the API: it is told to serve
+    them (`mock_kubernetes.EmulatedKubernetes.declare_crd`), for the rest of the session.
+    """
     if api_server.emulator is not None:
-        pytest.skip("needs a real API server (KUBECONFIG); tests/integration cover the rest")
+        for doc in (d for path in CRDS for d in _crd_docs(path)):
+            api_server.emulator.declare_crd(doc)
+        yield
+        return
     from kubernetes.dynamic.exceptions import NotFoundError
 
     dyn, crds = _crd_client(cluster_api)
@@ -86,6 +94,7 @@ def test_capv_template_without_vip_gets_it_in_all_three_places(
     operator: Callable[..., OperatorThread],
     phpipam: IpamTarget,
 ) -> None:
+    operator()  # running first, as in a management cluster: it makes the pool Ready
     cluster.phpipam_pool(
         namespace,
         "vips",
@@ -124,7 +133,6 @@ def test_capv_template_without_vip_gets_it_in_all_three_places(
         found = cluster.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
         return dict(found)
 
-    operator()
     wait_for(
         lambda: read("Cluster")["spec"].get("paused") is False,
         timeout=cluster.wait_timeout,

@@ -24,12 +24,16 @@ from typing import Any
 
 import pytest
 
+from backends.base import EntryOwner
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
 from mock_infoblox.server import MockInfobloxServer
 from mock_infoblox.store import InfobloxStore
 
 __all__: list[str] = []
+
+#: The owner written on the e2e entries (safe to delete).
+OWNER = EntryOwner("ipam-bridge-e2e", "e2e/test")
 
 #: The INFOBLOX_* environment as it was at collection (fixtures of other suites change env).
 ENV = {key: value for key, value in os.environ.items() if key.startswith("INFOBLOX_")}
@@ -109,7 +113,7 @@ def hostnames(grid: Grid) -> Iterator[list[str]]:
         backend = InfobloxBackend(grid.config(record_type))
         try:
             for name in names:
-                backend.release(name)
+                backend.release(name, OWNER)
         finally:
             backend.close()
 
@@ -152,23 +156,23 @@ def test_allocate_twice_gives_the_same_address_and_release_is_idempotent(
     name = _new_hostname(hostnames)
     assert backend.find(name) is None
 
-    first = backend.allocate(name, "ipam-bridge e2e test")
+    first = backend.allocate(name, OWNER)
     assert ipaddress.ip_address(first.address) in network
     assert ipaddress.ip_address(first.address) != network.network_address
     assert first.prefix == network.prefixlen
     assert first.hostname == name
     assert first.ref
 
-    again = backend.allocate(name, "ipam-bridge e2e test")
+    again = backend.allocate(name, OWNER)
     assert (again.address, again.ref) == (first.address, first.ref)
     found = backend.find(name)
     assert found is not None
     assert (found.address, found.ref) == (first.address, first.ref)
 
-    other = backend.allocate(_new_hostname(hostnames), "ipam-bridge e2e test")
+    other = backend.allocate(_new_hostname(hostnames), OWNER)
     assert other.address != first.address
 
-    assert backend.release(name) is True
+    assert backend.release(name, OWNER) is True
     assert backend.find(name) is None
-    assert backend.release(name) is False
+    assert backend.release(name, OWNER) is False
     assert backend.find(hostnames[1]) is not None

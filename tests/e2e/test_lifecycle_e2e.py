@@ -1,9 +1,9 @@
-"""Issue 9's lifecycle scenarios against a real API server (``KUBECONFIG``; skipped otherwise).
+"""Issue 9's lifecycle scenarios on the session's API server (``KUBECONFIG``'s, else in-memory).
 
 What the in-memory API models (namespace termination, pruning, CEL, finalizers of other
-providers) is checked here against the real thing: the namespace controller, the structural
-schema, the CRDs' transition rules. The operator runs in this process for one namespace; the
-IPAM is mock_phpipam on 127.0.0.1.
+providers) is checked here against the real thing when ``KUBECONFIG`` names one: the
+namespace controller, the structural schema, the CRDs' transition rules. The operator runs
+in this process for one namespace; the IPAM is mock_phpipam on 127.0.0.1.
 """
 
 from __future__ import annotations

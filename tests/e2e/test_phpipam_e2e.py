@@ -20,11 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2e_support import IpamTarget, allocation_scenario, unique_name
 
+from backends.base import EntryOwner
 from backends.errors import AuthenticationFailedError, SubnetExhaustedError, SubnetNotFoundError
 from backends.phpipam import PHPIPAMBackend
 from mock_kubernetes.sandbox import Sandbox
 
-DESCRIPTION = "ipam-bridge e2e test entry (safe to delete)"
+#: The owner written on the e2e entries (safe to delete).
+OWNER = EntryOwner("ipam-bridge-e2e", "e2e/test")
 
 #: At most this many addresses are taken from PHPIPAM_SMALL_SUBNET_ID.
 SMALL_SUBNET_MAX_FREE = 16
@@ -43,7 +45,7 @@ def hostname(phpipam: IpamTarget) -> Iterator[Callable[[int | None], str]]:
     yield make
     for subnet_id, name in made:
         with phpipam.backend(subnet_id) as ipam:
-            ipam.release(name)
+            ipam.release(name, OWNER)
 
 
 def test_describe_subnet_reports_consistent_facts(phpipam: IpamTarget) -> None:
@@ -65,8 +67,8 @@ def test_allocate_is_idempotent_and_release_is_idempotent(
         if info.free == 0:
             pytest.skip(f"subnet {phpipam.subnet_id} has no free address")
         assert ipam.find(host) is None
-        first = ipam.allocate(host, DESCRIPTION)
-        again = ipam.allocate(host, DESCRIPTION)
+        first = ipam.allocate(host, OWNER)
+        again = ipam.allocate(host, OWNER)
         found = ipam.find(host)
     assert (again.address, again.ref) == (first.address, first.ref)
     assert found is not None and (found.address, found.ref) == (first.address, first.ref)
@@ -78,9 +80,9 @@ def test_allocate_is_idempotent_and_release_is_idempotent(
     with phpipam.backend() as other:  # a second client: its own login, same entry
         seen = other.find(host)
         assert seen is not None and seen.address == first.address
-        assert other.release(host) is True
+        assert other.release(host, OWNER) is True
         assert other.find(host) is None
-        assert other.release(host) is False
+        assert other.release(host, OWNER) is False
 
 
 def test_concurrent_allocations_get_distinct_addresses(
@@ -94,14 +96,14 @@ def test_concurrent_allocations_get_distinct_addresses(
             pytest.skip(f"subnet {phpipam.subnet_id} has fewer than {count} free addresses")
         with ThreadPoolExecutor(max_workers=3) as pool:
             allocations = list(
-                pool.map(lambda i: clients[i % 2].allocate(hosts[i], DESCRIPTION), range(count))
+                pool.map(lambda i: clients[i % 2].allocate(hosts[i], OWNER), range(count))
             )
         addresses = [a.address for a in allocations]
         assert len(set(addresses)) == count, f"an address was handed out twice: {addresses}"
         for host, allocation in zip(hosts, allocations, strict=True):
             found = clients[1].find(host)
             assert found is not None and found.address == allocation.address
-        assert all(clients[0].release(host) for host in hosts)
+        assert all(clients[0].release(host, OWNER) for host in hosts)
     finally:
         for client in clients:
             client.close()
@@ -137,15 +139,15 @@ def test_small_subnet_is_exhausted_then_freed(
                 f"subnet {subnet_id} has {free} free addresses "
                 f"(at most {SMALL_SUBNET_MAX_FREE} are filled up)"
             )
-        taken = [ipam.allocate(hostname(subnet_id), DESCRIPTION) for _ in range(free)]
+        taken = [ipam.allocate(hostname(subnet_id), OWNER) for _ in range(free)]
         assert len({a.address for a in taken}) == free
         extra = hostname(subnet_id)
         with pytest.raises(SubnetExhaustedError):
-            ipam.allocate(extra, DESCRIPTION)
+            ipam.allocate(extra, OWNER)
         assert ipam.find(extra) is None
         assert ipam.describe_subnets()[0].free == 0
-        assert ipam.release(taken[0].hostname) is True
-        assert ipam.allocate(extra, DESCRIPTION).address == taken[0].address
+        assert ipam.release(taken[0].hostname, OWNER) is True
+        assert ipam.allocate(extra, OWNER).address == taken[0].address
 
 
 def test_operator_allocates_and_releases_in_phpipam(phpipam: IpamTarget) -> None:

@@ -12,8 +12,10 @@ from typing import Any
 
 from integration_env import NAMESPACE
 
+from backends.base import EntryOwner, parse_owner
 from bridge.capi import GROUP, MOVE_ANNOTATION
 from mock_kubernetes.sandbox import Sandbox
+from mock_phpipam.server import MockPhpipamServer
 
 #: The phpIPAM objects a move takes: (apiVersion, plural), owners first (creation order).
 PHPIPAM_MOVE: tuple[tuple[str, str], ...] = (
@@ -143,3 +145,35 @@ def clusterctl_move(
         for item in source.kube.list(api_version, plural, namespace):
             delete_for_move(source, api_version, plural, item["metadata"]["name"], namespace)
     return created
+
+
+def cluster_id(sandbox: Sandbox) -> str:
+    """Return the identity of a sandbox's operator: the uid of its namespace kube-system."""
+    namespace = sandbox.kube.get("v1", "namespaces", "kube-system")
+    assert namespace is not None
+    return str(namespace["metadata"]["uid"])
+
+
+def phpipam_owners(phpipam: MockPhpipamServer, subnet_id: int = 7) -> dict[str, EntryOwner | None]:
+    """Return ``{hostname: owner}`` of a phpIPAM subnet's entries (their ``note``, parsed)."""
+    return {
+        str(a.hostname): parse_owner(a.values.get("note"))
+        for a in phpipam.store.subnet_addresses(subnet_id)
+        if a.hostname
+    }
+
+
+def assert_only_owners_rewritten(phpipam: MockPhpipamServer, target: Sandbox, moved: int) -> None:
+    """Assert what a move did in phpIPAM since its journal was cleared: owners rewritten only.
+
+    No entry created or deleted; one ``PATCH addresses/{id}/`` per moved claim (the target
+    writes itself as the owner, once), and every entry of subnet 7 a claim holds names the
+    target's cluster.
+    """
+    writes = [(e.method, e.path) for e in phpipam.store.requests(writes_only=True)]
+    assert [m for m, _ in writes] == ["PATCH"] * moved, writes
+    assert all("/addresses/" in path for _, path in writes), writes
+    target_id = cluster_id(target)
+    for hostname, owner in phpipam_owners(phpipam).items():
+        if owner is not None:
+            assert owner.cluster_id == target_id, (hostname, owner)

@@ -269,3 +269,166 @@ def test_infoblox_first_free_skips_addresses_of_other_record_types(tmp_path: Pat
     assert code == 0, result
     assert result["status"]["ipAddresses"] == {"total": 2, "used": 1, "free": 1}
     assert result["firstFree"] == "10.20.1.2"
+
+
+def test_other_clusters_entries_without_a_hostname_suffix_are_a_warning(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two entries of management cluster B, one of ours (A), one of a person."""
+    monkeypatch.delenv("IPAM_BRIDGE_CLUSTER_ID", raising=False)
+    for ip, cluster, claim in (
+        ("10.20.0.5", "cluster-b", "default/m1"),
+        ("10.20.0.6", "cluster-b", "default/m2"),
+        ("10.20.0.7", "cluster-a", "default/m3"),
+    ):
+        note = f"ipam-bridge cluster={cluster} claim={claim}"
+        name = claim.split("/")[1] + ".default"
+        phpipam.store.create_address({"subnetId": 7, "ip": ip, "hostname": name, "note": note})
+    phpipam.store.create_address({"subnetId": 7, "ip": "10.20.0.8", "hostname": "printer"})
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnet": "10.20.0.0/24"}
+    secret = write(tmp_path, "secret.yaml", secret_doc(CREDENTIALS))
+    bare = write(tmp_path, "bare.yaml", pool_doc("PHPIPAMIPPool", **spec))
+    suffixed = write(
+        tmp_path, "suffixed.yaml", pool_doc("PHPIPAMIPPool", hostnameSuffix="a", **spec)
+    )
+
+    # This cluster unknown: every management cluster's entries count.
+    code, result = checked("-f", str(bare), "--secret", str(secret))
+    assert code == 0 and result["ready"] is True  # a warning, not a failure
+    [unknown] = result["warnings"]
+    assert "3 entries of 2 management clusters (cluster-a (1), cluster-b (2))" in unknown
+    assert "IPAM_BRIDGE_CLUSTER_ID" in unknown
+
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-a")
+    code, out, _ = run("-f", str(bare), "--secret", str(secret))
+    assert code == 0
+    [line] = [x for x in out.splitlines() if x.startswith("Warning: ")]
+    assert "2 entries of 1 other management cluster (cluster-b (2))" in line
+    assert "spec.hostnameSuffix" in line and "HostnameTaken" in line
+
+    assert checked("-f", str(suffixed), "--secret", str(secret))[1]["warnings"] == []
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-b")
+    assert "cluster-a (1)" in checked("-f", str(bare), "--secret", str(secret))[1]["warnings"][0]
+    assert phpipam.store.requests(writes_only=True) == []  # read-only
+
+
+def test_infoblox_entries_of_another_cluster_are_read_from_the_comment(
+    tmp_path: Path, infoblox: MockInfobloxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IPAM_BRIDGE_CLUSTER_ID", "cluster-a")
+    infoblox.store.add_record(
+        {
+            "name": "m1.default",
+            "address": "10.20.0.9",
+            "comment": "ipam-bridge cluster-b default/m1",
+        }
+    )
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        pool_doc("InfobloxIPPool", endpoint=infoblox.url, subnet="10.20.0.0/24"),
+        secret_doc(CREDENTIALS),
+    )
+    code, result = checked("-f", str(pool))
+    assert code == 0
+    assert "1 entry of 1 other management cluster (cluster-b (1))" in result["warnings"][0]
+
+
+# --- a manifest without metadata.namespace, as kubectl reads it ---------------------------
+
+
+def kubeconfig(path: Path, namespace: str | None) -> Path:
+    """A kubeconfig whose current context has ``namespace`` (none when None); nothing answers."""
+    context: dict[str, Any] = {"cluster": "local", "user": "test"}
+    if namespace is not None:
+        context["namespace"] = namespace
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "local", "context": context}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def unplaced(kind: str, **spec: Any) -> dict[str, Any]:
+    """A pool as the docs' examples write it: no ``metadata.namespace``."""
+    doc = pool_doc(kind, **spec)
+    del doc["metadata"]["namespace"]
+    return doc
+
+
+@pytest.mark.parametrize(("context", "expected"), [("team-a", "team-a"), (None, "default")])
+def test_a_namespaced_pool_without_namespace_is_in_the_context_namespace(
+    tmp_path: Path,
+    phpipam: MockPhpipamServer,
+    monkeypatch: pytest.MonkeyPatch,
+    context: str | None,
+    expected: str,
+) -> None:
+    """kubectl's rule: the current context's namespace, else ``default``; never a Global pool."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", context)))
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        unplaced("PHPIPAMIPPool", endpoint=phpipam.url, appId="capi", subnet="10.20.0.0/24"),
+        secret_doc(CREDENTIALS),
+    )
+    code, out, err = run("-f", str(pool))
+    assert code == 0, out + err
+    assert out.startswith("Ready: True (PoolReady): ")
+    assert f"\npool: PHPIPAMIPPool {expected}/p\n" in out
+
+
+def test_a_pool_without_namespace_and_no_kubeconfig_is_in_default(
+    tmp_path: Path, infoblox: MockInfobloxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    pool = write(
+        tmp_path,
+        "pool.yaml",
+        unplaced("InfobloxIPPool", endpoint=infoblox.url, subnet="10.20.0.0/24"),
+    )
+    secret = write(tmp_path, "secret.yaml", secret_doc(CREDENTIALS))
+    code, result = checked("-f", str(pool), "--secret", str(secret))
+    assert (code, result["reason"]) == (0, "PoolReady"), result
+    assert result["pool"] == "InfobloxIPPool default/p"
+
+
+def test_namespace_option_places_the_pool_and_must_match_its_own(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", "team-a")))
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnetId": 10}
+    bare = write(tmp_path, "bare.yaml", unplaced("PHPIPAMIPPool", **spec), secret_doc(CREDENTIALS))
+    code, out, err = run("-f", str(bare), "--namespace", "team-b")
+    assert code == 0 and "\npool: PHPIPAMIPPool team-b/p\n" in out, err
+    placed = write(
+        tmp_path, "placed.yaml", pool_doc("PHPIPAMIPPool", **spec), secret_doc(CREDENTIALS)
+    )
+    assert run("-f", str(placed), "-n", "capi")[0] == 0
+    code, _, err = run("-f", str(placed), "-n", "team-b")
+    assert code == 2 and "(capi) does not match --namespace team-b" in err
+
+
+def test_a_global_pool_stays_global(
+    tmp_path: Path, phpipam: MockPhpipamServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Global kind names its Secret's namespace, with or without a namespace in its file."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", "team-a")))
+    spec = {"endpoint": phpipam.url, "appId": "capi", "subnetId": 10}
+    for doc in (unplaced("GlobalPHPIPAMIPPool", **spec), pool_doc("GlobalPHPIPAMIPPool", **spec)):
+        pool = write(tmp_path, "pool.yaml", doc, secret_doc(CREDENTIALS))
+        code, result = checked("-f", str(pool))
+        assert (code, result["reason"]) == (1, "InvalidSpec")
+        assert "spec.credentialsRef.namespace is required on a Global pool" in result["message"]
+    named = unplaced(
+        "GlobalPHPIPAMIPPool", **spec, credentialsRef={"name": "creds", "namespace": "x"}
+    )
+    pool = write(tmp_path, "pool.yaml", named, secret_doc(CREDENTIALS))
+    code, result = checked("-f", str(pool))
+    assert (code, result["reason"]) == (0, "PoolReady"), result
+    assert result["pool"] == "GlobalPHPIPAMIPPool p"

@@ -106,6 +106,14 @@ def test_phpipam_drift_is_repaired_or_reported_and_the_cli_shows_it(
         7, "10.20.0.200", hostname="gone.test", description="ipam-bridge test/gone cluster c1"
     )
     store.add_address(7, "10.20.0.201", hostname="printer-8", description="3rd floor")
+    # Another management cluster's entry (same IPAM, no hostnameSuffix): never an orphan here.
+    store.add_address(
+        7,
+        "10.20.0.202",
+        hostname="gone2.test",
+        description="ipam-bridge test/gone2",
+        note="ipam-bridge cluster=cluster-b claim=test/gone2",
+    )
 
     restored = wait_for(lambda: events(sandbox, "AddressRestored", "m1"), timeout=10)
     assert restored[0]["type"] == "Normal" and bound["m1"] in restored[0]["message"]
@@ -120,6 +128,7 @@ def test_phpipam_drift_is_repaired_or_reported_and_the_cli_shows_it(
     )
     assert condition["reason"] == "DriftFound"
     assert condition["message"].startswith("0 missing, 1 conflict, 1 orphan")
+    assert condition["message"].endswith("1 of cluster cluster-b")
     assert sandbox.ready(sandbox.pool(NAMESPACE, "pool"))[0] == "True"  # Ready untouched
     assert drift_metric(port, "test/pool", "PHPIPAMIPPool") == {
         "missing": 0.0,
@@ -140,6 +149,8 @@ def test_phpipam_drift_is_repaired_or_reported_and_the_cli_shows_it(
     assert header.split() == ["POOL", "CLAIM", "ADDRESS", "IPAM", "HOSTNAME", "FINDING"]
     assert table[0].split() == ["test/pool", "test/m2", bound["m2"], "printer-7", "conflict"]
     assert table[1].split() == ["test/pool", "test/gone", "10.20.0.200", "gone.test", "orphan"]
+    assert "PHPIPAMIPPool test/pool: entries by owner: " in out and "1 of cluster cluster-b" in out
+    assert "test/gone2" not in out
     code, out, _ = run_audit(capsys, "--namespace", NAMESPACE, "--output", "json")
     document = json.loads(out)
     assert code == 1 and document["inSync"] is False and document["errors"] == []

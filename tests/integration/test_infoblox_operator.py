@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 from integration_env import CREDENTIALS, NAMESPACE
+from moving import cluster_id
 
 import bridge.operator as operator_module
+from backends.base import parse_owner
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -285,7 +287,8 @@ def test_fifty_claims_get_distinct_first_free_addresses_and_are_released(
         assert record["configure_for_dns"] is False
         assert record["view"] == NON_DNS_VIEW
         assert record["network_view"] == "default"
-        assert record["comment"] == f"ipam-bridge {NAMESPACE}/{name}"
+        # The owner: this management cluster (the uid of its kube-system) and the claim.
+        assert record["comment"] == f"ipam-bridge {cluster_id(sandbox)} {NAMESPACE}/{name}"
     assert objects(infoblox, "fixedaddress") == []
 
     # The pool's refreshed status counts them, the gateway and the 20 addresses of the DHCP
@@ -413,9 +416,9 @@ def test_extensible_attributes_and_provenance_on_every_record(
     expected_eas = {k: {"value": v} for k, v in eas.items()}
     for record in records.values():
         assert record["extattrs"] == expected_eas
-    assert records["m1.test"]["comment"] == "ipam-bridge test/m1 cluster c1"
-    assert records["m2.test"]["comment"] == "ipam-bridge test/m2 cluster c1"
-    assert records["m3.test"]["comment"] == "ipam-bridge test/m3"
+    me = cluster_id(sandbox)  # the owner: this management cluster and the claim
+    for name in ("m1", "m2", "m3"):
+        assert records[f"{name}.test"]["comment"] == f"ipam-bridge {me} test/{name}"
     labels = {
         a["metadata"]["name"]: a["metadata"].get("labels") or {}
         for a in sandbox.addresses(NAMESPACE)
@@ -438,6 +441,21 @@ def test_extensible_attributes_and_provenance_on_every_record(
         sandbox.delete_claim(NAMESPACE, name)
     sandbox.wait_gone(NAMESPACE)
     assert objects(infoblox, wapi_type) == []
+
+
+def test_the_pools_owner_extensible_attribute_names_the_owner(
+    infoblox: MockInfobloxServer, sandbox: Sandbox
+) -> None:
+    infoblox.store.seed({"extensible_attributes": ["CAPI-Owner"]})
+    ready_pool(sandbox, infoblox, "pool", V4_NET, ownerExtensibleAttribute="CAPI-Owner")
+    sandbox.claim(NAMESPACE, "m1", "pool", kind=KIND)
+    sandbox.wait_claims_bound(NAMESPACE, 1)
+
+    [record] = objects(infoblox, "record:host")
+    value = record["extattrs"]["CAPI-Owner"]["value"]
+    owner = parse_owner(f"ipam-bridge {value}")
+    assert owner is not None and owner.claim == "test/m1"
+    assert parse_owner(record["comment"]) == owner  # the comment names the same owner
 
 
 @pytest.mark.parametrize("record_type", ["host", "fixedaddress"])

@@ -7,9 +7,11 @@ emulated API server and one mock phpIPAM.
 - Only the leader works: claims created while both run are each allocated exactly once (one
   ``first_free`` POST per claim, no DELETE), the standby writes nothing and calls no IPAM.
 - SIGTERM of the leader: it finishes, empties the Lease's holder and exits 0; the standby
-  takes over within 5 s (default timings).
+  takes over within 3 s (default timings: the standby tries every 2 s).
 - SIGKILL of the leader: the standby serves a new claim within 30 s (default timings: the
   lease of 15 s runs out first).
+- A standby serves ``/metrics`` with ``ipam_bridge_leader 0`` from its start, even while none
+  of its API requests is answered (the leader shows 1).
 - A leader whose API server stops answering (its connection goes through a proxy that is
   cut) notices it in the official election code (renews time out), stops handling and exits
   1 with a last line saying why; the standby takes over.
@@ -335,7 +337,7 @@ def test_only_the_leader_works_and_sigterm_hands_the_lease_over_at_once(
     seen = log.stop()
     # the leader emptied the holder before the standby took the Lease
     assert seen[seen.index(old) :][:3] == [old, "", new], seen
-    assert takeover < 5
+    assert takeover < 3  # the standby's next try (every 2 s) after the release
 
     cluster.claim(NAMESPACE, "m12", "pool")
     cluster.wait_claims_bound(NAMESPACE, 13, timeout=30)
@@ -404,6 +406,26 @@ def test_a_leader_that_loses_the_api_server_stops_handling_and_exits_1(
         cluster.wait_claims_bound(NAMESPACE, 2, timeout=30)
         assert first_free_posts(phpipam) == 2
         assert deletes(phpipam) == []
+    finally:
+        proxy.close()
+
+
+def test_a_standby_shows_leader_0_from_its_start_before_the_api_server_answers_it(
+    cluster: Sandbox, replicas: Callable[..., Replica]
+) -> None:
+    """``/metrics`` is served first: a standby still listing (here: never answered) shows 0."""
+    a = replicas("a")
+    a.wait_started()
+    wait_leader(cluster, a)
+    assert wait_for(lambda: (a.metrics() or {}).get("ipam_bridge_leader") == 1)
+    proxy = Blackhole(cluster.kube.url)
+    proxy.cut()  # b's requests are accepted and never answered
+    try:
+        b = replicas("b", server=proxy.url)
+        assert b.wait_started()["ipam_bridge_leader"] == 0
+        assert (a.metrics() or {}).get("ipam_bridge_leader") == 1
+        assert b.proc.poll() is None  # still starting, not failed
+        assert b.writes(cluster) == []
     finally:
         proxy.close()
 

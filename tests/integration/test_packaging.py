@@ -12,6 +12,7 @@ sandbox wheel only, or from nowhere. Everything runs from a directory outside th
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -190,6 +191,8 @@ def test_installed_wheel_runs_the_demo_outside_the_checkout(
     )
     out = demo.stdout
     assert "10.20.0.2" in out and "10.20.0.3" in out, out + demo.stderr
+    # Each IPAM entry names its owner: the demo cluster's identity (a uid) and the claim.
+    assert re.search(r"node-00-eth0\.demo +[0-9a-f-]{36} demo/node-00-eth0", out), out
 
 
 def test_a_plain_install_says_what_to_install_for_the_demo(wheel: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 from integration_env import CREDENTIALS, NAMESPACE, schemaless_crd
 
 from mock_kubernetes.auth import Identity, service_account_user
-from mock_kubernetes.rbac import RBACAuthorizer
+from mock_kubernetes.rbac import RBACAuthorizer, deploy_identity, deploy_objects
 from mock_kubernetes.sandbox import FAST_SETTINGS, Sandbox, crd_documents
 from mock_kubernetes.server import EmulatedKubernetes
 from mock_phpipam.server import MockPhpipamServer
@@ -168,3 +169,23 @@ def test_an_unknown_token_exits_1_at_start_up(tmp_path: Path) -> None:
     last = result.stderr.splitlines()[-1]
     assert last.startswith("ipam-bridge: "), last
     assert "Unauthorized" in last, last
+
+
+def test_a_cluster_id_that_cannot_be_read_exits_1_naming_the_setting(tmp_path: Path) -> None:
+    # deploy/'s RBAC without its one rule on namespace kube-system: everything else is
+    # granted, so the start-up gets as far as the management cluster's identity.
+    objects = copy.deepcopy(deploy_objects())
+    for obj in objects:
+        if obj["kind"] == "ClusterRole":
+            obj["rules"] = [r for r in obj["rules"] if "namespaces" not in r["resources"]]
+    identity = deploy_identity(objects=objects)
+    with EmulatedKubernetes(
+        crds=crd_documents(), identities=[identity], require_token=True
+    ) as kube:
+        result = _run(kube.write_kubeconfig(tmp_path / "kubeconfig", identity))
+        refused = [r for r in kube.access_log.records(allowed=False)]
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("ipam-bridge: start-up failed: IPAM_BRIDGE_CLUSTER_ID is empty"), last
+    assert "kube-system" in last and "403" in last, last
+    assert [(r.verb, r.resource, r.name) for r in refused] == [("get", "namespaces", "kube-system")]

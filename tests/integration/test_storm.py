@@ -1,5 +1,10 @@
 """A create/delete storm: claims created from many threads, half deleted moments later.
 
+Also the storm of real-cluster.md 13e: claims deleted 0-300 ms after their creation while
+the in-memory API server lets a DELETE that read no finalizer win over our finalizer PATCH
+committed meanwhile (a window between a DELETE's read and its commit), and a claim let go by
+hand (13f: the garbage collector leaves its IPAddress to the pool).
+
 CAPI scales a MachineSet up and down within a second: 300 claims are created from 20
 threads, 150 of them deleted 0-300 ms after their creation (an admin client of the
 in-memory API server); meanwhile, in another namespace, 20 claims arrive each on a pool of
@@ -12,6 +17,7 @@ pool can be deleted. The figures are printed (``pytest -s``).
 from __future__ import annotations
 
 import copy
+import logging
 import random
 import threading
 import time
@@ -32,7 +38,7 @@ from fault_audit import (
 )
 from integration_env import CREDENTIALS, NAMESPACE, PHPIPAM_SEED
 
-from bridge.capi import GROUP
+from bridge.capi import CLAIM_FINALIZER, GROUP
 from mock_kubernetes.sandbox import Sandbox
 from mock_phpipam.server import MockPhpipamServer
 from mock_phpipam.store import Store
@@ -226,3 +232,160 @@ def test_a_create_delete_storm_leaks_nothing_and_every_pool_can_be_deleted(
         leaks=len(result.leaks) + len(let_go_leaks) + len(final.leaks),
         converge_seconds=converge_seconds,
     )
+
+
+# -- real-cluster.md 13e and 13f ---------------------------------------------------------------
+
+#: Claims of one raced storm, the threads that create and delete them, the seeds.
+RACED_CLAIMS = 40
+RACED_THREADS = 20
+RACED_SEEDS = (1, 2, 3)
+#: The window between a claim DELETE's read and its commit (the real one: 30-80 ms and more).
+RACED_WINDOW = 0.15
+#: Generous: about 2 s on an idle machine; the operator's resync (300 s) is not waited for.
+RACED_SECONDS = 60.0
+CLAIMS_LOGGER = "bridge.reconcilers.claims"
+
+
+def _left(sandbox: Sandbox, store: Store) -> tuple[list[str], list[str], list[str]]:
+    """Claims, IPAddresses and IPAM rows of the storm subnet left in `NAMESPACE`."""
+    return (
+        sorted(c["metadata"]["name"] for c in sandbox.claims(NAMESPACE)),
+        sorted(a["metadata"]["name"] for a in sandbox.addresses(NAMESPACE)),
+        sorted(f"{host} ({ip})" for host, ip in _rows(store, STORM_SUBNET)),
+    )
+
+
+def _all_gone(sandbox: Sandbox, store: Store, what: str) -> None:
+    """Wait until no claim, IPAddress or IPAM row is left; fail naming what is."""
+    try:
+        poll(lambda: _left(sandbox, store) == ([], [], []), timeout=RACED_SECONDS, message=what)
+    except TimeoutError:
+        claims, addresses, rows = _left(sandbox, store)
+        pytest.fail(f"{what}: left claims {claims}, IPAddresses {addresses}, IPAM rows {rows}")
+
+
+def _pool_deletable(sandbox: Sandbox) -> None:
+    sandbox.delete_object(f"{GROUP}/v1alpha1", "phpipamippools", "pool", NAMESPACE)
+    poll(lambda: not pools(sandbox, NAMESPACE), timeout=RACED_SECONDS, message="pool deleted")
+
+
+def _undone(caplog: pytest.LogCaptureFixture) -> int:
+    """Count the releases of IPAddresses whose claim was gone (the races the operator met)."""
+    return sum(
+        1
+        for r in caplog.records
+        if r.name == CLAIMS_LOGGER and "released: its claim " in r.getMessage()
+    )
+
+
+@pytest.mark.parametrize("seed", RACED_SEEDS)
+@pytest.mark.timeout(3 * RACED_SECONDS + 60)
+def test_claims_deleted_while_their_finalizer_is_written_leak_nothing(
+    make_sandbox: Callable[..., Sandbox],
+    phpipam_storm: MockPhpipamServer,
+    caplog: pytest.LogCaptureFixture,
+    seed: int,
+) -> None:
+    """13e: a DELETE in flight wins over our finalizer PATCH; nothing may be left behind.
+
+    Each claim is deleted 0-300 ms after its creation; a DELETE that reads it before our
+    finalizer is on removes it `RACED_WINDOW` later, finalizer and all, whatever our pass
+    did meanwhile (an address registered, an IPAddress created). Before the fix, 1-3 of
+    150 such claims of a real cluster leaked their entry and IPAddress, the pool stuck.
+    """
+    caplog.set_level(logging.INFO, logger=CLAIMS_LOGGER)
+    phpipam, store = phpipam_storm, phpipam_storm.store
+    sandbox = make_sandbox(settings={"IPAM_BRIDGE_WORKERS": "8"})
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=STORM_SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool")
+    sandbox.kube.handler.deletes.open(RACED_WINDOW, resource="ipaddressclaims")
+    rng = random.Random(seed)
+    delays = [rng.uniform(0.0, 0.3) for _ in range(RACED_CLAIMS)]
+    started = time.monotonic()
+
+    def create_then_delete(index: int) -> None:
+        name = f"raced-{seed}-{index:02d}"
+        sandbox.claim(NAMESPACE, name, "pool")
+        time.sleep(delays[index])
+        sandbox.delete_claim(NAMESPACE, name)  # returns once the DELETE committed
+
+    with ThreadPoolExecutor(RACED_THREADS) as threads:
+        list(threads.map(create_then_delete, range(RACED_CLAIMS)))
+    _all_gone(sandbox, store, "every claim, IPAddress and IPAM entry gone")
+    converge_seconds = time.monotonic() - started
+    _pool_deletable(sandbox)
+    print_figures(
+        f"claims deleted while their finalizer is written (13e), seed {seed}",
+        claims=RACED_CLAIMS,
+        delete_window_ms=RACED_WINDOW * 1000,
+        released_after_their_claim_was_gone=_undone(caplog),
+        leaks=0,
+        converge_seconds=converge_seconds,
+    )
+
+
+def _let_go_by_hand(sandbox: Sandbox, name: str) -> None:
+    """Remove ``ReleaseAddress`` from a claim and delete it, in one step of the API server.
+
+    No write of the operator comes between the two (it would put the finalizer back): the
+    claim goes at once, and the garbage collector drops it from its IPAddress's owners.
+    """
+    kube = sandbox.kube
+    version = sandbox.version
+    defn = kube.store.resolve(GROUP, version, "ipaddressclaims")
+
+    def both() -> None:
+        patch = {"metadata": {"finalizers": None}}
+        kube.store.patch(defn, NAMESPACE, name, "application/merge-patch+json", patch)
+        kube.store.delete(defn, NAMESPACE, name)
+
+    kube.call(both)
+
+
+@pytest.mark.timeout(2 * RACED_SECONDS + 60)
+def test_a_bound_claim_let_go_by_hand_is_released_by_the_operator(
+    make_sandbox: Callable[..., Sandbox],
+    phpipam_storm: MockPhpipamServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """13f: the GC keeps the IPAddress for its pool; the operator releases it and its entry."""
+    caplog.set_level(logging.INFO, logger=CLAIMS_LOGGER)
+    phpipam, store = phpipam_storm, phpipam_storm.store
+    sandbox = make_sandbox()
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=STORM_SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool")
+    names = [f"by-hand-{i}" for i in range(4)]
+    for name in names:
+        sandbox.claim(NAMESPACE, name, "pool")
+    poll(
+        lambda: sum(1 for c in sandbox.claims(NAMESPACE) if is_bound(c)) == len(names),
+        timeout=RACED_SECONDS,
+        message="every claim bound",
+    )
+    assert all(CLAIM_FINALIZER in c["metadata"]["finalizers"] for c in sandbox.claims(NAMESPACE))
+    pool_uid = pools(sandbox, NAMESPACE)[0]["metadata"]["uid"]
+    for name in names:
+        _let_go_by_hand(sandbox, name)
+        address = sandbox.kube.get(f"{GROUP}/{sandbox.version}", "ipaddresses", name, NAMESPACE)
+        if address is not None:  # the operator may have released it already
+            owners = [ref["uid"] for ref in address["metadata"]["ownerReferences"]]
+            assert owners == [pool_uid]  # the GC dropped the claim, kept the IPAddress
+            assert "deletionTimestamp" not in address["metadata"]
+    _all_gone(sandbox, store, "every IPAddress and IPAM entry of a claim let go released")
+    released = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == CLAIMS_LOGGER and r.getMessage().startswith("release of claim")
+    ]
+    for name in names:
+        assert any(
+            f"{NAMESPACE}/{name}: released: its claim is gone" in line
+            and f"IPAddress {name} deleted" in line
+            for line in released
+        ), released
+    _pool_deletable(sandbox)

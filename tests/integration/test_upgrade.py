@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from io import BytesIO
 from pathlib import Path
@@ -130,12 +131,16 @@ def test_a_rolling_upgrade_from_the_previous_release_loses_and_duplicates_nothin
         names.append(f"w{i}")
     for name in ("u2", "u3"):
         cluster.delete_claim(NAMESPACE, name)
+    stopped = time.monotonic()
     old.proc.send_signal(signal.SIGTERM)
     for i in range(16, 20):
         cluster.claim(NAMESPACE, f"w{i}", "pool")
         names.append(f"w{i}")
     cluster.delete_claim(NAMESPACE, "u4")
     wait_leader(cluster, new, timeout=30)
+    takeover = time.monotonic() - stopped
+    print(f"\ntakeover after SIGTERM of the previous release: {takeover:.2f} s")
+    assert takeover < 3  # the standby's next try (every 2 s) after the release
     cluster.delete_claim(NAMESPACE, "w10")  # maybe bound by the old one, maybe by the new
     assert old.proc.wait(30) == 0, old.output()
     for i in range(20, 26):  # created and deleted at once, on the new release

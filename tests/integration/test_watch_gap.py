@@ -55,6 +55,12 @@ def _converged(sandbox: Sandbox, phpipam: MockPhpipamServer, live: set[str]) -> 
     )
 
 
+def _lists(sandbox: Sandbox, plurals: tuple[str, ...]) -> int:
+    """How many LIST requests of ``plurals`` the API server has answered."""
+    records = sandbox.kube.access_log.records()
+    return sum(1 for r in records if r.verb == "list" and r.resource in plurals)
+
+
 @pytest.mark.parametrize("expire", [False, True], ids=["resumed", "410-gone"])
 def test_a_watch_gap_converges_without_leaks_or_duplicates(
     sandbox: Sandbox, phpipam: MockPhpipamServer, expire: bool, caplog: pytest.LogCaptureFixture
@@ -83,6 +89,7 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
     wait_for(lambda: _bound(sandbox, bound), timeout=CONVERGE_SECONDS, message="10 bound")
     assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter(bound)
 
+    lists_before = _lists(sandbox, ("ipaddressclaims", "ipaddresses", "phpipamippools", "clusters"))
     sandbox.kube.go_down(expire=expire)
     down = time.monotonic()
     deleted_waiting = {f"w{i}" for i in range(10)}
@@ -118,16 +125,19 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
             f"duplicated {duplicated}, live claims {len(live)}"
         )
     assert sandbox.operator_running
-    # Every informer (one watch stack: claims, IPAddresses, pools, Clusters) lists again
-    # after any broken watch, once its backoff ends.
-    wait_for(
-        lambda: all(
-            f"{plural} listed again" in caplog.text
-            for plural in ("ipaddressclaims", "ipaddresses", "phpipamippools", "clusters")
-        ),
-        timeout=CONVERGE_SECONDS,
-        message="the informers' lists",
-    )
+    plurals = ("ipaddressclaims", "ipaddresses", "phpipamippools", "clusters")
+    if expire:
+        # 410 Gone: every informer (one watch stack: claims, IPAddresses, pools, Clusters)
+        # lists again, once its backoff ends.
+        wait_for(
+            lambda: all(f"{plural} listed again" in caplog.text for plural in plurals),
+            timeout=CONVERGE_SECONDS,
+            message="the informers' lists",
+        )
+    else:
+        # Resumed from their last resourceVersion: the history replayed the gap, no list.
+        assert "listed again" not in caplog.text
+        assert _lists(sandbox, plurals) == lists_before
 
     # Every pool can be deleted at the end.
     for name in sorted(live):
@@ -140,3 +150,34 @@ def test_a_watch_gap_converges_without_leaks_or_duplicates(
         message="the pool deleted",
     )
     assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter()
+
+
+def test_a_reset_of_every_watch_connection_costs_no_list_and_no_api_read(
+    sandbox: Sandbox, phpipam: MockPhpipamServer
+) -> None:
+    # A load balancer or NAT dropping long-lived connections: each watch resumes from its
+    # last resourceVersion (client-go's reflector), the cache stays trusted meanwhile.
+    sandbox.phpipam_pool(
+        NAMESPACE, "pool", endpoint=phpipam.url, subnet_id=SUBNET, credentials=CREDENTIALS
+    )
+    sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
+    for name in ("a", "b"):
+        sandbox.claim(NAMESPACE, name, "pool")
+    wait_for(lambda: _bound(sandbox, {"a", "b"}), timeout=CONVERGE_SECONDS, message="bound")
+    mark = len(sandbox.kube.access_log.records())
+    assert sandbox.kube.reset_watches() >= 4  # claims, IPAddresses, pool kinds, Clusters
+    sandbox.claim(NAMESPACE, "after", "pool")
+    sandbox.delete_claim(NAMESPACE, "a")
+    wait_for(
+        lambda: _bound(sandbox, {"b", "after"}) and sandbox.get_claim(NAMESPACE, "a") is None,
+        timeout=CONVERGE_SECONDS,
+        message="the claim made after the reset bound, the one deleted released",
+    )
+    user = sandbox.identity.user.name
+    since = [r for r in sandbox.kube.access_log.records()[mark:] if r.user == user]
+    assert not [r for r in since if r.verb == "list"]
+    reads = [
+        r for r in since if r.verb == "get" and r.resource in ("ipaddressclaims", "ipaddresses")
+    ]
+    assert not reads  # every pass read the store
+    assert entries_per_claim(phpipam.store, SUBNET) == collections.Counter({"b", "after"})

@@ -585,6 +585,7 @@ SPEC_FIELDS = {
         "dnsView",
         "dnsZone",
         "extensibleAttributes",
+        "ownerExtensibleAttribute",
     },
 }
 SPEC_FIELDS |= {kind: SPEC_FIELDS[twin] for kind, twin in GLOBAL_TWINS.items()}
@@ -727,6 +728,7 @@ VALID = {
     ),
     "infoblox-fixedaddress": changed(IB, recordType="fixedaddress", dnsView=DELETE, dnsZone=DELETE),
     "infoblox-wapi-3-part": changed(IB, wapiVersion="2.12.3"),
+    "infoblox-owner-ea": changed(IB, ownerExtensibleAttribute="CAPI-Owner"),
     "infoblox-ipv6-prefix-128": changed(
         IB, subnet="2001:db8::/64", gateway="2001:db8::1", prefix=128
     ),
@@ -890,6 +892,16 @@ INVALID |= {
         changed(IB, extensibleAttributes={"Rack": ""}),
         ".spec.extensibleAttributes.Rack",
         "non-empty",
+    ),
+    "owner-ea-empty": (
+        changed(IB, ownerExtensibleAttribute=""),
+        ".spec.ownerExtensibleAttribute",
+        "non-empty",
+    ),
+    "owner-ea-not-string": (
+        changed(IB, ownerExtensibleAttribute=7),
+        ".spec.ownerExtensibleAttribute",
+        "type",
     ),
     "ea-too-many": (
         changed(IB, extensibleAttributes={f"EA{i}": "x" for i in range(33)}),

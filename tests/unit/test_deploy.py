@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bridge.settings import Settings
+from bridge.settings import Settings, deprecated_names_used
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -71,7 +71,11 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
     ("infrastructure.cluster.x-k8s.io", "nutanixclusters"): {"get", "patch"},
     ("", "secrets"): {"get", "patch"},
     ("", "events"): {"create", "patch"},
+    # The management cluster's identity (IPAM_BRIDGE_CLUSTER_ID empty: kube-system's uid).
+    ("", "namespaces"): {"get"},
 }
+#: The rules limited by resourceNames, (apiGroup, resource) -> names: only kube-system.
+EXPECTED_NAMES: dict[tuple[str, str], list[str]] = {("", "namespaces"): ["kube-system"]}
 # The owners an IPAddress points to with blockOwnerDeletion (claim and every pool kind).
 OWNER_RESOURCES = (
     "ipaddressclaims",
@@ -96,7 +100,8 @@ CLIENT_VERBS = {"read": "get", "create": "create", "replace": "update", "patch":
 CLIENT_VERBS |= {"delete": "delete", "list": "list"}
 CLUSTERCTL_VARIABLES = {
     "IPAM_BRIDGE_IMAGE",
-    "IPAM_BRIDGE_NAMESPACE_SCOPE",
+    "IPAM_BRIDGE_NAMESPACE",
+    "IPAM_BRIDGE_NAMESPACE_SCOPE",  # its former name, still read
     "IPAM_BRIDGE_WORKERS",
     "IPAM_BRIDGE_LOG_LEVEL",
     "IPAM_BRIDGE_LOG_FORMAT",
@@ -146,13 +151,21 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def _envsubst(text: str, values: dict[str, str]) -> str:
-    """clusterctl's substitution (drone/envsubst) for the forms the components use."""
+    """clusterctl's substitution (drone/envsubst) for the forms the components use.
+
+    ``${NAME}``, ``${NAME:=default}`` and a default that is itself one of them (nested,
+    ``${NEW:=${OLD:=}}``): innermost first.
+    """
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(3)
         return values.get(name, default if default is not None else "")
 
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:=([^}]*))?\}", replace, text)
+    pattern = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:=([^${}]*))?\}")
+    while True:
+        text, count = pattern.subn(replace, text)
+        if not count:
+            return text
 
 
 def _validate(obj: dict[str, Any], crds: list[dict[str, Any]]) -> None:
@@ -307,15 +320,19 @@ def test_every_object_is_labelled_and_in_the_right_scope(install: list[dict[str,
 def test_rbac_grants_exactly_the_listed_verbs(install: list[dict[str, Any]]) -> None:
     role = _one(install, "ClusterRole")
     granted: dict[tuple[str, str], set[str]] = {}
+    names: dict[tuple[str, str], list[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames/nonResourceURLs
+        assert set(rule) - {"resourceNames"} == {"apiGroups", "resources", "verbs"}
         for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
             assert "*" not in value
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 assert (group, resource) not in granted, f"{group}/{resource} listed twice"
                 granted[(group, resource)] = set(rule["verbs"])
+                if "resourceNames" in rule:
+                    names[(group, resource)] = rule["resourceNames"]
     assert granted == EXPECTED_RULES
+    assert names == EXPECTED_NAMES
     # The one Role is the leader election's (below); no other namespaced grant.
     assert [obj["metadata"]["name"] for obj in install if obj["kind"] == "Role"] == [
         "ipam-bridge-leader-election"
@@ -632,7 +649,11 @@ def test_components_follow_the_clusterctl_rules(components_text: str) -> None:
         assert obj["metadata"]["labels"][PROVIDER[0]] == PROVIDER[1]
     manager = _manager(objects)
     assert manager["image"] == "${IPAM_BRIDGE_IMAGE:=ghcr.io/ipam-bridge/ipam-bridge:v0.1.0}"
-    assert _env(manager)["IPAM_BRIDGE_NAMESPACE"]["value"] == "${IPAM_BRIDGE_NAMESPACE_SCOPE:=}"
+    env = _env(manager)
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == (
+        "${IPAM_BRIDGE_NAMESPACE:=${IPAM_BRIDGE_NAMESPACE_SCOPE:=}}"
+    )
+    assert env["IPAM_BRIDGE_NAMESPACE_SCOPE"]["value"] == "${IPAM_BRIDGE_NAMESPACE_SCOPE:=}"
 
 
 def test_components_use_only_known_variables(components_text: str) -> None:
@@ -643,20 +664,40 @@ def test_components_use_only_known_variables(components_text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "values",
-    [{}, {"IPAM_BRIDGE_WORKERS": "25", "IPAM_BRIDGE_NAMESPACE_SCOPE": "capi-clusters"}],
+    ("values", "namespace"),
+    [
+        ({}, ""),
+        ({"IPAM_BRIDGE_WORKERS": "25", "IPAM_BRIDGE_NAMESPACE": "capi-clusters"}, "capi-clusters"),
+        # the former variable, still read; the setting's one name wins over it
+        ({"IPAM_BRIDGE_NAMESPACE_SCOPE": "capi-clusters"}, "capi-clusters"),
+        ({"IPAM_BRIDGE_NAMESPACE_SCOPE": "old", "IPAM_BRIDGE_NAMESPACE": "new"}, "new"),
+    ],
 )
 def test_components_after_substitution_equal_the_install(
-    components_text: str, install: list[dict[str, Any]], values: dict[str, str]
+    components_text: str,
+    install: list[dict[str, Any]],
+    values: dict[str, str],
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     objects = [doc for doc in yaml.safe_load_all(_envsubst(components_text, values)) if doc]
     crds = [obj for obj in objects if obj["kind"] == "CustomResourceDefinition"]
     for obj in objects:
         _validate(obj, crds)  # env values stayed strings ("10", not 10)
-    env = _env(_manager(objects))
+    manager = _manager(objects)
+    env = _env(manager)
     assert env["IPAM_BRIDGE_WORKERS"]["value"] == values.get("IPAM_BRIDGE_WORKERS", "10")
-    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == values.get("IPAM_BRIDGE_NAMESPACE_SCOPE", "")
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == namespace
+    # the former name reaches the manager, which warns about it (bridge.settings)
+    former = values.get("IPAM_BRIDGE_NAMESPACE_SCOPE", "")
+    assert env["IPAM_BRIDGE_NAMESPACE_SCOPE"]["value"] == former
+    for name, entry in env.items():
+        if name.startswith("IPAM_BRIDGE_"):
+            monkeypatch.setenv(name, entry["value"])
+    assert Settings().namespace == namespace
+    assert bool(deprecated_names_used(os.environ)) == bool(former)
     if not values:
+        manager["env"].remove(env["IPAM_BRIDGE_NAMESPACE_SCOPE"])
         assert objects == install
 
 
@@ -704,7 +745,8 @@ def test_chart_defaults_match_the_install(install: list[dict[str, Any]]) -> None
     env = _env(manager)
     for key, value in values["settings"].items():
         assert env[f"IPAM_BRIDGE_{key.upper()}"]["value"] == str(value)
-    assert values["watchNamespace"] == env["IPAM_BRIDGE_NAMESPACE"]["value"]
+    assert values["settings"]["namespace"] == env["IPAM_BRIDGE_NAMESPACE"]["value"] == ""
+    assert "watchNamespace" not in values  # deprecated: settings.namespace
     assert not [key for key in values if PEERING_MARKERS.search(key)]
     assert values["metrics"]["port"] == 8080
     assert values["health"]["port"] == 8081
@@ -764,7 +806,7 @@ def test_helm_template_equals_the_install(install: list[dict[str, Any]]) -> None
 def test_helm_values_reach_the_manager() -> None:
     rendered = _helm_template(
         "--set",
-        "watchNamespace=capi",
+        "settings.namespace=capi",
         "--set",
         "image.tag=v9.9.9",
         "--set",
@@ -778,6 +820,122 @@ def test_helm_values_reach_the_manager() -> None:
     assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == "capi"
     assert env["IPAM_BRIDGE_RETRY_ATTEMPTS"]["value"] == "7"
     assert not [obj for obj in rendered if obj["kind"] == "Service"]
+    # No cluster identity by default (the uid of kube-system); settings.cluster_id sets one.
+    assert "IPAM_BRIDGE_CLUSTER_ID" not in env
+    named = _env(_manager(_helm_template("--set", "settings.cluster_id=mgmt-eu-1")))
+    assert named["IPAM_BRIDGE_CLUSTER_ID"]["value"] == "mgmt-eu-1"
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_helm_former_watch_namespace_is_read_with_a_warning() -> None:
+    """``watchNamespace`` (deprecated) still sets the namespaces; the notes warn about it."""
+    env = _env(_manager(_helm_template("--set", "watchNamespace=capi")))
+    assert env["IPAM_BRIDGE_NAMESPACE"]["value"] == "capi"
+    assert "IPAM_BRIDGE_NAMESPACE_SCOPE" not in env
+    helm = _helm()
+    assert helm is not None
+    install = [helm, "install", "ipam-bridge", str(CHART), "--dry-run=client", "-n", NAMESPACE]
+    notes = subprocess.run(
+        [*install, "--set", "watchNamespace=capi"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split("NOTES:", 1)[1]
+    assert "serving\nthe namespace(s) capi." in notes
+    assert "watchNamespace is deprecated: set settings.namespace instead" in notes
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            ["watchNamespace=a", "settings.namespace=b"],
+            "watchNamespace is deprecated: set settings.namespace only",
+        ),
+        (["settings.metrics_port=9090"], "settings.metrics_port: set metrics.port instead"),
+        (
+            ["settings.leader_election_retry_seconds=3"],
+            "set leaderElection.retrySeconds instead",
+        ),
+        (["settings.namespace_scope=a"], "settings.namespace_scope: set settings.namespace"),
+    ],
+)
+def test_helm_refuses_a_second_name_for_one_setting(values: list[str], message: str) -> None:
+    args = [arg for value in values for arg in ("--set", value)]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        _helm_template(*args, check=False)
+
+
+# --- release: the packaged chart and the workflow ------------------------------------------
+
+
+@pytest.mark.skipif(_helm() is None, reason="helm not on PATH (nor $HELM)")
+def test_release_manifests_package_the_chart(release_out: Path) -> None:
+    """`make release-manifests` with helm: the chart as a .tgz of the release's version."""
+    version = rm.project_version()
+    assert sorted(p.name for p in release_out.iterdir()) == sorted(rm.artifact_names(version))
+    package = release_out / rm.artifact_names(version)[2]
+    with tarfile.open(package) as tar:
+        names = tar.getnames()
+        chart_file = tar.extractfile("ipam-bridge/Chart.yaml")
+        assert chart_file is not None
+        chart = yaml.safe_load(chart_file.read())
+    assert chart["version"] == chart["appVersion"] == version.removeprefix("v")
+    assert "ipam-bridge/values.yaml" in names
+    assert {f"ipam-bridge/crds/{p.name}" for p in (CHART / "crds").glob("*.yaml")} <= set(names)
+    helm = _helm()
+    assert helm is not None
+    packaged = subprocess.run(
+        [helm, "template", "ipam-bridge", str(package), "--namespace", NAMESPACE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert [doc for doc in yaml.safe_load_all(packaged) if doc] == _helm_template()
+
+
+def test_package_chart_reports_a_failing_helm(tmp_path: Path) -> None:
+    with pytest.raises(rm.ReleaseError, match="lint failed"):
+        rm.package_chart("false", tmp_path, "v0.1.0")
+    assert rm.helm_command(tmp_path / "no-helm") is None
+
+
+WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+
+
+def _steps() -> list[dict[str, Any]]:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    trigger = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key `on` as true
+    assert trigger["push"]["tags"] == ["v*.*.*"]
+    (job,) = workflow["jobs"].values()
+    steps: list[dict[str, Any]] = job["steps"]
+    return steps
+
+
+def test_release_workflow_publishes_what_make_release_manifests_writes() -> None:
+    """The workflow cannot run here: it parses, and names the artifacts the Makefile writes."""
+    steps = _steps()
+    runs = "\n".join(step.get("run", "") for step in steps)
+    version = rm.project_version()
+    chart_version = version.removeprefix("v")
+    assert re.search(r"^make release-manifests VERSION=", runs, re.M)
+    assert "make test" in runs
+    (release,) = [s for s in steps if str(s.get("uses", "")).startswith("softprops/")]
+    files = release["with"]["files"].replace("${{ env.CHART_VERSION }}", chart_version).split()
+    assert files == [f"out/{name}" for name in rm.artifact_names(version)]
+    # the chart as an OCI chart, the image built from the Dockerfile into the Makefile's repo
+    push = re.search(r'helm push "out/ipam-bridge-\$\{CHART_VERSION\}\.tgz" "\$CHART_REPO"', runs)
+    assert push is not None
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["env"]["CHART_REPO"] == "oci://ghcr.io/ipam-bridge/charts"
+    makefile = (ROOT / "Makefile").read_text()
+    repo = re.search(r"^IMG_REPO \?= (\S+)$", makefile, re.M)
+    assert repo is not None and workflow["env"]["IMG_REPO"] == repo.group(1)
+    (image,) = [s for s in steps if str(s.get("uses", "")).startswith("docker/build-push")]
+    assert image["with"]["context"] == "." and image["with"]["push"] is True
 
 
 # --- image -------------------------------------------------------------------------------
@@ -888,22 +1046,10 @@ def test_helm_high_availability_values() -> None:
     assert affinity == {"nodeAffinity": {"x": "y"}}
 
 
-# --- another InfraCluster kind (README: "Another InfraCluster kind") ----------------------
+# --- another InfraCluster kind (docs/tasks/control-plane-vip.md) ---------------------------
 
-#: The kustomize patch the README gives to let the manager set DockerClusters' endpoints.
-INFRA_KIND_PATCH = """\
-patches:
-  - target:
-      kind: ClusterRole
-      name: ipam-bridge-manager
-    patch: |-
-      - op: add
-        path: /rules/-
-        value:
-          apiGroups: [infrastructure.cluster.x-k8s.io]
-          resources: [dockerclusters]
-          verbs: [get, patch]
-"""
+#: The kustomize overlay the book gives to let the manager set DockerClusters' endpoints.
+INFRA_KIND_OVERLAY = ROOT / "docs" / "examples" / "infracluster-rbac-kustomization.yaml"
 DOCKER_RULE = {
     "apiGroups": ["infrastructure.cluster.x-k8s.io"],
     "resources": ["dockerclusters"],
@@ -911,16 +1057,15 @@ DOCKER_RULE = {
 }
 
 
-def test_readme_kustomize_patch_adds_an_infrastructure_cluster_kind(tmp_path: Path) -> None:
-    assert INFRA_KIND_PATCH in (ROOT / "README.md").read_text()
+def test_book_kustomize_overlay_adds_an_infrastructure_cluster_kind(tmp_path: Path) -> None:
     tool = _require_kustomize()
     overlay = tmp_path / "overlay"
     overlay.mkdir()
-    base = os.path.relpath(DEPLOY, overlay)
-    (overlay / "kustomization.yaml").write_text(
-        f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {base}\n{INFRA_KIND_PATCH}"
-    )
+    kustomization = yaml.safe_load(INFRA_KIND_OVERLAY.read_text(encoding="utf-8"))
+    # The book's overlay names deploy/ of a checkout beside it; here, this one.
+    assert [r.rstrip("/").endswith("/deploy") for r in kustomization["resources"]] == [True]
+    kustomization["resources"] = [os.path.relpath(DEPLOY, overlay)]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     rendered, _ = rm.render_kustomization(overlay, tool[0])
     rules = _one(rendered, "ClusterRole")["rules"]
     assert rules[-1] == DOCKER_RULE

@@ -14,10 +14,17 @@ memory, and names three findings (`FindingKind`):
   entry, another tool's entry, a quarantined one), or the claim's hostname holds another
   address. Warning Event ``AddressConflict`` on the claim naming both; never "fixed" by
   taking an address from anyone.
-- **orphan**: an entry whose description says ipam-bridge made it (``ipam-bridge
+- **orphan**: an entry whose owner says this cluster's ipam-bridge made it
+  (`backends.base.Allocation.owner`, or the previous release's description ``ipam-bridge
   <namespace>/<claim>``) for a claim that does not exist, and that is not quarantined by
   us (a grace period, `backends.base.quarantined_until`). Warning Event ``OrphanEntry`` on
   the pool; never deleted by the audit.
+
+Owners: one IPAM serves many management clusters. Entries whose owner is another management
+cluster (its cluster id is not this one's, `bridge.cluster_id`) are never findings here (never
+orphans, never repaired, never a claim's hostname "registered elsewhere"); each pool's entries
+are counted per owner (`owner_counts`) in its ``InSync`` message and ``ipam-bridge audit``. A
+repair registers the entry with this cluster's owner and never takes another owner's entry.
 
 Not findings: entries of other tools and people at addresses no IPAddress claims (simply
 used addresses), our reserved entries (`backends.phpipam.RESERVED_HOSTNAMES`: gateway,
@@ -58,6 +65,8 @@ from bridge.reconcilers.audit.compare import (
     compare,
     counts,
     orphan_namespaces,
+    owner_counts,
+    owner_summary,
     pool_label,
 )
 from bridge.reconcilers.audit.service import (
@@ -100,6 +109,8 @@ __all__ = [
     "format_table",
     "in_sync_condition",
     "orphan_namespaces",
+    "owner_counts",
+    "owner_summary",
     "pool_label",
     "run_cli",
     "survey",

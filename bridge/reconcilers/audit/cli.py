@@ -16,10 +16,17 @@ from kubernetes.client import ApiException
 
 from backends.errors import BackendError
 from bridge import capi
+from bridge.cluster_id import resolve_cluster_id
 from bridge.metrics import Metrics
 from bridge.models import IPPool
 from bridge.objects.client import ObjectClient
-from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, pool_label
+from bridge.reconcilers.audit.compare import (
+    Finding,
+    FindingKind,
+    counts,
+    owner_summary,
+    pool_label,
+)
 from bridge.reconcilers.audit.survey import SurveyDeps, survey
 from bridge.reconcilers.backend_clients import BackendCache, PoolClients
 from bridge.reconcilers.context import ServedVersions
@@ -69,6 +76,7 @@ class _Outcome:
     findings: list[Finding] = field(default_factory=list)
     pools: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
+    cluster_id: str = ""
 
     @property
     def code(self) -> int:
@@ -89,15 +97,19 @@ def run_cli(
     pools are then compared for that namespace's IPAddresses and claims), and compares each
     one with its IPAM (`survey`). Nothing is written: no repair, no Event, no status. The
     identity needs ``list`` on the pools, IPAddresses and IPAddressClaims and ``get`` on the
-    pools' Secrets (the IPAM credentials).
+    pools' Secrets (the IPAM credentials), and ``get`` on namespace ``kube-system`` unless
+    ``IPAM_BRIDGE_CLUSTER_ID`` names this management cluster (`bridge.cluster_id`): entries
+    of other management clusters are counted per owner, never reported.
 
     Parameters
     ----------
     namespace:
         Audit only the pools of this namespace (None: all namespaces).
     output:
-        ``table`` (columns pool, claim, address, IPAM hostname, finding; then a summary) or
-        ``json`` (``inSync``, ``pools``, ``findings`` with messages, ``errors``).
+        ``table`` (columns pool, claim, address, IPAM hostname, finding; then a summary and,
+        per pool, its entries by owner) or ``json`` (``inSync``, ``clusterId``, ``pools``
+        with ``owners``: entries per owner cluster id, ``""`` the previous release;
+        ``findings`` with messages, ``errors``).
     out, err:
         Where the result and the error lines go (default stdout, stderr).
 
@@ -134,7 +146,7 @@ def run_cli(
 
 def _audit_pools(connection: _Connection, err: TextIO) -> _Outcome | None:
     """Survey every pool not being deleted; None when a pool kind cannot be listed."""
-    outcome = _Outcome()
+    outcome = _Outcome(cluster_id=connection.survey.cluster_id)
     for kind in capi.POOL_KINDS:
         try:
             bodies = connection.kube.list_pools(kind, connection.survey.namespaces)
@@ -161,6 +173,7 @@ def _audit_pools(connection: _Connection, err: TextIO) -> _Outcome | None:
                     "entries": seen.entries,
                     "ipAddresses": seen.addresses,
                     "findings": len(seen.findings),
+                    "owners": seen.owners,
                 }
             )
     return outcome
@@ -169,6 +182,7 @@ def _audit_pools(connection: _Connection, err: TextIO) -> _Outcome | None:
 def _print_json(outcome: _Outcome, out: TextIO) -> None:
     document = {
         "inSync": outcome.code == EXIT_IN_SYNC,
+        "clusterId": outcome.cluster_id,
         "pools": outcome.pools,
         "findings": [f.as_dict() for f in outcome.findings],
         "errors": outcome.errors,
@@ -196,6 +210,11 @@ def _print_table(outcome: _Outcome, out: TextIO) -> None:
             f"{sum(p['entries'] for p in pools)} IPAM entries",
             file=out,
         )
+    if pools:
+        print(f"\nthis management cluster: {outcome.cluster_id}", file=out)
+    for pool in pools:
+        owners = owner_summary(pool["owners"], outcome.cluster_id)
+        print(f"{pool['kind']} {pool['pool']}: {owners}", file=out)
 
 
 def _connect(namespace: str | None) -> _Connection:
@@ -209,12 +228,18 @@ def _connect(namespace: str | None) -> _Connection:
         raise
     backends = BackendCache()
     clients = PoolClients(settings, kube, settings.flow_control(), backends)
+    try:
+        cluster_id = resolve_cluster_id(settings, kube.core)
+    except BaseException:
+        kube.close()
+        raise
     deps = SurveyDeps(
         kube=kube,
         clients=clients,
         metrics=Metrics(),
         versions=ServedVersions(version),
         namespaces=settings.namespaces,
+        cluster_id=cluster_id,
     )
     return _Connection(kube, deps, backends)
 

@@ -32,12 +32,14 @@ __all__ = [
     "named_claims",
     "normal_address",
     "orphan_namespaces",
+    "owner_counts",
+    "owner_summary",
     "pool_label",
     "unqualified_host",
 ]
 
-#: ``ipam-bridge <namespace>/<claim>`` at the start of an entry's description
-#: (`bridge.reconcilers.claims.description_for`); what follows the name, if anything, is whitespace.
+#: ``ipam-bridge <namespace>/<claim>`` at the start of an entry's description (the previous
+#: release's provenance, and phpIPAM's description now); what follows the name is whitespace.
 _PROVENANCE = re.compile(
     r"^ipam-bridge (?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
     r"/(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(?=\s|$)"
@@ -183,14 +185,57 @@ def _registered_here(pool: Pool, location_text: str | None) -> bool:
     return True
 
 
-def _provenance(pool: Pool, entry: Allocation) -> tuple[str, str, bool] | None:
-    """Return ``(namespace, claim, exact)`` an entry's description names, or None.
+def _theirs(entry: Allocation, cluster_id: str) -> bool:
+    """Return True for an entry another management cluster owns (never ours to judge)."""
+    owner = entry.owner
+    return owner is not None and owner.cluster_id not in ("", cluster_id)
 
-    The IPAM may cut a long description (phpIPAM keeps 64 characters): when nothing follows
+
+def owner_counts(entries: Iterable[Allocation], cluster_id: str) -> dict[str, int]:
+    """Return how many entries each ipam-bridge owner holds, by the owner's cluster id.
+
+    Counts the entries that name an owner (`backends.base.Allocation.owner`), quarantined ones
+    included, reserved ones left out; the key is the owner's cluster id (``""``: the previous
+    release, no cluster identity). ``cluster_id`` (this cluster) is always a key.
+    """
+    found = {cluster_id: 0}
+    for entry in entries:
+        if entry.owner is None or _reserved(entry):
+            continue
+        found[entry.owner.cluster_id] = found.get(entry.owner.cluster_id, 0) + 1
+    return found
+
+
+def owner_summary(owners: dict[str, int], cluster_id: str) -> str:
+    """Return one phrase for a person: whose entries a pool's subnets hold.
+
+    ``"entries by owner: 5 of this cluster, 2 of the previous release, 3 of cluster <id>"``
+    (other clusters by id, sorted); ``owners`` is `owner_counts`.
+    """
+    parts = [f"{owners.get(cluster_id, 0)} of this cluster"]
+    if owners.get("") and cluster_id:
+        parts.append(f"{owners['']} of the previous release")
+    parts += [
+        f"{count} of cluster {other}"
+        for other, count in sorted(owners.items())
+        if other not in ("", cluster_id) and count
+    ]
+    return "entries by owner: " + ", ".join(parts)
+
+
+def _provenance(pool: Pool, entry: Allocation) -> tuple[str, str, bool] | None:
+    """Return ``(namespace, claim, exact)`` of the claim an entry names, or None.
+
+    The entry's owner (`backends.base.parse_owner`: phpIPAM's note, WAPI's comment or owner
+    EA) when it carries a cluster identity; else its description (the previous release's):
+    the IPAM may cut a long description (phpIPAM keeps 64 characters): when nothing follows
     the claim's name, the name may be cut short. The entry's hostname (``<claim>.<namespace>``
     plus the pool's suffix) then gives the full name when it starts with the cut one;
     otherwise ``exact`` is False and the name is a prefix.
     """
+    if entry.owner is not None and entry.owner.cluster_id:
+        namespace, _, name = entry.owner.claim.partition("/")
+        return namespace, name, True
     match = _PROVENANCE.match(entry.description or "")
     if match is None:
         return None
@@ -219,15 +264,16 @@ def _ignored(entry: Allocation) -> bool:
     return entry.quarantined_until is not None or _reserved(entry)
 
 
-def orphan_namespaces(pool: Pool, entries: Iterable[Allocation]) -> set[str]:
+def orphan_namespaces(pool: Pool, entries: Iterable[Allocation], cluster_id: str = "") -> set[str]:
     """Return the namespaces whose claims decide whether some entry is an orphan.
 
-    Those named by the descriptions of entries ipam-bridge made (not quarantined, not a
-    reserved entry), plus the pool's own namespace (``""`` for a Global pool is left out).
+    Those named by the entries this cluster's ipam-bridge made (not quarantined, not a
+    reserved entry, not another cluster's: ``cluster_id`` is this cluster's), plus the
+    pool's own namespace (``""`` for a Global pool is left out).
     """
     found = {pool.namespace} if pool.namespace else set()
     for entry in entries:
-        if _ignored(entry):
+        if _ignored(entry) or _theirs(entry, cluster_id):
             continue
         named = _provenance(pool, entry)
         if named is not None:
@@ -235,16 +281,19 @@ def orphan_namespaces(pool: Pool, entries: Iterable[Allocation]) -> set[str]:
     return found
 
 
-def named_claims(pool: Pool, entries: Iterable[Allocation]) -> list[tuple[str, str, bool]]:
+def named_claims(
+    pool: Pool, entries: Iterable[Allocation], cluster_id: str = ""
+) -> list[tuple[str, str, bool]]:
     """Return ``(namespace, claim, exact)`` of each claim the entries ipam-bridge made name.
 
-    Entries quarantined or reserved are left out. ``exact`` is False when the IPAM cut the
-    description short and the name is only a prefix of the claim's (`compare` then looks
-    for a claim whose name starts with it).
+    Entries quarantined or reserved, and entries of other management clusters (``cluster_id``
+    is this cluster's), are left out. ``exact`` is False when the IPAM cut the description
+    short and the name is only a prefix of the claim's (`compare` then looks for a claim
+    whose name starts with it).
     """
     found = []
     for entry in entries:
-        if _ignored(entry):
+        if _ignored(entry) or _theirs(entry, cluster_id):
             continue
         named = _provenance(pool, entry)
         if named is not None:
@@ -333,11 +382,14 @@ class _Entries:
     matched: set[int] = field(default_factory=set)  # id() of the entries an IPAddress owns
 
     @classmethod
-    def of(cls, pool: Pool, entries: Iterable[Allocation], memo: _Memo) -> _Entries:
+    def of(
+        cls, pool: Pool, entries: Iterable[Allocation], memo: _Memo, cluster_id: str
+    ) -> _Entries:
+        """Index ``entries``; another cluster's are never a claim's hostname elsewhere."""
         index = cls()
         for entry in entries:
             index.at_address.setdefault(memo.entry_address(entry), []).append(entry)
-            if not _ignored(entry):
+            if not _ignored(entry) and not _theirs(entry, cluster_id):
                 index.of_host.setdefault(unqualified_host(pool, entry.hostname), []).append(entry)
         return index
 
@@ -458,11 +510,12 @@ def _orphans(
     matched: Collection[int],
     claims: _Claims,
     claim_namespaces: Collection[str] | None,
+    cluster_id: str,
 ) -> list[Finding]:
-    """Return the entries ipam-bridge made for claims that do not exist."""
+    """Return the entries this cluster's ipam-bridge made for claims that do not exist."""
     found: list[Finding] = []
     for entry in entries:
-        if id(entry) in matched or _ignored(entry):
+        if id(entry) in matched or _ignored(entry) or _theirs(entry, cluster_id):
             continue
         named = _provenance(pool, entry)
         if named is None:
@@ -498,6 +551,7 @@ def compare(
     claims: Iterable[Claim],
     *,
     claim_namespaces: Collection[str] | None = None,
+    cluster_id: str = "",
 ) -> list[Finding]:
     """Compare a pool's IPAddresses and claims with its IPAM entries; return the findings.
 
@@ -518,6 +572,10 @@ def compare(
     claim_namespaces:
         The namespaces whose claims were listed; an entry naming a claim of another
         namespace is never called an orphan (it cannot be checked). None: all namespaces.
+    cluster_id:
+        This management cluster's identity (`bridge.cluster_id.resolve_cluster_id`): an
+        entry whose owner is another cluster (`backends.base.Allocation.owner`) is never
+        an orphan; its claims live in that cluster.
 
     Returns
     -------
@@ -528,7 +586,7 @@ def compare(
     """
     claim_index = _Claims.of(claims)
     memo = _Memo(pool)
-    entry_index = _Entries.of(pool, entries, memo)
+    entry_index = _Entries.of(pool, entries, memo, cluster_id)
     findings: list[Finding] = []
     for address in addresses:
         audited = _audited(pool, address, claim_index, memo)
@@ -537,7 +595,9 @@ def compare(
         finding = _address_finding(pool, audited, entry_index, memo)
         if finding is not None:
             findings.append(finding)
-    findings += _orphans(pool, entries, entry_index.matched, claim_index, claim_namespaces)
+    findings += _orphans(
+        pool, entries, entry_index.matched, claim_index, claim_namespaces, cluster_id
+    )
     order = {kind: i for i, kind in enumerate(FindingKind)}
     findings.sort(key=lambda f: (order[f.finding], f.claim, f.address, f.hostname))
     return findings

@@ -22,13 +22,19 @@ from typing import Any, Literal, Protocol
 
 from kubernetes.client import ApiException
 
-from backends.base import Allocation, IPAMBackend
-from backends.errors import AddressUnavailableError, BackendError
+from backends.base import Allocation, EntryOwner, IPAMBackend, may_adopt
+from backends.errors import AddressUnavailableError, BackendError, EntryOwnedError
 from bridge import capi
 from bridge.capi import Claim, Reason
 from bridge.metrics import Metrics
 from bridge.models import Condition, IPPool, wire
-from bridge.reconcilers.audit.compare import Finding, FindingKind, counts, normal_address
+from bridge.reconcilers.audit.compare import (
+    Finding,
+    FindingKind,
+    counts,
+    normal_address,
+    owner_summary,
+)
 from bridge.reconcilers.audit.survey import (
     CachedObjects,
     PoolBackends,
@@ -38,7 +44,6 @@ from bridge.reconcilers.audit.survey import (
     SurveyDeps,
     survey,
 )
-from bridge.reconcilers.claims import description_for
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import PoolError
 from bridge.reconcilers.pool_backends import BACKEND_NAMES, Pool, parse_pool
@@ -82,14 +87,20 @@ def in_sync_condition(
     observed_generation: int | None = None,
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
+    owners: Mapping[str, int] | None = None,
+    cluster_id: str = "",
 ) -> dict[str, Any]:
     """Return the pool's metav1 ``InSync`` condition after an audit.
 
     True (reason ``NoDrift``) without findings, else False (reason ``DriftFound``) with the
-    count of each finding in the message. ``lastTransitionTime`` (``now``, else the current
-    UTC time) is kept from ``previous`` while the status stays the same. Restored entries
-    are not mentioned (their Events and ``ipam_bridge_drift_restored_total`` tell them): the
-    condition changes only with the drift.
+    count of each finding in the message. When the pool's subnets hold entries of other
+    owners (``owners``, `bridge.reconcilers.audit.compare.owner_counts`: another management
+    cluster's, or the previous release's), the message ends with the count per owner
+    (`bridge.reconcilers.audit.compare.owner_summary`); another cluster's entries are never
+    findings here. ``lastTransitionTime`` (``now``, else the current UTC time) is kept from
+    ``previous`` while the status stays the same. Restored entries are not mentioned (their
+    Events and ``ipam_bridge_drift_restored_total`` tell them): the condition changes only
+    with the drift and the other owners' counts.
     """
     if findings:
         n = counts(findings)
@@ -102,6 +113,8 @@ def in_sync_condition(
     else:
         message = "the pool's IPAddresses match its IPAM entries"
         reason = Reason.NO_DRIFT
+    if owners and any(count for owner, count in owners.items() if owner != cluster_id):
+        message += f"; {owner_summary(dict(owners), cluster_id)}"
     status = "False" if findings else "True"
     transition = now or _now()
     for old in previous:
@@ -176,6 +189,9 @@ class AuditDeps:
         The operator's informer cache (`bridge.objects.cache.Cache`): the surveys read the
         claims and IPAddresses there while it is synced (`SurveyDeps.cache`); None: they
         list the API.
+    cluster_id:
+        This management cluster's identity (`bridge.cluster_id.resolve_cluster_id`): the
+        owner a repair writes; other clusters' entries are counted, never judged.
     """
 
     kube: AuditApi
@@ -187,6 +203,7 @@ class AuditDeps:
     interval: float
     holding: Callable[[], AbstractContextManager[None]]
     cache: SurveyCache | None = None
+    cluster_id: str = ""
 
     def reads(self) -> SurveyDeps:
         """Return the survey's part of these (`SurveyDeps`): reads, clients, metrics, scope."""
@@ -197,6 +214,7 @@ class AuditDeps:
             versions=self.versions,
             namespaces=self.namespaces,
             cache=self.cache,
+            cluster_id=self.cluster_id,
         )
 
 
@@ -437,13 +455,16 @@ class Auditor:
 
         Returns the new entry; None when it is registered there already (an allocation in
         flight); the finding itself when the IPAM failed or the auditor was stopped; a
-        conflict when the hostname or the address is held.
+        conflict when the hostname or the address is held (the hostname by another owner:
+        `backends.errors.EntryOwnedError`, never taken over).
         """
         metrics, hostname = self.deps.metrics, finding.expected
         backend_name = BACKEND_NAMES[pool.kind]
+        owner = EntryOwner(self.deps.cluster_id, claim.key)
         try:
             found = metrics.call(backend_name, "find", lambda: backend.find(hostname))
-            if found is not None:
+            # Another owner's entry under the hostname: the allocate below refuses it.
+            if found is not None and may_adopt(found, owner, finding.address):
                 if (normal_address(found.address) or found.address) == finding.address:
                     return None  # registered meanwhile (an allocation in flight)
                 return _conflict_from(
@@ -457,10 +478,17 @@ class Auditor:
             return metrics.call(
                 backend_name,
                 "allocate",
-                lambda: backend.allocate(hostname, description_for(claim), address=finding.address),
+                lambda: backend.allocate(hostname, owner, address=finding.address),
             )
         except AddressUnavailableError as exc:
             return _held(finding, exc)
+        except EntryOwnedError as exc:
+            return _conflict_from(
+                finding,
+                f"'{hostname}' (claim {finding.claim}) is registered at {exc.address} for claim "
+                f"{exc.owner}; nothing was changed",
+                hostname,
+            )
         except BackendError as exc:
             log.warning(
                 "drift audit of %s: %s not registered again: %s (trying at the next round)",
@@ -482,8 +510,9 @@ class Auditor:
         after = self.deps.kube.get_claim(self.deps.versions.address, namespace, name)
         if after is not None and not (after.get("metadata") or {}).get("deletionTimestamp"):
             return after
+        owner = EntryOwner(self.deps.cluster_id, finding.claim)
         try:
-            backend.release(finding.expected)
+            backend.release(finding.expected, owner, address=finding.address)
         except BackendError as exc:
             log.warning(
                 "drift audit of %s: could not undo %s of released claim %s: %s",
@@ -545,9 +574,11 @@ class Auditor:
         self._seen[pool.key] = frozenset(f.key for f in findings)
         for kind, count in counts(findings).items():
             deps.metrics.drift.labels(_metric_pool(pool), pool.kind, kind.value).set(count)
-        self._write_condition(pool, findings)
+        self._write_condition(pool, findings, seen.owners)
 
-    def _write_condition(self, pool: Pool, findings: Sequence[Finding]) -> None:
+    def _write_condition(
+        self, pool: Pool, findings: Sequence[Finding], owners: Mapping[str, int]
+    ) -> None:
         """Write the pool's ``InSync`` condition when it changed, keeping every other one.
 
         Read, merged and written with the pool's resourceVersion: a concurrent status write
@@ -567,6 +598,8 @@ class Auditor:
                     findings,
                     observed_generation=current.generation or None,
                     previous=[wire(c) for c in conditions],
+                    owners=owners,
+                    cluster_id=self.deps.cluster_id,
                 )
             )
             if old is not None and (old.status, old.reason, old.message) == (
@@ -602,7 +635,8 @@ async def audit_forever(deps: AuditDeps) -> None:
     thread of its own (one, named ``ipam-bridge-audit``), never in the work queue's worker
     threads, so an audit never delays claim handling. The first round starts one interval
     after the start. Cancelling (clean-up, lost leadership) stops a running round before
-    its next pool or repair.
+    its next pool or repair, and the task ends once the round's thread has (a clean stop waits
+    for it before the Lease is released: `bridge.runtime.leader.Leadership.close`).
 
     Parameters
     ----------
@@ -628,7 +662,7 @@ async def audit_forever(deps: AuditDeps) -> None:
             log.debug("drift audit: %d pools audited", len(audited))
     finally:
         auditor.stop()
-        executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
 
 
 def _held_round(deps: AuditDeps, auditor: Auditor) -> list[PoolAudit]:

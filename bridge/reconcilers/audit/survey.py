@@ -34,6 +34,7 @@ from bridge.reconcilers.audit.compare import (
     named_claims,
     normal_address,
     orphan_namespaces,
+    owner_counts,
     unqualified_host,
 )
 from bridge.reconcilers.context import ServedVersions
@@ -135,6 +136,9 @@ class SurveyDeps:
     cache:
         The operator's informer cache, read instead of the API while trustworthy
         (`CachedObjects.trusted`); None (``ipam-bridge audit``): the API is listed.
+    cluster_id:
+        This management cluster's identity (`bridge.cluster_id.resolve_cluster_id`): entries
+        of other clusters are counted, never called orphans.
     """
 
     kube: SurveyApi
@@ -143,6 +147,7 @@ class SurveyDeps:
     versions: ServedVersions
     namespaces: tuple[str, ...]
     cache: SurveyCache | None = None
+    cluster_id: str = ""
 
 
 @dataclass
@@ -160,6 +165,9 @@ class Survey:
         Events about them are posted on).
     entries, addresses:
         How many IPAM entries and IPAddresses of the pool were compared.
+    owners:
+        How many entries each ipam-bridge owner holds, by cluster id (`owner_counts`:
+        ``""`` is the previous release; this cluster's id is always a key).
     """
 
     pool: Pool
@@ -167,6 +175,7 @@ class Survey:
     claims: dict[ClaimName, dict[str, Any]] = field(default_factory=dict)
     entries: int = 0
     addresses: int = 0
+    owners: dict[str, int] = field(default_factory=dict)
 
 
 _T = TypeVar("_T")
@@ -282,13 +291,15 @@ class _Wanted:
         return any(key[1].startswith(p) for p in self.prefixes.get(key[0], ()))
 
 
-def _wanted(pool: Pool, entries: Sequence[Allocation], addresses: Iterable[IPAddress]) -> _Wanted:
-    """Return the claims the comparison reads: the IPAddresses' and the entries' claims."""
+def _wanted(
+    pool: Pool, entries: Sequence[Allocation], addresses: Iterable[IPAddress], cluster_id: str
+) -> _Wanted:
+    """Return the claims the comparison reads: the IPAddresses' and this cluster's entries'."""
     wanted = _Wanted()
     for address in addresses:
         meta = address.metadata
         wanted.exact.add((meta.namespace, address.spec.claim_ref.name or meta.name))
-    for namespace, name, exact in named_claims(pool, entries):
+    for namespace, name, exact in named_claims(pool, entries, cluster_id):
         if exact:
             wanted.exact.add((namespace, name))
         else:
@@ -328,7 +339,8 @@ def _list_claims(
         # Claims of any namespace may hold an address of a Global pool.
         namespaces, listed = scope, (set(scope) if scope else None)
     else:
-        listed = {ns for ns in orphan_namespaces(pool, entries) if not scope or ns in scope}
+        named = orphan_namespaces(pool, entries, deps.cluster_id)
+        listed = {ns for ns in named if not scope or ns in scope}
         namespaces = tuple(sorted(listed))
         if not scope and len(listed) > _MAX_CLAIM_LISTS:
             # Entries of many namespaces (a subnet shared by many pools): one list of all.
@@ -429,16 +441,19 @@ def survey(
     from_cache = cached is not None and cached.trusted
     if cached is not None and from_cache:
         addresses = typed_addresses(cached.addresses_of(pool))
-        wanted = _wanted(pool, entries, addresses)
+        wanted = _wanted(pool, entries, addresses, deps.cluster_id)
         claim_bodies = cached.claims_named(wanted)
         scope = deps.namespaces
         listed: set[str] | None = set(scope) if scope else None
     else:
         addresses = typed_addresses(_listed_addresses(deps, pool))
-        wanted = _wanted(pool, entries, addresses)
+        wanted = _wanted(pool, entries, addresses, deps.cluster_id)
         claim_bodies, listed = _list_claims(deps, pool, entries, wanted)
     by_name = _claims_by_name(claim_bodies, deps.versions.address)
     claims = typed_claims(claim_bodies)
-    findings = compare(pool, entries, addresses, claims, claim_namespaces=listed)
+    findings = compare(
+        pool, entries, addresses, claims, claim_namespaces=listed, cluster_id=deps.cluster_id
+    )
     findings = _confirmed(deps, pool, backend, findings, from_cache=from_cache)
-    return Survey(pool, findings, by_name, len(entries), len(addresses))
+    owners = owner_counts(entries, deps.cluster_id)
+    return Survey(pool, findings, by_name, len(entries), len(addresses), owners)

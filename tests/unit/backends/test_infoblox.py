@@ -14,7 +14,7 @@ import responses
 from responses import matchers
 from wapi_requests import add_fixed_search, assert_grid_accepts
 
-from backends.base import Allocation, IPAMBackend, SubnetInfo
+from backends.base import Allocation, EntryOwner, IPAMBackend, SubnetInfo
 from backends.errors import (
     AuthenticationFailedError,
     BackendUnavailableError,
@@ -25,6 +25,12 @@ from backends.errors import (
 )
 from backends.infoblox import InfobloxBackend, InfobloxConfig, _capacity, _duid_for
 from backends.retry import RetryPolicy
+
+#: This management cluster (the uid of its kube-system namespace) and a claim of it.
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "ns1/m1")
+#: The comment OWNER's entries carry (`backends.base.owner_text`).
+COMMENT = f"ipam-bridge {CLUSTER} ns1/m1"
 
 GM = "https://gm.example.com"
 WAPI = f"{GM}/wapi/v2.12"
@@ -155,11 +161,15 @@ def add_network(rsps: responses.RequestsMock, **kwargs: Any) -> None:
     )
 
 
-def host_v4(address: str, *, name: str = "m1.ns1", ref: str = HOST_REF) -> dict[str, Any]:
+def host_v4(
+    address: str, *, name: str = "m1.ns1", ref: str = HOST_REF, comment: str | None = COMMENT
+) -> dict[str, Any]:
+    """A host record as WAPI returns it; ``comment`` None leaves the field out (none set)."""
     return {
         "_ref": ref,
         "name": name,
         "view": " ",
+        **({"comment": comment} if comment is not None else {}),
         "ipv4addrs": [
             {
                 "_ref": f"record:host_ipv4addr/ZG5zLmhvc3RfYWRkcmVzcyQ:{address}/{name}/%20",
@@ -254,7 +264,7 @@ def test_config_extensible_attributes_are_read_only() -> None:
 def test_find_host_without_dns_searches_network_view_and_filters_subnet(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    record = host_v4("10.99.0.7")
+    record = host_v4("10.99.0.7", comment=None)
     record["ipv4addrs"].append({"ipv4addr": "10.20.0.12", "host": "m1.ns1"})
     rsps.get(
         f"{WAPI}/record:host",
@@ -353,7 +363,7 @@ def test_allocate_host_v4_without_dns_is_one_create_excluding_the_gateway(
     )
     add_network(rsps)
 
-    allocation = make().allocate("m1.ns1", "ipam-bridge ns1/m1 cluster c1")
+    allocation = make().allocate("m1.ns1", OWNER)
 
     assert allocation == Allocation(
         address="10.20.0.2",
@@ -362,13 +372,14 @@ def test_allocate_host_v4_without_dns_is_one_create_excluding_the_gateway(
         hostname="m1.ns1",
         ref=HOST_REF,
         subnet="10.20.0.0/24",
-        description="ipam-bridge ns1/m1 cluster c1",
+        description=COMMENT,
+        owner=OWNER,
     )
     posts = [c for c in rsps.calls if c.request.method == "POST"]
     assert len(posts) == 1
     assert body_of(posts[0]) == {
         "name": "m1.ns1",
-        "comment": "ipam-bridge ns1/m1 cluster c1",
+        "comment": COMMENT,
         "ipv4addrs": [{"ipv4addr": NEXT_V4_NO_GW, "configure_for_dhcp": False}],
         "configure_for_dns": False,
         "network_view": "default",
@@ -394,7 +405,8 @@ def test_allocate_host_with_dns_zone_and_extensible_attributes(
         extensible_attributes={"Owner": "capi", "Cluster": "c1"},
     )
 
-    allocation = backend.allocate("m1.ns1", "x" * 300)
+    long_owner = EntryOwner(CLUSTER, "ns1/" + "m" * 253)
+    allocation = backend.allocate("m1.ns1", long_owner)
 
     assert (allocation.address, allocation.ref, allocation.hostname) == ("10.20.0.3", ref, "m1.ns1")
     body = post_body(rsps)
@@ -403,7 +415,7 @@ def test_allocate_host_with_dns_zone_and_extensible_attributes(
     assert body["view"] == "internal"
     assert body["network_view"] == "default"  # the record's own network view places it
     assert body["extattrs"] == {"Owner": {"value": "capi"}, "Cluster": {"value": "c1"}}
-    assert body["comment"] == "x" * 256
+    assert body["comment"] == f"ipam-bridge {CLUSTER} ns1/{'m' * 253}"[:256]  # WAPI's limit
 
 
 def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
@@ -425,7 +437,7 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
         json=[{"_ref": "ipv6network/x", "network": "2001:db8:20::/64", "network_view": "default"}],
     )
 
-    allocation = make(subnet="2001:db8:20::/64").allocate("m6.ns1", "d")
+    allocation = make(subnet="2001:db8:20::/64").allocate("m6.ns1", OWNER)
 
     assert allocation == Allocation(
         address="2001:db8:20::2",
@@ -434,7 +446,8 @@ def test_allocate_host_v6(rsps: responses.RequestsMock, make: Any) -> None:
         hostname="m6.ns1",
         ref=ref,
         subnet="2001:db8:20::/64",
-        description=allocation.description,
+        description=COMMENT,
+        owner=OWNER,
     )
     assert post_body(rsps)["ipv6addrs"] == [{"ipv6addr": NEXT_V6, "configure_for_dhcp": False}]
 
@@ -457,12 +470,12 @@ def test_allocate_fixedaddress_v4(rsps: responses.RequestsMock, make: Any) -> No
     add_network(rsps)
 
     backend = make(record_type="fixedaddress", extensible_attributes={"Owner": "capi"})
-    allocation = backend.allocate("m1.ns1", "ipam-bridge ns1/m1")
+    allocation = backend.allocate("m1.ns1", OWNER)
 
     assert (allocation.address, allocation.ref) == ("10.20.0.10", FIXED_REF)
     assert post_body(rsps) == {
         "name": "m1.ns1",
-        "comment": "ipam-bridge ns1/m1",
+        "comment": COMMENT,
         "network_view": "default",
         "ipv4addr": NEXT_V4_NO_GW,
         "mac": "00:00:00:00:00:00",
@@ -482,7 +495,9 @@ def test_allocate_fixedaddress_v6_sends_deterministic_duid(
     )
     rsps.get(f"{WAPI}/ipv6network", json=[{"_ref": "ipv6network/x", "options": []}])
 
-    allocation = make(subnet="2001:db8:20::/64", record_type="fixedaddress").allocate("m6.ns1", "d")
+    allocation = make(subnet="2001:db8:20::/64", record_type="fixedaddress").allocate(
+        "m6.ns1", OWNER
+    )
 
     assert allocation.address == "2001:db8:20::5"
     body = post_body(rsps)
@@ -499,7 +514,7 @@ def test_allocate_adopts_existing_record_without_create(
 ) -> None:
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.77")])
     add_network(rsps)
-    allocation = make().allocate("m1.ns1", "d")
+    allocation = make().allocate("m1.ns1", OWNER)
     assert allocation.address == "10.20.0.77"
     assert all(c.request.method == "GET" for c in rsps.calls)
 
@@ -517,7 +532,7 @@ def test_allocate_reads_back_when_grid_returns_only_ref(
         json={"_ref": FIXED_REF, "ipv4addr": "10.20.0.10", "name": "m1.ns1"},
     )
     add_network(rsps)
-    allocation = make(record_type="fixedaddress").allocate("m1.ns1", "d")
+    allocation = make(record_type="fixedaddress").allocate("m1.ns1", OWNER)
     assert (allocation.address, allocation.ref) == ("10.20.0.10", FIXED_REF)
 
 
@@ -528,7 +543,7 @@ def test_allocate_exhausted_is_not_retried(
     add_network(rsps)
     rsps.post(f"{WAPI}/record:host", status=400, json=EXHAUSTED)
     with pytest.raises(SubnetExhaustedError) as info:
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
     assert info.value.status == 400
     assert "Cannot find 1 available IP" in info.value.message
     assert sleeps == []
@@ -549,7 +564,7 @@ def test_allocate_host_name_used_by_foreign_record_is_invalid_request(
     rsps.post(f"{WAPI}/record:host", status=400, json=conflict)
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.99.0.7")])
     with pytest.raises(InvalidRequestError) as info:
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
     assert not isinstance(info.value, ConflictError)
     assert "m1.ns1" in info.value.message and "10.20.0.0/24" in info.value.message
     assert sleeps == []
@@ -568,7 +583,7 @@ def test_allocate_host_conflict_from_concurrent_writer_adopts_record(
     rsps.post(f"{WAPI}/record:host", status=400, json=conflict)
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.8")])
     add_network(rsps)
-    assert make().allocate("m1.ns1", "d").address == "10.20.0.8"
+    assert make().allocate("m1.ns1", OWNER).address == "10.20.0.8"
     assert sum(1 for c in rsps.calls if c.request.method == "POST") == 1
 
 
@@ -591,7 +606,7 @@ def test_allocate_fixedaddress_lost_race_is_retried_with_a_new_lookup(
     )
     add_network(rsps)
 
-    allocation = make(record_type="fixedaddress").allocate("m1.ns1", "d")
+    allocation = make(record_type="fixedaddress").allocate("m1.ns1", OWNER)
 
     assert allocation.address == "10.20.0.11"
     assert len(sleeps) == 1
@@ -611,7 +626,7 @@ def test_allocate_conflict_race_exhausts_attempts_as_conflict_error(
         add_fixed_search(rsps, "m1.ns1", [])
         rsps.post(f"{WAPI}/fixedaddress", status=400, json=conflict)
     with pytest.raises(ConflictError):
-        make(record_type="fixedaddress").allocate("m1.ns1", "d")
+        make(record_type="fixedaddress").allocate("m1.ns1", OWNER)
     assert len(sleeps) == 2
 
 
@@ -630,7 +645,7 @@ def test_allocate_unknown_extensible_attribute(
         ),
     )
     with pytest.raises(InvalidRequestError) as info:
-        make(extensible_attributes={"Tenant": "a"}).allocate("m1.ns1", "d")
+        make(extensible_attributes={"Tenant": "a"}).allocate("m1.ns1", OWNER)
     assert "'Tenant'" in info.value.message
     assert sleeps == []
     assert len(rsps.calls) == 3  # the gateway read, and no network probe for an EA error
@@ -656,7 +671,7 @@ def test_allocate_unknown_network_by_error_text(
         ),
     )
     with pytest.raises(SubnetNotFoundError):
-        make(record_type="fixedaddress").allocate("m1.ns1", "d")
+        make(record_type="fixedaddress").allocate("m1.ns1", OWNER)
     assert len(rsps.calls) == 3  # classified by text: no network probe after the create
 
 
@@ -672,7 +687,7 @@ def test_allocate_unknown_network_by_probe_after_unclassified_error(
     )
     rsps.get(f"{WAPI}/network", match=[matchers.query_param_matcher(network_query())], json=[])
     with pytest.raises(SubnetNotFoundError) as info:
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
     assert "10.20.0.0/24" in info.value.message
 
 
@@ -687,7 +702,7 @@ def test_allocate_other_bad_request_stays_invalid_request(
     )
     add_network(rsps)
     with pytest.raises(InvalidRequestError) as info:
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
     assert not isinstance(info.value, SubnetNotFoundError)
     assert "Invalid value" in info.value.message
 
@@ -699,7 +714,7 @@ def test_allocate_lost_answer_is_retried_and_adopts(
     rsps.post(f"{WAPI}/record:host", body=requests.ReadTimeout("read timed out"))
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2")])
     add_network(rsps)
-    allocation = make().allocate("m1.ns1", "d")
+    allocation = make().allocate("m1.ns1", OWNER)
     assert allocation.address == "10.20.0.2"
     assert len(sleeps) == 1
     assert sum(1 for c in rsps.calls if c.request.method == "POST") == 1
@@ -711,7 +726,7 @@ def test_allocate_lost_answer_is_retried_and_adopts(
 def test_release_host_deletes_record(rsps: responses.RequestsMock, make: Any) -> None:
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2")])
     rsps.delete(ref_url(HOST_REF), json=HOST_REF)
-    assert make().release("m1.ns1") is True
+    assert make().release("m1.ns1", OWNER) is True
     assert rsps.calls[1].request.method == "DELETE"
     assert url_of(rsps.calls[1]).endswith("/record:host/ZG5zLmhvc3QkLl9kZWZhdWx0LmgxMA:m1.ns1/%20")
 
@@ -736,7 +751,7 @@ def test_release_sends_an_ipv6_fixedaddress_ref_as_it_is(
     )
     rsps.delete(f"{WAPI}/{IPV6_FIXED_REF}", json=IPV6_FIXED_REF)
     backend = make(subnet="2001:db8::/64", record_type="fixedaddress")
-    assert backend.release("m1.ns1") is True
+    assert backend.release("m1.ns1", OWNER) is True
     assert url_of(rsps.calls[2]) == f"{WAPI}/{IPV6_FIXED_REF}"  # %3A not encoded again
 
 
@@ -746,7 +761,7 @@ def test_release_sends_a_host_ref_with_a_space_as_it_is(
     name = "my host.example.com"
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2", name=name, ref=HOST_SPACES_REF)])
     rsps.delete(f"{WAPI}/{HOST_SPACES_REF}", json=HOST_SPACES_REF)
-    assert make().release(name) is True
+    assert make().release(name, OWNER) is True
     assert url_of(rsps.calls[1]) == f"{WAPI}/{HOST_SPACES_REF}"  # %20, never %2520
 
 
@@ -756,7 +771,7 @@ def test_a_ref_404_on_delete_is_already_gone_only_for_the_ref_sent(
     """The 404 that means "already gone" comes for the very ref WAPI gave, not a mangled one."""
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2", ref=HOST_SPACES_REF)])
     rsps.delete(f"{WAPI}/{HOST_SPACES_REF}", status=404, json=NOT_FOUND)
-    assert make().release("m1.ns1") is True
+    assert make().release("m1.ns1", OWNER) is True
     assert [c.request.method for c in rsps.calls] == ["GET", "DELETE"]
     assert "%25" not in url_of(rsps.calls[1])
 
@@ -764,12 +779,12 @@ def test_a_ref_404_on_delete_is_already_gone_only_for_the_ref_sent(
 def test_release_is_idempotent_on_404(rsps: responses.RequestsMock, make: Any) -> None:
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2")])
     rsps.delete(ref_url(HOST_REF), status=404, json=NOT_FOUND)
-    assert make().release("m1.ns1") is True
+    assert make().release("m1.ns1", OWNER) is True
 
 
 def test_release_nothing_registered_returns_false(rsps: responses.RequestsMock, make: Any) -> None:
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.99.0.7")])
-    assert make().release("m1.ns1") is False
+    assert make().release("m1.ns1", OWNER) is False
     assert [c.request.method for c in rsps.calls] == ["GET"]
 
 
@@ -788,7 +803,7 @@ def test_release_host_with_foreign_addresses_only_removes_ours(
     )
     rsps.get(f"{WAPI}/record:host", json=[record])
     rsps.put(ref_url(HOST_REF), json=HOST_REF)
-    assert make().release("m1.ns1") is True
+    assert make().release("m1.ns1", OWNER) is True
     assert body_of(rsps.calls[1]) == {
         "ipv4addrs": [
             {"ipv4addr": "10.99.0.7", "configure_for_dhcp": True, "mac": "aa:bb:cc:dd:ee:ff"}
@@ -808,7 +823,7 @@ def test_release_fixedaddress_deletes_every_match(rsps: responses.RequestsMock, 
     )
     for ref in refs:
         rsps.delete(ref_url(ref), json=ref)
-    assert make(record_type="fixedaddress").release("m1.ns1") is True
+    assert make(record_type="fixedaddress").release("m1.ns1", OWNER) is True
     methods = sorted(str(c.request.method) for c in rsps.calls)
     assert methods == ["DELETE", "DELETE", "GET", "GET", "GET"]
 
@@ -1041,8 +1056,8 @@ def test_every_request_has_timeout_and_tls_verification(
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.2")])
     rsps.delete(ref_url(HOST_REF), json=HOST_REF)
     backend = make()
-    backend.allocate("m1.ns1", "d")
-    backend.release("m1.ns1")
+    backend.allocate("m1.ns1", OWNER)
+    backend.release("m1.ns1", OWNER)
     assert len(rsps.calls) == 5
     for call in rsps.calls:
         assert kwargs_of(call)["timeout"] == (7.5, 7.5)
@@ -1093,7 +1108,7 @@ def test_network_without_gateway_keeps_the_function_string(
     add_network(rsps, routers=None)
     add_create(rsps, "10.20.0.1")
 
-    allocation = make().allocate("m1.ns1", "d")
+    allocation = make().allocate("m1.ns1", OWNER)
 
     assert (allocation.address, allocation.gateway) == ("10.20.0.1", None)
     assert post_body(rsps)["ipv4addrs"][0]["ipv4addr"] == NEXT_V4
@@ -1122,7 +1137,7 @@ def test_gateway_override_is_excluded_with_the_routers_option(
     add_network(rsps, routers=routers)
     add_create(rsps, "10.20.0.2")
 
-    allocation = make(gateway=override).allocate("m1.ns1", "d")
+    allocation = make(gateway=override).allocate("m1.ns1", OWNER)
 
     assert (allocation.address, allocation.gateway) == ("10.20.0.2", reported)
     assert post_body(rsps)["ipv4addrs"][0]["ipv4addr"] == next_excluding(*excluded)
@@ -1151,7 +1166,7 @@ def test_ipv6_gateway_override_is_excluded_on_the_ipv6network(
     rsps.post(f"{WAPI}/{obj}", status=201, json=created)
 
     backend = make(subnet=cidr, gateway="2001:DB8:20::1", record_type=record_type)
-    allocation = backend.allocate("m6.ns1", "d")
+    allocation = backend.allocate("m6.ns1", OWNER)
 
     assert (allocation.address, allocation.gateway) == ("2001:db8:20::2", "2001:db8:20::1")
     body = post_body(rsps)
@@ -1169,7 +1184,7 @@ def test_gateway_handed_out_anyway_is_removed_and_retried(
     rsps.delete(ref_url(HOST_REF), json=HOST_REF)
     rsps.post(f"{WAPI}/record:host", status=201, json=host_v4("10.20.0.2"))
 
-    allocation = make(gateway="10.20.0.5").allocate("m1.ns1", "d")
+    allocation = make(gateway="10.20.0.5").allocate("m1.ns1", OWNER)
 
     assert allocation.address == "10.20.0.2"
     methods = [c.request.method for c in rsps.calls]
@@ -1190,7 +1205,7 @@ def test_record_of_the_hostname_at_the_gateway_is_replaced_not_adopted(
     rsps.delete(ref_url(HOST_REF), json=HOST_REF)
     rsps.get(f"{WAPI}/record:host", json=[host_v4("10.20.0.1")])
     add_create(rsps, "10.20.0.2")
-    allocation = backend.allocate("m1.ns1", "d")
+    allocation = backend.allocate("m1.ns1", OWNER)
 
     assert allocation.address == "10.20.0.2"
     assert [c.request.method for c in rsps.calls].count("DELETE") == 1

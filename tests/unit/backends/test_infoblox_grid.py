@@ -19,11 +19,15 @@ import responses
 from responses import matchers
 from wapi_requests import add_fixed_search, assert_grid_accepts
 
-from backends.base import SubnetInfo
+from backends.base import EntryOwner, SubnetInfo
 from backends.errors import AuthenticationFailedError, InvalidRequestError
 from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
+
+#: This management cluster (the uid of its kube-system namespace) and a claim of it.
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "ns1/m1")
 
 GM = "https://gm.example.com"
 WAPI = f"{GM}/wapi/v2.12"
@@ -169,7 +173,7 @@ def test_an_upper_case_dns_zone_finds_and_releases_its_record(
     grid.get(f"{WAPI}/record:host", json=[])  # any other spelling misses
     grid.delete(f"{WAPI}/{record['_ref']}", json=record["_ref"])
 
-    assert make(dns_zone="K8S.Example.COM").release("m1.ns1") is True
+    assert make(dns_zone="K8S.Example.COM").release("m1.ns1", OWNER) is True
 
     assert [c.request.method for c in grid.calls] == ["GET", "DELETE"]
 
@@ -197,7 +201,7 @@ def test_a_conflict_that_is_no_race_is_a_refusal_not_retried(
     )
 
     with pytest.raises(InvalidRequestError) as info:
-        make(extensible_attributes={"Owner": "capi"}).allocate("m1.ns1", "d")
+        make(extensible_attributes={"Owner": "capi"}).allocate("m1.ns1", OWNER)
 
     assert text in info.value.message
     assert sleeps == []
@@ -217,7 +221,7 @@ def test_a_dns_host_record_carries_its_network_view(
     )
 
     make(network_view="prod", dns_view="internal", dns_zone="k8s.example.com").allocate(
-        "m1.ns1", "d"
+        "m1.ns1", OWNER
     )
 
     (post,) = [c for c in grid.calls if c.request.method == "POST"]
@@ -272,7 +276,7 @@ def test_an_unknown_dns_view_is_named_not_taken_for_a_vanished_record(
     )
 
     with pytest.raises(InvalidRequestError) as info:
-        make(dns_view="internal", dns_zone="k8s.example.com").allocate("m1.ns1", "d")
+        make(dns_view="internal", dns_zone="k8s.example.com").allocate("m1.ns1", OWNER)
 
     assert type(info.value) is InvalidRequestError
     assert "does not know a view, network view or zone" in info.value.message

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,14 +20,27 @@ from wapi_requests import add_fixed_search, assert_grid_accepts
 
 from backends.base import (
     Allocation,
+    EntryOwner,
     SubnetInfo,
     SubnetRef,
     quarantine_mark,
     quarantined_until,
 )
-from backends.errors import AddressUnavailableError, SubnetExhaustedError, SubnetNotFoundError
+from backends.errors import (
+    AddressUnavailableError,
+    EntryOwnedError,
+    SubnetExhaustedError,
+    SubnetNotFoundError,
+)
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
+
+#: This management cluster (the uid of its kube-system namespace) and a claim of it.
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "ns1/m1")
+COMMENT = f"ipam-bridge {CLUSTER} ns1/m1"
+#: The previous release's comment ``ipam-bridge ns1/m1`` names this owner.
+PREVIOUS = EntryOwner("", "ns1/m1")
 
 GM = "https://gm.example.com"
 WAPI = f"{GM}/wapi/v2.12"
@@ -266,7 +280,7 @@ def test_allocate_skips_a_full_network_and_uses_the_next_ones_prefix_and_gateway
     created = host("m1.ns1", "10.30.0.2", comment="ipam-bridge ns1/m1")
     rsps.post(f"{WAPI}/record:host", status=201, json=created)
 
-    allocation = make().allocate("m1.ns1", "ipam-bridge ns1/m1")
+    allocation = make().allocate("m1.ns1", OWNER)
 
     assert allocation == Allocation(
         address="10.30.0.2",
@@ -275,7 +289,8 @@ def test_allocate_skips_a_full_network_and_uses_the_next_ones_prefix_and_gateway
         hostname="m1.ns1",
         ref=created["_ref"],
         subnet=NET2,
-        description="ipam-bridge ns1/m1",
+        description=COMMENT,
+        owner=OWNER,
     )
     assert methods(rsps) == ["GET", "GET", "POST", "GET", "POST"]
     first, second = (body_of(c) for c in rsps.calls if c.request.method == "POST")
@@ -302,7 +317,7 @@ def test_allocate_exhausted_only_when_every_network_is_full(
     rsps.post(f"{WAPI}/record:host", status=400, json=EXHAUSTED)
 
     with pytest.raises(SubnetExhaustedError) as info:
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
 
     assert NET1 in info.value.message and NET2 in info.value.message
     assert info.value.status == 400
@@ -318,7 +333,7 @@ def test_allocate_missing_second_network_is_subnet_not_found(
     rsps.post(f"{WAPI}/record:host", status=400, json=EXHAUSTED)
     add_network(rsps, NET2, found=False)
     with pytest.raises(SubnetNotFoundError, match=r"10\.30\.0\.0/28"):
-        make().allocate("m1.ns1", "d")
+        make().allocate("m1.ns1", OWNER)
 
 
 # ------------------------------------------------------------------------------ find
@@ -341,6 +356,7 @@ def test_find_searches_once_across_networks_with_that_networks_facts(
         ref=record["_ref"],
         subnet=NET2,
         description="ipam-bridge ns1/m1",
+        owner=PREVIOUS,
     )
     assert methods(rsps) == ["GET", "GET"]  # one search, one read of the network's routers
 
@@ -368,12 +384,12 @@ def test_requested_address_is_created_explicitly_and_checked(
     add_search(rsps, "m1.ns1", [])
     add_network(rsps, NET2, routers="10.30.0.1")
     add_address_use(rsps, "10.30.0.9")
-    created = host("m1.ns1", "10.30.0.9", comment="d")
+    created = host("m1.ns1", "10.30.0.9", comment=COMMENT)
     rsps.post(f"{WAPI}/record:host", status=201, json=created)
     add_address_use(rsps, "10.30.0.9", names=["m1.ns1"], objects=[created["_ref"]])
 
     allocation = make(extensible_attributes={"Owner": "capi"}).allocate(
-        "m1.ns1", "d", address="10.30.0.9"
+        "m1.ns1", OWNER, address="10.30.0.9"
     )
 
     assert (allocation.address, allocation.prefix, allocation.gateway, allocation.subnet) == (
@@ -385,7 +401,7 @@ def test_requested_address_is_created_explicitly_and_checked(
     (post,) = [c for c in rsps.calls if c.request.method == "POST"]
     assert body_of(post) == {
         "name": "m1.ns1",
-        "comment": "d",
+        "comment": COMMENT,
         "ipv4addrs": [{"ipv4addr": "10.30.0.9", "configure_for_dhcp": False}],
         "configure_for_dns": False,
         "network_view": "default",
@@ -401,7 +417,7 @@ def test_requested_address_held_names_the_holder_and_registers_nothing(
     add_address_use(rsps, "10.20.0.7", names=["printer.lab"], objects=["record:host/x:printer"])
 
     with pytest.raises(AddressUnavailableError) as info:
-        make().allocate("m1.ns1", "d", address="10.20.0.7")
+        make().allocate("m1.ns1", OWNER, address="10.20.0.7")
 
     assert (info.value.address, info.value.holder) == ("10.20.0.7", "printer.lab")
     assert "10.20.0.7" in info.value.message and "printer.lab" in info.value.message
@@ -413,7 +429,7 @@ def test_requested_address_outside_the_pool_is_refused_without_a_request(
 ) -> None:
     add_search(rsps, "m1.ns1", [])
     with pytest.raises(AddressUnavailableError) as info:
-        make().allocate("m1.ns1", "d", address="10.99.0.5")
+        make().allocate("m1.ns1", OWNER, address="10.99.0.5")
     assert (info.value.address, info.value.holder) == ("10.99.0.5", None)
     assert "outside every network" in info.value.message
     assert methods(rsps) == ["GET"]
@@ -426,7 +442,7 @@ def test_requested_gateway_network_or_broadcast_is_refused(
     add_search(rsps, "m1.ns1", [])
     add_network(rsps, NET1, routers="10.20.0.1")
     with pytest.raises(AddressUnavailableError, match="never handed out") as info:
-        make().allocate("m1.ns1", "d", address=address)
+        make().allocate("m1.ns1", OWNER, address=address)
     assert info.value.holder is None
     assert "POST" not in methods(rsps)
 
@@ -434,10 +450,10 @@ def test_requested_gateway_network_or_broadcast_is_refused(
 def test_requested_address_already_ours_is_returned(
     rsps: responses.RequestsMock, make: Any
 ) -> None:
-    record = host("m1.ns1", "10.20.0.7")
+    record = host("m1.ns1", "10.20.0.7", comment=COMMENT)
     add_search(rsps, "m1.ns1", [record])
     add_network(rsps, NET1, routers="10.20.0.1")
-    allocation = make().allocate("m1.ns1", "d", address="10.20.0.7")
+    allocation = make().allocate("m1.ns1", OWNER, address="10.20.0.7")
     assert (allocation.address, allocation.ref) == ("10.20.0.7", record["_ref"])
     assert methods(rsps) == ["GET", "GET"]
 
@@ -448,7 +464,7 @@ def test_requested_address_when_hostname_holds_another_is_refused(
     add_search(rsps, "m1.ns1", [host("m1.ns1", "10.20.0.7")])
     add_network(rsps, NET1, routers="10.20.0.1")
     with pytest.raises(AddressUnavailableError, match=r"already holds 10\.20\.0\.7"):
-        make().allocate("m1.ns1", "d", address="10.20.0.8")
+        make().allocate("m1.ns1", OWNER, address="10.20.0.8")
     assert "POST" not in methods(rsps)
 
 
@@ -470,7 +486,7 @@ def test_requested_host_address_shared_after_create_is_given_back(
     rsps.delete(f"{WAPI}/{created['_ref']}", json=created["_ref"])
 
     with pytest.raises(AddressUnavailableError) as info:
-        make().allocate("m1.ns1", "d", address="10.20.0.7")
+        make().allocate("m1.ns1", OWNER, address="10.20.0.7")
 
     assert info.value.holder == "other.lab"
     assert methods(rsps)[-1] == "DELETE"
@@ -492,7 +508,7 @@ def test_requested_fixed_address_conflict_names_the_holder(
     add_address_use(rsps, "10.20.0.7", names=["racer.lab"], objects=["fixedaddress/x:10.20.0.7"])
 
     with pytest.raises(AddressUnavailableError) as info:
-        make(record_type="fixedaddress").allocate("m1.ns1", "d", address="10.20.0.7")
+        make(record_type="fixedaddress").allocate("m1.ns1", OWNER, address="10.20.0.7")
 
     assert info.value.holder == "racer.lab"
     (post,) = [c for c in rsps.calls if c.request.method == "POST"]
@@ -510,7 +526,7 @@ def test_release_with_quarantine_renames_and_marks_the_record(
     add_search(rsps, "m1.ns1", [record])
     rsps.put(f"{WAPI}/{record['_ref']}", json="record:host/ZG5z:quarantined.m1.ns1/%20")
 
-    assert make().release("m1.ns1", quarantine_until=UNTIL) is True
+    assert make().release("m1.ns1", OWNER, quarantine_until=UNTIL) is True
 
     (put,) = [c for c in rsps.calls if c.request.method == "PUT"]
     assert body_of(put) == {
@@ -530,7 +546,7 @@ def test_release_with_quarantine_in_a_dns_zone_keeps_the_zone(
     rsps.put(f"{WAPI}/{record['_ref']}", json=record["_ref"])
 
     backend = make(dns_zone="k8s.example.com", dns_view="internal")
-    assert backend.release("m1.ns1", quarantine_until=UNTIL) is True
+    assert backend.release("m1.ns1", OWNER, quarantine_until=UNTIL) is True
 
     (put,) = [c for c in rsps.calls if c.request.method == "PUT"]
     assert body_of(put)["name"] == "quarantined.m1.ns1.k8s.example.com"
@@ -560,7 +576,7 @@ def test_release_with_quarantine_merges_into_an_existing_quarantined_record(
     rsps.put(f"{WAPI}/{older['_ref']}", json=older["_ref"])
     rsps.delete(f"{WAPI}/{record['_ref']}", json=record["_ref"])
 
-    assert make().release("m1.ns1", quarantine_until=UNTIL) is True
+    assert make().release("m1.ns1", OWNER, quarantine_until=UNTIL) is True
 
     merged = body_of(rsps.calls[3])
     assert [a["ipv4addr"] for a in merged["ipv4addrs"]] == ["10.20.0.4", "10.20.0.9"]
@@ -593,7 +609,7 @@ def test_quarantine_merge_repeated_after_a_lost_answer_adds_nothing_twice(
     rsps.put(f"{WAPI}/{older['_ref']}", json=older["_ref"])
     rsps.delete(f"{WAPI}/{record['_ref']}", status=404, json={"code": "Client.Ibap.Data.NotFound"})
 
-    assert make().release("m1.ns1", quarantine_until=UNTIL) is True
+    assert make().release("m1.ns1", OWNER, quarantine_until=UNTIL) is True
 
     merged = body_of(rsps.calls[3])
     assert [a["ipv4addr"] for a in merged["ipv4addrs"]] == ["10.20.0.4", "10.20.0.9"]
@@ -603,7 +619,7 @@ def test_release_without_grace_still_deletes(rsps: responses.RequestsMock, make:
     record = host("m1.ns1", "10.20.0.9")
     add_search(rsps, "m1.ns1", [record])
     rsps.delete(f"{WAPI}/{record['_ref']}", json=record["_ref"])
-    assert make().release("m1.ns1") is True
+    assert make().release("m1.ns1", OWNER) is True
 
 
 def test_purge_deletes_only_records_whose_quarantine_ended(
@@ -632,7 +648,7 @@ def test_purge_deletes_only_records_whose_quarantine_ended(
     rsps.delete(f"{WAPI}/{ended['_ref']}", json=ended["_ref"])
     rsps.delete(f"{WAPI}/{exact['_ref']}", json=exact["_ref"])
 
-    assert make().purge_quarantined(UNTIL) == ["10.20.0.5", "10.30.0.2"]
+    assert make().purge_quarantined(UNTIL, CLUSTER) == ["10.20.0.5", "10.30.0.2"]
     assert methods(rsps) == ["GET", "GET", "DELETE", "DELETE"]
 
 
@@ -660,6 +676,7 @@ def test_entries_lists_every_record_of_each_network_paged(
             ref=ours["_ref"],
             subnet=NET1,
             description="ipam-bridge ns1/m1",
+            owner=PREVIOUS,
         ),
         Allocation(
             address="10.20.0.40",
@@ -743,3 +760,171 @@ def test_describe_subnets_reports_each_network_with_its_overrides(
         # 10.30.0.1 (routers) and 10.30.0.14 (override) are both never handed out.
         SubnetInfo(cidr=NET2, prefix=26, gateway="10.30.0.14", total=14, used=4, free=10),
     ]
+
+
+# ------------------------------------------------------------------------------ owners
+
+OTHER = EntryOwner("a-second-cluster", "ns1/m1")
+OTHER_COMMENT = "ipam-bridge a-second-cluster ns1/m1"
+EA = "CAPI-Owner"
+HOST_FIELDS_EA = HOST_FIELDS + ",extattrs"
+
+
+def add_search_ea(rsps: responses.RequestsMock, name: str, records: list[dict[str, Any]]) -> None:
+    query = {"name": name, "network_view": "default", "_return_fields": HOST_FIELDS_EA}
+    rsps.get(f"{WAPI}/record:host", match=[matchers.query_param_matcher(query)], json=records)
+
+
+@pytest.mark.parametrize("address", [None, "10.20.0.7"], ids=["next-available", "requested"])
+def test_allocate_refuses_another_clusters_record_and_changes_nothing(
+    rsps: responses.RequestsMock, make: Any, sleeps: list[float], address: str | None
+) -> None:
+    add_search(rsps, "m1.ns1", [host("m1.ns1", "10.20.0.7", comment=OTHER_COMMENT)])
+    add_network(rsps, NET1, routers="10.20.0.1")
+
+    with pytest.raises(EntryOwnedError) as raised:
+        make().allocate("m1.ns1", OWNER, address)
+
+    assert (raised.value.hostname, raised.value.address, raised.value.owner) == (
+        "m1.ns1",
+        "10.20.0.7",
+        OTHER,
+    )
+    assert "a-second-cluster" in raised.value.message
+    assert set(methods(rsps)) == {"GET"}
+    assert sleeps == []
+
+
+@pytest.mark.parametrize(
+    ("comment", "adopt"),
+    [
+        ("reserved for the mgmt VIP", None),  # a network team's reservation
+        ("ipam-bridge ns1/m1", None),  # the previous release's
+        (OTHER_COMMENT, "10.20.0.7"),  # moved here: the claim's IPAddress names the address
+    ],
+    ids=["reservation", "previous-release", "moved"],
+)
+def test_allocate_adopts_and_rewrites_the_comment_with_one_put(
+    rsps: responses.RequestsMock, make: Any, comment: str, adopt: str | None
+) -> None:
+    record = host("m1.ns1", "10.20.0.7", comment=comment)
+    add_search(rsps, "m1.ns1", [record])
+    add_network(rsps, NET1, routers="10.20.0.1")
+    rsps.put(
+        f"{WAPI}/{record['_ref']}",
+        match=[matchers.json_params_matcher({"comment": COMMENT})],
+        json=record["_ref"],
+    )
+
+    allocation = make().allocate("m1.ns1", OWNER, adopt=adopt)
+
+    assert (allocation.address, allocation.owner) == ("10.20.0.7", OWNER)
+    assert methods(rsps) == ["GET", "GET", "PUT"]
+
+
+def test_owner_extensible_attribute_is_written_read_and_kept_with_the_others(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    # Create: the owner EA next to the pool's EAs, and extattrs read back.
+    add_search_ea(rsps, "m1.ns1", [])
+    add_network(rsps, NET1, routers="10.20.0.1")
+    created = host("m1.ns1", "10.20.0.2", comment=COMMENT)
+    rsps.post(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher({"_return_fields": "name,comment,ipv4addrs,extattrs"})],
+        status=201,
+        json=created,
+    )
+    backend = make(owner_extensible_attribute=EA, extensible_attributes={"Site": "fra"})
+
+    allocation = backend.allocate("m1.ns1", OWNER)
+
+    assert allocation.owner == OWNER
+    (post,) = [c for c in rsps.calls if c.request.method == "POST"]
+    assert body_of(post)["extattrs"] == {
+        "Site": {"value": "fra"},
+        EA: {"value": f"{CLUSTER} ns1/m1"},
+    }
+
+
+def test_owner_extensible_attribute_decides_and_a_put_keeps_a_persons_eas(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    # A reservation with an EA a person set: adopted, the EAs kept (WAPI replaces them all).
+    reservation = host("m1.ns1", "10.20.0.7", comment="for the VIP") | {
+        "extattrs": {"Site": {"value": "fra"}, "Ticket": {"value": "NET-42"}}
+    }
+    taken = host("m2.ns1", "10.20.0.8", comment=COMMENT) | {
+        "extattrs": {EA: {"value": "a-second-cluster ns1/m2"}}  # the EA wins over the comment
+    }
+    add_search_ea(rsps, "m1.ns1", [reservation])
+    add_search_ea(rsps, "m2.ns1", [taken])
+    add_network(rsps, NET1, routers="10.20.0.1")
+    rsps.put(
+        f"{WAPI}/{reservation['_ref']}",
+        match=[
+            matchers.json_params_matcher(
+                {
+                    "comment": COMMENT,
+                    "extattrs": {
+                        "Site": {"value": "fra"},
+                        "Ticket": {"value": "NET-42"},
+                        EA: {"value": f"{CLUSTER} ns1/m1"},
+                    },
+                }
+            )
+        ],
+        json=reservation["_ref"],
+    )
+    backend = make(owner_extensible_attribute=EA)
+
+    assert backend.allocate("m1.ns1", OWNER).owner == OWNER
+    with pytest.raises(EntryOwnedError) as raised:
+        backend.allocate("m2.ns1", EntryOwner(CLUSTER, "ns1/m2"))
+    assert raised.value.owner == EntryOwner("a-second-cluster", "ns1/m2")
+
+
+def test_release_removes_only_the_records_the_claim_owns(
+    rsps: responses.RequestsMock, make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    theirs = host("m1.ns1", "10.20.0.9", comment=OTHER_COMMENT)
+    add_search(rsps, "m1.ns1", [theirs])
+
+    with caplog.at_level(logging.INFO, logger="backends.infoblox"):
+        assert make().release("m1.ns1", OWNER) is False
+        assert make().release("m1.ns1", OWNER, quarantine_until=UNTIL) is False
+
+    assert set(methods(rsps)) == {"GET"}
+    assert "a-second-cluster" in caplog.text
+
+
+def test_release_removes_another_owners_record_at_the_address_the_ipaddress_names(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    theirs = host("m1.ns1", "10.20.0.9", comment=OTHER_COMMENT)
+    add_search(rsps, "m1.ns1", [theirs])
+    rsps.delete(f"{WAPI}/{theirs['_ref']}", json=theirs["_ref"])
+
+    assert make().release("m1.ns1", OWNER, address="10.20.0.9") is True
+
+
+def test_purge_deletes_only_this_clusters_quarantined_records(
+    rsps: responses.RequestsMock, make: Any
+) -> None:
+    ours = host("quarantined.a.ns1", "10.20.0.5", comment=quarantine_mark(UNTIL - 1, COMMENT))
+    theirs = host(
+        "quarantined.b.ns1", "10.20.0.6", comment=quarantine_mark(UNTIL - 1, OTHER_COMMENT)
+    )
+    query = {
+        "name~": "^quarantined[.]",
+        "network_view": "default",
+        "_return_fields": HOST_FIELDS,
+    } | PAGING
+    rsps.get(
+        f"{WAPI}/record:host",
+        match=[matchers.query_param_matcher(query)],
+        json={"result": [ours, theirs]},
+    )
+    rsps.delete(f"{WAPI}/{ours['_ref']}", json=ours["_ref"])
+
+    assert make().purge_quarantined(UNTIL, CLUSTER) == ["10.20.0.5"]

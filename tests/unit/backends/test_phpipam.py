@@ -23,12 +23,13 @@ import requests
 import responses
 from responses import matchers
 
-from backends.base import Allocation, IPAMBackend, SubnetInfo
+from backends.base import Allocation, EntryOwner, IPAMBackend, SubnetInfo
 from backends.errors import (
     AuthenticationFailedError,
     BackendError,
     BackendUnavailableError,
     ConflictError,
+    EntryOwnedError,
     InvalidRequestError,
     SubnetExhaustedError,
     SubnetNotFoundError,
@@ -54,6 +55,9 @@ TOKEN = "mecHgCchmVl2mi0K70QqJIzm"
 TOKEN2 = "2BWNjbEGG77nwRcS3biqLwW2"
 APP_CODE = "Zq3fVb7xKpL0aa9wE2rTyUi1oPl4mN8c"
 ATTEMPTS = 3
+#: This management cluster (the uid of its kube-system namespace) and a claim of it.
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "default/claim-1")
 
 # ---------------------------------------------------------------- recorded answers
 # 1a / 9l: POST /user/
@@ -170,6 +174,30 @@ SEARCH_CLAIM_1_TWICE = (
     '"hostname":"default.claim-1",' + _ROW_TAIL + '],"time":0.001}'
 )
 HOSTNAME_NOT_FOUND = '{"code":404,"success":false,"message":"Hostname not found","time":0.001}'
+#: Section 12: the fields ipam-bridge writes for OWNER (create and PATCH bodies).
+OWNER_FIELDS = {
+    "description": "ipam-bridge default/claim-1",
+    "owner": f"ipam-bridge {CLUSTER} default/claim-1",
+    "note": f"ipam-bridge cluster={CLUSTER} claim=default/claim-1",
+}
+
+
+def owned_search(
+    hostname: str, *, owner: str | None, note: str | None, description: str = "x"
+) -> str:
+    """A search_hostname answer (4a's shape) with one row of id 13 at 10.20.0.3 (section 12)."""
+    row = json.loads(SEARCH_CLAIM_2)["data"][0]
+    row.update(hostname=hostname, owner=owner, note=note, description=description)
+    return json.dumps({"code": 200, "success": True, "data": [row], "time": 0.001})
+
+
+#: default.claim-1 at 10.20.0.3 (id 13), written by OWNER.
+SEARCH_OWNED = owned_search(
+    "default.claim-1",
+    owner=OWNER_FIELDS["owner"],
+    note=OWNER_FIELDS["note"],
+    description=OWNER_FIELDS["description"],
+)
 # 5b and 8f: the two faces of a lost first-free race
 IP_EXISTS = '{"code":409,"success":false,"message":"IP address already exists","time":0.002}'
 DUPLICATE_ENTRY = (
@@ -600,10 +628,10 @@ def test_allocate_posts_first_free_with_hostname_and_description(
         CREATED_12,
         201,
         headers={"Location": "/api/capi/addresses/12/"},
-        json_body={"hostname": "default.claim-1", "description": "capi claim 1"},
+        json_body={"hostname": "default.claim-1", **OWNER_FIELDS},
     )
 
-    allocation = make().allocate("default.claim-1", "capi claim 1")
+    allocation = make().allocate("default.claim-1", OWNER)
 
     assert allocation == Allocation(
         address="10.20.0.2",
@@ -612,7 +640,8 @@ def test_allocate_posts_first_free_with_hostname_and_description(
         hostname="default.claim-1",
         ref="12",
         subnet="10.20.0.0/24",
-        description="capi claim 1",
+        description="ipam-bridge default/claim-1",
+        owner=OWNER,
     )
     post = rsps.calls[-1].request
     assert post.headers["Content-Type"] == "application/json"
@@ -633,8 +662,8 @@ def test_a_routine_allocation_and_release_log_nothing_at_info(
     backend = make()
 
     with caplog.at_level(logging.DEBUG, logger="backends.phpipam"):
-        backend.allocate("default.claim-1", "capi claim 1")
-        backend.release("default.claim-1")
+        backend.allocate("default.claim-1", OWNER)
+        backend.release("default.claim-1", OWNER)
 
     levels = {
         r.getMessage(): r.levelname
@@ -648,37 +677,127 @@ def test_a_routine_allocation_and_release_log_nothing_at_info(
     }
 
 
-def test_allocate_adopts_an_existing_row_without_post(
+def test_allocate_returns_its_own_row_without_post_or_patch(
     rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:
     _prime(rsps)
-    add(rsps, "GET", "addresses/search_hostname/default.claim-2/", SEARCH_CLAIM_2)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", SEARCH_OWNED)
 
-    allocation = make().allocate("default.claim-2", "ipam-bridge default/claim-2")
+    allocation = make().allocate("default.claim-1", OWNER)
 
-    assert (allocation.address, allocation.ref) == ("10.20.0.3", "13")
-    assert not [u for u in urls(rsps) if u.startswith("POST") and "first_free" in u]
+    assert (allocation.address, allocation.ref, allocation.owner) == ("10.20.0.3", "13", OWNER)
+    assert [u for u in urls(rsps) if not u.startswith("GET")] == [f"POST {BASE}/user/"]
 
 
-def test_allocate_truncates_description_to_64_chars(
+@pytest.mark.parametrize(
+    ("owner", "note", "description"),
+    [
+        (None, None, "reserved for the mgmt control plane"),  # a network team's reservation
+        (None, None, "ipam-bridge default/claim-1 cluster mgmt"),  # the previous release
+        ("ipam-bridge default/claim-1", None, "x"),  # an owner field without a cluster
+    ],
+    ids=["reservation", "previous-release", "owner-field-only"],
+)
+def test_allocate_adopts_a_row_and_writes_its_owner_with_one_patch(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    owner: str | None,
+    note: str | None,
+    description: str,
+) -> None:
+    _prime(rsps)
+    search = owned_search("default.claim-1", owner=owner, note=note, description=description)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+    add(rsps, "PATCH", "addresses/13/", UPDATED, json_body=OWNER_FIELDS)  # 10c
+
+    allocation = make().allocate("default.claim-1", OWNER)
+
+    assert (allocation.address, allocation.ref, allocation.owner) == ("10.20.0.3", "13", OWNER)
+    assert [u for u in urls(rsps) if not u.startswith("GET")] == [
+        f"POST {BASE}/user/",
+        f"PATCH {BASE}/addresses/13/",
+    ]
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        EntryOwner("a-second-cluster", "default/claim-1"),  # same names, another cluster
+        EntryOwner(CLUSTER, "lab/claim-1.default"),  # another claim of ours, same hostname
+        EntryOwner("", "lab/claim-1.default"),  # another claim of the previous release
+    ],
+    ids=["other-cluster", "other-claim", "other-claim-previous-release"],
+)
+@pytest.mark.parametrize("requested", [None, "10.20.0.3"], ids=["first-free", "requested"])
+def test_allocate_refuses_a_row_of_another_owner_and_changes_nothing(
+    rsps: responses.RequestsMock,
+    make: Callable[..., PHPIPAMBackend],
+    sleeps: list[float],
+    other: EntryOwner,
+    requested: str | None,
+) -> None:
+    _prime(rsps)
+    note = f"ipam-bridge cluster={other.cluster_id} claim={other.claim}"
+    search = owned_search("default.claim-1", owner=None, note=note)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+
+    with pytest.raises(EntryOwnedError) as raised:
+        make().allocate("default.claim-1", OWNER, requested)
+
+    error = raised.value
+    assert (error.hostname, error.address, error.owner) == ("default.claim-1", "10.20.0.3", other)
+    assert other.claim in error.message
+    assert sleeps == []  # not retried
+    assert [u for u in urls(rsps) if not u.startswith("GET")] == [f"POST {BASE}/user/"]
+
+
+def test_a_row_deleted_before_its_owner_is_written_is_a_lost_race_then_first_free(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend], sleeps: list[float]
+) -> None:
+    _prime(rsps)
+    search = owned_search("default.claim-1", owner=None, note=None, description="reserved")
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+    add(rsps, "PATCH", "addresses/13/", NO_SUCH_ADDRESS, 404)  # 6b: deleted meanwhile
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
+
+    allocation = make().allocate("default.claim-1", OWNER)
+
+    assert (allocation.address, allocation.owner) == ("10.20.0.2", OWNER)
+    assert len(sleeps) == 1  # one retry of the policy
+
+
+def test_allocate_adopts_another_owners_row_at_the_address_its_ipaddress_names(
     rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
 ) -> None:
-    description = "ipam-bridge default/claim-1 cluster " + "x" * 100
+    # clusterctl move: the claim's IPAddress (moved with it) names 10.20.0.3.
+    _prime(rsps)
+    note = "ipam-bridge cluster=the-source-cluster claim=default/claim-1"
+    search = owned_search("default.claim-1", owner=None, note=note)
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+    add(rsps, "PATCH", "addresses/13/", UPDATED, json_body=OWNER_FIELDS)
+
+    allocation = make().allocate("default.claim-1", OWNER, adopt="10.20.0.3")
+
+    assert (allocation.address, allocation.owner) == ("10.20.0.3", OWNER)
+
+
+def test_allocate_cuts_description_to_64_and_owner_to_128_chars(
+    rsps: responses.RequestsMock, make: Callable[..., PHPIPAMBackend]
+) -> None:
+    # A namespace of 63 characters and a claim name of 100: section 12's column widths.
+    claim = "n" * 63 + "/" + "c" * 100
+    owner = EntryOwner(CLUSTER, claim)
     _prime(rsps)
     add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
-    add(
-        rsps,
-        "POST",
-        "addresses/first_free/7/",
-        CREATED_12,
-        201,
-        json_body={"hostname": "default.claim-1", "description": description[:64]},
-    )
+    add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    make().allocate("default.claim-1", description)
+    make().allocate("default.claim-1", owner)
 
     sent = json.loads(rsps.calls[-1].request.body or b"{}")
-    assert len(sent["description"]) == 64
+    assert sent["description"] == f"ipam-bridge {claim}"[:64]
+    assert sent["owner"] == f"ipam-bridge {CLUSTER} {claim}"[:128]
+    assert sent["note"] == f"ipam-bridge cluster={CLUSTER} claim={claim}"  # text: whole
 
 
 @pytest.mark.parametrize(
@@ -702,7 +821,7 @@ def test_exhausted_subnet_is_not_retried(
     add(rsps, "POST", "addresses/first_free/7/", body, status)
 
     with pytest.raises(SubnetExhaustedError):
-        make().allocate("tiny.claim-3", "tiny 3")
+        make().allocate("tiny.claim-3", OWNER)
     assert urls(rsps).count(f"POST {BASE}/addresses/first_free/7/") == 1
     assert sleeps == []
 
@@ -715,7 +834,7 @@ def test_first_free_on_unknown_subnet_is_subnet_not_found(
     add(rsps, "POST", "addresses/first_free/7/", FIRST_FREE_9999, 400)
 
     with pytest.raises(SubnetNotFoundError):
-        make().allocate("x", "x")
+        make().allocate("x", OWNER)
 
 
 @pytest.mark.parametrize(
@@ -735,7 +854,7 @@ def test_lost_race_searches_again_and_gets_a_new_address(
     add(rsps, "GET", search, HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
 
-    allocation = make().allocate("default.claim-2", "capi claim 2")
+    allocation = make().allocate("default.claim-2", OWNER)
 
     assert (allocation.address, allocation.ref) == ("10.20.0.3", "13")
     assert urls(rsps)[2:] == [
@@ -755,7 +874,7 @@ def test_lost_race_on_every_attempt_raises_conflict(
     add(rsps, "POST", "addresses/first_free/7/", IP_EXISTS, 409)
 
     with pytest.raises(ConflictError):
-        make().allocate("default.claim-2", "capi claim 2")
+        make().allocate("default.claim-2", OWNER)
     assert urls(rsps).count(f"POST {BASE}/addresses/first_free/7/") == ATTEMPTS
 
 
@@ -767,12 +886,13 @@ def test_post_without_answer_is_found_by_the_next_search(
     search = "addresses/search_hostname/default.claim-2/"
     add(rsps, "GET", search, HOSTNAME_NOT_FOUND, 404)
     rsps.add("POST", f"{BASE}/addresses/first_free/7/", body=requests.ReadTimeout("read timeout"))
-    add(rsps, "GET", search, SEARCH_CLAIM_2)
+    add(rsps, "GET", search, SEARCH_OWNED.replace("default.claim-1", "default.claim-2"))
 
-    allocation = make().allocate("default.claim-2", "capi claim 2")
+    allocation = make().allocate("default.claim-2", OWNER)
 
     assert (allocation.address, allocation.ref) == ("10.20.0.3", "13")
     assert urls(rsps).count(f"POST {BASE}/addresses/first_free/7/") == 1
+    assert not [u for u in urls(rsps) if u.startswith("PATCH")]
 
 
 def test_ipv6_network_address_is_kept_reserved_and_skipped(
@@ -784,7 +904,7 @@ def test_ipv6_network_address_is_kept_reserved_and_skipped(
     add(rsps, "PATCH", "addresses/25/", UPDATED)
     add(rsps, "POST", "addresses/first_free/8/", CREATED_V6_1, 201)
 
-    allocation = make(subnet_id=8).allocate("v6.claim-1", "v6 claim 1")
+    allocation = make(subnet_id=8).allocate("v6.claim-1", OWNER)
 
     assert allocation == Allocation(
         address="2001:db8:20::1",
@@ -793,7 +913,8 @@ def test_ipv6_network_address_is_kept_reserved_and_skipped(
         hostname="v6.claim-1",
         ref="26",
         subnet="2001:db8:20::/64",
-        description="v6 claim 1",
+        description="ipam-bridge default/claim-1",
+        owner=OWNER,
     )
     patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
     sent = json.loads(patch.body or b"{}")
@@ -809,7 +930,7 @@ def test_ipv6_network_address_handed_out_when_skip_is_off(
     add(rsps, "GET", "addresses/search_hostname/v6.claim-1/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/8/", CREATED_V6_NET, 201)
 
-    allocation = make(subnet_id=8, skip_ipv6_network_address=False).allocate("v6.claim-1", "v6")
+    allocation = make(subnet_id=8, skip_ipv6_network_address=False).allocate("v6.claim-1", OWNER)
 
     assert (allocation.address, allocation.ref) == ("2001:db8:20::", "25")
 
@@ -826,7 +947,7 @@ def test_ipv6_network_row_left_by_an_interrupted_attempt_is_renamed(
     add(rsps, "POST", "addresses/first_free/8/", CREATED_V6_1, 201)
 
     backend = make(subnet_id=8)
-    allocation = backend.allocate("default.claim-2", "capi claim 2")
+    allocation = backend.allocate("default.claim-2", OWNER)
 
     assert allocation.address == "2001:db8:20::1"
     assert f"PATCH {BASE}/addresses/25/" in urls(rsps)
@@ -839,7 +960,7 @@ def test_unusable_hostname_is_an_invalid_request(
     _prime(rsps)
 
     with pytest.raises(InvalidRequestError):
-        make().allocate(hostname, "x")
+        make().allocate(hostname, OWNER)
     assert not [u for u in urls(rsps) if "addresses" in u]
 
 
@@ -862,7 +983,7 @@ def test_release_deletes_every_row_by_id(
     add(rsps, "DELETE", "addresses/12/", DELETED)
     add(rsps, "DELETE", "addresses/15/", DELETED)
 
-    assert make().release("default.claim-1") is True
+    assert make().release("default.claim-1", OWNER) is True
 
     deletes = [c.request.url or "" for c in rsps.calls if c.request.method == "DELETE"]
     assert deletes == [f"{BASE}/addresses/12/", f"{BASE}/addresses/15/"]
@@ -881,7 +1002,7 @@ def test_release_of_unknown_hostname_is_false(
     add_login(rsps)
     add(rsps, "GET", "addresses/search_hostname/default.gone/", body, status)
 
-    assert make().release("default.gone") is False
+    assert make().release("default.gone", OWNER) is False
     assert not [c for c in rsps.calls if c.request.method == "DELETE"]
 
 
@@ -892,7 +1013,7 @@ def test_release_is_idempotent_when_the_row_vanished_meanwhile(
     add(rsps, "GET", "addresses/search_hostname/default.claim-2/", SEARCH_CLAIM_2)
     add(rsps, "DELETE", "addresses/13/", NO_SUCH_ADDRESS, 404)
 
-    assert make().release("default.claim-2") is False
+    assert make().release("default.claim-2", OWNER) is False
 
 
 def test_release_retried_after_a_partial_failure_reports_the_deletion(
@@ -908,7 +1029,7 @@ def test_release_retried_after_a_partial_failure_reports_the_deletion(
     add(rsps, "GET", search, json.dumps(remaining, separators=(",", ":")))
     add(rsps, "DELETE", "addresses/15/", DELETED)
 
-    assert make().release("default.claim-1") is True
+    assert make().release("default.claim-1", OWNER) is True
     assert urls(rsps).count(f"DELETE {BASE}/addresses/15/") == 2
 
 
@@ -1044,7 +1165,7 @@ def test_read_only_app_is_an_authentication_error_without_relogin(
     add(rsps, "POST", "addresses/first_free/7/", INVALID_PERMISSIONS, 401)
 
     with pytest.raises(AuthenticationFailedError, match="Read/Write"):
-        make().allocate("x", "x")
+        make().allocate("x", OWNER)
     assert logins(rsps) == 1
 
 
@@ -1311,7 +1432,7 @@ def test_every_request_has_the_timeout_and_verifies_tls_by_default(
     add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    make().allocate("default.claim-1", "capi claim 1")
+    make().allocate("default.claim-1", OWNER)
 
     kwargs = [c.request.req_kwargs for c in rsps.calls]  # type: ignore[attr-defined]
     assert len(kwargs) == 4
@@ -1507,8 +1628,8 @@ def test_gateway_override_without_row_is_registered_before_the_first_allocation(
     add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
 
     backend = make(gateway=GATEWAY_OVERRIDE)
-    first = backend.allocate("default.claim-1", "capi claim 1")
-    second = backend.allocate("default.claim-2", "capi claim 2")
+    first = backend.allocate("default.claim-1", OWNER)
+    second = backend.allocate("default.claim-2", OWNER)
 
     assert first == Allocation(
         address="10.20.0.2",
@@ -1517,7 +1638,8 @@ def test_gateway_override_without_row_is_registered_before_the_first_allocation(
         hostname="default.claim-1",
         ref="12",
         subnet="10.20.0.0/24",
-        description="capi claim 1",
+        description="ipam-bridge default/claim-1",
+        owner=OWNER,
     )
     assert (second.address, second.gateway) == ("10.20.0.3", "10.20.0.1")
     assert urls(rsps)[2:5] == [
@@ -1548,8 +1670,8 @@ def test_gateway_registered_by_someone_else_is_left_alone(
     add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
 
     backend = make(gateway=GATEWAY_OVERRIDE)
-    assert backend.allocate("default.claim-1", "c1").address == "10.20.0.2"
-    assert backend.allocate("default.claim-2", "c2").address == "10.20.0.3"
+    assert backend.allocate("default.claim-1", OWNER).address == "10.20.0.2"
+    assert backend.allocate("default.claim-2", OWNER).address == "10.20.0.3"
 
     assert posts(rsps, "addresses/") == 1
     assert sleeps == []  # a registered gateway is not a failure to retry
@@ -1574,7 +1696,7 @@ def test_gateway_that_first_free_never_offers_is_not_registered(
     add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    allocation = make(gateway=gateway).allocate("default.claim-1", "c1")
+    allocation = make(gateway=gateway).allocate("default.claim-1", OWNER)
 
     assert (allocation.address, allocation.gateway) == ("10.20.0.2", gateway)
     assert posts(rsps, "addresses/") == 0
@@ -1588,7 +1710,7 @@ def test_no_gateway_at_all_registers_nothing(
     add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/7/", created(12, "10.20.0.1"), 201)
 
-    allocation = make().allocate("default.claim-1", "c1")
+    allocation = make().allocate("default.claim-1", OWNER)
 
     assert (allocation.address, allocation.gateway) == ("10.20.0.1", None)
     assert posts(rsps, "addresses/") == 0
@@ -1615,7 +1737,7 @@ def test_gateway_handed_out_by_first_free_is_kept_as_the_gateway_row(
     )
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    allocation = make(gateway=GATEWAY_OVERRIDE).allocate("default.claim-1", "c1")
+    allocation = make(gateway=GATEWAY_OVERRIDE).allocate("default.claim-1", OWNER)
 
     assert (allocation.address, allocation.ref) == ("10.20.0.2", "12")
     assert urls(rsps)[-3:] == [
@@ -1648,7 +1770,7 @@ def test_network_and_broadcast_of_a_pool_subnet_are_never_assigned(
     add(rsps, "PATCH", "addresses/40/", UPDATED)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    allocation = make().allocate("default.claim-1", "c1")
+    allocation = make().allocate("default.claim-1", OWNER)
 
     assert allocation.address == "10.20.0.2"
     patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
@@ -1668,7 +1790,7 @@ def test_slash_31_hands_out_both_addresses(
     add(rsps, "GET", "addresses/search_hostname/p2p.a/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/7/", created(50, "10.20.5.0"), 201)
 
-    allocation = make().allocate("p2p.a", "link")
+    allocation = make().allocate("p2p.a", OWNER)
 
     assert (allocation.address, allocation.prefix) == ("10.20.5.0", 31)
     assert not [c for c in rsps.calls if c.request.method == "PATCH"]
@@ -1684,7 +1806,7 @@ def test_offering_only_reserved_addresses_ends_in_an_error(
     add(rsps, "PATCH", "addresses/60/", UPDATED)
 
     with pytest.raises(BackendUnavailableError, match="never assigned"):
-        make(retry=RetryPolicy(attempts=1)).allocate("default.claim-1", "c1")
+        make(retry=RetryPolicy(attempts=1)).allocate("default.claim-1", OWNER)
     # network, broadcast and gateway: one POST per reserved address, plus one.
     assert posts(rsps, "addresses/first_free/7/") == 4
 
@@ -1702,7 +1824,7 @@ def test_row_of_the_hostname_at_the_gateway_is_renamed_not_adopted(
 
     add(rsps, "PATCH", "addresses/30/", UPDATED)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
-    allocation = backend.allocate("default.claim-1", "c1")
+    allocation = backend.allocate("default.claim-1", OWNER)
 
     assert allocation.address == "10.20.0.2"
     patch = next(c.request for c in rsps.calls if c.request.method == "PATCH")
@@ -1721,7 +1843,11 @@ def test_reserved_hostnames_are_never_a_claims_key(
     _prime(rsps)
     backend = make()
 
-    for call in (backend.find, backend.release, lambda h: backend.allocate(h, "x")):
+    for call in (
+        backend.find,
+        lambda h: backend.release(h, OWNER),
+        lambda h: backend.allocate(h, OWNER),
+    ):
         with pytest.raises(InvalidRequestError, match="reserved"):
             call(hostname)
     assert not [u for u in urls(rsps) if "/addresses/" in u]
@@ -1810,7 +1936,7 @@ def test_parallel_allocations_register_the_gateway_once(
     def one() -> str:
         with lock:
             i = next(counter)
-        return backend.allocate(f"default.c{i}", "c").address
+        return backend.allocate(f"default.c{i}", OWNER).address
 
     assert set(_in_threads(one, 8)) == {"10.20.0.2"}
     assert posts(rsps, "addresses/") == 1

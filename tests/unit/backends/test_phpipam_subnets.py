@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import responses
 from test_phpipam import (
     BASE,
+    CLUSTER,
     CREATED_12,
     CREATED_13,
     DUPLICATE_ENTRY,
@@ -23,6 +25,8 @@ from test_phpipam import (
     HOSTNAME_NOT_FOUND,
     IP_EXISTS,
     NO_FREE,
+    OWNER,
+    OWNER_FIELDS,
     PASSWORD,
     SUBNET_7,
     SUBNET_8,
@@ -37,6 +41,7 @@ from test_phpipam import (
 
 from backends.base import (
     Allocation,
+    EntryOwner,
     IPAMBackend,
     SubnetInfo,
     SubnetRef,
@@ -125,8 +130,10 @@ def row(
     description: str | None = "capi claim",
     *,
     is_gateway: int = 0,
+    note: str | None = None,
 ) -> dict[str, Any]:
-    """One address row as phpIPAM lists it (2c, 4a, 4h: keys in phpIPAM's order)."""
+    """One address row as phpIPAM lists it (2c, 4a, 4h: keys in phpIPAM's order; ``note``
+    and ``owner`` as section 12 shows them)."""
     return {
         "id": address_id,
         "subnetId": subnet_id,
@@ -135,7 +142,12 @@ def row(
         "description": description,
         "hostname": hostname,
         **_ROW_TAIL,
+        "note": note,
     }
+
+
+#: The note `OWNER` writes (section 12).
+NOTE = OWNER_FIELDS["note"]
 
 
 def rows(*data: dict[str, Any]) -> str:
@@ -355,7 +367,7 @@ def test_first_free_takes_the_first_subnet_that_has_an_address(
     add(rsps, "GET", "addresses/search_hostname/tiny.claim-1/", HOSTNAME_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/first_free/9/", CREATED_19, 201)
 
-    allocation = pool().allocate("tiny.claim-1", "tiny 1")
+    allocation = pool().allocate("tiny.claim-1", OWNER)
 
     assert allocation == Allocation(
         address="10.20.1.1",
@@ -364,7 +376,8 @@ def test_first_free_takes_the_first_subnet_that_has_an_address(
         hostname="tiny.claim-1",
         ref="19",
         subnet="10.20.1.0/30",
-        description="tiny 1",
+        description=OWNER_FIELDS["description"],
+        owner=OWNER,
     )
     assert calls_to(rsps, "POST", "addresses/first_free/7/") == 0
 
@@ -390,7 +403,7 @@ def test_a_full_subnet_is_skipped_for_the_next_with_its_prefix_and_gateway(
     add(rsps, "POST", "addresses/first_free/9/", full, status)  # 3i-3
     add(rsps, "POST", "addresses/first_free/7/", CREATED_12, 201)
 
-    allocation = pool().allocate("default.claim-1", "capi claim 1")
+    allocation = pool().allocate("default.claim-1", OWNER)
 
     assert (allocation.address, allocation.prefix, allocation.gateway, allocation.subnet) == (
         "10.20.0.2",
@@ -417,7 +430,7 @@ def test_pool_is_exhausted_only_when_every_subnet_is_full(
     with pytest.raises(
         SubnetExhaustedError, match=r"all 2 subnets.*10\.20\.1\.0/30.*10\.20\.0\.0/24"
     ):
-        pool().allocate("default.claim-1", "capi claim 1")
+        pool().allocate("default.claim-1", OWNER)
     assert calls_to(rsps, "POST", "addresses/first_free/9/") == 1
     assert calls_to(rsps, "POST", "addresses/first_free/7/") == 1
     assert sleeps == []
@@ -431,7 +444,7 @@ def test_entry_overrides_are_reported_on_allocations(
     add(rsps, "POST", "addresses/first_free/9/", CREATED_19, 201)
 
     allocation = pool(SubnetRef(subnet_id=9, gateway="10.20.9.1", prefix=22), 7).allocate(
-        "tiny.claim-1", "tiny 1"
+        "tiny.claim-1", OWNER
     )
 
     assert (allocation.prefix, allocation.gateway) == (22, "10.20.9.1")
@@ -506,11 +519,11 @@ def test_requested_address_is_created_in_its_subnet(
             "subnetId": 7,
             "ip": "10.20.0.50",
             "hostname": "default.static-50",
-            "description": "static",
+            **OWNER_FIELDS,
         },
     )
 
-    allocation = pool().allocate("default.static-50", "static", address=" 10.20.0.50 ")
+    allocation = pool().allocate("default.static-50", OWNER, address=" 10.20.0.50 ")
 
     assert allocation == Allocation(
         address="10.20.0.50",
@@ -519,7 +532,8 @@ def test_requested_address_is_created_in_its_subnet(
         hostname="default.static-50",
         ref="21",
         subnet="10.20.0.0/24",
-        description="static",
+        description=OWNER_FIELDS["description"],
+        owner=OWNER,
     )
     assert calls_to(rsps, "POST", "addresses/first_free/9/") == 0
 
@@ -532,13 +546,14 @@ def test_requested_address_already_held_by_the_hostname_is_returned_without_post
         rsps,
         "GET",
         "addresses/search_hostname/default.static-50/",
-        rows(row(21, 7, "10.20.0.50", "default.static-50", "static")),
+        rows(row(21, 7, "10.20.0.50", "default.static-50", "static", note=NOTE)),
     )
 
-    allocation = pool().allocate("default.static-50", "static", address="10.20.0.50")
+    allocation = pool().allocate("default.static-50", OWNER, address="10.20.0.50")
 
     assert (allocation.address, allocation.ref) == ("10.20.0.50", "21")
     assert calls_to(rsps, "POST", "addresses/") == 0
+    assert calls_to(rsps, "PATCH", "addresses/21/") == 0
 
 
 @pytest.mark.parametrize(
@@ -566,7 +581,7 @@ def test_requested_address_held_by_someone_else_names_the_holder(
     )
 
     with pytest.raises(AddressUnavailableError) as caught:
-        pool().allocate("default.static-50b", "dup", address="10.20.0.50")
+        pool().allocate("default.static-50b", OWNER, address="10.20.0.50")
 
     assert (caught.value.address, caught.value.holder) == ("10.20.0.50", "default.static-50")
     assert "10.20.0.50" in caught.value.message
@@ -587,10 +602,10 @@ def test_requested_address_whose_create_answer_was_lost_is_ours(
         rsps,
         "GET",
         "addresses/search/10.20.0.50/",
-        rows(row(21, 7, "10.20.0.50", "DEFAULT.static-50", "static")),
+        rows(row(21, 7, "10.20.0.50", "DEFAULT.static-50", "static", note=NOTE)),
     )
 
-    allocation = pool().allocate("default.static-50", "static", address="10.20.0.50")
+    allocation = pool().allocate("default.static-50", OWNER, address="10.20.0.50")
 
     assert (allocation.address, allocation.ref, allocation.hostname) == (
         "10.20.0.50",
@@ -608,7 +623,7 @@ def test_requested_address_freed_again_after_the_conflict_is_tried_again(
     add(rsps, "GET", "addresses/search/10.20.0.50/", ADDRESS_NOT_FOUND, 404)
     add(rsps, "POST", "addresses/", CREATED_21, 201)
 
-    allocation = pool().allocate("default.static-50", "static", address="10.20.0.50")
+    allocation = pool().allocate("default.static-50", OWNER, address="10.20.0.50")
 
     assert allocation.ref == "21"
     assert calls_to(rsps, "POST", "addresses/") == 2
@@ -630,7 +645,7 @@ def test_requested_address_held_by_a_quarantined_row_is_refused(
     )
 
     with pytest.raises(AddressUnavailableError) as caught:
-        pool().allocate("default.claim-1", "capi claim 1", address="10.20.0.2")
+        pool().allocate("default.claim-1", OWNER, address="10.20.0.2")
     assert caught.value.holder == "quarantined.default.claim-1"
 
 
@@ -651,7 +666,7 @@ def test_requested_address_outside_the_pool_or_never_handed_out_is_refused_witho
     prime(rsps)
 
     with pytest.raises(AddressUnavailableError, match=why) as caught:
-        pool().allocate("default.claim-1", "capi claim 1", address=address)
+        pool().allocate("default.claim-1", OWNER, address=address)
 
     assert (caught.value.address, caught.value.holder) == (address, None)
     assert not any(call.request.method != "GET" for call in rsps.calls[1:])
@@ -673,14 +688,14 @@ def test_requested_ipv6_address_in_any_notation_and_the_anycast_address(
             "subnetId": 8,
             "ip": "2001:db8:20::50",
             "hostname": "v6.static-50",
-            "description": "v6",
+            **OWNER_FIELDS,
         },
     )
     backend = pool(7, 8)
 
-    granted = backend.allocate("v6.static-50", "v6", address="2001:0DB8:0020::0050")
+    granted = backend.allocate("v6.static-50", OWNER, address="2001:0DB8:0020::0050")
     with pytest.raises(AddressUnavailableError, match="anycast"):
-        backend.allocate("v6.static-51", "v6", address="2001:db8:20::")
+        backend.allocate("v6.static-51", OWNER, address="2001:db8:20::")
 
     assert (granted.address, granted.prefix, granted.gateway) == ("2001:db8:20::50", 64, None)
 
@@ -699,7 +714,7 @@ def test_requested_address_is_refused_when_the_hostname_holds_another(
     )
 
     with pytest.raises(AddressUnavailableError, match=r"already holds 10\.20\.0\.2 ") as caught:
-        pool().allocate("default.claim-1", "capi claim 1", address="10.20.0.50")
+        pool().allocate("default.claim-1", OWNER, address="10.20.0.50")
 
     assert caught.value.address == "10.20.0.50"
     assert calls_to(rsps, "POST", "addresses/") == 0
@@ -709,7 +724,7 @@ def test_requested_address_that_is_no_ip_is_refused_without_a_request(
     rsps: responses.RequestsMock, pool: Callable[..., PHPIPAMBackend]
 ) -> None:
     with pytest.raises(AddressUnavailableError, match="not an IP address") as caught:
-        pool().allocate("default.claim-1", "capi claim 1", address="10.20.0.300")
+        pool().allocate("default.claim-1", OWNER, address="10.20.0.300")
     assert caught.value.holder is None
     assert len(rsps.calls) == 0
 
@@ -723,7 +738,7 @@ def test_requested_address_phpipam_finds_invalid_is_refused_not_retried(
     add(rsps, "POST", "addresses/", NOT_VALID_FOR_SUBNET, 500)
 
     with pytest.raises(AddressUnavailableError, match="not a valid address"):
-        pool().allocate("default.claim-1", "capi claim 1", address="10.20.0.77")
+        pool().allocate("default.claim-1", OWNER, address="10.20.0.77")
     assert calls_to(rsps, "POST", "addresses/") == 1
     assert sleeps == []
 
@@ -736,7 +751,7 @@ def test_first_free_after_losing_to_a_requested_address_takes_another(
     add(rsps, "POST", "addresses/first_free/7/", IP_EXISTS, 409)
     add(rsps, "POST", "addresses/first_free/7/", CREATED_13, 201)
 
-    allocation = pool(7).allocate("default.claim-2", "capi claim 2")
+    allocation = pool(7).allocate("default.claim-2", OWNER)
 
     assert allocation.ref == "13"
 
@@ -767,7 +782,7 @@ def test_release_with_quarantine_renames_and_marks_the_rows(
     )
     add(rsps, "PATCH", "addresses/12/", UPDATED, json_body=expected)
 
-    assert pool().release("default.claim-1", quarantine_until=UNTIL) is True
+    assert pool().release("default.claim-1", OWNER, quarantine_until=UNTIL) is True
 
     assert [c.request.method for c in rsps.calls].count("PATCH") == 1
     assert calls_to(rsps, "DELETE", "addresses/12/") == 0
@@ -791,7 +806,7 @@ def test_release_deletes_rows_of_every_subnet_of_the_pool(
     add(rsps, "DELETE", "addresses/12/", DELETED)
     add(rsps, "DELETE", "addresses/19/", DELETED)
 
-    assert pool().release("default.claim-1") is True
+    assert pool().release("default.claim-1", OWNER) is True
     deletes = [u for u in urls(rsps) if u.startswith("DELETE")]
     assert deletes == [f"DELETE {BASE}/addresses/12/", f"DELETE {BASE}/addresses/19/"]
 
@@ -802,7 +817,86 @@ def test_release_after_quarantine_finds_nothing(
     add_login(rsps)
     add(rsps, "GET", "addresses/search_hostname/default.claim-1/", HOSTNAME_NOT_FOUND, 404)
 
-    assert pool().release("default.claim-1", quarantine_until=UNTIL) is False
+    assert pool().release("default.claim-1", OWNER, quarantine_until=UNTIL) is False
+
+
+OTHER_NOTE = "ipam-bridge cluster=a-second-cluster claim=default/claim-1"
+
+
+def test_release_deletes_only_the_rows_the_claim_owns(
+    rsps: responses.RequestsMock,
+    pool: Callable[..., PHPIPAMBackend],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Same hostname in one IPAM, written by two management clusters (no hostnameSuffix).
+    add_login(rsps)
+    add(
+        rsps,
+        "GET",
+        "addresses/search_hostname/default.claim-1/",
+        rows(
+            row(12, 7, "10.20.0.2", "default.claim-1", note=OTHER_NOTE),
+            row(13, 7, "10.20.0.3", "default.claim-1", note=NOTE),
+            row(14, 7, "10.20.0.4", "default.claim-1", "ipam-bridge default/claim-1 cluster m1"),
+        ),
+    )
+    add(rsps, "DELETE", "addresses/13/", DELETED)
+    add(rsps, "DELETE", "addresses/14/", DELETED)  # the previous release's: ours
+
+    with caplog.at_level(logging.INFO, logger="backends.phpipam"):
+        assert pool().release("default.claim-1", OWNER) is True
+
+    deletes = [u for u in urls(rsps) if u.startswith("DELETE")]
+    assert deletes == [f"DELETE {BASE}/addresses/13/", f"DELETE {BASE}/addresses/14/"]
+    assert "a-second-cluster" in caplog.text
+    assert calls_to(rsps, "GET", "subnets/7/") == 0  # the owner alone decided
+
+
+@pytest.mark.parametrize("until", [None, UNTIL], ids=["delete", "quarantine"])
+def test_release_of_another_clusters_row_only_is_false_and_writes_nothing(
+    rsps: responses.RequestsMock, pool: Callable[..., PHPIPAMBackend], until: float | None
+) -> None:
+    add_login(rsps)
+    search = rows(row(12, 7, "10.20.0.2", "default.claim-1", note=OTHER_NOTE))
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+
+    assert pool().release("default.claim-1", OWNER, quarantine_until=until) is False
+    assert [c.request.method for c in rsps.calls] == ["POST", "GET"]  # login, search
+
+
+def test_release_deletes_another_owners_row_at_the_address_the_ipaddress_names(
+    rsps: responses.RequestsMock, pool: Callable[..., PHPIPAMBackend]
+) -> None:
+    # Moved from another management cluster: its IPAddress names 10.20.0.2.
+    prime(rsps)
+    search = rows(row(12, 7, "169082882", "default.claim-1", note=OTHER_NOTE))
+    add(rsps, "GET", "addresses/search_hostname/default.claim-1/", search)
+    add(rsps, "DELETE", "addresses/12/", DELETED)
+
+    assert pool().release("default.claim-1", OWNER, address="10.20.0.2") is True
+    assert pool().release("default.claim-1", OWNER, address="10.20.0.9") is False
+
+
+def test_purge_deletes_only_the_quarantined_rows_of_this_cluster(
+    rsps: responses.RequestsMock, pool: Callable[..., PHPIPAMBackend]
+) -> None:
+    now = float(UNTIL)
+    prime(rsps, 7)
+    ended = quarantine_mark(now - 1, "ipam-bridge default/claim-1")[:64].rstrip()
+    add(
+        rsps,
+        "GET",
+        "subnets/7/addresses/",
+        rows(
+            row(12, 7, "10.20.0.2", "quarantined.default.claim-1", ended, note=OTHER_NOTE),
+            row(13, 7, "10.20.0.3", "quarantined.default.claim-1", ended, note=NOTE),
+            row(14, 7, "10.20.0.4", "quarantined.default.claim-2", ended),  # previous release
+        ),
+    )
+    add(rsps, "DELETE", "addresses/13/", DELETED)
+    add(rsps, "DELETE", "addresses/14/", DELETED)
+
+    assert pool(7).purge_quarantined(now, CLUSTER) == ["10.20.0.3", "10.20.0.4"]
 
 
 def _subnet_7_rows(now: float) -> str:
@@ -826,7 +920,7 @@ def test_purge_deletes_only_rows_whose_quarantine_ended(
     add(rsps, "DELETE", "addresses/12/", DELETED)
     add(rsps, "DELETE", "addresses/16/", DELETED)
 
-    assert pool().purge_quarantined(now) == ["10.20.0.2", "10.20.0.6"]
+    assert pool().purge_quarantined(now, CLUSTER) == ["10.20.0.2", "10.20.0.6"]
 
     deletes = [u for u in urls(rsps) if u.startswith("DELETE")]
     assert deletes == [f"DELETE {BASE}/addresses/12/", f"DELETE {BASE}/addresses/16/"]
@@ -850,9 +944,14 @@ def test_entries_lists_every_row_with_one_request_per_subnet(
         convert(
             rows(
                 GATEWAY_ROW,
-                row(12, 7, "10.20.0.2", "default.claim-1", "ipam-bridge default/claim-1"),
+                row(
+                    12, 7, "10.20.0.2", "default.claim-1", "ipam-bridge default/claim-1", note=NOTE
+                ),
                 row(13, 7, "10.20.0.3", "quarantined.default.claim-2", quarantine_mark(UNTIL)),
                 row(14, 7, "10.20.0.4", None, None),
+                row(
+                    15, 7, "10.20.0.5", "default.claim-1", "ipam-bridge default/claim-1 cluster m1"
+                ),
             )
         ),
     )
@@ -860,14 +959,25 @@ def test_entries_lists_every_row_with_one_request_per_subnet(
     backend = pool()
     found = backend.entries()
 
-    def entry(ref: str, ip: str, host: str, desc: str, until: float | None = None) -> Allocation:
-        return Allocation(ip, 24, "10.20.0.1", host, ref, "10.20.0.0/24", desc, until)
+    def entry(
+        ref: str, ip: str, host: str, desc: str, until: float | None = None, owner: Any = None
+    ) -> Allocation:
+        return Allocation(ip, 24, "10.20.0.1", host, ref, "10.20.0.0/24", desc, until, owner)
 
+    previous_release = EntryOwner("", "default/claim-1")
     assert found == [
         entry("11", "10.20.0.1", "gw.capi-test", "gateway"),
-        entry("12", "10.20.0.2", "default.claim-1", "ipam-bridge default/claim-1"),
+        entry("12", "10.20.0.2", "default.claim-1", "ipam-bridge default/claim-1", None, OWNER),
         entry("13", "10.20.0.3", "quarantined.default.claim-2", quarantine_mark(UNTIL), UNTIL),
         entry("14", "10.20.0.4", "", ""),
+        entry(
+            "15",
+            "10.20.0.5",
+            "default.claim-1",
+            "ipam-bridge default/claim-1 cluster m1",
+            None,
+            previous_release,
+        ),
     ]
     lists = [u for u in urls(rsps) if u.endswith("/addresses/")]
     assert lists == [f"GET {BASE}/subnets/9/addresses/", f"GET {BASE}/subnets/7/addresses/"]

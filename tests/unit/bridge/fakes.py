@@ -25,8 +25,20 @@ from typing import Any, NamedTuple
 import pytest
 from kubernetes.client import ApiException
 
-from backends.base import QUARANTINE_PREFIX, Allocation, SubnetInfo, quarantine_mark
-from backends.errors import AddressUnavailableError, BackendError, SubnetExhaustedError
+from backends.base import (
+    QUARANTINE_PREFIX,
+    Allocation,
+    EntryOwner,
+    SubnetInfo,
+    may_adopt,
+    quarantine_mark,
+)
+from backends.errors import (
+    AddressUnavailableError,
+    BackendError,
+    EntryOwnedError,
+    SubnetExhaustedError,
+)
 from bridge.capi import (
     ADDRESS_FINALIZER,
     CLAIM_FINALIZER,
@@ -478,8 +490,14 @@ class FakeIPAM:
     more: list[tuple[str, str | None]] = field(default_factory=list)
     #: hostname -> address.
     entries: dict[str, str] = field(default_factory=dict)
+    #: hostname -> the owner its entry names (absent: none, as a person's reservation).
+    owners: dict[str, EntryOwner] = field(default_factory=dict)
     #: address -> (quarantined hostname, until), entries released with a grace period.
     quarantined: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: address -> the owner a quarantined entry names (absent: none).
+    quarantined_owners: dict[str, EntryOwner] = field(default_factory=dict)
+    #: Hostnames whose owner an ``allocate`` wrote on an existing entry, in order.
+    stamped: list[str] = field(default_factory=list)
     #: ``(operation, hostname, location)`` of every call, in order.
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     #: Raised by the next calls (and kept) when set.
@@ -533,6 +551,7 @@ class FakeBackend:
             hostname=hostname,
             ref=f"ref-{address}",
             subnet=cidr,
+            owner=self.ipam.owners.get(hostname),
         )
 
     def _taken(self) -> set[str]:
@@ -563,11 +582,31 @@ class FakeBackend:
         self._call("find", hostname)
         return self._allocation(hostname) if hostname in self.ipam.entries else None
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
         self._call("allocate", hostname)
         existing = self.ipam.entries.get(hostname)
+        if existing is not None and not may_adopt(self._allocation(hostname), owner, adopt):
+            holder = self.ipam.owners[hostname]
+            raise EntryOwnedError(
+                f"{hostname} belongs to {holder}", hostname=hostname, address=existing, owner=holder
+            )
         if existing is not None and (address is None or existing == address):
+            found = self._allocation(hostname)
+            if found.owner != owner:
+                self.ipam.owners[hostname] = owner
+                self.ipam.stamped.append(hostname)
             return self._allocation(hostname)
+        return self._register(hostname, owner, address)
+
+    def _register(self, hostname: str, owner: EntryOwner, address: str | None) -> Allocation:
+        """Register ``address`` (or the first free one) under ``hostname`` for ``owner``."""
         taken = self._taken()
         if address is not None:
             if self._subnet_of(address) is None:
@@ -582,28 +621,48 @@ class FakeBackend:
                     f"{address} is already registered", address=address, holder=holder
                 )
             self.ipam.entries[hostname] = address
+            self.ipam.owners[hostname] = owner
             return self._allocation(hostname)
         for cidr, _ in self.ipam.subnets:
             free = [str(a) for a in ipaddress.ip_network(cidr).hosts() if str(a) not in taken]
             if free:
                 self.ipam.entries[hostname] = free[0]
+                self.ipam.owners[hostname] = owner
                 return self._allocation(hostname)
         raise SubnetExhaustedError("no subnet of the pool has a free address")
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
         self._call("release", hostname)
-        address = self.ipam.entries.pop(hostname, None)
-        if address is None:
+        if hostname not in self.ipam.entries:
             return False
+        if not may_adopt(self._allocation(hostname), owner, address):
+            return False  # another cluster's or claim's entry: left alone
+        held = self.ipam.entries.pop(hostname)
+        stamped = self.ipam.owners.pop(hostname, None)
         if quarantine_until is not None:
-            self.ipam.quarantined[address] = (QUARANTINE_PREFIX + hostname, quarantine_until)
+            self.ipam.quarantined[held] = (QUARANTINE_PREFIX + hostname, quarantine_until)
+            if stamped is not None:
+                self.ipam.quarantined_owners[held] = stamped
         return True
 
-    def purge_quarantined(self, now: float) -> list[str]:
+    def purge_quarantined(self, now: float, cluster_id: str) -> list[str]:
         self._call("purge_quarantined", "")
-        due = sorted(a for a, (_, until) in self.ipam.quarantined.items() if until <= now)
+        owners = self.ipam.quarantined_owners
+        due = sorted(
+            a
+            for a, (_, until) in self.ipam.quarantined.items()
+            if until <= now and (a not in owners or owners[a].cluster_id in ("", cluster_id))
+        )
         for address in due:
             del self.ipam.quarantined[address]
+            owners.pop(address, None)
         return due
 
     def entries(self) -> list[Allocation]:
@@ -621,6 +680,7 @@ class FakeBackend:
                     subnet=cidr,
                     description=quarantine_mark(until),
                     quarantined_until=until,
+                    owner=self.ipam.quarantined_owners.get(address),
                 )
             )
         return found

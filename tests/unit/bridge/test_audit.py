@@ -16,8 +16,13 @@ from typing import Any, cast
 import pytest
 from fakes import DELETED_AT, FakeKube, claim, ours, phpipam_pool, pool_condition
 
-from backends.base import Allocation, IPAMBackend
-from backends.errors import AddressUnavailableError, BackendError, BackendUnavailableError
+from backends.base import Allocation, EntryOwner, IPAMBackend, may_adopt, owner_text
+from backends.errors import (
+    AddressUnavailableError,
+    BackendError,
+    BackendUnavailableError,
+    EntryOwnedError,
+)
 from backends.phpipam import RESERVED_GATEWAY_HOSTNAME
 from bridge import capi
 from bridge.capi import Reason
@@ -52,6 +57,7 @@ def ipam_entry(
     description: str = "",
     *,
     quarantined_until: float | None = None,
+    owner: EntryOwner | None = None,
 ) -> Allocation:
     return Allocation(
         address=address,
@@ -62,6 +68,7 @@ def ipam_entry(
         subnet="10.0.0.0/24",
         description=description,
         quarantined_until=quarantined_until,
+        owner=owner,
     )
 
 
@@ -347,8 +354,24 @@ class AuditIPAM:
             None,
         )
 
-    def allocate(self, hostname: str, description: str, address: str | None = None) -> Allocation:
+    def allocate(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        address: str | None = None,
+        *,
+        adopt: str | None = None,
+    ) -> Allocation:
+        description = owner_text(owner)
         self.calls.append(("allocate", hostname, description, str(address)))
+        taken = next(
+            (e for e in self.entries_ if e.hostname == hostname and not may_adopt(e, owner, adopt)),
+            None,
+        )
+        if taken is not None and taken.owner is not None:
+            raise EntryOwnedError(
+                "taken", hostname=hostname, address=taken.address, owner=taken.owner
+            )
         holder = next((e for e in self.entries_ if e.address == address), None)
         if holder is not None:
             raise AddressUnavailableError(
@@ -356,11 +379,18 @@ class AuditIPAM:
                 address=str(address),
                 holder=holder.hostname,
             )
-        new = ipam_entry(str(address), hostname, description)
+        new = ipam_entry(str(address), hostname, description, owner=owner)
         self.entries_.append(new)
         return new
 
-    def release(self, hostname: str, quarantine_until: float | None = None) -> bool:
+    def release(
+        self,
+        hostname: str,
+        owner: EntryOwner,
+        quarantine_until: float | None = None,
+        *,
+        address: str | None = None,
+    ) -> bool:
         self.calls.append(("release", hostname))
         before = len(self.entries_)
         self.entries_ = [e for e in self.entries_ if e.hostname != hostname]
@@ -429,9 +459,7 @@ def test_a_missing_entry_is_registered_again_at_the_same_address(world: World) -
     world.bind("m1", "10.0.0.5", cluster="c1")
     [result] = world.run()
     assert result.findings == [] and [f.address for f in result.restored] == ["10.0.0.5"]
-    assert world.ipam.writes() == [
-        ("allocate", "m1.ns", "ipam-bridge ns/m1 cluster c1", "10.0.0.5")
-    ]
+    assert world.ipam.writes() == [("allocate", "m1.ns", "ipam-bridge ns/m1", "10.0.0.5")]
     [event] = world.kube.events
     assert event[:2] == ("Normal", Reason.ADDRESS_RESTORED) and "10.0.0.5" in event[2]
     assert world.kube.of("event")[0].target == "ns/m1"  # on the claim
@@ -576,8 +604,8 @@ def test_a_repair_of_a_claim_released_meanwhile_is_undone(world: World) -> None:
     world.bind("m1", "10.0.0.5")
     original = world.ipam.allocate
 
-    def allocate(hostname: str, description: str, address: str | None = None) -> Allocation:
-        done = original(hostname, description, address)
+    def allocate(hostname: str, owner: EntryOwner, address: str | None = None) -> Allocation:
+        done = original(hostname, owner, address)
         del world.kube.claims[(NS, "m1")]  # released and gone meanwhile
         return done
 
@@ -811,3 +839,67 @@ def test_a_survey_types_only_the_pools_addresses_and_the_claims_they_name(
     # The IPAddresses' claims, and the claims the entries name (m2; "gone" does not exist).
     assert typed["claims"] == ["m1", "m2", "m3"]
     assert [f.finding for f in result.findings] == [FindingKind.CONFLICT, FindingKind.ORPHAN]
+
+
+# -- owners: one IPAM, many management clusters --------------------------------------------
+
+HERE, THERE = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f", "a-second-cluster"
+
+
+def test_another_clusters_entries_are_never_orphans_nor_a_hostname_elsewhere() -> None:
+    entries = [
+        # Same names in both clusters (no hostnameSuffix): ns/gone exists only over there.
+        ipam_entry("10.0.0.5", "gone.ns", "x", owner=EntryOwner(THERE, "ns/gone")),
+        ipam_entry("10.0.0.7", "m1.ns", "x", owner=EntryOwner(THERE, "ns/m1")),
+        ipam_entry("10.0.0.2", "m1.ns", "x", owner=EntryOwner(HERE, "ns/m1")),
+        ipam_entry("10.0.0.6", "old.ns", "x", owner=EntryOwner(HERE, "ns/old")),
+        ipam_entry("10.0.0.8", "prev.ns", "ipam-bridge ns/prev", owner=EntryOwner("", "ns/prev")),
+    ]
+    addresses = [ip_address("m1", "10.0.0.2")]
+
+    findings = compare(the_pool(), entries, addresses, [ours(name="m1")], cluster_id=HERE)
+
+    assert [(f.finding, f.claim) for f in findings] == [
+        (FindingKind.ORPHAN, "ns/old"),  # this cluster's
+        (FindingKind.ORPHAN, "ns/prev"),  # the previous release's: this cluster's too
+    ]
+    assert audit.owner_counts(entries, HERE) == {HERE: 2, THERE: 2, "": 1}
+    # Seen from the other cluster, the roles swap.
+    there = compare(the_pool(), entries, [], [], cluster_id=THERE)
+    assert sorted(f.claim for f in there) == ["ns/gone", "ns/m1", "ns/prev"]
+
+
+def test_in_sync_names_the_entries_of_other_owners() -> None:
+    owners = {HERE: 4, THERE: 3, "": 1}
+    condition = audit.in_sync_condition([], owners=owners, cluster_id=HERE)
+    assert condition["status"] == "True"
+    assert condition["message"] == (
+        "the pool's IPAddresses match its IPAM entries; entries by owner: 4 of this cluster, "
+        f"1 of the previous release, 3 of cluster {THERE}"
+    )
+    alone = audit.in_sync_condition([], owners={HERE: 4}, cluster_id=HERE)
+    assert alone["message"] == "the pool's IPAddresses match its IPAM entries"
+
+
+def test_a_repair_writes_this_clusters_owner_and_never_takes_another_owners_entry() -> None:
+    world = World()
+    world.deps.cluster_id = HERE
+    world.auditor = Auditor(world.deps)
+    world.bind("m1", "10.0.0.5")
+    [result] = world.run()
+    assert [f.address for f in result.restored] == ["10.0.0.5"]
+    assert world.ipam.entries_[0].owner == EntryOwner(HERE, "ns/m1")
+    assert world.ipam.writes() == [("allocate", "m1.ns", f"ipam-bridge {HERE} ns/m1", "10.0.0.5")]
+
+    # The same hostname (no hostnameSuffix) holds another cluster's entry: a conflict naming
+    # that owner; nothing is registered or changed.
+    theirs = ipam_entry("10.0.0.9", "m1.ns", "x", owner=EntryOwner(THERE, "ns/m1"))
+    world = World([theirs])
+    world.deps.cluster_id = HERE
+    world.auditor = Auditor(world.deps)
+    world.bind("m1", "10.0.0.5")
+    [result] = world.run()
+    [conflict] = result.findings
+    assert conflict.finding == FindingKind.CONFLICT and result.restored == []
+    assert f"claim ns/m1 of management cluster {THERE}" in conflict.message
+    assert world.ipam.entries_ == [theirs]  # untouched

@@ -298,6 +298,7 @@ def test_reasons_are_one_str_enum_written_as_plain_strings():
         "PoolNotReady",
         "PoolExhausted",
         "AllocationFailed",
+        "HostnameTaken",
         "AddressReleased",
         "ReleaseSkipped",
         "PoolReady",

@@ -26,9 +26,11 @@ from fakes import (
 from kubernetes.client import ApiException
 
 from backends import errors as be
+from backends.base import EntryOwner
 from backends.flowcontrol import FlowControl
 from bridge import capi
 from bridge.capi import Claim, Reason
+from bridge.handlers.claims import AddressEvents
 from bridge.models import wire
 from bridge.objects.client import ObjectClient
 from bridge.objects.keys import claim_key, cluster_token, pool_key, pool_token
@@ -38,6 +40,10 @@ from bridge.reconcilers.claims import _release, reconcile_claim
 from bridge.reconcilers.context import ServedVersions
 from bridge.reconcilers.errors import TLS_HINT, claim_error_from, exhausted_message, retry_delay
 from bridge.reconcilers.pool_backends import LOCATION_FIELDS, location_of, parse_pool, with_location
+from bridge.runtime.expectations import GONE
+from bridge.runtime.gateway import Outcome
+from bridge.runtime.gateway import Write as KubeWrite
+from bridge.runtime.informer import Event, Listed
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
@@ -47,6 +53,8 @@ KIND = "PHPIPAMIPPool"
 DISPLAY = f"{KIND} {NS}/{POOL}"
 POOL_TOKEN = pool_token(NS, KIND, POOL)
 POOL_ENDPOINT = "https://ipam.example.com"  # the fake pools' spec.endpoint
+CLUSTER_ID = "uid-of-kube-system-a"  # this management cluster (IPAM_BRIDGE_CLUSTER_ID)
+OTHER_CLUSTER = "uid-of-kube-system-b"  # another one sharing the IPAM
 
 
 class World:
@@ -59,7 +67,7 @@ class World:
         self.queue = FakeQueue()
         self.now = 1000.0
         self.ctx = Operator(
-            settings=Settings(),
+            settings=Settings(cluster_id=CLUSTER_ID),
             kube=cast(ObjectClient, self.kube),
             versions=ServedVersions(version),
             flow=FlowControl(clock=lambda: self.now),
@@ -505,9 +513,13 @@ def test_a_claim_bound_by_someone_else_with_the_right_status_is_not_written(
 
 
 def moved(world: World, *, finalizer: bool = True) -> None:
-    """Bind c1 (of Cluster c), then recreate the claim as clusterctl move does: no status."""
+    """Bind c1 (of Cluster c) in another cluster, then recreate the claim as clusterctl move does.
+
+    The IPAM entry names the source cluster as its owner; the claim comes without status.
+    """
     world.kube.add_cluster(NS, "c")
     bind(world, cluster="c")
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")  # made by the source
     del world.kube.claims[(NS, "c1")]
     world.kube.add_claim(
         claim(cluster="c", finalizers=(capi.CLAIM_FINALIZER,) if finalizer else ())
@@ -516,6 +528,7 @@ def moved(world: World, *, finalizer: bool = True) -> None:
 
 def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world: World) -> None:
     moved(world)
+    entries = dict(world.ipam.entries)
     world.kube.add_cluster(NS, "c", spec={"paused": True})
     assert world.reconcile() == Result.wait(cluster_token(NS, "c"))
     assert world.kube.writes == [] and world.ipam.calls == []
@@ -523,19 +536,27 @@ def test_a_moved_claim_gets_its_status_back_once_its_cluster_is_not_paused(world
     world.kube.add_cluster(NS, "c")
     assert world.reconcile() == Result.done()
     assert len(world.kube.of("claim.status")) == 1
-    # The pause was checked before the write.
+    # The pause was checked before the IPAM call and the write.
     timeline = world.kube.timeline
     assert timeline.index(("read", "get_cluster", "ns/c")) < timeline.index(
+        ("backend", "allocate", "c1.ns")
+    )
+    assert timeline.index(("backend", "allocate", "c1.ns")) < timeline.index(
         ("kube", "claim.status", "ns/c1")
     )
     stored = world.stored()
     assert stored["status"]["addressRef"] == {"name": "c1"}
     assert ready(stored)["reason"] == Reason.ALLOCATED
-    assert world.ipam.calls == [] and world.built == []
+    # One IPAM call: the same entry, its owner written anew (this cluster); nothing created.
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+    assert world.ipam.entries == entries
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert world.ipam.stamped == ["c1.ns"]
     assert world.kube.of("address.create") == []
+    assert world.ctx.metrics.allocations.labels(f"{NS}/{POOL}", KIND, "success")._value.get() == 1
     world.reset()
     assert world.reconcile() == Result.done()
-    assert world.kube.writes == []
+    assert world.kube.writes == [] and world.ipam.calls == []  # bound with status: no call
 
 
 def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
@@ -543,7 +564,139 @@ def test_a_moved_claim_without_the_finalizer_gets_it_back(world: World) -> None:
     assert world.reconcile() == Result.done()
     assert world.kube.ops()[:2] == ["claim.finalizer", "claim.status"]
     assert capi.CLAIM_FINALIZER in world.stored()["metadata"]["finalizers"]
-    assert world.ipam.calls == []
+    # The finalizer before the IPAM call (the contract), then one call.
+    timeline = world.kube.timeline
+    assert timeline.index(("kube", "claim.finalizer", "ns/c1")) < timeline.index(
+        ("backend", "allocate", "c1.ns")
+    )
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+
+
+# -- owners (issue 36): one IPAM, many management clusters ---------------------------------
+
+
+def test_another_clusters_entry_under_the_hostname_is_refused_with_hostname_taken(
+    world: World,
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.4"
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")  # same names, no suffix
+    world.kube.add_claim(claim())
+    delay = world.ctx.settings.requeue_config_error_seconds
+    assert world.reconcile() == Result.requeue_after(delay)  # a person must act: slowly
+    condition = ready(world.stored())
+    assert (condition["status"], condition["reason"]) == ("False", "HostnameTaken")
+    message = condition["message"]
+    for part in ("c1.ns", "10.0.0.4", OTHER_CLUSTER, "ns/c1", "spec.hostnameSuffix", DISPLAY):
+        assert part in message, part
+    assert world.kube.events == [("Warning", "HostnameTaken", message)]
+    # Nothing taken, changed or registered; no IPAddress.
+    assert world.ipam.entries == {"c1.ns": "10.0.0.4"}
+    assert world.ipam.owners["c1.ns"] == EntryOwner(OTHER_CLUSTER, "ns/c1")
+    assert world.ipam.stamped == [] and world.kube.addresses == {}
+    metrics = world.ctx.metrics
+    taken = metrics.allocations.labels(f"{NS}/{POOL}", KIND, "HostnameTaken")
+    assert taken._value.get() == 1
+    assert metrics.pending_claims() == {"ns/c1": "HostnameTaken"}
+    # Quiet waiting: the next pass asks the IPAM again and writes nothing.
+    world.reset()
+    assert world.reconcile() == Result.requeue_after(delay)
+    assert world.kube.writes == [] and world.kube.events == []
+    assert [c[:2] for c in world.ipam.calls] == [("allocate", "c1.ns")]
+    assert taken._value.get() == 2
+    # The other cluster's entry goes: the claim gets an address of its own.
+    del world.ipam.entries["c1.ns"], world.ipam.owners["c1.ns"]
+    world.reset()
+    assert world.reconcile() == Result.done()
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert metrics.pending_claims() == {}
+
+
+def test_another_claims_entry_of_this_cluster_is_refused_too(world: World) -> None:
+    # Claim m1 of namespace prod on a pool with suffix "ns" and claim c1 of namespace ns on
+    # a pool without one meet at one hostname: the second is refused, never bound to it.
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.2"
+    world.ipam.owners["c1.ns"] = EntryOwner(CLUSTER_ID, "prod/m1")
+    world.kube.add_claim(claim())
+    world.reconcile()
+    condition = ready(world.stored())
+    assert condition["reason"] == "HostnameTaken"
+    assert f"claim prod/m1 of management cluster {CLUSTER_ID}" in condition["message"]
+    assert world.kube.addresses == {}
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [EntryOwner("", "ns/c1"), None],
+    ids=["previous-release-entry", "reservation"],
+)
+def test_an_entry_of_the_previous_release_or_a_reservation_is_adopted_and_stamped(
+    world: World, owner: EntryOwner | None
+) -> None:
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.ipam.entries["c1.ns"] = "10.0.0.5"
+    if owner is not None:
+        world.ipam.owners["c1.ns"] = owner
+    world.kube.add_claim(claim())
+    assert world.reconcile() == Result.done()
+    assert world.kube.addresses[(NS, "c1")]["spec"]["address"] == "10.0.0.5"
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")  # upgraded
+    assert world.ipam.stamped == ["c1.ns"]
+
+
+def test_a_release_names_the_owner_and_leaves_another_clusters_entry_alone(
+    world: World,
+) -> None:
+    bind(world)
+    address = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    # Since bound, another management cluster holds the hostname (its entry at .6).
+    world.ipam.entries["c1.ns"] = "10.0.0.6"
+    world.ipam.owners["c1.ns"] = EntryOwner(OTHER_CLUSTER, "ns/c1")
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {"c1.ns": "10.0.0.6"}  # not ours: not released
+    assert world.kube.addresses == {} and (NS, "c1") not in world.kube.claims
+    assert address != "10.0.0.6"
+
+
+def test_a_release_of_our_entry_at_the_ipaddress_address_deletes_it(world: World) -> None:
+    bind(world)
+    world.ipam.owners["c1.ns"] = EntryOwner("", "ns/c1")  # written by the previous release
+    world.delete()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {} and world.ipam.owners == {}
+
+
+def test_a_rebuilt_claim_whose_hostname_another_cluster_holds_elsewhere_waits(
+    world: World,
+) -> None:
+    moved(world)
+    held = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    # The entry at the IPAddress's address is gone; another cluster registered that address
+    # under another name meanwhile.
+    del world.ipam.entries["c1.ns"], world.ipam.owners["c1.ns"]
+    world.ipam.entries["x.other"] = held
+    world.ipam.owners["x.other"] = EntryOwner(OTHER_CLUSTER, "other/x")
+    delay = world.ctx.settings.requeue_config_error_seconds
+    assert world.reconcile() == Result.requeue_after(delay)
+    condition = ready(world.stored())
+    assert condition["reason"] == Reason.ALLOCATION_FAILED
+    assert held in condition["message"] and "x.other" in condition["message"]
+    assert "addressRef" not in world.stored()["status"]
+    assert world.ipam.entries == {"x.other": held}
+
+
+def test_a_rebuilt_claim_whose_entry_is_gone_registers_its_address_again(world: World) -> None:
+    moved(world)
+    held = world.kube.addresses[(NS, "c1")]["spec"]["address"]
+    world.ipam.entries.clear()
+    world.ipam.owners.clear()
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {"c1.ns": held}  # the address its IPAddress names
+    assert world.ipam.owners["c1.ns"] == EntryOwner(CLUSTER_ID, "ns/c1")
+    assert world.stored()["status"]["addressRef"] == {"name": "c1"}
 
 
 def test_an_ipaddress_of_that_name_that_is_not_the_claims_is_never_taken_over(
@@ -862,20 +1015,26 @@ def test_a_claim_gone_from_the_api_is_not_released_from_the_cache(world: World) 
     assert world.ipam.calls == [] and world.kube.writes == []
 
 
-@pytest.mark.parametrize("case", ["orphan", "moved", "claim-exists", "not-deleting"])
+@pytest.mark.parametrize("case", ["orphan", "moved", "claim-exists", "live", "live-gc"])
 def test_an_ipaddress_of_ours_whose_claim_is_gone_is_released(world: World, case: str) -> None:
     # 1f7aac2 allocated for a claim deleted before its finalizer write landed: the claim went
     # at once, its IPAddress was collected (deletionTimestamp) and is held by ProtectAddress.
+    # Or the claim went without its finalizer (13e, or removed by hand) while the pool still
+    # owns its IPAddress: the garbage collector leaves that live ("live"), dropping the claim
+    # from its owners ("live-gc", real-cluster.md 13f).
     bind(world)
     address = world.kube.addresses[(NS, "c1")]
-    if case != "not-deleting":
+    if not case.startswith("live"):
         address["metadata"]["deletionTimestamp"] = DELETED_AT
+    if case == "live-gc":
+        refs = address["metadata"]["ownerReferences"]
+        address["metadata"]["ownerReferences"] = [r for r in refs if r["kind"] != "IPAddressClaim"]
     if case == "moved":
         address["metadata"]["annotations"][capi.MOVE_ANNOTATION] = ""
     if case != "claim-exists":
         del world.kube.claims[(NS, "c1")]
     assert world.reconcile() == Result.done()
-    if case == "orphan":
+    if case in ("orphan", "live", "live-gc"):
         assert [c[0] for c in world.ipam.calls] == ["release"]
         assert world.ipam.entries == {} and world.kube.addresses == {}
         assert world.kube.ops() == ["address.finalizer", "address.delete"]
@@ -1165,9 +1324,11 @@ def test_an_ipaddress_create_answering_409_with_a_foreign_one_is_an_error(
     assert "does not belong" in ready(world.stored())["message"]
 
 
-def test_a_release_whose_finalizer_write_met_a_conflict_is_finished_as_released(
+def test_a_release_whose_finalizer_write_met_a_conflict_reads_the_claim_not_releasing_again(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Item 9 of issue 37: a 409 on the finalizer removal used to retry the whole release
+    # (an IPAM call and 3 API calls) every second; it reads the claim and decides from it.
     bind(world)
     world.delete()
     original = world.kube.delete_ip_address
@@ -1178,20 +1339,46 @@ def test_a_release_whose_finalizer_write_met_a_conflict_is_finished_as_released(
         return result
 
     monkeypatch.setattr(world.kube, "delete_ip_address", and_claim_changed)
-    try:
-        first = world.reconcile()
-    except ApiException as exc:  # a 409 raised through
-        first = Result.requeue_after(1.0) if exc.status == 409 else Result.done()
-    assert first == Result.requeue_after(1.0)
-    assert (NS, "c1") in world.kube.claims and world.ipam.entries == {}
     assert world.reconcile() == Result.done()
-    assert (NS, "c1") not in world.kube.claims
+    assert (NS, "c1") not in world.kube.claims and world.ipam.entries == {}
+    assert [c[0] for c in world.ipam.calls] == ["release"]  # once
+    assert world.kube.read("get_claim").count(f"{NS}/c1") >= 1  # read again after the 409
     assert world.kube.events == []  # no ReleaseSkipped: the release happened
-    # The next pass decides from the API server: the release again finds nothing to free.
-    assert [c[0] for c in world.ipam.calls] == ["release", "release"]
     labels = (f"{NS}/{POOL}", KIND)
     assert world.ctx.metrics.releases.labels(*labels, "success")._value.get() == 1
     assert world.ctx.metrics.releases.labels(*labels, "skipped")._value.get() == 0
+
+
+@pytest.mark.parametrize("then", ["gone", "let-go", "conflicts"])
+def test_a_conflict_after_a_release_decides_from_the_claim_read_again(
+    world: World, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    bind(world)
+    world.delete()
+    original = world.kube.set_claim_finalizer
+    removals: list[str] = []
+
+    def conflicting(claim_: Claim, finalizer: str, present: bool) -> Any:
+        removals.append(claim_.resource_version)
+        if then == "conflicts" or len(removals) == 1:
+            stored = world.stored()["metadata"]
+            stored["resourceVersion"] = world.kube._rv()  # another writer, each time
+            if then == "gone":
+                del world.kube.claims[(NS, "c1")]
+            elif then == "let-go":
+                stored["finalizers"] = []
+        return original(claim_, finalizer, present)
+
+    monkeypatch.setattr(world.kube, "set_claim_finalizer", conflicting)
+    result = world.reconcile()
+    assert [c[0] for c in world.ipam.calls] == ["release"]
+    if then == "conflicts":  # 409s persist: the pass is retried, nothing counted
+        assert result == Result.requeue_after(1.0)
+        assert len(removals) == 5 and len(set(removals)) == 5  # each on the claim read again
+        assert world.ctx.metrics.releases.labels(f"{NS}/{POOL}", KIND, "success")._value.get() == 0
+    else:
+        assert result == Result.done() and len(removals) == 1
+        assert (NS, "c1") not in world.kube.claims or not world.stored()["metadata"]["finalizers"]
 
 
 def test_a_pool_deleted_between_a_claims_look_and_its_finalizer_write_is_kept(
@@ -1290,3 +1477,169 @@ def test_a_condition_another_writer_added_before_the_status_write_is_kept(
     assert other in conditions
     assert [c["status"] for c in conditions if c["type"] == "Ready"] == ["True"]
     assert len(calls) == 2 and calls[0] != calls[1] and None not in calls
+
+
+# -- a claim gone after its address was registered (issue 37: the storm leak) ---------------
+
+
+@pytest.mark.parametrize("found", ["404", "409-then-gone", "409-then-made-again"])
+def test_a_claim_found_gone_after_its_address_was_registered_is_undone_at_once(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, found: str
+) -> None:
+    # real-cluster.md 13e: our finalizer write answered 200, then a DELETE in flight removed
+    # the claim anyway; the pass registered an address and created the IPAddress, and its
+    # status write found the claim gone. It used to take that 404 as "done": a leak.
+    caplog.set_level("INFO", logger="bridge.reconcilers.claims")
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+    original = world.kube.patch_claim_status
+
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        del world.kube.claims[(NS, "c1")]
+        if found == "409-then-made-again":  # made again under its name: another uid
+            world.kube.add_claim(claim())
+            world.stored()["metadata"]["uid"] = "uid-c1-again"
+        if found == "404":
+            return original(*args, **kwargs)
+        return KubeWrite(Outcome.CONFLICT)  # the write met 409: the claim is read again
+
+    monkeypatch.setattr(world.kube, "patch_claim_status", deleted_meanwhile)
+    assert world.reconcile() == Result.done()
+    assert [c[0] for c in world.ipam.calls] == ["allocate", "release"]
+    assert world.ipam.entries == {}
+    assert world.kube.addresses == {}
+    assert world.kube.ops()[-2:] == ["address.finalizer", "address.delete"]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("release of")]
+    assert line.startswith(
+        "release of claim ns/c1: released: its claim is gone (found by a write of ours); "
+        "IPAddress c1 deleted; released 10.0.0.2 in"
+    )
+
+
+def test_a_claim_gone_when_its_finalizer_is_put_back_undoes_its_binding(world: World) -> None:
+    bind(world)
+    world.stored()["metadata"]["finalizers"] = []  # e.g. removed by hand
+    world.ctx.claims.cache.claims.fill([((NS, "c1"), copy.deepcopy(world.stored()))])
+    del world.kube.claims[(NS, "c1")]  # and the claim deleted since: the cache lags
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {} and world.kube.addresses == {}
+
+
+@pytest.mark.parametrize("case", ["paused", "foreign-pool", "moved"])
+def test_a_live_ipaddress_whose_claim_is_gone_is_left_when_not_ours_to_release(
+    world: World, case: str
+) -> None:
+    world.kube.add_cluster(NS, "c")
+    bind(world, cluster="c")
+    address = world.kube.addresses[(NS, "c1")]
+    assert address["metadata"]["labels"] == {capi.CLUSTER_NAME_LABEL: "c"}
+    if case == "paused":  # clusterctl move deletes the claims before it annotates IPAddresses
+        world.kube.add_cluster(NS, "c", spec={"paused": True})
+    elif case == "foreign-pool":
+        address["spec"]["poolRef"]["kind"] = "InClusterIPPool"
+        address["spec"]["poolRef"]["apiGroup"] = "ipam.cluster.x-k8s.io"
+    else:
+        address["metadata"]["annotations"][capi.MOVE_ANNOTATION] = ""
+    del world.kube.claims[(NS, "c1")]
+    result = world.reconcile()
+    assert world.ipam.calls == [] and world.kube.writes == []
+    assert (NS, "c1") in world.kube.addresses and world.ipam.entries == {"c1.ns": "10.0.0.2"}
+    if case == "paused":
+        assert result == Result.wait(cluster_token(NS, "c"))
+        world.kube.add_cluster(NS, "c")  # unpaused: the wait ends, the orphan is released
+        assert world.reconcile() == Result.done()
+        assert world.ipam.entries == {} and world.kube.addresses == {}
+
+
+def test_ipaddress_events_queue_the_claim_their_claim_ref_names(world: World) -> None:
+    # controller-runtime's Owns(): the garbage collector's patch of an IPAddress whose claim
+    # went (13f) used to queue nothing, and the IPAddress and its entry stayed for ever.
+    bind(world)
+    sink = AddressEvents(world.ctx)
+    cache = world.ctx.cache.addresses
+    body = copy.deepcopy(world.kube.addresses[(NS, "c1")])
+    key = (NS, "c1")
+    cache.fill([(key, copy.deepcopy(body))])
+    expected = ("ipaddresses", NS, "c1")
+
+    # Our own write's echo queues nothing.
+    body["metadata"]["resourceVersion"] = "echo"
+    world.ctx.cache.expectations.wrote(expected, "echo")
+    sink.event(Event("MODIFIED", key, copy.deepcopy(body), cache.apply(key, copy.deepcopy(body))))
+    assert world.queue.added == []
+
+    # The claim went; the garbage collector drops it from the owners: the claim is queued.
+    del world.kube.claims[(NS, "c1")]
+    refs = body["metadata"]["ownerReferences"]
+    body["metadata"]["ownerReferences"] = [r for r in refs if r["kind"] != "IPAddressClaim"]
+    body["metadata"]["resourceVersion"] = "gc"
+    sink.event(Event("MODIFIED", key, copy.deepcopy(body), cache.apply(key, copy.deepcopy(body))))
+    assert world.queue.added == [(claim_key(NS, "c1"), 0.0)]
+
+    # Its pass releases the IPAddress (the API server confirms the claim is gone).
+    world.kube.addresses[(NS, "c1")] = copy.deepcopy(body)
+    assert world.reconcile() == Result.done()
+    assert world.ipam.entries == {} and world.kube.addresses == {}
+
+    # A listing queues the claim of every IPAddress (start-up: what went while no leader ran).
+    world.queue.added.clear()
+    sink.listed(Listed([((NS, "other"), {**body, "metadata": {"namespace": NS, "name": "x"}})]))
+    assert world.queue.added == [(claim_key(NS, "c1"), 0.0)]
+
+
+# -- binding checks the owner's uid and the deletion (issue 37, item 3) ---------------------
+
+
+@pytest.mark.parametrize("predecessor", ["live", "deleting"])
+def test_a_claim_made_again_under_its_name_is_never_bound_to_its_predecessors_ipaddress(
+    world: World, predecessor: str
+) -> None:
+    bind(world)
+    old = world.kube.addresses[(NS, "c1")]
+    if predecessor == "deleting":
+        old["metadata"]["deletionTimestamp"] = DELETED_AT  # collected, held by ProtectAddress
+    # CAPV's names are deterministic: the claim is deleted and made again (another uid).
+    del world.kube.claims[(NS, "c1")]
+    world.kube.add_claim(claim())
+    world.stored()["metadata"]["uid"] = "uid-c1-again"
+    first = world.reconcile()
+    assert "status" not in world.stored() or not world.stored()["status"].get("addressRef")
+    assert world.kube.of("claim.status") == []  # never Ready against the old IPAddress
+    assert first == Result.requeue_after(0.0)
+    assert world.kube.addresses == {} and world.ipam.entries == {}  # released, deleted
+    assert world.reconcile() == Result.done()  # then an address of its own
+    new = world.kube.addresses[(NS, "c1")]
+    [owner] = [r for r in new["metadata"]["ownerReferences"] if r["kind"] == "IPAddressClaim"]
+    assert owner["uid"] == "uid-c1-again"
+    assert ready(world.stored())["reason"] == Reason.ALLOCATED
+
+
+def test_an_own_ipaddress_vanishing_without_protect_address_is_not_bound(world: World) -> None:
+    bind(world)
+    address = world.kube.addresses[(NS, "c1")]
+    address["metadata"]["finalizers"] = ["someone.else/keep"]
+    address["metadata"]["deletionTimestamp"] = DELETED_AT
+    world.stored()["status"] = {}  # e.g. a moved claim, rebuilt from its IPAddress
+    assert world.reconcile() == Result.done()  # its DELETED event queues the claim (Owns())
+    assert world.kube.writes == [] and world.ipam.calls == []
+    # Held by our ProtectAddress, it still binds: the contract keeps it while the claim lives.
+    address["metadata"]["finalizers"] = [capi.ADDRESS_FINALIZER]
+    assert world.reconcile() == Result.done()
+    assert world.stored()["status"]["addressRef"]["name"] == "c1"
+
+
+def test_an_ipaddress_whose_deletion_of_ours_is_on_its_way_is_waited_for_not_read(
+    world: World,
+) -> None:
+    # A release's own IPAddress writes (its finalizer off, then its deletion) queue the claim
+    # (Owns()); that pass waits for the deletion's event instead of asking the API server.
+    bind(world)
+    body = copy.deepcopy(world.kube.addresses[(NS, "c1")])
+    world.ctx.cache.addresses.fill([((NS, "c1"), body)])
+    world.ctx.cache.claims.fill([])
+    del world.kube.claims[(NS, "c1")], world.kube.addresses[(NS, "c1")]
+    key = ("ipaddresses", NS, "c1")
+    world.ctx.cache.expectations.wrote(key, GONE)
+    result = world.reconcile()
+    assert result.wake_on == (world.ctx.cache.expectations.token(key),)
+    assert world.kube.reads == [] and world.kube.writes == [] and world.ipam.calls == []

@@ -78,6 +78,7 @@ def kopf_run(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> Iterator[list
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
     for name in (
         "NAMESPACE",
+        "NAMESPACE_SCOPE",
         "STANDALONE",
         "PEERING_NAME",
         "LOG_FORMAT",
@@ -144,6 +145,61 @@ def test_namespace_from_the_environment(
     (call,) = kopf_run
     assert call["namespaces"] == ["team-a", "team-c"]
     assert call["clusterwide"] is False
+
+
+@pytest.mark.parametrize(
+    ("env", "served", "warning"),
+    [
+        (
+            {"IPAM_BRIDGE_NAMESPACE_SCOPE": "team-a"},
+            ["team-a"],
+            "IPAM_BRIDGE_NAMESPACE_SCOPE is deprecated: set IPAM_BRIDGE_NAMESPACE instead",
+        ),
+        (
+            {"IPAM_BRIDGE_NAMESPACE_SCOPE": "team-a", "IPAM_BRIDGE_NAMESPACE": "team-b"},
+            ["team-b"],
+            "IPAM_BRIDGE_NAMESPACE_SCOPE is deprecated and ignored: IPAM_BRIDGE_NAMESPACE is "
+            "set ('team-b') and used",
+        ),
+        # what the clusterctl components give: the former variable copied into the new one
+        (
+            {"IPAM_BRIDGE_NAMESPACE_SCOPE": "team-a", "IPAM_BRIDGE_NAMESPACE": "team-a"},
+            ["team-a"],
+            "IPAM_BRIDGE_NAMESPACE_SCOPE is deprecated: set IPAM_BRIDGE_NAMESPACE instead",
+        ),
+    ],
+)
+def test_former_namespace_name_is_read_with_a_warning_at_start_up(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    env: dict[str, str],
+    served: list[str],
+    warning: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["run"]) == 0
+    (call,) = kopf_run
+    assert call["namespaces"] == served
+    lines = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert len(lines) == 1 and warning in lines[0] and "WARNING" in lines[0], lines
+
+
+def test_empty_former_name_is_not_warned_about(
+    kopf_run: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The clusterctl components always pass the former variable, empty unless it is set."""
+    monkeypatch.setenv("IPAM_BRIDGE_NAMESPACE_SCOPE", "")
+    assert cli.main(["run"]) == 0
+    assert kopf_run[0]["clusterwide"] is True
+    assert "deprecated" not in capsys.readouterr().err
+
+
+def test_settings_take_a_setting_by_its_field_name() -> None:
+    assert Settings(namespace="team-a").namespaces == ("team-a",)
 
 
 def test_namespace_and_all_namespaces_exclude_each_other(

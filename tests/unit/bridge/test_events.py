@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,9 +11,11 @@ import kubernetes.client
 import pytest
 from kubernetes.client import ApiException
 
+from bridge.metrics import Metrics
 from bridge.runtime.events import (
     AGGREGATE_INTERVAL_SECONDS,
     COMBINED_PREFIX,
+    MAX_QUEUED_EVENTS,
     SPAM_BURST,
     SPAM_REFILL_SECONDS,
     EventCorrelator,
@@ -116,6 +119,55 @@ def test_an_object_gets_a_burst_of_25_events_then_one_per_5_minutes() -> None:
     events.post(thing(), "Normal", "Late1", "m")
     events.post(thing(), "Normal", "Late2", "m")
     assert [poster.created[n]["reason"] for _, n in poster.sent[-1:]] == ["Late1"]
+
+
+class BlockedPoster(Poster):
+    """A poster whose sends wait until `go` is set (an API server that does not answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.lock = threading.Lock()
+
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        assert self.go.wait(30)
+        with self.lock:
+            super().create_event(namespace, event)
+
+
+def test_at_most_1000_events_wait_to_be_posted_the_rest_are_dropped_and_counted() -> None:
+    poster, metrics = BlockedPoster(), Metrics()
+    events = EventRecorder(poster, on_drop=metrics.event_dropped)
+    total = MAX_QUEUED_EVENTS + 250
+    assert MAX_QUEUED_EVENTS == 1000  # client-go's maxQueuedEvents
+    for i in range(total):  # one object each: no spam filter
+        events.post(thing(f"c{i}", f"u{i}"), "Normal", "Bound", "m")
+    assert events.queued == MAX_QUEUED_EVENTS
+    assert events.dropped == {"queue_full": 250}
+    dropped = metrics.registry.get_sample_value
+    assert dropped("ipam_bridge_events_dropped_total", {"reason": "queue_full"}) == 250
+    assert dropped("ipam_bridge_events_dropped_total", {"reason": "spam_filter"}) == 0
+    poster.go.set()
+    events.close()  # posts those queued
+    assert len(poster.sent) == MAX_QUEUED_EVENTS and events.queued == 0
+    events.post(thing("after"), "Normal", "Bound", "m")  # room again
+    events.close()
+    assert len(poster.sent) == MAX_QUEUED_EVENTS + 1
+
+
+def test_an_event_the_spam_filter_drops_is_counted() -> None:
+    metrics = Metrics()
+    events = EventRecorder(
+        Poster(),
+        background=False,
+        correlator=EventCorrelator(clock=Clock()),
+        on_drop=metrics.event_dropped,
+    )
+    for i in range(SPAM_BURST + 3):
+        events.post(thing(), "Normal", f"Reason{i}", "m")
+    assert events.dropped == {"spam_filter": 3}
+    value = metrics.registry.get_sample_value
+    assert value("ipam_bridge_events_dropped_total", {"reason": "spam_filter"}) == 3
 
 
 def test_a_patch_of_an_event_that_is_gone_creates_it_again() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
-from bridge.runtime.gateway import Kube, Resource
+from bridge.runtime.gateway import Collection, Kube, Resource, api_client
 from bridge.runtime.informer import Event, Informer, Listed
 from bridge.runtime.store import MISSING_UNKNOWN, Relisted, Store
 from mock_kubernetes import EmulatedKubernetes
@@ -112,7 +115,8 @@ def emulator() -> Iterator[EmulatedKubernetes]:
 
 @pytest.fixture
 def gateway(emulator: EmulatedKubernetes) -> Iterator[Kube]:
-    with emulator.api_client() as client:
+    # The operator's client: one attempt per request.
+    with emulator.api_client() as plain, api_client(plain.configuration) as client:
         yield Kube(client)
 
 
@@ -186,10 +190,11 @@ def test_our_own_write_reaches_the_store_through_the_watch_only(
         watcher.stop()
 
 
-@pytest.mark.parametrize("expire", [False, True], ids=["resumable", "410-gone"])
-def test_after_an_outage_the_scope_is_suspect_then_listed_again(
-    emulator: EmulatedKubernetes, gateway: Kube, expire: bool
+def test_after_an_outage_the_watch_resumes_from_its_version_without_a_list(
+    emulator: EmulatedKubernetes, gateway: Kube
 ) -> None:
+    # client-go's reflector: a broken connection or a refused one resumes the watch from
+    # the last resourceVersion; the API server replays what happened meanwhile.
     emulator.create(widget("a"))
     emulator.create(widget("b"))
     cache, recorder = Store("widgets"), Recorder()
@@ -197,24 +202,116 @@ def test_after_an_outage_the_scope_is_suspect_then_listed_again(
     watcher.start()
     try:
         assert watcher.wait_tried(10)
-        emulator.go_down(expire=expire)
-        wait_for(lambda: cache.suspected, timeout=10)
-        assert cache.lookup(("default", "b")) == MISSING_UNKNOWN  # read the API meanwhile
+        wait_for(lambda: watcher.watches == 1, timeout=10)
+        emulator.go_down()  # watches end, connections refused
         # The admin acts meanwhile, as through another API server.
+        emulator.delete(f"{GROUP}/v1", "widgets", "a", "default")
+        emulator.create(widget("c"))
+        # The store stays trusted while the watch is down: no lookup reads the API.
+        assert not cache.suspected and cache.lookup(("default", "b")) != MISSING_UNKNOWN
+        emulator.come_up()
+        wait_for(lambda: len(recorder.seen()) >= 2, timeout=20)
+        assert recorder.seen() == [("DELETED", "a", True), ("ADDED", "c", True)]
+        assert sorted(str(b["metadata"]["name"]) for b in cache.values()) == ["b", "c"]
+        assert watcher.lists == 1 and recorder.relisted == [] and not cache.suspected
+        assert watcher.watches >= 2
+    finally:
+        watcher.stop()
+
+
+def test_a_watch_answered_410_gone_makes_the_scope_suspect_then_lists_it_again(
+    emulator: EmulatedKubernetes, gateway: Kube
+) -> None:
+    emulator.create(widget("a"))
+    emulator.create(widget("b"))
+    cache, recorder = Store("widgets"), Recorder()
+    watcher = informer(gateway, cache, recorder)
+    suspected: list[bool] = []
+    relisted = recorder.relisted_
+
+    def relisted_(result: Relisted) -> None:  # the suspicion held until the list came
+        suspected.append(cache.suspected)
+        relisted(result)
+
+    recorder.relisted_ = relisted_  # type: ignore[method-assign]
+    watcher.start()
+    try:
+        assert watcher.wait_tried(10)
+        emulator.go_down(expire=True)  # its watch history is gone when it comes up
         emulator.delete(f"{GROUP}/v1", "widgets", "a", "default")
         emulator.create(widget("c"))
         emulator.come_up()
         wait_for(lambda: recorder.relisted, timeout=20)
-        relisted = recorder.relisted[0]
-        assert names(relisted.gone) == ["a"]
-        assert names(relisted.changed) == ["c"]
-        assert not cache.suspected
+        relisted_once = recorder.relisted[0]
+        assert names(relisted_once.gone) == ["a"]
+        assert names(relisted_once.changed) == ["c"]
+        assert suspected == [False] and not cache.suspected  # replace ended the suspicion
         assert sorted(str(b["metadata"]["name"]) for b in cache.values()) == ["b", "c"]
+        assert watcher.lists == 2
         # Watching again from the new list's version: later changes still arrive.
         emulator.create(widget("d"))
         wait_for(lambda: ("ADDED", "d", True) in recorder.seen(), timeout=10)
     finally:
         watcher.stop()
+
+
+class FakeStream:
+    """A watch stream that yields ``events``, then ends (or, with ``block``, waits for close)."""
+
+    def __init__(self, events: list[dict[str, Any]], *, block: bool = False) -> None:
+        self.events = events
+        self.block = block
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        yield from self.events
+        if self.block:
+            self.closed.wait(30)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_a_watch_that_ends_at_once_is_resumed_after_a_backoff_reset_by_a_healthy_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # client-go's backoff manager: a very short watch (no event) waits, exponentially
+    # longer, capped; a watch that brought an event resets it. No list either way.
+    caplog.set_level(logging.INFO, logger="bridge.runtime.informer")
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "7"}}}
+    plan = [[], [], [], [], [bookmark], []]
+    opened: list[tuple[str, float]] = []
+
+    def watch(version: str, read_timeout: float) -> FakeStream:
+        opened.append((version, time.monotonic()))
+        return FakeStream(plan.pop(0)) if plan else FakeStream([], block=True)
+
+    cache, recorder = Store("widgets"), Recorder()
+    watcher = Informer(
+        "widgets",
+        list=lambda: Collection([], "5"),
+        watch=watch,
+        store=cache,
+        key=key_of,
+        wanted=wanted,
+        sink=SinkOf(recorder),
+        backoff=(0.05, 0.1, 0.2),
+    )
+    watcher.start()
+    try:
+        wait_for(lambda: len(opened) == 7, timeout=20)
+    finally:
+        watcher.stop()
+    delays = [
+        float(r.getMessage().rsplit(" in ", 1)[1].split()[0])
+        for r in caplog.records
+        if "ended at once without an event" in r.getMessage()
+    ]
+    assert delays == [0.05, 0.1, 0.2, 0.2, 0.05]  # capped, then reset by the bookmark's watch
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(opened)]
+    assert all(gap >= delay for gap, delay in zip(gaps[:4], delays[:4], strict=True))  # waited
+    assert [version for version, _ in opened] == ["5"] * 5 + ["7", "7"]
+    assert watcher.lists == 1 and not cache.suspected
 
 
 def test_a_watch_the_server_ends_is_resumed_without_a_list(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -9,7 +13,7 @@ import kubernetes.client
 import pytest
 import urllib3
 
-from bridge.runtime.fence import LeadershipLostError
+from bridge.runtime.fence import Fence, LeadershipLostError
 from bridge.runtime.gateway import OperatorApiClient, api_client
 from mock_kubernetes import EmulatedKubernetes
 from mock_kubernetes.auth import Identity, User
@@ -126,3 +130,98 @@ def test_a_write_gets_no_longer_than_the_lease_left_and_none_when_nothing_is_lef
     assert writes.count(("create", "namespaces")) == 1  # "two" was not sent
     assert len(asked) == 3
     client.close()
+
+
+class Blackhole:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers; counts them."""
+
+    def __init__(self, *, accept: bool = True) -> None:
+        self.socket = socket.create_server(("127.0.0.1", 0), backlog=0)
+        self.port = self.socket.getsockname()[1]
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True) if accept else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._held.append(conn)  # open, silent: a blackholed or frozen API server
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
+        self.socket.close()
+        for conn in self._held:
+            conn.close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def fenced_client(host: str, left: float) -> tuple[OperatorApiClient, Fence]:
+    """A client as the operator builds it (no ``retries`` set), ``left`` seconds of Lease."""
+    config = kubernetes.client.Configuration()
+    config.host = host
+    renewed = time.monotonic()
+    fence = Fence(lambda: renewed, left)
+    client = api_client(config, timeout=(30.0, 30.0), fence=fence.check, write_timeout=fence.bound)
+    return client, fence
+
+
+def new_connections(caplog: pytest.LogCaptureFixture) -> int:
+    """How many connections urllib3 opened (its DEBUG log line for each new one)."""
+    return sum("Starting new HTTP connection" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("method", ["PATCH", "DELETE", "PUT"])
+def test_a_write_to_a_blackholed_server_makes_one_attempt_within_the_lease_left(
+    method: str,
+) -> None:
+    # urllib3 retries a request 3 times by default, each with the whole timeout again: a
+    # replica would still be writing long after its Lease ran out (issue 37, item 1).
+    server = Blackhole()
+    client, _ = fenced_client(f"http://127.0.0.1:{server.port}", left=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            client.call_api(method, f"http://127.0.0.1:{server.port}/api/v1/namespaces/x", {})
+        elapsed = time.monotonic() - started
+    finally:
+        client.close()
+        server.close()
+    assert server.accepted == 1
+    assert elapsed < 3.0  # the Lease's 1 s (4 attempts would take 4 s)
+
+
+def test_a_write_to_a_server_that_refuses_or_drops_connections_makes_one_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
+    # A port bound but not listening refuses; a listener whose accept queue is full drops
+    # the SYN (Linux), as an unreachable host does: the connect waits for its timeout.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    full = Blackhole(accept=False)
+    filler = socket.create_connection(("127.0.0.1", full.port))  # fills the queue (backlog 0)
+    try:
+        for port in (closed.getsockname()[1], full.port):
+            caplog.clear()
+            client, _ = fenced_client(f"http://127.0.0.1:{port}", left=1.0)
+            try:
+                started = time.monotonic()
+                with pytest.raises(urllib3.exceptions.HTTPError):
+                    client.call_api("PATCH", f"http://127.0.0.1:{port}/api/v1/namespaces/x", {})
+                elapsed = time.monotonic() - started
+            finally:
+                client.close()
+            assert new_connections(caplog) == 1, port
+            assert elapsed < 3.0, port  # 4 attempts of 1 s would take 4 s
+    finally:
+        filler.close()
+        full.close()
+        closed.close()

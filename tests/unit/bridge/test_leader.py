@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pydantic
@@ -37,6 +38,7 @@ from bridge.runtime.leader import (
     holder_identity,
     lease_namespace,
 )
+from bridge.runtime.workqueue import Result, WorkQueue
 from bridge.settings import Settings
 from mock_kubernetes import EmulatedKubernetes
 
@@ -625,3 +627,113 @@ def test_operator_stop_arms_the_exit_once_from_any_thread(monkeypatch: pytest.Mo
         time.sleep(0.01)
     time.sleep(0.1)
     assert exits == [1]
+
+
+class InFlight:
+    """A pass in a thread of ours that outlives the drain and then tries a write.
+
+    It waits until the fence is revoked (at most 10 s), tries `Fence.check` as every write
+    does, and records whether the Lease had been released by then.
+    """
+
+    def __init__(self, name: str, lead: Leadership, lock: FakeLock, log: list[str]) -> None:
+        self.name, self.lead, self.lock, self.log = name, lead, lock, log
+        self.started = threading.Event()
+
+    def __call__(self, *_: Any, **__: Any) -> Any:
+        self.started.set()
+        deadline = time.monotonic() + 10
+        while self.lead.fence.revoked is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released = "release" in self.lock.calls
+        try:
+            self.lead.fence.check()
+            self.log.append(f"{self.name} wrote (released: {released})")
+        except LeadershipLostError:
+            self.log.append(f"{self.name} refused (released: {released})")
+        return Result.done() if self.name == "reconcile" else []
+
+
+@pytest.mark.asyncio
+async def test_a_clean_stop_revokes_the_fence_joins_its_threads_then_releases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bridge.handlers import resync
+    from bridge.reconcilers.audit import service
+
+    log: list[str] = []
+    lock, fake = FakeLock(), FakeElection()
+    lead = Leadership(
+        lock,  # type: ignore[arg-type]
+        start_work=lambda: work(),
+        metrics=Metrics(),
+        run_election=fake,
+        drained=lambda: log.append("events posted"),
+        drain_seconds=0.2,
+        join_seconds=15,
+    )
+    reconcile = InFlight("reconcile", lead, lock, log)
+    purge = InFlight("purge", lead, lock, log)
+    audit = InFlight("audit", lead, lock, log)
+    monkeypatch.setattr(resync, "_purge", purge)
+    monkeypatch.setattr(service, "_held_round", audit)
+    queue = WorkQueue(reconcile, workers=2, standby=True)
+    op = SimpleNamespace(settings=SimpleNamespace(quarantine_purge_seconds=3600))
+    deps = SimpleNamespace(interval=0.01, reads=lambda: None)
+
+    def work() -> list[asyncio.Task[Any]]:
+        queue.lead()
+        queue.add("claim")
+        return [
+            asyncio.create_task(queue.run(), name="work queue"),
+            asyncio.create_task(resync.purge_forever(op), name="purge"),  # type: ignore[arg-type]
+            asyncio.create_task(service.audit_forever(deps), name="audit"),  # type: ignore[arg-type]
+        ]
+
+    lead.start()
+    fake.win.set()
+    await until(lambda: all(p.started.is_set() for p in (reconcile, purge, audit)))
+    lead.fence.check()  # leading: writes pass
+
+    await lead.close()
+    # each pass outlived the drain: its write after the revoke was refused, the Lease not
+    # yet released; nothing was posted meanwhile (the work had not ended)
+    assert sorted(log) == [
+        "audit refused (released: False)",
+        "purge refused (released: False)",
+        "reconcile refused (released: False)",
+    ]
+    assert lock.calls == ["release", "close"]
+    with pytest.raises(LeadershipLostError, match="stopping: the leader Lease ns/ipam-bridge"):
+        lead.fence.check()
+    ours = [t.name for t in threading.enumerate() if t.name.startswith("ipam-bridge-")]
+    assert [n for n in ours if not n.startswith("ipam-bridge-leader")] == []
+
+
+@pytest.mark.asyncio
+async def test_a_clean_stop_posts_the_queued_events_before_the_revoke() -> None:
+    log: list[str] = []
+    lock, fake, work = FakeLock(), FakeElection(), Work(log)
+    lead: Leadership
+
+    def drained() -> None:
+        lead.fence.check()  # still open
+        log.append("events posted")
+
+    lock.release = lambda: (
+        log.append(f"release, revoked: {lead.fence.revoked is not None}"),
+        True,
+    )[1]  # type: ignore[method-assign]
+    lead = Leadership(
+        lock,  # type: ignore[arg-type]
+        start_work=work,
+        metrics=Metrics(),
+        run_election=fake,
+        drained=drained,
+    )
+    lead.start()
+    fake.win.set()
+    await until(lambda: lead.leading)
+    await lead.close()
+    assert sorted(log[:2]) == ["queue done", "resync done"]
+    assert log[2:] == ["events posted", "release, revoked: True"]

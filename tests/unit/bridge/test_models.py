@@ -16,3 +16,34 @@ def test_a_null_reads_as_an_omitted_field() -> None:
         {"metadata": {"name": "a", "deletionTimestamp": None}, "spec": {"gateway": None}}
     )
     assert address.metadata.deletion_timestamp is None and address.spec.gateway is None
+
+
+# --- pools: the kind decides Global, never a missing namespace ----------------------------
+
+_SPEC = {
+    "endpoint": "https://phpipam.example.com/api",
+    "appId": "capi",
+    "subnet": "10.0.0.0/24",
+    "credentialsRef": {"name": "creds"},
+}
+
+
+def _pool(kind: str, **metadata: str) -> dict[str, object]:
+    return {"kind": kind, "metadata": {"name": "p", **metadata}, "spec": dict(_SPEC)}
+
+
+def test_a_namespaced_pool_without_namespace_is_not_a_global_pool() -> None:
+    from bridge.models import IPPool
+
+    pool = IPPool.from_body(_pool("PHPIPAMIPPool"))
+    assert (pool.problem, pool.is_global) == ("", False)
+    assert pool.spec is not None
+
+
+def test_a_global_pool_with_a_namespace_in_its_metadata_is_still_global() -> None:
+    from bridge.models import IPPool
+
+    for metadata in ({}, {"namespace": "team-a"}):
+        pool = IPPool.from_body(_pool("GlobalPHPIPAMIPPool", **metadata))
+        assert pool.problem == "spec.credentialsRef.namespace is required on a Global pool"
+        assert pool.namespace == ""

@@ -137,6 +137,19 @@ def test_build_backend_picks_the_client_and_credential_mode():
         retry=retry,
     )
     assert isinstance(backend, InfobloxBackend) and backend.config.verify is False
+    assert backend.config.owner_extensible_attribute is None
+
+
+def test_build_backend_gives_the_infoblox_client_the_pools_owner_ea():
+    backend = build_backend(
+        parse_pool(ib_pool(ownerExtensibleAttribute="CAPI-Owner")),
+        {"username": "u", "password": "p"},
+        None,
+        timeout_seconds=3,
+        retry=RetryPolicy(sleep=lambda _: None),
+    )
+    assert isinstance(backend, InfobloxBackend)
+    assert backend.config.owner_extensible_attribute == "CAPI-Owner"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.capi import CLAIM_FINALIZER, GROUP
-from bridge.handlers.resync import _queue_claims, _queue_clusters, _queue_pools
+from bridge.handlers.resync import _queue_addresses, _queue_claims, _queue_clusters, _queue_pools
 from bridge.objects.cache import Cache
 from bridge.objects.keys import claim_key, cluster_key, pool_key
 from bridge.reconcilers.context import ServedVersions
@@ -30,7 +30,12 @@ class Kube:
     claims: list[dict[str, Any]]
     pools: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[dict[str, Any]] = field(default_factory=list)
+    addresses: list[dict[str, Any]] = field(default_factory=list)
     listed: int = 0
+
+    def list_ip_addresses(self, version: str, namespace: str | None) -> list[dict[str, Any]]:
+        self.listed += 1
+        return [dict(a) for a in self.addresses]
 
     def list_claims(self, version: str, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
         self.listed += 1
@@ -120,3 +125,32 @@ def test_pools_and_clusters_are_resynced_from_the_cache_once_it_is_listed() -> N
     ctx.cache.pools.suspect()  # a watch ended or stalled: listed again
     assert _queue_pools(ctx) == 1  # type: ignore[arg-type]
     assert ctx.kube.listed == 9
+
+
+def address(name: str, claim_name: str, *, kind: str = "PHPIPAMIPPool") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"},
+        "spec": {
+            "claimRef": {"name": claim_name},
+            "poolRef": {"apiGroup": GROUP, "kind": kind, "name": "pool"},
+        },
+    }
+
+
+def test_the_claims_of_ipaddresses_are_resynced_so_an_orphan_is_found() -> None:
+    # Issue 37: the resync walked claims only; an IPAddress whose claim is gone (live, owned
+    # by its pool alone: real-cluster.md 13f) was never looked at again, across restarts.
+    ctx = Ctx(Kube([], addresses=[address("in-api", "in-api")]))
+    assert _queue_addresses(ctx) == 1  # type: ignore[arg-type]  # not listed yet: the API
+    assert ctx.kube.listed == 1
+    assert ctx.queue.added == [(claim_key("ns", "in-api"), True)]
+    ctx.queue.added.clear()
+    ctx.cache.addresses.fill(
+        [
+            (("ns", "orphan"), address("orphan", "orphan")),
+            (("ns", "foreign"), address("foreign", "foreign", kind="InClusterIPPool")),
+        ]
+    )
+    assert _queue_addresses(ctx) == 1  # type: ignore[arg-type]
+    assert ctx.kube.listed == 1  # from the cache
+    assert ctx.queue.added == [(claim_key("ns", "orphan"), True)]

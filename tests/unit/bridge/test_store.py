@@ -228,6 +228,21 @@ def test_a_part_listed_per_namespace_is_synced_once_every_namespace_was_listed()
     assert part.synced and part.lookup(("b", "c")) == MISSING
 
 
+def test_a_relist_of_one_namespace_leaves_a_part_unsynced_while_another_never_listed() -> None:
+    # client-go's HasSynced: true only after the initial list of every informer.
+    part = Store("ipaddressclaims")
+    a, b = in_namespace("a"), in_namespace("b")
+    part.expect([a, b])
+    part.fill([(("a", "c"), obj("c", "1", namespace="a"))], a)
+    part.suspect(a)  # namespace a's watch broke: listed again while b's first list still fails
+    part.replace([(("a", "c"), obj("c", "2", namespace="a"))], part.begin_relist(), scope=a)
+    assert not part.synced
+    assert part.lookup(("b", "c")) == MISSING_UNKNOWN  # never listed: not "missing"
+    assert part.lookup(("a", "c")) == obj("c", "2", namespace="a")
+    part.fill([], b)
+    assert part.synced and part.lookup(("b", "c")) == MISSING
+
+
 class NoKube:
     def list_collection(self, *args: Any) -> Any:
         raise AssertionError("not called until started")

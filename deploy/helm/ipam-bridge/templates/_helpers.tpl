@@ -25,3 +25,29 @@ app.kubernetes.io/component: manager
 {{- define "ipam-bridge.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default (printf "v%s" .Chart.AppVersion)) -}}
 {{- end -}}
+
+{{/*
+The namespaces served (IPAM_BRIDGE_NAMESPACE): settings.namespace; the deprecated value
+watchNamespace when that is empty. Both set to different namespaces fails the install.
+*/}}
+{{- define "ipam-bridge.namespaceScope" -}}
+{{- $namespace := (.Values.settings | default dict).namespace | default "" | toString -}}
+{{- $former := .Values.watchNamespace | default "" | toString -}}
+{{- if and $former $namespace (ne $former $namespace) -}}
+{{- fail "watchNamespace is deprecated: set settings.namespace only" -}}
+{{- end -}}
+{{- $namespace | default $former -}}
+{{- end -}}
+
+{{/*
+The settings the chart sets from values of their own: a settings key for one of them would
+give the manager two values (the value to use instead is named).
+*/}}
+{{- define "ipam-bridge.checkSettings" -}}
+{{- $owned := dict "metrics_port" "metrics.port" "health_port" "health.port" "leader_election" "leaderElection.enabled" "leader_election_lease_seconds" "leaderElection.leaseSeconds" "leader_election_renew_deadline_seconds" "leaderElection.renewDeadlineSeconds" "leader_election_retry_seconds" "leaderElection.retrySeconds" "namespace_scope" "settings.namespace" -}}
+{{- range $key, $value := (.Values.settings | default dict) -}}
+{{- if hasKey $owned $key -}}
+{{- fail (printf "settings.%s: set %s instead" $key (get $owned $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

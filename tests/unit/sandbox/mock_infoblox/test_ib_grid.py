@@ -8,12 +8,17 @@ import pytest
 import requests
 from ib_helpers import PASSWORD, USER, Wapi, host_body
 
+from backends.base import EntryOwner
 from backends.errors import AuthenticationFailedError, InvalidRequestError
 from backends.flowcontrol import FlowControl
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
 from mock_infoblox import InfobloxStore, MockInfobloxServer
 from mock_infoblox.schema import OBJECT_TYPES, SEARCH_ONLY, WAPI_SCHEMA
+
+#: This management cluster and a claim of it (the owner written on the entries).
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "default/c")
 
 
 def test_search_fields_are_the_schemas_and_the_search_only_ones() -> None:
@@ -187,7 +192,7 @@ def test_the_client_takes_a_non_race_conflict_as_a_refusal(
     )
     client = backend(server, extensible_attributes={"Rack": "7"})
     with pytest.raises(InvalidRequestError) as info:
-        client.allocate("m1.ns1", "d")
+        client.allocate("m1.ns1", OWNER)
     assert "Extensible attribute 'Rack' is not allowed for this operation" in info.value.message
     assert store.records(type_name="record:host") == []
 
@@ -197,6 +202,6 @@ def test_the_client_reports_a_read_only_member(
 ) -> None:
     store.read_only = True
     with pytest.raises(AuthenticationFailedError) as info:
-        backend(server).allocate("m1.ns1", "d")
+        backend(server).allocate("m1.ns1", OWNER)
     store.read_only = False
     assert "read-only" in info.value.message

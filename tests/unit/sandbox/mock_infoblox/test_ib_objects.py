@@ -162,6 +162,26 @@ def test_unknown_extensible_attribute_is_400(wapi: Wapi, where: str) -> None:
     assert wapi.get("record:host").json() == []  # nothing was created
 
 
+def test_a_put_keeps_comment_and_extattrs_and_refuses_an_undefined_ea(wapi: Wapi) -> None:
+    # The owner written on an adopted entry: one PUT with comment and extattrs (replaced whole).
+    made = wapi.post(
+        "record:host",
+        host_body("own.default", comment="for the VIP", extattrs={"Site": {"value": "fra"}}),
+    )
+    ref = made.json()
+    eas = {"Site": {"value": "fra"}, "Owner": {"value": "3f0c ns/own"}}
+    updated = wapi.put(ref, {"comment": "ipam-bridge 3f0c ns/own", "extattrs": eas})
+    assert updated.status_code == 200
+    read = wapi.get(ref, _return_fields="name,comment,extattrs").json()
+    assert (read["comment"], read["extattrs"]) == ("ipam-bridge 3f0c ns/own", eas)
+
+    refused = wapi.put(ref, {"comment": "x", "extattrs": {"Tenant": {"value": "a"}}})
+    assert refused.status_code == 400
+    assert_wapi_error(refused.json(), "Client.Ibap.Proto", "Unknown extensible attribute: Tenant")
+    again = wapi.get(ref, _return_fields="comment,extattrs").json()
+    assert (again["comment"], again["extattrs"]) == ("ipam-bridge 3f0c ns/own", eas)  # unchanged
+
+
 def test_extensibleattributedef_lists_defined_names(wapi: Wapi) -> None:
     names = [d["name"] for d in wapi.get("extensibleattributedef").json()]
     assert sorted(names) == ["Owner", "Site"]

@@ -10,11 +10,16 @@ import pytest
 import requests
 from ib_helpers import PASSWORD, USER
 
-from backends.base import SubnetRef, quarantined_until
+from backends.base import EntryOwner, SubnetRef, quarantined_until
 from backends.errors import AddressUnavailableError, SubnetExhaustedError
 from backends.infoblox import InfobloxBackend, InfobloxConfig
 from backends.retry import RetryPolicy
 from mock_infoblox import InfobloxStore, MockInfobloxServer
+
+#: This management cluster and a claim of it (the owner written on the entries).
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "default/c")
+
 
 NET1, NET2 = "10.40.0.0/29", "10.41.0.0/29"
 POOL_SEED: dict[str, Any] = {
@@ -67,7 +72,7 @@ def test_first_network_fills_then_the_second_with_its_facts(
     make: Any, pool_store: InfobloxStore
 ) -> None:
     backend = make()
-    got = [backend.allocate(f"m{i}.ns1", f"ipam-bridge ns1/m{i}") for i in range(9)]
+    got = [backend.allocate(f"m{i}.ns1", OWNER) for i in range(9)]
 
     # NET1: .2-.6 (the routers gateway .1 is never handed out); NET2: .2-.5 (.1 routers,
     # .6 the override).
@@ -78,7 +83,7 @@ def test_first_network_fills_then_the_second_with_its_facts(
     assert {(a.subnet, a.prefix, a.gateway) for a in got[:5]} == {(NET1, 29, "10.40.0.1")}
     assert {(a.subnet, a.prefix, a.gateway) for a in got[5:]} == {(NET2, 24, "10.41.0.6")}
     with pytest.raises(SubnetExhaustedError):
-        backend.allocate("m9.ns1", "d")
+        backend.allocate("m9.ns1", OWNER)
     assert [(s.cidr, s.used, s.free) for s in backend.describe_subnets()] == [
         (NET1, 6, 0),
         (NET2, 6, 0),
@@ -94,21 +99,21 @@ def test_requested_address_granted_held_outside_and_gateway(
     pool_store.add_record({"name": "printer.lab", "address": "10.41.0.3"})
     backend = make()
 
-    granted = backend.allocate("m1.ns1", "d", address="10.41.0.4")
+    granted = backend.allocate("m1.ns1", OWNER, address="10.41.0.4")
     assert (granted.address, granted.subnet, granted.prefix) == ("10.41.0.4", NET2, 24)
-    assert backend.allocate("m1.ns1", "d", address="10.41.0.4") == granted  # repeat: same entry
+    assert backend.allocate("m1.ns1", OWNER, address="10.41.0.4") == granted  # repeat: same entry
 
     with pytest.raises(AddressUnavailableError) as held:
-        backend.allocate("m2.ns1", "d", address="10.41.0.3")
+        backend.allocate("m2.ns1", OWNER, address="10.41.0.3")
     assert held.value.holder == "printer.lab"
     with pytest.raises(AddressUnavailableError) as outside:
-        backend.allocate("m2.ns1", "d", address="10.42.0.9")
+        backend.allocate("m2.ns1", OWNER, address="10.42.0.9")
     assert outside.value.holder is None
     with pytest.raises(AddressUnavailableError, match="never handed out"):
-        backend.allocate("m2.ns1", "d", address="10.41.0.6")
+        backend.allocate("m2.ns1", OWNER, address="10.41.0.6")
     assert pool_store.records(name="m2.ns1") == []  # nothing registered
     # Next available skips the requested and the foreign addresses.
-    assert backend.allocate("m3.ns1", "d").address == "10.40.0.2"
+    assert backend.allocate("m3.ns1", OWNER).address == "10.40.0.2"
 
 
 def test_requested_fixed_address_held_by_another_fixed_address(
@@ -117,26 +122,26 @@ def test_requested_fixed_address_held_by_another_fixed_address(
     pool_store.add_record({"type": "fixedaddress", "name": "ups", "address": "10.40.0.5"})
     backend = make(record_type="fixedaddress")
     with pytest.raises(AddressUnavailableError) as info:
-        backend.allocate("m1.ns1", "d", address="10.40.0.5")
+        backend.allocate("m1.ns1", OWNER, address="10.40.0.5")
     assert info.value.holder == "ups"
-    assert backend.allocate("m1.ns1", "d", address="10.40.0.4").address == "10.40.0.4"
+    assert backend.allocate("m1.ns1", OWNER, address="10.40.0.4").address == "10.40.0.4"
 
 
 def test_quarantine_keeps_the_address_until_purged(make: Any, pool_store: InfobloxStore) -> None:
     backend = make()
-    first = backend.allocate("m1.ns1", "ipam-bridge ns1/m1")
-    assert backend.release("m1.ns1", quarantine_until=UNTIL) is True
+    first = backend.allocate("m1.ns1", OWNER)
+    assert backend.release("m1.ns1", OWNER, quarantine_until=UNTIL) is True
 
     (record,) = pool_store.records(address=first.address)
     assert record["name"] == "quarantined.m1.ns1"
     assert quarantined_until(record["comment"]) == UNTIL
-    assert record["comment"].endswith(": ipam-bridge ns1/m1")
+    assert record["comment"].endswith(f": ipam-bridge {CLUSTER} default/c")  # owner kept
     assert backend.find("m1.ns1") is None
-    assert backend.release("m1.ns1", quarantine_until=UNTIL) is False  # left as it is
+    assert backend.release("m1.ns1", OWNER, quarantine_until=UNTIL) is False  # left as it is
     with pytest.raises(AddressUnavailableError, match="grace period") as info:
-        backend.allocate("m1.ns1", "d", address=first.address)
+        backend.allocate("m1.ns1", OWNER, address=first.address)
     assert info.value.holder == "quarantined.m1.ns1"
-    again = backend.allocate("m1.ns1", "ipam-bridge ns1/m1")
+    again = backend.allocate("m1.ns1", OWNER)
     assert again.address != first.address
 
     listed = {e.address: e for e in backend.entries()}
@@ -144,32 +149,32 @@ def test_quarantine_keeps_the_address_until_purged(make: Any, pool_store: Infobl
     assert listed[first.address].quarantined_until == UNTIL
     assert listed[again.address].quarantined_until is None
 
-    assert backend.purge_quarantined(UNTIL - 1) == []
-    assert backend.purge_quarantined(UNTIL) == [first.address]
+    assert backend.purge_quarantined(UNTIL - 1, CLUSTER) == []
+    assert backend.purge_quarantined(UNTIL, CLUSTER) == [first.address]
     assert pool_store.records(address=first.address) == []
-    assert backend.purge_quarantined(UNTIL) == []
+    assert backend.purge_quarantined(UNTIL, CLUSTER) == []
 
 
 def test_second_quarantine_of_a_hostname_joins_the_first(
     make: Any, pool_store: InfobloxStore
 ) -> None:
     backend = make()
-    first = backend.allocate("m1.ns1", "d").address
-    backend.release("m1.ns1", quarantine_until=UNTIL + 60)
-    second = backend.allocate("m1.ns1", "d").address
-    backend.release("m1.ns1", quarantine_until=UNTIL)
+    first = backend.allocate("m1.ns1", OWNER).address
+    backend.release("m1.ns1", OWNER, quarantine_until=UNTIL + 60)
+    second = backend.allocate("m1.ns1", OWNER).address
+    backend.release("m1.ns1", OWNER, quarantine_until=UNTIL)
 
     (record,) = pool_store.records(name="quarantined.m1.ns1")
     assert sorted(a["ipv4addr"] for a in record["ipv4addrs"]) == sorted([first, second])
     assert quarantined_until(record["comment"]) == UNTIL + 60
     assert pool_store.records(name="m1.ns1") == []
-    assert sorted(backend.purge_quarantined(UNTIL + 60)) == sorted([first, second])
+    assert sorted(backend.purge_quarantined(UNTIL + 60, CLUSTER)) == sorted([first, second])
 
 
 def test_quarantine_in_a_dns_zone(make: Any, pool_store: InfobloxStore) -> None:
     backend = make(dns_zone="k8s.example.com")
-    address = backend.allocate("m1.ns1", "d").address
-    backend.release("m1.ns1", quarantine_until=UNTIL)
+    address = backend.allocate("m1.ns1", OWNER).address
+    backend.release("m1.ns1", OWNER, quarantine_until=UNTIL)
     (record,) = pool_store.records(address=address)
     assert record["name"] == "quarantined.m1.ns1.k8s.example.com"
     (entry,) = backend.entries()
@@ -180,9 +185,9 @@ def test_entries_see_edits_behind_the_clients_back(
     server: MockInfobloxServer, make: Any, pool_store: InfobloxStore
 ) -> None:
     backend = make()
-    kept = backend.allocate("m1.ns1", "ipam-bridge ns1/m1")
-    renamed = backend.allocate("m2.ns1", "ipam-bridge ns1/m2")
-    gone = backend.allocate("m3.ns1", "ipam-bridge ns1/m3")
+    kept = backend.allocate("m1.ns1", OWNER)
+    renamed = backend.allocate("m2.ns1", OWNER)
+    gone = backend.allocate("m3.ns1", OWNER)
     admin = f"{server.url}/_mock/records"
 
     assert requests.delete(admin, params={"name": "m3.ns1"}, timeout=5).status_code == 200
@@ -208,14 +213,14 @@ def test_fixed_addresses_over_ipv4_then_ipv6_with_quarantine(
         record_type="fixedaddress",
         subnets=(SubnetRef(cidr=NET1), SubnetRef(cidr="2001:db8:40::/126")),
     )
-    got = [backend.allocate(f"m{i}.ns1", f"ipam-bridge ns1/m{i}").address for i in range(7)]
+    got = [backend.allocate(f"m{i}.ns1", OWNER).address for i in range(7)]
     assert got[4:] == ["10.40.0.6", "2001:db8:40::1", "2001:db8:40::2"]
     (v6,) = pool_store.records(type_name="ipv6fixedaddress", name="m5.ns1")
     assert v6["duid"].startswith("00:04:")
     found = backend.find("m6.ns1")
     assert found is not None and (found.address, found.prefix) == ("2001:db8:40::2", 126)
 
-    assert backend.release("m6.ns1", quarantine_until=UNTIL) is True
+    assert backend.release("m6.ns1", OWNER, quarantine_until=UNTIL) is True
     (marked,) = pool_store.records(address="2001:db8:40::2")
     assert (marked["name"], quarantined_until(marked["comment"])) == ("quarantined.m6.ns1", UNTIL)
     assert backend.find("m6.ns1") is None
@@ -224,6 +229,6 @@ def test_fixed_addresses_over_ipv4_then_ipv6_with_quarantine(
         ("m5.ns1", "2001:db8:40::/126"),
         ("quarantined.m6.ns1", "2001:db8:40::/126"),
     ]
-    assert backend.purge_quarantined(UNTIL) == ["2001:db8:40::2"]
-    assert backend.release("m5.ns1") is True
+    assert backend.purge_quarantined(UNTIL, CLUSTER) == ["2001:db8:40::2"]
+    assert backend.release("m5.ns1", OWNER) is True
     assert pool_store.records(name="m5.ns1") == []

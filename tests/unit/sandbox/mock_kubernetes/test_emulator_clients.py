@@ -140,3 +140,44 @@ def test_garbage_collection_of_dependents(kube: EmulatedKubernetes, api: Api) ->
     assert api("GET", f"{WIDGETS_PATH}/shared")[0] == 200  # another owner still exists
     _, held = api("GET", f"{WIDGETS_PATH}/held")
     assert held["metadata"]["deletionTimestamp"]  # finalizers of dependents are honoured
+
+
+def test_the_crds_served_are_objects_established_as_on_a_real_api_server(
+    kube: EmulatedKubernetes, client: kubernetes.client.ApiClient
+) -> None:
+    crds = kubernetes.client.ApiextensionsV1Api(client)
+    names = sorted(c.metadata.name for c in crds.list_custom_resource_definition().items)
+    assert names == [f"gadgets.{GROUP}", f"widgets.{GROUP}"]
+    crd = client.sanitize_for_serialization(
+        crds.read_custom_resource_definition(f"widgets.{GROUP}")
+    )
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in crd["status"]["conditions"]}
+    assert conditions == {
+        "NamesAccepted": ("True", "NoConflicts"),
+        "Established": ("True", "InitialNamesAccepted"),
+    }
+    assert crd["status"]["acceptedNames"]["listKind"] == "WidgetList"
+    storage = [v["name"] for v in crd["spec"]["versions"] if v["storage"]]
+    assert crd["status"]["storedVersions"] == storage
+    # One declared later is served and shown alike; declaring it again keeps one object.
+    later = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"gizmos.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "gizmos", "kind": "Gizmo"},
+            "versions": [{"name": "v1", "served": True, "storage": True}],
+        },
+    }
+    kube.declare_crd(later)
+    kube.declare_crd(later)
+    found = [c.metadata.name for c in crds.list_custom_resource_definition().items]
+    assert found.count(f"gizmos.{GROUP}") == 1
+    assert (
+        kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
+            GROUP, "v1", "default", "gizmos"
+        )["items"]
+        == []
+    )

@@ -170,3 +170,37 @@ def test_no_collection_when_turned_off() -> None:
         )
         kube.delete("v1", "configmaps", "o", "default")
         assert kube.get("v1", "configmaps", "d", "default") is not None
+
+
+def test_one_owner_gone_of_two_is_dropped_and_the_dependent_stays_live(
+    kube: EmulatedKubernetes, custom: kubernetes.client.CustomObjectsApi
+) -> None:
+    """real-cluster.md 13f: the GC patches the dependent's ownerReferences, never deletes it."""
+    first = make_gadget(custom, "first")
+    second = make_gadget(custom, "second")
+    body = widget(
+        "shared",
+        metadata={
+            "name": "shared",
+            "ownerReferences": [owner_ref(first), {**owner_ref(second), "controller": False}],
+            "finalizers": ["example.com/keep"],
+        },
+    )
+    created = custom.create_namespaced_custom_object(GROUP, "v2", "default", "widgets", body)
+    events = kube.store.resource_version
+
+    custom.delete_cluster_custom_object(GROUP, "v1", "gadgets", "first")
+    shared = custom.get_namespaced_custom_object(GROUP, "v2", "default", "widgets", "shared")
+    assert [ref["uid"] for ref in shared["metadata"]["ownerReferences"]] == [
+        second["metadata"]["uid"]
+    ]
+    assert "deletionTimestamp" not in shared["metadata"]  # live: nothing marks it
+    assert shared["metadata"]["finalizers"] == ["example.com/keep"]
+    # A write of its own: a new resourceVersion (a MODIFIED event for its watchers).
+    assert int(shared["metadata"]["resourceVersion"]) > events
+    assert shared["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+
+    # The last owner goes: now the dependent is deleted (marked: it has a finalizer).
+    custom.delete_cluster_custom_object(GROUP, "v1", "gadgets", "second")
+    shared = custom.get_namespaced_custom_object(GROUP, "v2", "default", "widgets", "shared")
+    assert shared["metadata"]["deletionTimestamp"]

@@ -218,3 +218,18 @@ def test_namespace_lifecycle_can_be_turned_off() -> None:
         assert created["metadata"]["namespace"] == "x"
         kube.delete("v1", "namespaces", "default")
         assert kube.get("v1", "namespaces", "default") is None
+
+
+def test_kube_system_has_a_uid_of_its_own_in_every_api_server() -> None:
+    # A real API server gives every namespace a random uid (a UUID) when it is created, so
+    # kube-system's differs between two clusters and stays for the cluster's life: the
+    # default management cluster identity of ipam-bridge (bridge/cluster_id.py).
+    uids = []
+    for _ in range(2):
+        with EmulatedKubernetes() as server, server.api_client() as api_client:
+            core = kubernetes.client.CoreV1Api(api_client)
+            first = core.read_namespace("kube-system").metadata.uid
+            assert first and core.read_namespace("kube-system").metadata.uid == first
+            uids.append(first)
+    assert uids[0] != uids[1]
+    assert all(len(uid) == 36 and uid.count("-") == 4 for uid in uids)

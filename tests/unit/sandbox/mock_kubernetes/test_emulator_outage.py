@@ -82,3 +82,29 @@ def test_expired_history_answers_410_gone_to_a_resumed_watch(
         for e in _events(kube.url, resourceVersion=fresh)
     ]
     assert resumed == [("ADDED", "c")]
+
+
+def test_reset_watches_cuts_each_watch_mid_stream_and_serves_the_resumed_one(
+    kube: EmulatedKubernetes, api: Api
+) -> None:
+    status, created = api("POST", WIDGETS_PATH, widget("a"))
+    assert status == 201
+    since = created["metadata"]["resourceVersion"]
+    params = {"watch": "true", "timeoutSeconds": "60", "resourceVersion": since}
+    with requests.get(kube.url + WIDGETS_PATH, params=params, stream=True, timeout=10) as held:
+        api("POST", WIDGETS_PATH, widget("b"))
+        lines = (line for line in held.iter_lines() if line)
+        seen = json.loads(next(lines))["object"]
+        assert seen["metadata"]["name"] == "b"  # the watch is established
+        assert kube.reset_watches() == 1
+        # A reset, not an end: the chunked body never ends, the read fails.
+        with pytest.raises(requests.exceptions.ChunkedEncodingError, match=r"reset|aborted"):
+            list(lines)
+    assert kube.serving
+    kube.delete(WIDGETS_V2, "widgets", "a", "default")
+    replay = [
+        (e["type"], e["object"]["metadata"]["name"])
+        for e in _events(kube.url, resourceVersion=seen["metadata"]["resourceVersion"])
+    ]
+    assert replay == [("DELETED", "a")]
+    assert kube.reset_watches() == 0  # the ended watch is forgotten

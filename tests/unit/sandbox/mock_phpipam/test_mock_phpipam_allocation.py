@@ -155,18 +155,63 @@ def test_patch_rules(api: Api) -> None:
         ({"tag": 9}, 400, "Tag does not exist"),
         ({"tag": "x"}, 400, "Invalid state"),
         ({"deviceId": 5}, 400, "Device does not exist"),
-        (
-            {"description": "d" * 65},
-            500,
-            "Error: SQLSTATE[22001]: String data, right truncated: 1406 Data too long for "
-            "column 'description' at row 1",
-        ),
     ],
 )
 def test_value_validation(api: Api, body: dict[str, object], status: int, message: str) -> None:
     response = api.call("POST", "/addresses/first_free/7/", json={"hostname": "v", **body})
     assert (response.status_code, response.json()["message"]) == (status, message)
     assert api.call("GET", "/addresses/search_hostname/v/").status_code == 404
+
+
+def test_long_strings_are_cut_to_their_column_or_refused_under_strict_mode(
+    api: Api, store: Store
+) -> None:
+    # Section 12: description varchar(64), owner varchar(128), note text.
+    long = {"description": "d" * 65, "owner": "o" * 129, "note": "n" * 1000}
+    cut = api.call("POST", "/addresses/first_free/7/", json={"hostname": "cut", **long})
+    assert cut.status_code == 201
+    [row] = api.call("GET", "/addresses/search_hostname/cut/").json()["data"]
+    assert (row["description"], row["owner"], row["note"]) == ("d" * 64, "o" * 128, "n" * 1000)
+
+    store.settings.strict_sql_mode = True
+    refused = api.call("POST", "/addresses/first_free/7/", json={"hostname": "v", **long})
+    assert (refused.status_code, refused.json()["message"]) == (
+        500,
+        "Error: SQLSTATE[22001]: String data, right truncated: 1406 Data too long for "
+        "column 'description' at row 1",
+    )
+    assert api.call("GET", "/addresses/search_hostname/v/").status_code == 404
+
+
+def test_owner_and_note_are_kept_returned_by_every_read_and_patched(api: Api) -> None:
+    # Section 12: the API takes owner and note on create and returns them on every read.
+    owner = "ipam-bridge 3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f ns/claim"
+    note = "ipam-bridge cluster=3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f claim=ns/claim"
+    body = {"hostname": "owner-probe.test", "description": "ipam-bridge ns/claim"}
+    created = api.call(
+        "POST", "/addresses/first_free/7/", json={**body, "owner": owner, "note": note}
+    )
+    aid = created.json()["id"]
+    by_id = api.call("GET", f"/addresses/{aid}/").json()["data"]
+    [found] = api.call("GET", "/addresses/search_hostname/owner-probe.test/").json()["data"]
+    [listed] = [
+        r for r in api.call("GET", "/subnets/7/addresses/").json()["data"] if str(r["id"]) == aid
+    ]
+    for row in (by_id, found, listed):
+        assert (row["owner"], row["note"]) == (owner, note)
+
+    moved = {
+        "owner": "ipam-bridge other ns/claim",
+        "note": "ipam-bridge cluster=other claim=ns/claim",
+    }
+    patched = api.call("PATCH", f"/addresses/{aid}/", json=moved)
+    assert (patched.status_code, patched.json()["message"]) == (200, "Address updated")
+    row = api.call("GET", f"/addresses/{aid}/").json()["data"]
+    assert (row["owner"], row["note"], row["description"]) == (
+        moved["owner"],
+        moved["note"],
+        "ipam-bridge ns/claim",  # untouched
+    )
 
 
 def test_mac_is_normalised(api: Api) -> None:

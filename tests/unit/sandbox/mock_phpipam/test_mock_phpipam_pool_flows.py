@@ -10,12 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from backends.base import SubnetRef
-from backends.errors import AddressUnavailableError, SubnetExhaustedError
+from backends.base import EntryOwner, SubnetRef
+from backends.errors import AddressUnavailableError, EntryOwnedError, SubnetExhaustedError
 from backends.flowcontrol import FlowControl
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
 from mock_phpipam import MockPhpipamServer, Store
+
+#: This management cluster and a claim of it (the owner written on the entries).
+CLUSTER = "3f0c2a1e-6a8b-4f1e-9c7d-1a2b3c4d5e6f"
+OWNER = EntryOwner(CLUSTER, "default/c")
+
 
 NOW = 1_800_000_000.0
 
@@ -38,7 +43,7 @@ def backend(server: MockPhpipamServer) -> Iterator[PHPIPAMBackend]:
 def test_first_subnet_fills_then_the_second_with_its_prefix_and_gateway(
     backend: PHPIPAMBackend,
 ) -> None:
-    got = [backend.allocate(f"c{n}.default", f"ipam-bridge default/c{n}") for n in range(3)]
+    got = [backend.allocate(f"c{n}.default", OWNER) for n in range(3)]
 
     assert [(a.address, a.prefix, a.gateway, a.subnet) for a in got] == [
         ("10.20.1.1", 30, None, "10.20.1.0/30"),
@@ -49,7 +54,7 @@ def test_first_subnet_fills_then_the_second_with_its_prefix_and_gateway(
     assert (first.cidr, first.used, first.free) == ("10.20.1.0/30", 2, 0)
     assert (second.cidr, second.prefix, second.used, second.free) == ("10.20.0.0/24", 23, 2, 252)
     assert backend.find("c0.default") == got[0]
-    assert backend.allocate("c2.default", "again") == got[2]
+    assert backend.allocate("c2.default", OWNER) == got[2]
 
 
 def test_pool_exhausted_only_when_both_subnets_are_full(
@@ -57,22 +62,22 @@ def test_pool_exhausted_only_when_both_subnets_are_full(
 ) -> None:
     for n in range(2, 255):
         store.add_address(7, f"10.20.0.{n}", hostname=f"filler-{n}")
-    backend.allocate("a.default", "a")
-    backend.allocate("b.default", "b")
+    backend.allocate("a.default", OWNER)
+    backend.allocate("b.default", OWNER)
 
     with pytest.raises(SubnetExhaustedError, match="all 2 subnets"):
-        backend.allocate("c.default", "c")
+        backend.allocate("c.default", OWNER)
 
 
 def test_requested_address_granted_repeated_held_and_outside(
     backend: PHPIPAMBackend, store: Store
 ) -> None:
-    granted = backend.allocate("static.default", "static", address="10.20.0.50")
-    repeated = backend.allocate("static.default", "static", address="10.20.0.50")
+    granted = backend.allocate("static.default", OWNER, address="10.20.0.50")
+    repeated = backend.allocate("static.default", OWNER, address="10.20.0.50")
     with pytest.raises(AddressUnavailableError) as held:
-        backend.allocate("other.default", "other", address="10.20.0.50")
+        backend.allocate("other.default", OWNER, address="10.20.0.50")
     with pytest.raises(AddressUnavailableError) as outside:
-        backend.allocate("other.default", "other", address="10.20.2.5")
+        backend.allocate("other.default", OWNER, address="10.20.2.5")
 
     assert (granted.address, granted.prefix, granted.subnet) == ("10.20.0.50", 23, "10.20.0.0/24")
     assert repeated.ref == granted.ref
@@ -84,12 +89,12 @@ def test_requested_address_granted_repeated_held_and_outside(
 
 
 def test_quarantined_address_is_skipped_until_purged(backend: PHPIPAMBackend) -> None:
-    first = backend.allocate("a.default", "ipam-bridge default/a")
-    backend.allocate("b.default", "ipam-bridge default/b")
+    first = backend.allocate("a.default", OWNER)
+    backend.allocate("b.default", OWNER)
 
-    assert backend.release("a.default", quarantine_until=NOW + 60) is True
+    assert backend.release("a.default", OWNER, quarantine_until=NOW + 60) is True
     assert backend.find("a.default") is None
-    replacement = backend.allocate("a.default", "ipam-bridge default/a")
+    replacement = backend.allocate("a.default", OWNER)
     held = [e for e in backend.entries() if e.quarantined_until is not None]
 
     assert first.address == "10.20.1.1"
@@ -98,17 +103,17 @@ def test_quarantined_address_is_skipped_until_purged(backend: PHPIPAMBackend) ->
         ("10.20.1.1", "quarantined.a.default", NOW + 60)
     ]
     assert backend.describe_subnets()[0].used == 2
-    assert backend.purge_quarantined(NOW) == []
-    assert backend.purge_quarantined(NOW + 60) == ["10.20.1.1"]
-    assert backend.allocate("c.default", "c").address == "10.20.1.1"
+    assert backend.purge_quarantined(NOW, CLUSTER) == []
+    assert backend.purge_quarantined(NOW + 60, CLUSTER) == ["10.20.1.1"]
+    assert backend.allocate("c.default", OWNER).address == "10.20.1.1"
 
 
 def test_entries_see_edits_behind_the_operators_back_with_one_list_per_subnet(
     backend: PHPIPAMBackend, store: Store
 ) -> None:
-    backend.allocate("a.default", "ipam-bridge default/a")
-    backend.allocate("b.default", "ipam-bridge default/b")
-    kept = backend.allocate("c.default", "ipam-bridge default/c")
+    backend.allocate("a.default", OWNER)
+    backend.allocate("b.default", OWNER)
+    kept = backend.allocate("c.default", OWNER)
     store.remove_address("10.20.1.1")
     store.edit_address("10.20.1.2", {"hostname": "printer"})
     store.add_address(7, "10.20.0.99", hostname="someone", description="by hand")
@@ -117,7 +122,7 @@ def test_entries_see_edits_behind_the_operators_back_with_one_list_per_subnet(
     found = {e.address: (e.hostname, e.description, e.subnet) for e in backend.entries()}
 
     assert found == {
-        "10.20.1.2": ("printer", "ipam-bridge default/b", "10.20.1.0/30"),
+        "10.20.1.2": ("printer", "ipam-bridge default/c", "10.20.1.0/30"),
         "10.20.0.1": ("gw.capi-test", "gateway", "10.20.0.0/24"),
         kept.address: ("c.default", "ipam-bridge default/c", "10.20.0.0/24"),
         "10.20.0.99": ("someone", "by hand", "10.20.0.0/24"),
@@ -126,3 +131,28 @@ def test_entries_see_edits_behind_the_operators_back_with_one_list_per_subnet(
         "/api/capi/subnets/9/addresses/",
         "/api/capi/subnets/7/addresses/",
     ]
+    owners = {e.address: e.owner for e in backend.entries()}
+    assert owners[kept.address] == owners["10.20.1.2"] == OWNER  # the note, kept by the mock
+    assert owners["10.20.0.99"] is None
+
+
+def test_two_management_clusters_share_the_mock_without_taking_each_others_entries(
+    backend: PHPIPAMBackend, store: Store
+) -> None:
+    other = EntryOwner("a-second-cluster", OWNER.claim)
+    mine = backend.allocate("m1.default", OWNER)
+
+    with pytest.raises(EntryOwnedError) as raised:
+        backend.allocate("m1.default", other)  # same names, no hostnameSuffix
+    assert (raised.value.address, raised.value.owner) == (mine.address, OWNER)
+    assert backend.release("m1.default", other) is False
+    assert backend.purge_quarantined(NOW, other.cluster_id) == []
+
+    # A network team's reservation is adopted and stamped with the owner (one PATCH).
+    store.add_address(7, "10.20.0.77", hostname="vip.default", description="reserved")
+    adopted = backend.allocate("vip.default", other)
+    [row] = [r for r in store.requests() if r.method == "PATCH"]
+    assert adopted.address == "10.20.0.77" and adopted.owner == other
+    assert {e.address: e.owner for e in backend.entries()}["10.20.0.77"] == other
+    assert row.path.startswith("/api/capi/addresses/")
+    assert backend.release("m1.default", OWNER) is True

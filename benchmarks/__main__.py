@@ -5,7 +5,9 @@ claim), ``client`` (the IPAM client's ops/s), ``writes`` (API writes per allocat
 release and per waiting claim-minute), ``hot`` (the hot path of a claim: the operator's CPU
 seconds per allocation and per release next to a bare client's sending the same requests,
 rates vs the raw IPAM and the bare client, API requests by verb, a yappi CPU profile of the
-operator), ``restart`` (10,000 bound claims), ``audit`` (the drift audit of a 10,000-address
+operator), ``trace-release`` (claims deleted at once, each release traced step by step from
+its deletion to its finalizer removal: `benchmarks.trace_release`), ``restart`` (10,000
+bound claims), ``audit`` (the drift audit of a 10,000-address
 pool: wall and CPU seconds, IPAM requests), ``soak`` (a compressed day of churn: RSS and
 the size of every in-memory structure of the operator at start and end), ``scale``
 (100 pools x 100 claims: allocation rate, a restart with all bound, release rate, the
@@ -50,6 +52,8 @@ from benchmarks.soak_bench import format_result as format_soak
 from benchmarks.soak_bench import run_soak_bench
 from benchmarks.standby_bench import format_result as format_standby
 from benchmarks.standby_bench import run_standby_bench
+from benchmarks.trace_release import format_result as format_trace
+from benchmarks.trace_release import run_trace_release
 from benchmarks.watch_reset_bench import format_result as format_reset
 from benchmarks.watch_reset_bench import run_watch_reset_bench
 
@@ -138,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
             "client",
             "writes",
             "hot",
+            "trace-release",
             "restart",
             "audit",
             "soak",
@@ -200,6 +205,18 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="interleaved rounds of --hot-base (default 3)",
+    )
+    parser.add_argument(
+        "--trace-claims",
+        type=int,
+        default=None,
+        help="claims deleted at once in the release trace (default 300, 100 with --quick)",
+    )
+    parser.add_argument(
+        "--trace-latency",
+        type=_hot_runs,
+        default=_hot_runs("40/3/10"),
+        help="the release trace's IPAM/APIREAD/APIWRITE latencies in ms (default 40/3/10)",
     )
     parser.add_argument(
         "--soak-rounds",
@@ -421,8 +438,14 @@ def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
             bare = [r.bare[phase].cpu_ms for r in results]
             ratio = [o / b for o, b in zip(ours, bare, strict=True)]
             rate = [next(p.per_second for p in r.phases if p.label == phase) for r in results]
+            bare_rate = [r.bare[phase].per_second for r in results]
+            rate_ratio = [o / b for o, b in zip(rate, bare_rate, strict=True)]
             cells += [statistics.median(ours), statistics.median(bare), statistics.median(ratio)]
-            cells.append(statistics.median(rate))
+            cells += [
+                statistics.median(rate),
+                statistics.median(bare_rate),
+                statistics.median(rate_ratio),
+            ]
         return cells
 
     each = [row(f"{label} {n // 2 + 1}", [r]) for n, (label, r) in enumerate(rounds)]
@@ -435,7 +458,8 @@ def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
         f"IPAM_BRIDGE_WORKERS={first.workers}, IPAM latency {first.latency_ms:g} ms, API "
         f"latency {first.api_ms[0]:g}/{first.api_ms[1]:g} ms; CPU ms per claim of the operator "
         "and of the bare client of the same run (a median row's ratio is the median of the runs' "
-        "ratios), and the operator's claims bound (released) per second\n"
+        "ratios), and claims bound (released) per second by the operator and by the bare "
+        "client of the same run, and their ratio\n"
         + table(
             [
                 "run",
@@ -443,10 +467,14 @@ def _hot_ab_table(rounds: list[tuple[str, HotPathResult]]) -> str:
                 "bare ms",
                 "ratio",
                 "claims/s",
+                "bare/s",
+                "ratio",
                 "release ms",
                 "bare ms",
                 "ratio",
                 "claims/s",
+                "bare/s",
+                "ratio",
             ],
             each + medians,
         )
@@ -605,6 +633,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 profile=not args.no_profile,
             )
             print("\n" + _hot_tables(hot), flush=True)
+    if args.only in (None, "trace-release"):
+        traced = args.trace_claims or (100 if args.quick else 300)
+        ipam_ms, read_ms, write_ms = args.trace_latency[0]
+        print(f"  release trace: {traced} claims, {args.hot_workers} workers ...", flush=True)
+        trace = run_trace_release(
+            traced,
+            args.hot_workers,
+            latency_ms=ipam_ms,
+            api_ms=(read_ms, write_ms),
+            timeout=args.timeout,
+            source=args.hot_base.resolve() if args.hot_base is not None else None,
+        )
+        print("\n" + format_trace(trace), flush=True)
     if args.only in (None, "restart"):
         bound = args.restart_bound or (1000 if args.quick else 10000)
         print(f"  restart: {bound} bound claims ...", flush=True)

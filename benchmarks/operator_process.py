@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -39,6 +40,20 @@ PROFILE_ENV = "BENCH_PROFILE"
 PROFILER_ENV = "BENCH_PROFILER"
 #: A file name prefix: each yappi profile is also saved in pstat format as ``PREFIX.<n>``.
 DUMP_ENV = "BENCH_YAPPI_DUMP"
+#: A file: the DEBUG lines of `TRACE_LOGGERS` go there, one per line (`trace_logging`).
+TRACE_ENV = "BENCH_TRACE"
+#: The loggers whose DEBUG lines trace a claim's passes: the work queue (queued, woken,
+#: handed to a worker, each pass's start and decision), the expectations (each write's
+#: version, each watch event), each API request, each IPAM request, the claim reconciler.
+TRACE_LOGGERS = (
+    "bridge.runtime.workqueue",
+    "bridge.runtime.expectations",
+    "bridge.runtime.rest",
+    "backends.transport",
+    "bridge.reconcilers.claims",
+)
+#: The format of a trace line: POSIX time, thread, logger, message, tab-separated.
+TRACE_FORMAT = "%(created).6f\t%(threadName)s\t%(name)s\t%(message)s"
 _DUMPS = itertools.count(1)
 #: How many functions each list of a yappi profile keeps.
 TOP = 15
@@ -109,6 +124,21 @@ class _Yappi:
         }
 
 
+def trace_logging(path: str) -> None:
+    """Send the DEBUG lines of `TRACE_LOGGERS` to ``path`` only (`TRACE_FORMAT`).
+
+    The loggers stop propagating, so the operator's own log keeps its level and format;
+    the operator's logging set-up (`bridge.cli`) leaves named loggers' levels alone.
+    """
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(TRACE_FORMAT))
+    for name in TRACE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def _operator_threads(name: str) -> bool:
     return name.startswith("ipam-bridge-worker") or name == "MainThread"
 
@@ -151,6 +181,9 @@ def main() -> int:
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, dump)
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        trace_logging(trace)
     return cli_main(["run"])
 
 
@@ -173,6 +206,8 @@ class OperatorProcess:
         runs instead of this tree's: the process starts in it, with it first on
         ``PYTHONPATH``, so ``bridge``, ``backends`` and ``benchmarks.operator_process`` are
         imported from it (None: this tree's).
+    trace:
+        A file for the DEBUG lines of `TRACE_LOGGERS` (`trace_logging`; None: no trace).
     """
 
     def __init__(
@@ -183,8 +218,10 @@ class OperatorProcess:
         log_level: str | None = "WARNING",
         profiler: str = "sampler",
         source: Path | None = None,
+        trace: Path | None = None,
     ) -> None:
         self.source = source
+        self.trace = trace
         self.profile = profile
         self.log = log
         self.log_level = log_level
@@ -200,6 +237,9 @@ class OperatorProcess:
         env[PROFILER_ENV] = self.profiler
         if self.profile is not None:
             env[PROFILE_ENV] = str(self.profile)
+        env.pop(TRACE_ENV, None)
+        if self.trace is not None:
+            env[TRACE_ENV] = str(self.trace)
         if self.source is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(self.source), *filter(None, [env.get("PYTHONPATH")])]

@@ -55,10 +55,12 @@ class OperatorQueue(Queue, Protocol):
         *,
         background: bool = False,
         unless: Callable[[], bool] | None = None,
+        first: bool = False,
     ) -> None:
         """Queue ``key`` after ``after`` seconds (``background``: behind every due key).
 
         ``unless``: not queued if it answers True, asked now or after the key's running pass.
+        ``first``: before every key due now.
         """
 
     def sizes(self) -> dict[str, int]:
@@ -81,6 +83,7 @@ class NoQueue:
         *,
         background: bool = False,
         unless: Callable[[], bool] | None = None,
+        first: bool = False,
     ) -> None:
         """Drop ``key``."""
 

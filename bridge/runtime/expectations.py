@@ -13,6 +13,7 @@ by resourceVersion preconditions. Thread-safe: workers write, informers' threads
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +26,8 @@ __all__ = ["EXPECT_SECONDS", "GONE", "Expectations"]
 EXPECT_SECONDS: Final = 5.0
 #: The version that stands for a deletion (`Expectations.wrote`, `Expectations.observed`).
 GONE: Final = ""
+
+log = logging.getLogger(__name__)
 
 
 class Expectations:
@@ -67,6 +70,7 @@ class Expectations:
             self._pending.pop(key, None)
             if (key, version) not in self._observed:
                 self._pending[key] = (version, now)
+        log.debug("wrote %s: version %s", key, version or "gone")
 
     def observed(self, key: Hashable, version: str, *, deleted: bool = False) -> bool:
         """Record a watch event (or a list's sight) of ``key``; True when it is our write's.
@@ -83,7 +87,9 @@ class Expectations:
             pending = self._pending.get(key)
             if pending is not None and (deleted or pending[0] == seen):
                 del self._pending[key]
-            return (key, seen) in self._written
+            ours = (key, seen) in self._written
+        log.debug("observed %s: version %s%s", key, seen or "gone", " (ours)" if ours else "")
+        return ours
 
     def ours(self, key: Hashable, version: str, *, deleted: bool = False) -> bool:
         """Tell whether ``version`` of ``key`` (``deleted``: its deletion) was our write's."""

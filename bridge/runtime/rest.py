@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,8 @@ from kubernetes.client import (
 )
 
 __all__ = ["MERGE_PATCH", "Collection", "JsonObjects", "WatchStream"]
+
+log = logging.getLogger(__name__)
 
 
 #: The JSON merge patch media type (RFC 7386), which custom resources accept
@@ -89,11 +93,16 @@ class JsonObjects:
         content_type: str = "application/json",
         subresource: str = "",
     ) -> Any:
-        """Send one request; return the answer's JSON (None for an empty body)."""
+        """Send one request; return the answer's JSON (None for an empty body).
+
+        Each request's method, URL, status and seconds are logged at DEBUG.
+        """
         headers = {"Content-Type": content_type} if body is not None else {}
         method, url, headers = self._serialize(method, where, name, query, headers, subresource)
+        started = time.monotonic()
         response = self.client.call_api(method, url, headers, None if body is None else dict(body))
         data = response.read()
+        log.debug("%s %s -> %d in %.3fs", method, url, response.status, time.monotonic() - started)
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return json.loads(data) if data else None

@@ -27,8 +27,11 @@ Token = Hashable
 class Waker(Protocol):
     """Where `Places` queues a key (`bridge.runtime.workqueue.WorkQueue.add`)."""
 
-    def add(self, key: Key, after: float = 0.0) -> None:
-        """Queue ``key`` now (a parked key is unparked; one being processed runs once more)."""
+    def add(self, key: Key, after: float = 0.0, *, first: bool = False) -> None:
+        """Queue ``key`` now (a parked key is unparked; one being processed runs once more).
+
+        ``first``: before the keys due now (`bridge.runtime.workqueue.WorkQueue.add`).
+        """
 
 
 class Places:
@@ -73,7 +76,9 @@ class Places:
 
         The promised keys are queued once the lock is let go: queueing may wake the event
         loop (a write to its self-pipe, which lets other threads run), and every worker
-        ends its pass under this lock (`passed`).
+        ends its pass under this lock (`passed`). They are queued first, before the keys
+        due now: a promised place is kept from every other key, so it stays idle until its
+        key runs (a burst of new keys, each of which would only park, must not come first).
         """
         with self._lock:
             waiting = self._waiting.get(token)
@@ -88,7 +93,7 @@ class Places:
             if not woken:
                 del self._woken[token]
         for key in keys:
-            self._queue.add(key)
+            self._queue.add(key, first=True)
 
     def may_take(self, token: Token, key: Key) -> bool:
         """Return True when ``key`` may take a place under ``token`` now.

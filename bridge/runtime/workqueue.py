@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 Key = Hashable
 Token = Hashable
 
+#: Seconds a key added ``first`` (`WorkQueue.add`) is due before its add time: before every
+#: key due, as the loop's clock (monotonic, since boot) is never that far (31 years) from 0.
+FIRST_LEAD = 1e9
+
 
 @dataclass(frozen=True)
 class Result:
@@ -148,6 +152,7 @@ class WorkQueue:
         *,
         background: bool = False,
         unless: Callable[[], bool] | None = None,
+        first: bool = False,
     ) -> None:
         """Queue ``key`` to be reconciled in ``after`` seconds (keeps an earlier due time).
 
@@ -161,6 +166,12 @@ class WorkQueue:
         of the pass's own write, which the pass records only before it ends; see
         `bridge.runtime.expectations.Expectations.ours`). It must be quick and must not call
         this queue.
+
+        ``first``: the key runs before every key of the front lane due now, in the order
+        such keys were added (``after`` ignored; controller-runtime's priority queue,
+        ``AddOpts.Priority``): a key that holds something the others wait for, such as a
+        place promised at an IPAM server (`bridge.runtime.waits.Places`), does not wait
+        behind keys that hold nothing.
         """
         if not self._leading:
             return
@@ -170,10 +181,13 @@ class WorkQueue:
                     self._again_unless.setdefault(key, []).append((after, unless))
                     return
             if unless():
+                log.debug("%s not queued: the echo of our own write", key)
                 return
         with self._lock:
             self._unpark(key)
-            self._schedule(key, self._now() + max(after, 0.0), background=background)
+            due = self._now() - FIRST_LEAD if first else self._now() + max(after, 0.0)
+            self._schedule(key, due, background=background and not first)
+        log.debug("%s queued, due in %.3f s%s", key, after, " (first)" if first else "")
         self._notify()
 
     def wake(self, token: Token, count: int | None = None) -> int:
@@ -198,6 +212,9 @@ class WorkQueue:
                 self._unpark(key)
                 self._schedule(key, self._now())
         if keys:
+            if log.isEnabledFor(logging.DEBUG):
+                for key in keys:
+                    log.debug("%s woken by %s", key, token)
             self._notify()
         return len(keys)
 
@@ -257,7 +274,9 @@ class WorkQueue:
             if self._loop is None:
                 return 0.0
             now = self._now()
-            waiting = [due for due, _ in self._due.values() if due <= now]
+            # A key added first waits since its add time, not since its lead.
+            waiting = [due + FIRST_LEAD if due < 0 else due for due, _ in self._due.values()]
+            waiting = [due for due in waiting if due <= now]
             if not waiting:
                 return 0.0
             return max(0.0, now - max(self._progress_at, min(waiting)))
@@ -334,6 +353,7 @@ class WorkQueue:
                         async with asyncio.timeout(wait):
                             await self._changed.wait()
                     continue
+                log.debug("%s handed to a worker", key)
                 task = asyncio.create_task(self._process(key, slots))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -419,11 +439,18 @@ class WorkQueue:
                 return key, None
             return None, min(waits, default=None)
 
+    def _pass(self, key: Key) -> Result:
+        """Reconcile ``key`` in a worker thread; its start and decision are logged at DEBUG."""
+        log.debug("pass of %s starts", key)
+        decision = self._reconcile(key)
+        log.debug("pass of %s decided %s", key, decision)
+        return decision
+
     async def _process(self, key: Key, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
         decision: Result
         try:
-            decision = await loop.run_in_executor(self._executor, self._reconcile, key)
+            decision = await loop.run_in_executor(self._executor, self._pass, key)
         except LeadershipLostError as exc:  # the process is exiting: no traceback, no storm
             log.warning("%s not reconciled: %s", key, exc)
             decision = Result.requeue_after(1.0)
@@ -453,4 +480,5 @@ class WorkQueue:
                 if decision.after is not None:
                     self._schedule(key, loop.time() + decision.after)
             self._forget_old_wakes()
+        log.debug("pass of %s over", key)
         self._notify()

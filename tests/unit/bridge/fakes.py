@@ -722,6 +722,7 @@ class FakeQueue:
         *,
         background: bool = False,
         unless: Callable[[], bool] | None = None,
+        first: bool = False,
     ) -> None:
         # As `WorkQueue.add` for a key that is not being processed: ``unless`` asked now.
         if unless is None or not unless():

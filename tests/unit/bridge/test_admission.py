@@ -54,9 +54,12 @@ class Added:
 
     def __init__(self) -> None:
         self.keys: list[Hashable] = []
+        self.first: list[Hashable] = []  # the keys queued before every key due
 
-    def add(self, key: Hashable, after: float = 0.0) -> None:
+    def add(self, key: Hashable, after: float = 0.0, *, first: bool = False) -> None:
         self.keys.append(key)
+        if first:
+            self.first.append(key)
 
 
 def places_of(flow: FlowControl) -> tuple[Places, Added]:
@@ -88,6 +91,8 @@ def test_a_freed_place_wakes_the_longest_waiting_claim_only() -> None:
     assert queue.keys == []
     holder.leave()  # and ends: one place, for b
     assert queue.keys == ["b"]
+    # Queued before every key due: the place is kept for b, idle until b runs.
+    assert queue.first == ["b"]
     places.freed(TOKEN)  # told again: the place is promised to b already
     assert queue.keys == ["b"]
     assert places.sizes() == {"waiting": 1, "woken": 1}

@@ -462,3 +462,52 @@ async def test_background_keys_run_one_at_a_time_while_front_keys_use_the_rest()
     assert peak["background"] == 1
     order = [key for key, _ in rec.calls]
     assert max(order.index(("new", i)) for i in range(3)) < order.index(("settled", 1))
+
+
+async def test_a_key_added_first_runs_before_the_keys_due_before_it() -> None:
+    # Places queues a key it promised a place to first: the place stays idle (kept from
+    # every other key) until that key runs, so it must not wait behind a burst of keys.
+    started, release = threading.Event(), threading.Event()
+    order: list[Hashable] = []
+
+    def reconcile(key: Hashable) -> Result:
+        if key == "busy":
+            started.set()
+            release.wait(30)
+        order.append(key)
+        return Result.done()
+
+    queue = WorkQueue(reconcile, workers=1)
+    async with Running(queue):
+        queue.add("busy")  # holds the only worker while the others are added
+        await until(started.is_set)
+        for key in ("a", "b", "c"):
+            queue.add(key)
+        queue.add("promised", first=True)
+        queue.add("c", first=True)  # a key queued already moves to the front, after "promised"
+        release.set()
+        await until(lambda: len(order) == 5)
+    assert order == ["busy", "promised", "c", "a", "b"]
+
+
+async def test_a_key_added_first_counts_as_stalled_only_since_it_was_added() -> None:
+    # Its due time is a lead before every key's, not the time it waits since: the liveness
+    # check (`stalled`) must not see a queue stalled since its last progress.
+    started, release = threading.Event(), threading.Event()
+
+    def reconcile(key: Hashable) -> Result:
+        if key == "busy":
+            started.set()
+            release.wait(30)
+        return Result.done()
+
+    queue = WorkQueue(reconcile, workers=1)
+    async with Running(queue):
+        queue.add("busy")  # the last progress: this pass started
+        await until(started.is_set)
+        await asyncio.sleep(0.05)
+        before = time.monotonic()
+        queue.add("promised", first=True)  # waits for the only worker
+        assert queue.stalled() <= time.monotonic() - before
+        release.set()
+        await until(lambda: len(queue) == 0)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from backends.base import EntryOwner
 from backends.flowcontrol import FlowControl
 from backends.phpipam import PHPIPAMBackend, PHPIPAMConfig
 from backends.retry import RetryPolicy
@@ -73,15 +74,20 @@ def run_client_bench(ops: int, *, threads: int = 1, latency_ms: float = 0.0) -> 
             with ThreadPoolExecutor(max_workers=threads) as pool:
                 start = time.monotonic()
                 result.alloc_latencies = list(
-                    pool.map(lambda h: _timed(client.allocate, h, "ipam-bridge benchmark"), hosts)
+                    pool.map(lambda h: _timed(client.allocate, h, _owner(h)), hosts)
                 )
                 result.alloc_seconds = time.monotonic() - start
                 result.alloc_requests = classify(phpipam.store.requests())
                 phpipam.store.clear_journal()
                 start = time.monotonic()
-                released = list(pool.map(client.release, hosts))
+                released = list(pool.map(lambda h: client.release(h, _owner(h)), hosts))
                 result.release_seconds = time.monotonic() - start
                 result.release_requests = classify(phpipam.store.requests())
             if not all(released):
                 raise RuntimeError("a release found nothing to delete")
     return result
+
+
+def _owner(hostname: str) -> EntryOwner:
+    """Return the owner the benchmark writes on the entry of ``hostname`` (``bench/<name>``)."""
+    return EntryOwner("ipam-bridge-benchmark", f"bench/{hostname}")

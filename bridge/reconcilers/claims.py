@@ -925,7 +925,12 @@ def _allocate(deps: ClaimDeps, claim: Claim, pool: Pool) -> Result:
     deps.exhausted.lift(pool.key)
     # One address was free; there may be more: the next waiting claim of the pool tries.
     deps.queue.wake(pool_token(pool.namespace, pool.kind, pool.name), count=1)
-    created = _register(deps, claim, pool, allocation, hostname)
+    try:
+        created = _register(deps, claim, pool, allocation, hostname)
+    except ApiException:
+        if not _gone(deps, claim):
+            raise
+        return _undo_entry(deps, claim, pool, labels)
     if created is None:
         return Result.requeue_after(1.0)  # deleted right after a 409: the next pass creates it
     deps.metrics.allocations.labels(*labels, "success").inc()
@@ -1051,6 +1056,29 @@ def _update_bound(
         deps, claim, ready=True, reason=Reason.ALLOCATED, message=message, ref=name
     ):
         return _undo(deps, claim)
+    return Result.done()
+
+
+def _gone(deps: ClaimDeps, claim: Claim) -> bool:
+    """Return True when the API server has no claim of this name and uid (one GET)."""
+    body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
+    return body is None or str((body.get("metadata") or {}).get("uid") or "") != claim.uid
+
+
+def _undo_entry(deps: ClaimDeps, claim: Claim, pool: Pool, labels: tuple[str, str]) -> Result:
+    """Release the entry just registered for a claim gone before its IPAddress was created.
+
+    The IPAddress create failed (e.g. 403: the namespace is being terminated) and the claim
+    is gone (`_gone`): no IPAddress names the entry for a later pass to find, so this pass
+    releases it now (`_release_in_ipam`, this claim's entry only), with one log line.
+    """
+    hostname, _, had = _release_in_ipam(deps, claim, pool, None, labels)
+    _log_release(
+        claim,
+        "released",
+        f"its claim is gone and its IPAddress could not be created; {hostname} "
+        + ("released" if had else "was not registered"),
+    )
     return Result.done()
 
 

@@ -1516,6 +1516,35 @@ def test_a_claim_found_gone_after_its_address_was_registered_is_undone_at_once(
     )
 
 
+@pytest.mark.parametrize("gone", [True, False])
+def test_a_claim_gone_before_its_ipaddress_could_be_created_releases_its_entry_at_once(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, gone: bool
+) -> None:
+    # 13e, then the IPAddress create refused (403: the namespace is being terminated): no
+    # IPAddress names the entry, so no later pass could find it; this pass releases it.
+    caplog.set_level("INFO", logger="bridge.reconcilers.claims")
+    world.kube.add_pool(phpipam_pool(status=pool_condition()))
+    world.kube.add_claim(claim())
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        if gone:
+            del world.kube.claims[(NS, "c1")]
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(world.kube, "create_ip_address", refused)
+    if not gone:  # the claim is still there: the error is the queue's to retry, entry kept
+        with pytest.raises(ApiException):
+            world.reconcile()
+        assert [c[0] for c in world.ipam.calls] == ["allocate"]
+        assert len(world.ipam.entries) == 1
+        return
+    assert world.reconcile() == Result.done()
+    assert [c[0] for c in world.ipam.calls] == ["allocate", "release"]
+    assert world.ipam.entries == {} and world.kube.addresses == {}
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("release of")]
+    assert line.startswith("release of claim ns/c1: released: its claim is gone and its")
+
+
 def test_a_claim_gone_when_its_finalizer_is_put_back_undoes_its_binding(world: World) -> None:
     bind(world)
     world.stored()["metadata"]["finalizers"] = []  # e.g. removed by hand

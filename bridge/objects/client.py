@@ -101,15 +101,23 @@ class ObjectClient(Kube):
         """Record a write's answer in `expectations`; return it.
 
         Written: its version, or `GONE` for the last finalizer off an object being deleted
-        (the API server deletes it). ``deletion``: `GONE` also for an object found gone.
+        (the API server deletes it). ``deletion``: `GONE` also for an object found gone, and
+        for a deletion the version its finalizer removal wrote first (``obj``), so that
+        neither echo queues anything.
         """
         found_gone = deletion and written.outcome is Outcome.GONE
         if self.expectations is None or not (written.written or found_gone):
             return written
+        key = (plural, namespace, name)
         meta = (written.obj or {}).get("metadata") or {}
-        gone = written.obj is None or (meta.get("deletionTimestamp") and not meta.get("finalizers"))
-        version = GONE if gone else version_of(written.obj)
-        self.expectations.wrote((plural, namespace, name), version)
+        if deletion and written.obj is not None:
+            self.expectations.wrote(key, version_of(written.obj))
+        gone = (
+            deletion
+            or written.obj is None
+            or (meta.get("deletionTimestamp") and not meta.get("finalizers"))
+        )
+        self.expectations.wrote(key, GONE if gone else version_of(written.obj))
         return written
 
     # -- claims -------------------------------------------------------------------

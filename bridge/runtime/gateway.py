@@ -581,8 +581,10 @@ class Kube:
         Returns
         -------
         Write
-            `Outcome.WRITTEN` when this call deleted it; `Outcome.GONE` when it did not exist
-            (any more); `Outcome.CONFLICT` when a 409 persists after that one read.
+            `Outcome.WRITTEN` when this call deleted it (``obj``: the object as the removal
+            of ``finalizer`` stored it, None when no finalizer had to go); `Outcome.GONE`
+            when it did not exist (any more); `Outcome.CONFLICT` when a 409 persists after
+            that one read.
 
         Raises
         ------
@@ -609,6 +611,7 @@ class Kube:
     ) -> Write:
         """Remove ``finalizer`` (guarded by resourceVersion), then delete (guarded by uid)."""
         r, meta = resource, _meta(current)
+        removed = UNCHANGED
         if finalizer is not None:
             removed = _finalizer_patch(
                 meta,
@@ -628,7 +631,7 @@ class Kube:
             if exc.status == 409:
                 return CONFLICT
             raise
-        return Write(Outcome.WRITTEN)
+        return Write(Outcome.WRITTEN, removed.obj)
 
     def set_secret_finalizer(
         self, namespace: str, name: str, finalizer: str, present: bool

@@ -34,7 +34,8 @@ class FakeCustom:
         self.calls.append(("patch", version))
         if version != self.stored_version:
             raise ApiException(status=409, reason="Conflict")
-        return {}
+        # As the API server answers: the object as stored, at a new resourceVersion.
+        return {"metadata": {"finalizers": [], "resourceVersion": str(int(version) + 1)}}
 
     def delete(self, *args: Any) -> dict[str, Any]:
         self.calls.append(("delete",))
@@ -60,6 +61,18 @@ def test_an_ipaddress_seen_in_the_cache_is_deleted_without_a_read() -> None:
     assert custom.calls == [("patch", "7"), ("delete",)]
     # The claim's next pass waits until the watch tells of the deletion.
     assert expectations.pending(("ipaddresses", "ns", "m1")) > 0
+
+
+def test_both_echoes_of_an_ipaddress_deletion_are_ours() -> None:
+    # The ProtectAddress removal (MODIFIED at version 8) and the deletion (DELETED): neither
+    # event may queue the claim's pass again (AddressEvents queue the claim unless ours).
+    kube, expectations = kube_with(FakeCustom("7"))
+    kube.delete_ip_address("v1beta2", "ns", "m1", seen("7"))
+    key = ("ipaddresses", "ns", "m1")
+    assert expectations.observed(key, "8")
+    assert expectations.pending(key) > 0  # still waiting for the deletion itself
+    assert expectations.observed(key, "9", deleted=True)
+    assert expectations.pending(key) == 0.0
 
 
 def test_a_stale_cache_costs_one_read_on_the_conflict_path_only() -> None:

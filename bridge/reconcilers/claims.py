@@ -752,11 +752,7 @@ def _restamp(deps: ClaimDeps, claim: Claim, pool: Pool, address: IPAddress) -> R
     _Wait
         When the pool's IPAM server is full.
     """
-    annotations = address.metadata.annotations
-    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
-        claim, pool.hostname_suffix
-    )
-    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    hostname, where = _registered_at(claim, pool, address)
     held = str(address.spec.address or "")
     labels = (f"{pool.namespace}/{claim.pool_ref.name}", claim.pool_ref.kind)
     try:
@@ -1062,7 +1058,12 @@ def _update_bound(
 def _gone(deps: ClaimDeps, claim: Claim) -> bool:
     """Return True when the API server has no claim of this name and uid (one GET)."""
     body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
-    return body is None or str((body.get("metadata") or {}).get("uid") or "") != claim.uid
+    return body is None or not _is_this_claim(body, claim)
+
+
+def _is_this_claim(body: Mapping[str, Any], claim: Claim) -> bool:
+    """Return True when ``body`` (a claim as read) is ``claim`` itself (its uid)."""
+    return str((body.get("metadata") or {}).get("uid") or "") == claim.uid
 
 
 def _undo_entry(deps: ClaimDeps, claim: Claim, pool: Pool, labels: tuple[str, str]) -> Result:
@@ -1368,6 +1369,20 @@ def _release_orphan(deps: ClaimDeps, address: IPAddress, why: str) -> Result:
     return Result.done()
 
 
+def _registered_at(claim: Claim, pool: Pool, address: IPAddress | None) -> tuple[str, Pool]:
+    """Return the hostname and the pool location the claim's entry was registered under.
+
+    What the IPAddress's annotations record (`capi.HOSTNAME_ANNOTATION`,
+    `capi.LOCATION_ANNOTATION`, through `pool_backends.with_location`), else the claim's
+    hostname in the pool as it is now (no IPAddress, or one without the annotations).
+    """
+    annotations = address.metadata.annotations if address is not None else {}
+    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
+        claim, pool.hostname_suffix
+    )
+    return hostname, with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+
+
 def _release_in_ipam(
     deps: ClaimDeps,
     claim: Claim,
@@ -1392,11 +1407,7 @@ def _release_in_ipam(
     _Wait
         When the pool's IPAM server is full.
     """
-    annotations = address.metadata.annotations if address is not None else {}
-    hostname = annotations.get(capi.HOSTNAME_ANNOTATION) or capi.hostname_for(
-        claim, pool.hostname_suffix
-    )
-    where = with_location(pool, annotations.get(capi.LOCATION_ANNOTATION))
+    hostname, where = _registered_at(claim, pool, address)
     until = time.time() + pool.grace_period_seconds if pool.grace_period_seconds > 0 else None
     owner = owner_of(deps.settings, claim)
     held = address.spec.address if address is not None else None
@@ -1595,7 +1606,7 @@ def _write_status(
         if written.outcome is not Outcome.CONFLICT:
             return _parsed(written.obj, current)
         body = deps.kube.get_claim(deps.versions.address, claim.namespace, claim.name)
-        if body is None or str((body.get("metadata") or {}).get("uid") or "") != claim.uid:
+        if body is None or not _is_this_claim(body, claim):
             raise _ClaimGone  # gone, or another claim made again under its name
         fresh = current.updated(body)
         if _changed_since(claim, fresh):

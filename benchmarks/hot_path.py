@@ -262,6 +262,29 @@ def _operator_run(
     return [alloc, release]
 
 
+def under_load(
+    sandbox: Sandbox,
+    phpipam: MockPhpipamServer,
+    since: int,
+    latency_ms: float,
+    api_ms: tuple[float, float],
+) -> None:
+    """Wait until a started operator serves the pool and watches, then turn the latencies on.
+
+    ``since`` is the API server's access-log length before the operator started;
+    ``latency_ms`` is added by the mock phpIPAM before every answer, ``api_ms`` (reads,
+    writes) by the API server. Raises TimeoutError when the operator does not get there.
+    """
+    sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
+    _wait_watching(sandbox, since)
+    _settle(sandbox)
+    phpipam.faults.update(latency_seconds=latency_ms / 1000)
+    read, write = api_ms[0] / 1000, api_ms[1] / 1000
+    sandbox.kube.handler.latency.update(
+        {verb: read for verb in ("get", "list")} | {verb: write for verb in WRITE_VERBS}
+    )
+
+
 def _wait_watching(sandbox: Sandbox, since: int, timeout: float = 60.0) -> None:
     """Wait until the operator (started after access-log record ``since``) watches claims.
 
@@ -344,14 +367,7 @@ def run_hot_path(
             log=workdir / "operator.log",
             source=source,
         ) as operator:
-            sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
-            _wait_watching(sandbox, since)
-            _settle(sandbox)
-            phpipam.faults.update(latency_seconds=latency_ms / 1000)
-            read, write = api_ms[0] / 1000, api_ms[1] / 1000
-            sandbox.kube.handler.latency.update(
-                {verb: read for verb in ("get", "list")} | {verb: write for verb in WRITE_VERBS}
-            )
+            under_load(sandbox, phpipam, since, latency_ms, api_ms)
             result.idle_cpu_ms_per_s = _idle_cpu(operator)
             names = [f"m-{i:05d}" for i in range(claims)]
             result.phases = _operator_run(

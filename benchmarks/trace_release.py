@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import CREDENTIALS, SUBNET_ID, percentile, seed_for, table
-from benchmarks.hot_path import NAMESPACE, WRITE_VERBS, _bound, _settle, _wait_watching
+from benchmarks.hot_path import NAMESPACE, _bound, _settle, under_load
 from benchmarks.operator_process import OperatorProcess
 from bridge.capi import GROUP
 from mock_kubernetes.sandbox import Sandbox
@@ -234,14 +234,7 @@ def run_trace_release(
         )
         since = len(sandbox.kube.access_log.records())
         with OperatorProcess(log=workdir / "operator.log", source=source, trace=trace):
-            sandbox.wait_pool_ready(NAMESPACE, "pool", timeout=60)
-            _wait_watching(sandbox, since)
-            _settle(sandbox)
-            phpipam.faults.update(latency_seconds=latency_ms / 1000)
-            read, write = api_ms[0] / 1000, api_ms[1] / 1000
-            sandbox.kube.handler.latency.update(
-                {verb: read for verb in ("get", "list")} | {verb: write for verb in WRITE_VERBS}
-            )
+            under_load(sandbox, phpipam, since, latency_ms, api_ms)
             for name in names:
                 sandbox.claim(NAMESPACE, name, "pool")
             deadline = time.monotonic() + timeout

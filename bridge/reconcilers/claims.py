@@ -100,7 +100,7 @@ from bridge.runtime.waits import HoldOff, Places
 from bridge.runtime.workqueue import Result
 from bridge.settings import Settings
 
-__all__ = ["ClaimApi", "ClaimDeps", "description_for", "owner_of", "reconcile_claim"]
+__all__ = ["ClaimApi", "ClaimDeps", "owner_of", "reconcile_claim"]
 
 log = logging.getLogger(__name__)
 
@@ -201,17 +201,6 @@ class _Wait(Exception):  # noqa: N818 - control flow: the claim must wait
         super().__init__(error.message if error else "waiting")
         self.decision = decision
         self.error = error
-
-
-def description_for(claim: Claim) -> str:
-    """Return the provenance text stored with the IPAM entry.
-
-    ``ipam-bridge <namespace>/<claim>`` plus `` cluster <name>`` when known.
-    """
-    text = f"ipam-bridge {claim.key}"
-    if claim.cluster_name:
-        text += f" cluster {claim.cluster_name}"
-    return text
 
 
 def owner_of(settings: Settings, claim: Claim) -> EntryOwner:
